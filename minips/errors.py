@@ -1,0 +1,17 @@
+"""Exceptions that mean "the user asked for something that cannot be done".
+
+The CLI prints these as one line (no traceback) and exits non-zero; anything else is a bug
+and keeps its traceback.
+"""
+
+
+class MinipsError(Exception):
+    """Base class for user-facing errors: the message is the whole explanation."""
+
+
+class DataError(MinipsError):
+    """A dataset is missing, truncated, corrupt or of the wrong shape."""
+
+
+class ConfigError(MinipsError):
+    """An option or model/dataset name is invalid."""
