@@ -15,3 +15,7 @@ class DataError(MinipsError):
 
 class ConfigError(MinipsError):
     """An option or model/dataset name is invalid."""
+
+
+class ShapeError(MinipsError):
+    """An array (input batch, parameter, delta) has the wrong shape or dtype."""
