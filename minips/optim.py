@@ -69,5 +69,5 @@ class SGD:
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore what `state_dict` returned (unknown keys are ignored)."""
         for key, buf in state.items():
-            if key.startswith("velocity/") and key[len("velocity/"):] in self.params:
-                self.velocity[key[len("velocity/"):]] = np.array(buf, dtype=np.float32)
+            if key.startswith("velocity/") and key[len("velocity/") :] in self.params:
+                self.velocity[key[len("velocity/") :]] = np.array(buf, dtype=np.float32)

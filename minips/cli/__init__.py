@@ -15,7 +15,9 @@ from minips import __version__
 from minips.errors import MinipsError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIPS"})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIPS"}
+)
 @click.version_option(__version__, prog_name="minips")
 def cli() -> None:
     """minips: a small parameter server for distributed deep learning."""

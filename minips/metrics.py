@@ -1,0 +1,77 @@
+"""The run log: one JSON object per line, each with an `event` key.
+
+Events written by minips:
+
+- `eval`    {time, samples, accuracy, loss}          periodic test evaluation
+- `update`  {time, worker, staleness, scale, ...}    one applied server update (minips run)
+- `worker`  {time, worker, steps, samples, ...}       a worker's end-of-run report (minips run)
+- `summary` {accuracy, wall_s, samples, ...}          always the last line
+
+`time` is seconds since the log was opened, so runs compare on one axis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO, Any
+
+
+def _clean(value: Any) -> Any:
+    """Make numpy scalars and non-finite floats JSON-safe (NaN is not valid JSON)."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(item) for item in value]
+    return value
+
+
+class MetricsLog:
+    """Append-only JSONL writer; `None` path makes it a no-op so callers need no branches."""
+
+    def __init__(self, path: str | Path | None, start_time: float | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.start_time = time.monotonic() if start_time is None else start_time
+        self._file: IO[str] | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def elapsed(self) -> float:
+        """Seconds since the log was opened (monotonic clock)."""
+        return time.monotonic() - self.start_time
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Write one record; `time` is filled in unless given. Returns the record."""
+        record: dict[str, Any] = {"event": event}
+        if event != "summary":
+            record["time"] = round(self.elapsed(), 4)
+        record.update(_clean(fields))
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()  # a crash or Ctrl-C still leaves every line written so far
+        return record
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read a metrics.jsonl file back into a list of records (blank lines skipped)."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

@@ -1,0 +1,140 @@
+"""The single-process trainer: the baseline every distributed run is compared with.
+
+One model, one SGD optimizer, plain minibatch SGD over the whole training set:
+
+    for each epoch: shuffle; for each batch (x, y):
+        loss, dlogits = softmax_cross_entropy(model(x), y)
+        model.backward(dlogits);  w <- w - lr * (momentum-accumulated) grad
+
+Test accuracy is measured every `eval_every` samples and at the end of every epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from minips.data import Dataset, iterate_batches, load_dataset
+from minips.errors import ConfigError
+from minips.metrics import MetricsLog
+from minips.nn import Sequential, build_model, softmax_cross_entropy
+from minips.optim import SGD
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a single-process training run."""
+
+    model: str = "lenet5"
+    dataset: str = "sample"
+    epochs: int = 2
+    batch_size: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    eval_every: int = 0  # samples between evaluations; 0 = once per epoch
+    data_dir: str | None = None
+
+    def validate(self) -> None:
+        """Raise ConfigError (one line) for values no run could use."""
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ConfigError(f"learning rate must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval-every must be >= 0, got {self.eval_every}")
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports (also the `summary` metrics line)."""
+
+    accuracy: float
+    loss: float
+    wall_s: float
+    samples: int
+    steps: int
+
+
+def evaluate(
+    model: Sequential, x: np.ndarray, y: np.ndarray, batch_size: int = 1000
+) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of `model` on (x (N, C, H, W), y (N,)), no dropout."""
+    correct = 0
+    loss_sum = 0.0
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        logits = model.forward(xb, train=False)  # (B, K)
+        loss, _ = softmax_cross_entropy(logits, yb)
+        loss_sum += loss * len(xb)
+        correct += int((logits.argmax(axis=1) == yb).sum())
+    return correct / len(x), loss_sum / len(x)
+
+
+ProgressFn = Callable[[int, int, dict], None]
+"""progress(samples_done, samples_total, latest) - called after every step."""
+
+
+def train(
+    config: TrainConfig,
+    metrics: MetricsLog | None = None,
+    progress: ProgressFn | None = None,
+    dataset: Dataset | None = None,
+) -> tuple[Sequential, TrainResult]:
+    """Train `config.model` on `config.dataset`; returns the model and the final result.
+
+    `dataset` may be passed in (tests use synthetic data) instead of loading by name.
+    """
+    config.validate()
+    metrics = metrics if metrics is not None else MetricsLog(None)
+    data = dataset if dataset is not None else load_dataset(config.dataset, config.data_dir)
+    model = build_model(config.model, seed=config.seed)
+    optimizer = SGD(model.params, config.lr, config.momentum, config.weight_decay)
+    rng = np.random.default_rng(config.seed)
+
+    total = config.epochs * len(data.x_train)
+    samples = steps = 0
+    next_eval = config.eval_every or None
+    latest: dict = {}  # the newest figures, shown by the progress bar
+    start = time.monotonic()
+
+    def run_eval() -> None:
+        accuracy, loss = evaluate(model, data.x_test, data.y_test)
+        latest.update(accuracy=accuracy, loss=loss, evaluated_at=samples)
+        metrics.write("eval", samples=samples, accuracy=accuracy, loss=loss)
+
+    for _epoch in range(config.epochs):
+        for xb, yb in iterate_batches(data.x_train, data.y_train, config.batch_size, rng):
+            logits = model.forward(xb, train=True)  # (B, K)
+            loss, dlogits = softmax_cross_entropy(logits, yb)
+            if not np.isfinite(loss):
+                raise ConfigError(
+                    f"training diverged (loss={loss}) at step {steps}: lower the learning rate"
+                )
+            model.backward(dlogits)
+            optimizer.step(model.grads)
+            samples += len(xb)
+            steps += 1
+            latest["train_loss"] = loss
+            if next_eval is not None and samples >= next_eval:
+                run_eval()
+                next_eval += config.eval_every
+            if progress is not None:
+                progress(samples, total, latest)
+        if latest.get("evaluated_at") != samples:  # skip if eval_every just landed here
+            run_eval()
+
+    wall = time.monotonic() - start
+    result = TrainResult(latest["accuracy"], latest["loss"], wall, samples, steps)
+    metrics.write("summary", **asdict(result), config=asdict(config))
+    return model, result

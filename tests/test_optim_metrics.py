@@ -1,0 +1,80 @@
+"""SGD against a hand-computed reference; the JSONL run log round-trips."""
+
+import json
+
+import numpy as np
+import pytest
+
+from minips.metrics import MetricsLog, read_metrics
+from minips.optim import SGD
+
+
+def test_plain_sgd_step_is_w_minus_lr_grad():
+    w = np.array([1.0, -2.0, 3.0], dtype=np.float32)
+    opt = SGD({"w": w}, lr=0.5)
+    opt.step({"w": np.array([2.0, 2.0, -4.0], dtype=np.float32)})
+    np.testing.assert_array_equal(w, [0.0, -3.0, 5.0])
+
+
+def test_momentum_and_weight_decay_follow_the_pytorch_convention():
+    w = np.array([1.0], dtype=np.float64)
+    opt = SGD({"w": w}, lr=0.1, momentum=0.9, weight_decay=0.01)
+    expected_w, velocity = 1.0, 0.0
+    for grad in (1.0, -0.5, 2.0):
+        opt.step({"w": np.array([grad])})
+        g = grad + 0.01 * expected_w
+        velocity = 0.9 * velocity + g
+        expected_w -= 0.1 * velocity
+        assert w[0] == pytest.approx(expected_w, rel=1e-12)
+
+
+def test_scale_shrinks_only_the_named_parameter():
+    a, b = np.ones(2, np.float32), np.ones(2, np.float32)
+    opt = SGD({"a": a, "b": b}, lr=1.0)
+    opt.step(
+        {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, scale={"a": 0.25, "b": 1.0}
+    )
+    np.testing.assert_array_equal(a, [0.75, 0.75])
+    np.testing.assert_array_equal(b, [0.0, 0.0])
+
+
+def test_state_dict_round_trip_continues_the_same_trajectory():
+    w1, w2 = np.ones(3, np.float32), np.ones(3, np.float32)
+    opt1 = SGD({"w": w1}, lr=0.1, momentum=0.9)
+    grad = np.array([1.0, 2.0, 3.0], np.float32)
+    opt1.step({"w": grad})
+    w2[:] = w1
+    opt2 = SGD({"w": w2}, lr=0.1, momentum=0.9)
+    opt2.load_state_dict(opt1.state_dict())
+    opt1.step({"w": grad})
+    opt2.step({"w": grad})
+    np.testing.assert_array_equal(w1, w2)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"lr": 0}, {"lr": 0.1, "momentum": 1.0}, {"lr": 0.1, "weight_decay": -1}]
+)
+def test_bad_hyperparameters_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        SGD({"w": np.zeros(1)}, **kwargs)
+
+
+def test_metrics_log_writes_one_json_object_per_line(tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    with MetricsLog(path) as log:
+        log.write("eval", samples=np.int64(64), accuracy=np.float32(0.5), loss=float("nan"))
+        log.write("summary", accuracy=0.5, wall_s=1.0, samples=64)
+    records = read_metrics(path)
+    assert [r["event"] for r in records] == ["eval", "summary"]
+    assert records[0]["samples"] == 64 and records[0]["accuracy"] == 0.5
+    assert records[0]["loss"] is None  # NaN is not JSON; written as null
+    assert "time" in records[0] and "time" not in records[1]
+    for line in path.read_text().splitlines():
+        json.loads(line)
+
+
+def test_metrics_log_without_path_writes_nothing(tmp_path):
+    log = MetricsLog(None)
+    assert log.write("eval", accuracy=1.0)["accuracy"] == 1.0
+    log.close()
+    assert list(tmp_path.iterdir()) == []
