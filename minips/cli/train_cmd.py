@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from minips.metrics import MetricsLog
-from minips.trainer import TrainConfig, train as run_training
+from minips.trainer import TrainConfig
+from minips.trainer import train as run_training
 
 
 @click.command()
