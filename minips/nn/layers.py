@@ -1,0 +1,222 @@
+"""Dense, ReLU, max pooling, Flatten and Dropout: forward and backward of each side by side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minips.errors import ShapeError
+from minips.nn.base import Layer, check_ndim, make_weights
+from minips.nn.conv import Conv2D
+
+__all__ = ["Conv2D", "Dense", "ReLU", "MaxPool2D", "Flatten", "Dropout"]
+
+
+class Dense(Layer):
+    """Fully-connected layer y = x @ w + b; w: (in, out), b: (out,).
+
+    forward: x (N, in) -> y (N, out); backward: dy (N, out) -> dx (N, in), with
+    dw = x^T @ dy and db = sum_n dy (the input x is cached for dw).
+    """
+
+    kind = "fc"
+    prefix = "fc"
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        rng: np.random.Generator | None = None,
+        init: str = "he",
+    ) -> None:
+        super().__init__()
+        if min(in_features, out_features) < 1:
+            raise ValueError("Dense sizes must be positive")
+        self.in_features, self.out_features = in_features, out_features
+        rng = rng if rng is not None else np.random.default_rng(0)
+        self._new_params(
+            w=make_weights(init, rng, (in_features, out_features), in_features, out_features),
+            b=np.zeros(out_features, dtype=np.float32),
+        )
+        self.cache: np.ndarray | None = None  # the input x (N, in)
+
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (N, in) -> y (N, out)."""
+        w = self.params["w"]
+        x = np.asarray(x, dtype=w.dtype)
+        check_ndim(x, 2, "(N, features)")
+        if x.shape[1] != self.in_features:
+            raise ShapeError(f"expected {self.in_features} input features, got shape {x.shape}")
+        if train:
+            self.cache = x
+        y = x @ w  # (N, out)
+        y += self.params["b"]
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """dy (N, out) -> dx (N, in); fills grads w (in, out) and b (out,)."""
+        x = self._cached()
+        np.matmul(x.T, dy, out=self.grads["w"])  # (in, out)
+        np.sum(dy, axis=0, out=self.grads["b"])
+        if not self.need_input_grad:
+            return None
+        return dy @ self.params["w"].T  # (N, in)
+
+
+class ReLU(Layer):
+    """y = max(x, 0) elementwise; dx = dy where x > 0, else 0. Any shape."""
+
+    kind = "act"
+    prefix = "relu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: np.ndarray | None = None  # the output y; y > 0 exactly where x > 0
+
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (any shape) -> y (same shape)."""
+        y = np.maximum(x, 0)
+        if train:
+            self.cache = y
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """dy (same shape as x) -> dx."""
+        y = self._cached()
+        if not self.need_input_grad:
+            return None
+        return dy * (y > 0)
+
+
+@dataclass
+class PoolCache:
+    """What MaxPool2D.backward needs: where each maximum came from."""
+
+    argmax: np.ndarray  # (N, C, Ho, Wo) uint8: flat offset u * size + v of the max in its window
+    input_shape: tuple[int, ...]  # (N, C, H, W)
+
+
+class MaxPool2D(Layer):
+    """Max pooling over size x size windows moved by `stride`, NCHW, no padding.
+
+    forward: x (N, C, H, W) -> y (N, C, Ho, Wo), Ho = (H - size) // stride + 1;
+    backward: dy -> dx, each dy routed to the first maximum of its window (row-major order,
+    as PyTorch does). Both passes loop over the size*size window offsets, each step one
+    strided view of the whole batch, so no window matrix is ever copied.
+    """
+
+    kind = "pool"
+    prefix = "pool"
+
+    def __init__(self, size: int = 2, stride: int = 2) -> None:
+        super().__init__()
+        if size < 1 or stride < 1 or size * size > 255:
+            raise ValueError("MaxPool2D needs 1 <= size <= 15 and stride >= 1")
+        self.size, self.stride = size, stride
+        self.cache: PoolCache | None = None
+
+    def _offset_view(self, a: np.ndarray, u: int, v: int, ho: int, wo: int) -> np.ndarray:
+        """The (N, C, Ho, Wo) strided view of window element (u, v) in every window of a."""
+        s = self.stride
+        return a[:, :, u : u + s * ho : s, v : v + s * wo : s]
+
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (N, C, H, W) -> y (N, C, Ho, Wo)."""
+        check_ndim(x, 4, "(N, C, H, W)")
+        n, c, h, w = x.shape
+        k, s = self.size, self.stride
+        if h < k or w < k:
+            raise ShapeError(f"input {h}x{w} is smaller than the {k}x{k} pooling window")
+        ho, wo = (h - k) // s + 1, (w - k) // s + 1
+        y = self._offset_view(x, 0, 0, ho, wo).copy()  # (N, C, Ho, Wo) running max
+        argmax = np.zeros(y.shape, dtype=np.uint8)
+        for offset in range(1, k * k):
+            candidate = self._offset_view(x, *divmod(offset, k), ho, wo)
+            better = candidate > y  # strict: ties keep the earlier offset
+            np.copyto(y, candidate, where=better)
+            if train:
+                np.copyto(argmax, np.uint8(offset), where=better)
+        if train:
+            self.cache = PoolCache(argmax=argmax, input_shape=x.shape)
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """dy (N, C, Ho, Wo) -> dx (N, C, H, W), nonzero only at each window's argmax."""
+        cache = self._cached()
+        if not self.need_input_grad:
+            return None
+        ho, wo = dy.shape[2:]
+        dx = np.zeros(cache.input_shape, dtype=dy.dtype)
+        k = self.size
+        overlapping = self.stride < k
+        for offset in range(k * k):
+            target = self._offset_view(dx, *divmod(offset, k), ho, wo)  # (N, C, Ho, Wo) view
+            if overlapping:  # windows share inputs: contributions add up
+                target += dy * (cache.argmax == offset)
+            else:  # each input sits in at most one window: write straight into dx
+                np.multiply(dy, cache.argmax == offset, out=target)
+        return dx
+
+
+class Flatten(Layer):
+    """Reshape (N, ...) -> (N, prod(...)); backward reshapes dy back."""
+
+    kind = "flatten"
+    prefix = "flatten"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: tuple[int, ...] | None = None  # the input shape
+
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (N, d1, d2, ...) -> (N, d1*d2*...)."""
+        if x.ndim < 1:
+            raise ShapeError("expected a batch, got a scalar")
+        if train:
+            self.cache = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """dy (N, D) -> dx (N, d1, d2, ...)."""
+        shape = self._cached()
+        if not self.need_input_grad:
+            return None
+        return dy.reshape(shape)
+
+
+class Dropout(Layer):
+    """Inverted dropout: in training, zero each input with probability p and scale the rest
+    by 1 / (1 - p), so evaluation (train=False) is the identity (Srivastava et al., JMLR 2014).
+
+    Any shape in and out. Masks come from the layer's own seeded Generator.
+    """
+
+    kind = "dropout"
+    prefix = "dropout"
+
+    def __init__(self, p: float = 0.5, *, seed: int = 0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self.rng = np.random.default_rng(seed)
+        self.cache: np.ndarray | None = None  # the scaled keep-mask, same shape as x
+
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (any shape) -> x * mask (train) or x (eval)."""
+        if not train or self.p == 0.0:
+            self.cache = np.ones((), dtype=x.dtype) if train else None
+            return x
+        keep = self.rng.random(x.shape, dtype=np.float64) >= self.p
+        mask = keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.p))
+        self.cache = mask
+        return x * mask
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """dy -> dy * mask (the same mask as forward)."""
+        mask = self._cached()
+        if not self.need_input_grad:
+            return None
+        return dy * mask

@@ -1,0 +1,216 @@
+"""Sequential: a named chain of layers with named parameters, gradient hooks and .npz files."""
+
+from __future__ import annotations
+
+import copy
+import json
+import zipfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minips.errors import DataError, ShapeError
+from minips.nn.base import Layer
+
+# Key of the JSON metadata entry inside a saved .npz (parameter names never start with "__").
+META_KEY = "__minips__"
+FILE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One parameterised layer as transmission planners see it."""
+
+    name: str  # e.g. "conv1"
+    kind: str  # "conv", "fc", ...
+    n_params: int
+    shapes: dict[str, tuple[int, ...]]  # param name ("w", "b") -> shape
+
+
+class Sequential:
+    """Layers applied in order; parameters named "<layer>.<param>" in forward order.
+
+    layers: Layer objects or (name, Layer) pairs; unnamed layers are named by their prefix
+    and a per-prefix counter (conv1, conv2, fc1, relu1, pool1, flatten1, dropout1).
+    input_shape: per-example shape, e.g. (1, 28, 28), checked by `forward` when given.
+    spec: {"name": ..., "kwargs": {...}} that rebuilds the model with `build_model`, or None.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[Layer | tuple[str, Layer]],
+        input_shape: tuple[int, ...] | None = None,
+        spec: dict | None = None,
+    ) -> None:
+        self.layers: dict[str, Layer] = {}
+        counters: dict[str, int] = {}
+        for item in layers:
+            name, layer = item if isinstance(item, tuple) else (None, item)
+            if name is None:
+                prefix = layer.prefix or type(layer).__name__.lower()
+                counters[prefix] = counters.get(prefix, 0) + 1
+                name = f"{prefix}{counters[prefix]}"
+            if name in self.layers or "." in name or name.startswith("__"):
+                raise ValueError(f"layer name {name!r} is duplicated or not allowed")
+            self.layers[name] = layer
+        self.input_shape = tuple(input_shape) if input_shape is not None else None
+        self.spec = spec
+        self._hooks: list[Callable[[str], None]] = []
+        # dx of the layers up to the first one with parameters is never used: skip computing it
+        # (for LeNet's conv1 that is the whole col2im).
+        for layer in self.layers.values():
+            layer.need_input_grad = False
+            if layer.params:
+                break
+
+    # ----------------------------------------------------------------- compute
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """x (N, *input_shape) -> logits (N, K); caches activations for backward when train."""
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.number):
+            raise ShapeError(f"input batch must be numeric, got dtype {x.dtype}")
+        if self.input_shape is not None and (x.ndim < 1 or x.shape[1:] != self.input_shape):
+            expected = ", ".join(str(d) for d in ("N", *self.input_shape))
+            raise ShapeError(f"input batch has shape {x.shape}, model expects ({expected})")
+        x = np.ascontiguousarray(x, dtype=self.dtype)  # no copy when already right
+        for name, layer in self.layers.items():
+            try:
+                x = layer.forward(x, train=train)
+            except ShapeError as err:  # say which layer could not take its input
+                raise ShapeError(f"layer {name}: {err}") from None
+        return x
+
+    def backward(self, dlogits: np.ndarray) -> None:
+        """Backpropagate dL/dlogits (N, K), filling every layer's grads.
+
+        Each hook is called as hook(layer_name) as soon as that layer's grads are ready, so in
+        reverse layer order, only for layers with parameters (wait-free backprop sends them).
+        """
+        grad: np.ndarray | None = np.asarray(dlogits, dtype=self.dtype)
+        for name, layer in reversed(self.layers.items()):
+            grad = layer.backward(grad)
+            if layer.params:
+                for hook in self._hooks:
+                    hook(name)
+            if grad is None:  # nothing below needs dx (see need_input_grad)
+                break
+
+    def add_grad_hook(self, fn: Callable[[str], None]) -> None:
+        """Register fn(layer_name), called during backward when that layer's grads are ready."""
+        self._hooks.append(fn)
+
+    # -------------------------------------------------------------- parameters
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """ "<layer>.<param>" -> the live parameter array, in forward order."""
+        return {
+            f"{name}.{key}": array
+            for name, layer in self.layers.items()
+            for key, array in layer.params.items()
+        }
+
+    @property
+    def grads(self) -> dict[str, np.ndarray]:
+        """ "<layer>.<param>" -> the live gradient array (overwritten by each backward)."""
+        return {
+            f"{name}.{key}": array
+            for name, layer in self.layers.items()
+            for key, array in layer.grads.items()
+        }
+
+    @property
+    def n_params(self) -> int:
+        """Total number of scalar parameters."""
+        return sum(array.size for array in self.params.values())
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The parameters' dtype (float32 unless `astype` was used); float32 if none."""
+        for array in self.params.values():
+            return array.dtype
+        return np.dtype(np.float32)
+
+    def layer_info(self) -> list[LayerInfo]:
+        """Name, kind, size and parameter shapes of each layer that has parameters."""
+        return [
+            LayerInfo(
+                name=name,
+                kind=layer.kind,
+                n_params=sum(a.size for a in layer.params.values()),
+                shapes={key: tuple(a.shape) for key, a in layer.params.items()},
+            )
+            for name, layer in self.layers.items()
+            if layer.params
+        ]
+
+    def set_params(self, values: dict[str, np.ndarray], strict: bool = True) -> None:
+        """Copy arrays into the live parameters (cast to the model's dtype).
+
+        Unknown names, wrong shapes and (when strict) missing names raise ShapeError before
+        anything is written, so a bad dict leaves the model untouched.
+        """
+        params = self.params
+        unknown = sorted(set(values) - set(params))
+        if unknown:
+            raise ShapeError(f"unknown parameter(s) {', '.join(unknown)}")
+        missing = sorted(set(params) - set(values))
+        if strict and missing:
+            raise ShapeError(f"missing parameter(s) {', '.join(missing)}")
+        for key, value in values.items():
+            if np.shape(value) != params[key].shape:
+                raise ShapeError(
+                    f"parameter {key} has shape {np.shape(value)}, expected {params[key].shape}"
+                )
+        for key, value in values.items():
+            np.copyto(params[key], value, casting="unsafe")
+
+    def astype(self, dtype) -> Sequential:
+        """A deep copy with parameters and grads in `dtype` (float64 for gradient checks)."""
+        clone = copy.copy(self)
+        clone.layers = {}
+        for name, layer in self.layers.items():
+            layer_copy = copy.deepcopy(layer)
+            layer_copy.cast(np.dtype(dtype))
+            clone.layers[name] = layer_copy
+        clone._hooks = []
+        return clone
+
+    # ------------------------------------------------------------------- files
+    def save(self, path: str | Path) -> None:
+        """Write the parameters (and the spec) to an .npz file at exactly `path`."""
+        meta = json.dumps({"format": FILE_FORMAT, "spec": self.spec})
+        arrays = {key: np.ascontiguousarray(a) for key, a in self.params.items()}
+        with open(path, "wb") as f:
+            np.savez(f, **arrays, **{META_KEY: np.array(meta)})
+
+    def load(self, path: str | Path) -> None:
+        """Read parameters saved by `save` into this model.
+
+        Raises DataError (unreadable file, wrong or missing names) or ShapeError (a parameter
+        of the wrong shape), with a one-line message; the model is unchanged on error.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {key: npz[key] for key in npz.files if key != META_KEY}
+        except FileNotFoundError:
+            raise DataError(f"model file {path} does not exist") from None
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            raise DataError(f"model file {path} is not a readable .npz: {err}") from None
+        params = self.params
+        unknown = sorted(set(arrays) - set(params))
+        missing = sorted(set(params) - set(arrays))
+        if unknown or missing:
+            raise DataError(
+                f"model file {path} does not match this model: "
+                f"missing {missing or 'nothing'}, unexpected {unknown or 'nothing'}"
+            )
+        try:
+            self.set_params(arrays)
+        except ShapeError as err:
+            raise ShapeError(f"model file {path}: {err}") from None
+
+    def __repr__(self) -> str:
+        lines = [f"  {name}: {layer!r}" for name, layer in self.layers.items()]
+        return "Sequential(\n" + "\n".join(lines) + f"\n)  # {self.n_params:,} parameters"
