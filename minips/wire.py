@@ -1,0 +1,384 @@
+"""The wire format: one ZeroMQ multipart message = a msgpack header frame + raw array frames.
+
+    frame 0      msgpack map {"v": 1, "op": "push", ..., "arrays": [{name, dtype, shape, codec}]}
+    frame 1..n   the bytes of array i (C order, little-endian), nothing else
+
+`encode` and `decode` are pure functions over lists of byte buffers, so everything here is
+tested without sockets. `decode` validates everything a hostile or buggy peer can get wrong
+and raises `ProtocolError` with a one-line reason and a machine-readable `code`; the server
+turns that into an `{"op": "error"}` reply. docs/protocol.md is the normative description.
+Arrays never go through msgpack (no copy, no size blow-up) and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from minips.errors import MinipsError
+
+PROTOCOL_VERSION = 1
+
+# Wire dtype name -> NumPy dtype. Always little-endian, whatever the host.
+DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+}
+
+# Codec -> dtypes it may carry. "dense": the array itself; "fp16": a float32 tensor sent as
+# float16 (the receiver widens it). New codecs (sufficient factors, top-k) register here.
+CODECS: dict[str, frozenset[str]] = {
+    "dense": frozenset({"float32", "int32", "int64"}),
+    "fp16": frozenset({"float16"}),
+}
+
+REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
+REPLY_OPS = REQUEST_OPS + ("error",)
+
+# Field schemas: op -> {field: (kind, required)}. `v`, `op`, `rid`, `arrays` are common to
+# all messages and checked separately. Unknown extra fields are ignored (forward compatible).
+_WORKER = ("str", True)
+REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
+    "hello": {"worker": _WORKER, "info": ("map", False)},
+    "pull": {"worker": _WORKER, "since": ("uint?", False)},
+    "push": {
+        "worker": _WORKER,
+        "seq": ("uint", True),
+        "base": ("uint", True),
+        "last": ("bool", False),
+    },
+    "ping": {"worker": _WORKER},
+    "stats": {},
+    "bye": {"worker": _WORKER},
+    "stop": {},
+    "checkpoint": {},
+}
+REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
+    "hello": {
+        "worker": _WORKER,
+        "rank": ("uint", True),
+        "world_size": ("uint", True),
+        "config": ("map", True),
+        "version": ("uint", True),
+        "heartbeat_timeout": ("number", True),
+    },
+    "pull": {"version": ("uint", True), "param_versions": ("map", True), "stop": ("bool", True)},
+    "push": {
+        "version": ("uint", True),
+        "seq": ("uint", True),
+        "applied": ("bool", True),
+        "staleness": ("uint", True),
+        "stop": ("bool", True),
+    },
+    "ping": {"version": ("uint", True), "stop": ("bool", True)},
+    "stats": {"stats": ("map", True)},
+    "bye": {},
+    "stop": {},
+    "checkpoint": {"path": ("str", True), "version": ("uint", True)},
+    "error": {"reason": ("str", True), "code": ("str", True)},
+}
+
+MAX_NAME_CHARS = 256
+MAX_NDIM = 8
+
+
+class ProtocolError(MinipsError):
+    """A message broke the protocol; `code` names the rule (see docs/protocol.md, "Errors")."""
+
+    def __init__(self, reason: str, code: str = "malformed") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits the decoder enforces (ZeroMQ's MAXMSGSIZE is a second, coarser fence)."""
+
+    max_header_bytes: int = 1 << 20  # 1 MiB: config and stats are small
+    max_frame_bytes: int = 64 << 20  # 64 MiB per array: 16 M float32
+    max_message_bytes: int = 256 << 20  # 256 MiB for all frames together
+    max_arrays: int = 4096
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Message:
+    """A decoded message: the header map, its arrays (read-only views) and their codecs."""
+
+    header: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    codecs: dict[str, str] = field(default_factory=dict)
+    nbytes: int = 0  # all frames together, for traffic accounting
+
+    @property
+    def op(self) -> str:
+        return self.header["op"]
+
+
+def encode(
+    header: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray] | None = None,
+    codecs: Mapping[str, str] | None = None,
+) -> list[bytes | memoryview]:
+    """Build the frames of one message: [msgpack(header + array descriptors), array bytes...].
+
+    `v` defaults to PROTOCOL_VERSION. Array frames are memoryviews of the (contiguous,
+    little-endian) arrays themselves, so `send_multipart(frames, copy=False)` sends without
+    copying: the caller must not modify those arrays until the message has left.
+    `codecs` maps array name -> codec ("dense" when absent). Raises ProtocolError for a dtype
+    or codec the protocol does not allow.
+    """
+    head = {"v": PROTOCOL_VERSION, **header}
+    descriptors = []
+    payload: list[bytes | memoryview] = []
+    for name, array in (arrays or {}).items():
+        codec = (codecs or {}).get(name, "dense")
+        dtype_name = _wire_dtype_name(array.dtype)
+        if codec not in CODECS or dtype_name not in CODECS[codec]:
+            raise ProtocolError(
+                f"array {name!r}: codec {codec!r} cannot carry {dtype_name}", "dtype"
+            )
+        # np.asarray keeps 0-d shapes (np.ascontiguousarray would make them 1-d).
+        contiguous = np.asarray(array, dtype=DTYPES[dtype_name])
+        if not contiguous.flags.c_contiguous:
+            contiguous = contiguous.copy(order="C")
+        descriptors.append(
+            {"name": name, "dtype": dtype_name, "shape": list(contiguous.shape), "codec": codec}
+        )
+        payload.append(memoryview(contiguous.reshape(-1)).cast("B"))
+    if descriptors:
+        head["arrays"] = descriptors
+    return [msgpack.packb(head, use_bin_type=True), *payload]
+
+
+def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Parse and structurally validate one message (any op); arrays are zero-copy views.
+
+    Checks: frame count and sizes, msgpack well-formedness, `v`, `op` known, array
+    descriptors (name, dtype allow-list, codec, shape) against the frames' sizes.
+    Use `decode_request` / `decode_reply` to also check the op's fields.
+    """
+    if not frames:
+        raise ProtocolError("empty message: expected a header frame")
+    if len(frames) - 1 > limits.max_arrays:
+        raise ProtocolError(
+            f"{len(frames) - 1} array frames exceed the limit of {limits.max_arrays}", "too_large"
+        )
+    buffers = [_as_buffer(frame) for frame in frames]
+    total = sum(buf.nbytes for buf in buffers)
+    if total > limits.max_message_bytes:
+        raise ProtocolError(
+            f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}", "too_large"
+        )
+    header = _unpack_header(buffers[0], limits)
+    descriptors = header.get("arrays", [])
+    if not isinstance(descriptors, list):
+        raise ProtocolError("header field 'arrays' must be a list", "bad_field")
+    if len(descriptors) != len(buffers) - 1:
+        raise ProtocolError(
+            f"header describes {len(descriptors)} arrays "
+            f"but {len(buffers) - 1} array frames followed",
+            "frame_count",
+        )
+    message = Message(header=header, nbytes=total)
+    for index, (desc, buf) in enumerate(zip(descriptors, buffers[1:], strict=True)):
+        name, dtype, shape, codec = _check_descriptor(desc, index)
+        if name in message.arrays:
+            raise ProtocolError(f"array name {name!r} appears twice", "bad_field")
+        if buf.nbytes > limits.max_frame_bytes:
+            raise ProtocolError(
+                f"array {name!r}: frame of {buf.nbytes} bytes "
+                f"exceeds the limit of {limits.max_frame_bytes}",
+                "too_large",
+            )
+        expected = math.prod(shape) * dtype.itemsize
+        if buf.nbytes != expected:
+            raise ProtocolError(
+                f"array {name!r}: shape {list(shape)} of {desc['dtype']} "
+                f"needs {expected} bytes, frame has {buf.nbytes}",
+                "shape",
+            )
+        message.arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        message.codecs[name] = codec
+    return message
+
+
+def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """`decode`, then check the request's fields; a push's float arrays must be finite."""
+    message = decode(frames, limits)
+    _check_fields(message.header, REQUEST_FIELDS, "request")
+    if message.op == "push":
+        for name, array in message.arrays.items():
+            if array.dtype.kind == "f" and not all_finite(array):
+                raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")
+    return message
+
+
+def decode_reply(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """`decode`, then check the reply's fields (op is a request op or "error")."""
+    message = decode(frames, limits)
+    _check_fields(message.header, REPLY_FIELDS, "reply")
+    return message
+
+
+def error_frames(reason: str, code: str, rid: int | None = None) -> list[bytes | memoryview]:
+    """The frames of an error reply."""
+    header: dict[str, Any] = {"op": "error", "reason": reason, "code": code}
+    if rid is not None:
+        header["rid"] = rid
+    return encode(header)
+
+
+def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
+    """The float32 tensor a gradient frame stands for (widens fp16; dense is returned as is)."""
+    if codec == "fp16":
+        return array.astype(np.float32)
+    return array
+
+
+def all_finite(array: np.ndarray) -> bool:
+    """True when no element is NaN or +-Inf.
+
+    Fast path: a sum is finite only if every term is (NaN and Inf propagate); only when the
+    sum is not finite (which may also be a harmless overflow) is every element checked.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(array.sum(dtype=np.float64)):
+            return True
+    return bool(np.isfinite(array).all())
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _as_buffer(frame: Any) -> memoryview:
+    """bytes, bytearray, memoryview, ndarray or zmq.Frame -> a flat byte memoryview."""
+    try:
+        view = memoryview(frame)
+    except TypeError as exc:
+        raise ProtocolError(f"frame of type {type(frame).__name__} is not a byte buffer") from exc
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} is not allowed in a header")
+
+
+def _unpack_header(buf: memoryview, limits: Limits) -> dict[str, Any]:
+    if buf.nbytes > limits.max_header_bytes:
+        raise ProtocolError(
+            f"header of {buf.nbytes} bytes exceeds the limit of {limits.max_header_bytes}",
+            "too_large",
+        )
+    try:
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
+    version = header.get("v")
+    if not _is_uint(version):
+        raise ProtocolError(
+            "header field 'v' (protocol version) is missing or not an integer", "version"
+        )
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {version} is not supported (this end speaks {PROTOCOL_VERSION})",
+            "version",
+        )
+    op = header.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("header field 'op' is missing or not a string", "bad_field")
+    if op not in REPLY_OPS:
+        raise ProtocolError(f"unknown op {op[:40]!r}", "unknown_op")
+    if "rid" in header and not _is_uint(header["rid"]):
+        raise ProtocolError("header field 'rid' must be a non-negative integer", "bad_field")
+    return header
+
+
+def _check_descriptor(desc: Any, index: int) -> tuple[str, np.dtype, tuple[int, ...], str]:
+    if not isinstance(desc, dict):
+        raise ProtocolError(f"arrays[{index}] must be a map", "bad_field")
+    name, dtype_name, shape, codec = (desc.get(k) for k in ("name", "dtype", "shape", "codec"))
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+        raise ProtocolError(
+            f"arrays[{index}].name must be a string of 1..{MAX_NAME_CHARS} characters", "bad_field"
+        )
+    if dtype_name not in DTYPES:
+        raise ProtocolError(
+            f"array {name!r}: dtype {str(dtype_name)[:20]!r} not allowed "
+            f"(allowed: {', '.join(DTYPES)})",
+            "dtype",
+        )
+    if codec not in CODECS:
+        raise ProtocolError(
+            f"array {name!r}: unknown codec {str(codec)[:20]!r} (known: {', '.join(CODECS)})",
+            "dtype",
+        )
+    if dtype_name not in CODECS[codec]:
+        raise ProtocolError(f"array {name!r}: codec {codec!r} cannot carry {dtype_name}", "dtype")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_uint(d) for d in shape):
+        raise ProtocolError(
+            f"array {name!r}: shape must be a list of at most {MAX_NDIM} non-negative integers",
+            "shape",
+        )
+    return name, DTYPES[dtype_name], tuple(shape), codec
+
+
+def _check_fields(
+    header: dict[str, Any], schema: dict[str, dict[str, tuple[str, bool]]], kind: str
+) -> None:
+    op = header["op"]
+    if op not in schema:
+        raise ProtocolError(f"op {op!r} is not a {kind}", "unknown_op")
+    for name, (type_name, required) in schema[op].items():
+        if name not in header:
+            if required:
+                raise ProtocolError(f"{op} {kind} lacks field {name!r}", "bad_field")
+            continue
+        if not _CHECKS[type_name](header[name]):
+            raise ProtocolError(
+                f"{op} {kind} field {name!r} must be {_KIND_TEXT[type_name]}", "bad_field"
+            )
+
+
+def _is_uint(value: Any) -> bool:
+    # bool is an int subclass in Python; msgpack keeps them apart, so must we.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_CHECKS = {
+    "uint": _is_uint,
+    "uint?": lambda v: v is None or _is_uint(v),
+    "str": lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS,
+    "bool": lambda v: isinstance(v, bool),
+    "map": lambda v: isinstance(v, dict),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+_KIND_TEXT = {
+    "uint": "a non-negative integer",
+    "uint?": "a non-negative integer or nil",
+    "str": f"a string of 1..{MAX_NAME_CHARS} characters",
+    "bool": "a boolean",
+    "map": "a map",
+    "number": "a number",
+}
+
+
+def _wire_dtype_name(dtype: np.dtype) -> str:
+    for name, wire in DTYPES.items():
+        if dtype.kind == wire.kind and dtype.itemsize == wire.itemsize:
+            return name
+    raise ProtocolError(f"dtype {dtype} cannot be sent (allowed: {', '.join(DTYPES)})", "dtype")
