@@ -192,12 +192,16 @@ class Sequential:
         of the wrong shape), with a one-line message; the model is unchanged on error.
         """
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            loaded = np.load(path, allow_pickle=False)
+            if not hasattr(loaded, "files"):  # a bare .npy array, not an archive of them
+                raise ValueError("it holds a single array")
+            with loaded as npz:
                 arrays = {key: npz[key] for key in npz.files if key != META_KEY}
         except FileNotFoundError:
             raise DataError(f"model file {path} does not exist") from None
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            raise DataError(f"model file {path} is not a readable .npz: {err}") from None
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise DataError(f"model file {path} is not a readable .npz: {reason}") from None
         params = self.params
         unknown = sorted(set(arrays) - set(params))
         missing = sorted(set(params) - set(arrays))

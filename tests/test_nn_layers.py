@@ -1,0 +1,195 @@
+"""Each layer against its loop oracle (minips.nn.naive) and against centred differences."""
+
+import numpy as np
+import pytest
+
+from minips.errors import ShapeError
+from minips.nn import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
+from minips.nn.gradcheck import numerical_gradient, relative_error
+from minips.nn.naive import (
+    conv2d_backward_naive,
+    conv2d_forward_naive,
+    maxpool_backward_naive,
+    maxpool_forward_naive,
+)
+
+# (in_channels, out_channels, kernel, stride, padding, H, W)
+CONV_CASES = [
+    (1, 3, 5, 1, 0, 9, 9),
+    (2, 4, 3, 1, 1, 7, 6),
+    (3, 2, 3, 2, 1, 8, 9),
+    (2, 3, 2, 2, 0, 6, 6),
+    (3, 5, 1, 1, 0, 4, 5),
+    (2, 2, 4, 3, 2, 7, 8),
+]
+# Force each im2col layout: the threshold picks "chwn" below it, "nchw" at or above it.
+LAYOUTS = {"nchw": 0, "chwn": 10**9}
+
+
+def make_conv(case, layout, dtype=np.float64, seed=0):
+    c_in, c_out, k, s, p, h, w = case
+    rng = np.random.default_rng(seed)
+    conv = Conv2D(c_in, c_out, k, stride=s, padding=p, rng=rng)
+    conv.cast(dtype)
+    conv.params["b"][:] = rng.standard_normal(c_out)
+    conv.CHWN_BELOW_PIXELS = LAYOUTS[layout]
+    x = rng.standard_normal((3, c_in, h, w)).astype(dtype)
+    return conv, x
+
+
+def check_layer_gradients(layer, x, seed=1, before_forward=lambda: None):
+    """Compare backward with centred differences of L = sum(forward(x) * R), float64."""
+    rng = np.random.default_rng(seed)
+    before_forward()
+    y = layer.forward(x)
+    weights = rng.standard_normal(y.shape)  # R: makes every output matter differently
+
+    def loss():
+        before_forward()
+        return float(np.sum(layer.forward(x) * weights))
+
+    before_forward()
+    layer.forward(x)
+    dx = layer.backward(weights.copy())
+    analytic = {name: g.copy() for name, g in layer.grads.items()}
+    assert relative_error(dx, numerical_gradient(loss, x)) < 1e-5
+    for name, param in layer.params.items():
+        assert relative_error(analytic[name], numerical_gradient(loss, param)) < 1e-5, name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_matches_naive_loops(case, layout):
+    conv, x = make_conv(case, layout)
+    stride, padding = conv.stride, conv.padding
+    w, b = conv.params["w"], conv.params["b"]
+    y = conv.forward(x)
+    y_naive = conv2d_forward_naive(x, w, b, stride, padding)
+    assert y.shape == y_naive.shape
+    np.testing.assert_allclose(y, y_naive, rtol=1e-10, atol=1e-10)
+
+    dy = np.random.default_rng(2).standard_normal(y.shape)
+    dx = conv.backward(dy)
+    dx_naive, dw_naive, db_naive = conv2d_backward_naive(dy, x, w, stride, padding)
+    np.testing.assert_allclose(dx, dx_naive, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(conv.grads["w"], dw_naive, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(conv.grads["b"], db_naive, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CONV_CASES[:3])
+def test_conv_gradients_match_centred_differences(case, layout):
+    conv, x = make_conv(case, layout)
+    check_layer_gradients(conv, x)
+
+
+def test_conv_float32_stays_float32_and_skips_input_grad():
+    conv = Conv2D(1, 4, 3, rng=np.random.default_rng(0))
+    conv.need_input_grad = False
+    x = np.random.default_rng(1).standard_normal((2, 1, 6, 6)).astype(np.float32)
+    y = conv.forward(x)
+    assert y.dtype == np.float32 and y.flags.c_contiguous and y.shape == (2, 4, 4, 4)
+    assert conv.backward(np.ones_like(y)) is None
+    assert conv.grads["w"].dtype == np.float32
+    np.testing.assert_allclose(conv.grads["b"], np.full(4, 2 * 16), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad_shape", [(2, 2, 6, 6), (2, 1, 6), (2, 1, 2, 2)])
+def test_conv_rejects_wrong_input(bad_shape):
+    conv = Conv2D(1, 4, 3)
+    with pytest.raises(ShapeError):
+        conv.forward(np.zeros(bad_shape, dtype=np.float32))
+
+
+# (size, stride, H, W)
+POOL_CASES = [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 8), (3, 3, 9, 9), (2, 1, 5, 6)]
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+def test_maxpool_matches_naive_loops(case):
+    size, stride, h, w = case
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, h, w))
+    pool = MaxPool2D(size, stride)
+    y = pool.forward(x)
+    np.testing.assert_array_equal(y, maxpool_forward_naive(x, size, stride))
+    dy = rng.standard_normal(y.shape)
+    np.testing.assert_allclose(pool.backward(dy), maxpool_backward_naive(dy, x, size, stride))
+
+
+def test_maxpool_ties_route_gradient_to_the_first_maximum():
+    # All-equal windows (ReLU zeros, flat image background) must not duplicate gradient.
+    x = np.zeros((1, 1, 4, 4))
+    pool = MaxPool2D(2, 2)
+    pool.forward(x)
+    dx = pool.backward(np.ones((1, 1, 2, 2)))
+    assert dx.sum() == 4.0
+    np.testing.assert_array_equal(dx, maxpool_backward_naive(np.ones((1, 1, 2, 2)), x))
+
+
+@pytest.mark.parametrize("case", POOL_CASES[:3])
+def test_maxpool_gradients_match_centred_differences(case):
+    size, stride, h, w = case
+    x = np.random.default_rng(3).standard_normal((2, 2, h, w))
+    check_layer_gradients(MaxPool2D(size, stride), x)
+
+
+def test_dense_gradients_and_forward():
+    rng = np.random.default_rng(0)
+    dense = Dense(7, 4, rng=rng)
+    dense.cast(np.float64)
+    dense.params["b"][:] = rng.standard_normal(4)
+    x = rng.standard_normal((5, 7))
+    np.testing.assert_allclose(
+        dense.forward(x), x @ dense.params["w"] + dense.params["b"], rtol=1e-12
+    )
+    check_layer_gradients(dense, x)
+
+
+def test_dense_rejects_wrong_features():
+    with pytest.raises(ShapeError, match="7 input features"):
+        Dense(7, 4).forward(np.zeros((5, 6), dtype=np.float32))
+
+
+def test_relu_gradients():
+    x = np.random.default_rng(0).standard_normal((4, 3, 5))
+    x[np.abs(x) < 1e-3] = 0.5  # keep centred differences away from the kink
+    relu = ReLU()
+    np.testing.assert_array_equal(relu.forward(x), np.where(x > 0, x, 0))
+    check_layer_gradients(relu, x)
+
+
+def test_flatten_round_trip():
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    flat = Flatten()
+    y = flat.forward(x)
+    assert y.shape == (2, 60)
+    np.testing.assert_array_equal(y[1], x[1].ravel())
+    check_layer_gradients(flat, x)
+
+
+def test_dropout_scales_kept_units_and_is_identity_in_eval():
+    x = np.ones((200, 50))
+    drop = Dropout(0.3, seed=4)
+    y = drop.forward(x)
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], 1 / 0.7)
+    assert 0.65 < kept.mean() < 0.75
+    dx = drop.backward(np.full_like(x, 2.0))
+    np.testing.assert_allclose(dx, 2.0 * y)  # same mask as forward
+    np.testing.assert_array_equal(drop.forward(x, train=False), x)
+
+
+def test_dropout_gradients_with_fixed_mask():
+    drop = Dropout(0.5, seed=0)
+    x = np.random.default_rng(0).standard_normal((3, 8))
+
+    def reseed():  # the same mask on every forward, so differences see one function
+        drop.rng = np.random.default_rng(11)
+
+    check_layer_gradients(drop, x, before_forward=reseed)
+
+
+def test_backward_before_forward_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="without forward"):
+        Dense(3, 2).backward(np.zeros((1, 2), dtype=np.float32))
