@@ -26,7 +26,7 @@ from minips.data.datasets import (
     load_dataset,
     normalize,
 )
-from minips.data.download import BASE_URLS, CHECKSUMS, download
+from minips.data.fetch import BASE_URLS, CHECKSUMS, download
 from minips.data.idx import idx_bytes, parse_idx, read_idx, write_idx
 
 __all__ = [
