@@ -109,6 +109,15 @@ def test_missing_dataset_says_where_it_looked_and_what_to_do(places, name, hint)
         assert str(root / name) in message
 
 
+def test_missing_message_names_the_missing_files_of_an_incomplete_set(places):
+    write_fake_dataset(places["cache"] / "mnist")
+    (places["cache"] / "mnist" / "t10k-images-idx3-ubyte.gz").unlink()
+    with pytest.raises(DataError) as exc:
+        load("mnist", places)
+    assert f"{places['cache'] / 'mnist'} (missing t10k-images-idx3-ubyte[.gz])" in str(exc.value)
+    assert f"{places['data_dir']} (no IDX files)" in str(exc.value)
+
+
 def test_unknown_name_is_a_config_error(places):
     with pytest.raises(ConfigError, match="unknown dataset 'cifar'"):
         load("cifar", places)

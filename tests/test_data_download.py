@@ -22,7 +22,7 @@ FILENAMES = [f"{stem}.gz" for stem in IDX_FILES.values()]
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
+    def log_message(self, format, *args):  # keep test output clean
         pass
 
 

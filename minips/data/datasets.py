@@ -153,6 +153,20 @@ def idx_paths(directory: Path) -> dict[str, Path] | None:
     return found
 
 
+def _describe(directory: Path) -> str:
+    """``directory`` for an error message, noting what is missing if it exists."""
+    if not directory.is_dir():
+        return str(directory)
+    missing = [
+        f"{stem}[.gz]"
+        for stem in IDX_FILES.values()
+        if not (directory / stem).is_file() and not (directory / f"{stem}.gz").is_file()
+    ]
+    if len(missing) == len(IDX_FILES):
+        return f"{directory} (no IDX files)"
+    return f"{directory} (missing {', '.join(missing)})"
+
+
 def candidate_dirs(
     name: str,
     data_dir: str | Path | None = None,
@@ -260,7 +274,7 @@ def load_dataset(
         if paths is not None:
             raw = tuple(read_idx(paths[role]) for role in IDX_FILES)
             return _assemble(name, raw, seed, source=str(directory))
-    looked = ", ".join(str(d) for d in dirs)
+    looked = ", ".join(_describe(d) for d in dirs)
     raise DataError(f"dataset {name!r} not found (looked in {looked}); {_INSTALL_HINTS[name]}")
 
 
