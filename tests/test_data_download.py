@@ -127,6 +127,14 @@ def test_connection_refused_is_one_line(tmp_path):
     assert not list((tmp_path / "c" / "mnist").iterdir())
 
 
+@pytest.mark.parametrize("base_url", ["nonsense://127.0.0.1/", "no-scheme-at-all"])
+def test_malformed_url_is_one_line(tmp_path, base_url):
+    checksums = {n: ("0" * 32,) for n in FILENAMES}
+    with pytest.raises(DataError, match="could not download") as exc:
+        download("mnist", tmp_path, base_url, progress=False, checksums=checksums)
+    assert "\n" not in str(exc.value)
+
+
 @pytest.mark.parametrize("name", ["sample", "synthetic"])
 def test_nothing_to_download(name, tmp_path):
     with pytest.raises(ConfigError, match="nothing to download"):

@@ -15,8 +15,9 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import click
 
@@ -96,7 +97,7 @@ def verify_file(path: Path, accepted: Sequence[str], label: str) -> None:
     )
 
 
-def _copy(response, out, on_chunk) -> None:
+def _copy(response: BinaryIO, out: BinaryIO, on_chunk: Callable[[int], object]) -> None:
     """Copy the HTTP body to ``out`` chunk by chunk, reporting each chunk's size."""
     for chunk in iter(lambda: response.read(CHUNK_BYTES), b""):
         out.write(chunk)
@@ -118,6 +119,8 @@ def _fetch(url: str, dest: Path, timeout: float, progress: bool) -> None:
         raise DataError(f"could not download {url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise DataError(f"could not download {url}: {exc.reason}") from None
+    except ValueError as exc:  # urllib's answer to a malformed URL or unknown scheme
+        raise DataError(f"could not download {url}: {exc}") from None
     except (OSError, http.client.HTTPException) as exc:
         # Timeouts, resets and short reads mid-stream: the network, not the user, failed.
         raise DataError(f"could not download {url}: {exc or type(exc).__name__}") from None
