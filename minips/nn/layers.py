@@ -131,13 +131,15 @@ class MaxPool2D(Layer):
             raise ShapeError(f"input {h}x{w} is smaller than the {k}x{k} pooling window")
         ho, wo = (h - k) // s + 1, (w - k) // s + 1
         y = self._offset_view(x, 0, 0, ho, wo).copy()  # (N, C, Ho, Wo) running max
-        argmax = np.zeros(y.shape, dtype=np.uint8)
+        argmax = np.zeros(y.shape, dtype=np.uint8)  # (N, C, Ho, Wo) offset of the running max
         for offset in range(1, k * k):
-            candidate = self._offset_view(x, *divmod(offset, k), ho, wo)
-            better = candidate > y  # strict: ties keep the earlier offset
-            np.copyto(y, candidate, where=better)
+            candidate = self._offset_view(x, *divmod(offset, k), ho, wo)  # (N, C, Ho, Wo)
             if train:
-                np.copyto(argmax, np.uint8(offset), where=better)
+                better = candidate > y  # strict: ties keep the earlier offset
+                # argmax = better ? offset : argmax, as uint8 arithmetic (wraps exactly mod
+                # 256); several times faster than np.where / copyto(where=) / mask indexing.
+                argmax += better * (np.uint8(offset) - argmax)
+            np.maximum(y, candidate, out=y)
         if train:
             self.cache = PoolCache(argmax=argmax, input_shape=x.shape)
         return y
