@@ -1,0 +1,277 @@
+"""PSClient: the Python API of a minips worker (hello, pull, push, ...) over a DEALER socket.
+
+Every call sends one request and waits for its reply at most `timeout` seconds. On a
+timeout the client follows the ZeroMQ guide's Lazy Pirate pattern: close the socket (its
+queue may hold a request the server will never see or a reply we no longer want), open a
+new one, and send the request again, up to `retries` times; then `ServerUnavailable`.
+Each attempt has its own request id (`rid`), so a late reply to an abandoned attempt is
+recognised and dropped. A retried push re-uses its `seq`, so the server applies it once.
+
+    with PSClient("tcp://127.0.0.1:5555") as ps:
+        cfg = ps.hello({"host": "pc1"})           # rank, world_size, config
+        params, since = {}, None
+        while True:
+            reply = ps.pull(since)                 # only what changed since `since`
+            params.update(reply.params); since = reply.version
+            if reply.stop: break
+            grads = compute_gradients(params)      # name -> float32 array, param's shape
+            if ps.push(grads, base=reply.version).stop: break
+        ps.bye()
+
+The wire format is docs/protocol.md; this class is one implementation of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from minips import wire
+from minips.errors import MinipsError
+from minips.wire import DEFAULT_LIMITS, Limits, Message
+
+log = logging.getLogger("minips.client")
+
+
+class ServerUnavailable(MinipsError):
+    """No reply from the server after all retries (it is down, unreachable or stuck)."""
+
+
+class ServerError(MinipsError):
+    """The server answered with an error reply; `code` is from docs/protocol.md section 9."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(f"server refused the request ({code}): {reason}")
+        self.reason = reason
+        self.code = code
+
+
+@dataclass
+class PullReply:
+    """A pull's answer.
+
+    version: the server's global version t; pass it as `base` of the push computed on these
+    parameters and as `since` of the next pull. params: name -> read-only float32 array,
+    only the parameters changed since `since` (all when since is None). param_versions:
+    name -> version of its last change, for every parameter. stop: the server is stopping.
+    """
+
+    version: int
+    params: dict[str, np.ndarray]
+    param_versions: dict[str, int]
+    stop: bool
+
+
+@dataclass
+class PushReply:
+    """A push's answer.
+
+    version: the server's version after handling the push. applied: the gradient went into
+    an applied update (False: only queued, `last=False` under ssgd, or the server is
+    stopping). staleness: tau = t - base when it was applied. stop: the server is stopping.
+    """
+
+    version: int
+    applied: bool
+    staleness: int
+    stop: bool
+
+
+class PSClient:
+    """A worker's connection to a ParameterServer.
+
+    address: the server endpoint ("tcp://host:port" or "ipc:///path"). timeout: seconds to
+    wait for each reply. retries: how many times a request is re-sent after a timeout (so at
+    most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
+    one by default); the server gives the same rank back to the same id.
+    Not thread-safe: use one client per thread.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 5.0,
+        retries: int = 3,
+        worker_id: str | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        if timeout <= 0 or retries < 0:
+            raise ValueError("timeout must be > 0 and retries >= 0")
+        self.address = address
+        self.timeout = timeout
+        self.retries = retries
+        self.worker_id = worker_id or uuid.uuid4().hex
+        self.limits = limits
+        self.rank: int | None = None
+        self.config: dict[str, Any] | None = None
+        self._hello_info: dict[str, Any] | None = None  # set once hello succeeded
+        self._rid = 0
+        self._seq = 0
+        self._context = zmq.Context()
+        self._socket: zmq.Socket | None = None
+
+    # ------------------------------------------------------------------------ worker calls
+
+    def hello(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Register; return {"rank", "world_size", "config", "version", "heartbeat_timeout"}.
+
+        info: a msgpack-able map shown in the server's stats (host, pid, ...).
+        """
+        header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
+        if info is not None:
+            header["info"] = info
+        reply = self._request(header).header
+        self.rank, self.config = reply["rank"], reply["config"]
+        self._hello_info = dict(info or {})
+        keys = ("rank", "world_size", "config", "version", "heartbeat_timeout")
+        return {key: reply[key] for key in keys}
+
+    def pull(self, since: int | None = None) -> PullReply:
+        """Fetch the parameters changed since version `since` (all when None).
+
+        Under ssp the server may hold the reply until the bound allows it; make `timeout`
+        long enough for that, or rely on the retries.
+        """
+        header = {"op": "pull", "worker": self.worker_id, "since": since}
+        message = self._worker_request(header)
+        h = message.header
+        return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"])
+
+    def push(
+        self,
+        grads: dict[str, np.ndarray],
+        base: int,
+        extra: dict[str, np.ndarray] | None = None,
+        last: bool = True,
+        codecs: dict[str, str] | None = None,
+    ) -> PushReply:
+        """Send gradients computed at parameters of version `base` (a pull's `version`).
+
+        grads: name -> array of the parameter's shape (cast to float32; any non-empty
+        subset of the parameters). extra: arrays a rule needs (e.g. VSGD's samples), sent
+        as "extra/<key>". last: False when more pushes of the same step follow (only the
+        last one advances the worker's clock). codecs: name -> "dense" | "fp16".
+        Do not modify the arrays while the call runs (they are sent without copying).
+        Under ssgd the reply comes when the barrier completes.
+        """
+        codecs = dict(codecs or {})
+        arrays: dict[str, np.ndarray] = {}
+        for name, grad in grads.items():
+            dtype = np.float16 if codecs.get(name) == "fp16" else np.float32
+            arrays[name] = np.ascontiguousarray(grad, dtype=dtype)
+        for key, array in (extra or {}).items():
+            arrays[f"extra/{key}"] = array
+        seq = self._seq
+        self._seq += 1  # the next push is a new one, even if this one fails
+        header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base, "last": last}
+        h = self._worker_request(header, arrays, codecs).header
+        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"])
+
+    def ping(self) -> bool:
+        """Heartbeat for long computations; returns the `stop` flag."""
+        return self._worker_request({"op": "ping", "worker": self.worker_id}).header["stop"]
+
+    def bye(self) -> None:
+        """Leave the run (barriers stop waiting for this worker)."""
+        self._request({"op": "bye", "worker": self.worker_id})
+        self._hello_info = None
+
+    # ----------------------------------------------------------------------- anyone's calls
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters and worker table (docs/protocol.md, `stats`)."""
+        return self._request({"op": "stats"}).header["stats"]
+
+    def stop(self) -> None:
+        """Operator: ask the server to shut down (workers then see `stop` in replies)."""
+        self._request({"op": "stop"})
+
+    def checkpoint(self) -> str:
+        """Operator: make the server write a checkpoint now; returns its path."""
+        return self._request({"op": "checkpoint"}).header["path"]
+
+    def close(self) -> None:
+        """Close the socket without waiting for unsent messages."""
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        self._context.term()
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------- machinery
+
+    def _worker_request(
+        self,
+        header: dict[str, Any],
+        arrays: dict[str, np.ndarray] | None = None,
+        codecs: dict[str, str] | None = None,
+    ) -> Message:
+        """A request that needs registration: re-register once if the server forgot us."""
+        try:
+            return self._request(header, arrays, codecs)
+        except ServerError as exc:
+            if exc.code != "unknown_worker" or self._hello_info is None:
+                raise
+            log.warning(
+                "server does not know worker %s any more: saying hello again", self.worker_id
+            )
+            self.hello(self._hello_info)
+            return self._request(header, arrays, codecs)
+
+    def _connect(self) -> zmq.Socket:
+        if self._socket is None:
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
+            sock.connect(self.address)
+            self._socket = sock
+        return self._socket
+
+    def _request(
+        self,
+        header: dict[str, Any],
+        arrays: dict[str, np.ndarray] | None = None,
+        codecs: dict[str, str] | None = None,
+    ) -> Message:
+        """Send, wait, retry (Lazy Pirate); return the decoded reply or raise."""
+        for attempt in range(1 + self.retries):
+            self._rid += 1
+            rid = self._rid
+            sock = self._connect()
+            sock.send_multipart(wire.encode({**header, "rid": rid}, arrays, codecs), copy=False)
+            deadline = time.monotonic() + self.timeout
+            while (remaining := deadline - time.monotonic()) > 0:
+                if not sock.poll(remaining * 1000):
+                    break
+                message = wire.decode_reply(sock.recv_multipart(copy=False), self.limits)
+                if message.header.get("rid") != rid:
+                    continue  # a late reply to an attempt we gave up on
+                if message.op == "error":
+                    raise ServerError(message.header["reason"], message.header["code"])
+                return message
+            log.warning(
+                "no reply to %s from %s in %.1f s (attempt %d of %d)",
+                header["op"],
+                self.address,
+                self.timeout,
+                attempt + 1,
+                1 + self.retries,
+            )
+            # The socket may hold a half-sent request or an unwanted late reply: start afresh.
+            sock.close(linger=0)
+            self._socket = None
+        raise ServerUnavailable(
+            f"no reply from the parameter server at {self.address} "
+            f"({1 + self.retries} attempts of {self.timeout:g} s)"
+        )

@@ -1,0 +1,544 @@
+"""ParameterServer: one process, one thread, one poll loop over a ZeroMQ ROUTER socket.
+
+No locks: every request is handled to completion in arrival order, so the order of updates
+is deterministic given the order of messages. A rule that must wait (a barrier, a
+staleness bound) does not block: it *holds* the reply (keeps the routing envelope) and the
+server sends it later. docs/protocol.md is the normative description of the behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from minips import wire
+from minips.errors import ConfigError
+from minips.optim import SGD
+from minips.rules import Push, Rule
+from minips.store import ParameterStore, UpdateRecord
+from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
+
+log = logging.getLogger("minips.server")
+
+EXTRA_PREFIX = "extra/"
+
+
+@dataclass(eq=False)
+class Envelope:
+    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
+
+    routing: list[Any]
+    rid: int | None
+
+
+@dataclass(eq=False)
+class WorkerState:
+    """The server's view of one worker, keyed by its self-chosen `worker_id`."""
+
+    worker_id: str
+    rank: int
+    info: dict[str, Any]
+    last_seen: float  # time.monotonic() of its last request
+    alive: bool = True
+    clock: int = 0  # completed steps (pushes with `last`)
+    pushes: int = 0
+    pulls: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    last_seq: int | None = None
+    last_push_reply: dict[str, Any] | None = None  # header of the reply to last_seq
+    pending_push: Push | None = None  # accepted, reply held by the rule
+    held_pull: tuple[Envelope, int | None] | None = None  # (envelope, since)
+
+    @property
+    def waiting(self) -> bool:
+        """True while the server holds one of its requests (it is not silent, it waits)."""
+        return self.pending_push is not None or self.held_pull is not None
+
+
+@dataclass
+class _Counters:
+    messages_in: int = 0
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    updates: int = 0
+    staleness_sum: int = 0
+    staleness_count: int = 0
+    staleness_max: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class ParameterServer:
+    """Holds the model, applies pushed gradients through a rule, answers pulls.
+
+    params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer`
+    was built on. `config` (msgpack-able map) is sent to every worker in `hello`, with
+    `rank`, `world_size` and `rule` added. `world_size`: ranks 0..world_size-1 (None: no
+    limit). `on_update(record: dict)` is called after every applied update. Checkpoints go
+    to `checkpoint_path` every `checkpoint_every` updates (0: never) and at shutdown;
+    `resume` restores one before serving.
+
+    Use: `server = ParameterServer(...)`; `server.endpoint` is the bound address (ask for
+    port 0 with "tcp://127.0.0.1:*"); `server.run()` serves until stopped (a `stop`
+    request or `request_stop()`); `server.close()`. `serve_forever()` does all of this with
+    SIGINT/SIGTERM handlers, for the CLI.
+    """
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        rule: Rule,
+        optimizer: SGD,
+        config: dict[str, Any] | None = None,
+        *,
+        bind: str = "tcp://127.0.0.1:*",
+        world_size: int | None = None,
+        heartbeat_timeout: float = 30.0,
+        checkpoint_path: str | Path | None = None,
+        checkpoint_every: int = 0,
+        resume: str | Path | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        stop_grace: float = 5.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self.store = ParameterStore(params, optimizer)
+        self.rule = rule
+        self.config = dict(config or {})
+        try:
+            msgpack.packb(self.config)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"server config must be msgpack-serialisable: {exc}") from None
+        if world_size is not None and world_size < 1:
+            raise ConfigError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.heartbeat_timeout = heartbeat_timeout
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.checkpoint_every = checkpoint_every
+        self.limits = limits
+        self.on_update = on_update
+        self.stop_grace = stop_grace
+        self.poll_interval = poll_interval
+        self.workers: dict[str, WorkerState] = {}
+        self.stopping = False
+        self._stop_requested = False
+        self._stop_deadline = 0.0
+        self._counters = _Counters()
+        if resume:
+            meta = self.store.load(resume)
+            log.info("resumed from %s at version %d (%s)", resume, self.store.version, meta)
+        rule.attach(self)
+
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.ROUTER)
+        # ZeroMQ's own fence sits above the decoder's limits, so a merely oversized frame
+        # still gets an error reply instead of a silent disconnect.
+        transport_limit = 2 * max(limits.max_frame_bytes, limits.max_header_bytes)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, transport_limit)
+        self.socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
+        self.socket.bind(bind)
+        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("serving %d parameters on %s, rule %s", len(params), self.endpoint, rule.name)
+
+    # ---------------------------------------------------------------------------- the loop
+
+    def run(self) -> None:
+        """Serve until a `stop` (request or `request_stop()`) has drained; then checkpoint."""
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        while True:
+            if self._stop_requested and not self.stopping:
+                self._begin_stop()
+            if poller.poll(self.poll_interval * 1000):
+                for _ in range(256):  # drain a burst, then look at the clock again
+                    try:
+                        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
+            now = time.monotonic()
+            self._check_liveness(now)
+            if self.stopping and (not self.live_workers() or now > self._stop_deadline):
+                break
+        if self.checkpoint_path:
+            self.save_checkpoint()
+        log.info("stopped at version %d", self.store.version)
+
+    def serve_forever(self) -> None:
+        """`run()` with SIGINT/SIGTERM handlers (a second signal cuts the grace), then close."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("signal %d: stopping", signum)
+            if self._stop_requested:
+                self._stop_deadline = 0.0
+            self.request_stop()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop (safe from a signal handler or another thread)."""
+        self._stop_requested = True
+
+    def close(self) -> None:
+        """Close the socket and the ZeroMQ context."""
+        self.socket.close()
+        self._context.term()
+
+    # ------------------------------------------------------------------------ the rule API
+
+    def live_workers(self) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def apply_update(
+        self, pushes: list[Push], steps: list[tuple[str, np.ndarray, float]]
+    ) -> UpdateRecord:
+        """Apply one update made of `steps`, from `pushes`; record and report telemetry."""
+        for push in pushes:
+            push.staleness = self.store.version - push.base
+        version = self.store.apply(steps)
+        scales = {name: float(scale) for name, _, scale in steps}
+        distinct = set(scales.values())
+        record = UpdateRecord(
+            version=version,
+            rule=self.rule.name,
+            workers=[p.worker.rank for p in pushes],
+            staleness=[p.staleness for p in pushes],
+            scale=distinct.pop() if len(distinct) == 1 else scales,
+            params=[name for name, _, _ in steps],
+        )
+        c = self._counters
+        c.updates += 1
+        c.staleness_sum += sum(record.staleness)
+        c.staleness_count += len(record.staleness)
+        c.staleness_max = max([c.staleness_max, *record.staleness])
+        if self.on_update is not None:
+            try:
+                self.on_update(record.as_dict())
+            except Exception:  # telemetry must never take the server down
+                log.exception("on_update callback failed")
+        if self.checkpoint_path and self.checkpoint_every and version % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        return record
+
+    def answer_push(self, push: Push, applied: bool) -> None:
+        """Send (and remember, for retries) the reply to an accepted push."""
+        header = {
+            "op": "push",
+            "version": self.store.version,
+            "seq": push.seq,
+            "applied": applied,
+            "staleness": push.staleness if applied else self.store.version - push.base,
+            "stop": self.stopping,
+        }
+        worker = push.worker
+        if worker.last_seq == push.seq:
+            worker.last_push_reply = header
+            worker.pending_push = None
+        self._reply(push.reply_to, header, worker=worker)
+
+    # ---------------------------------------------------------------------- public helpers
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint to `checkpoint_path` now (ConfigError without a path)."""
+        if self.checkpoint_path is None:
+            raise ConfigError("no checkpoint path configured")
+        meta = {"rule": self.rule.name, "updates": self._counters.updates, "time": time.time()}
+        path = self.store.save(self.checkpoint_path, meta)
+        log.info("checkpoint at version %d -> %s", self.store.version, path)
+        return path
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, versions, staleness and the worker table (the `stats` reply)."""
+        c, now = self._counters, time.monotonic()
+        return {
+            "version": self.store.version,
+            "updates": c.updates,
+            "rule": self.rule.describe(),
+            "world_size": self._world_size(),
+            "live_workers": len(self.live_workers()),
+            "messages_in": c.messages_in,
+            "errors": c.errors,
+            "bytes_in": c.bytes_in,
+            "bytes_out": c.bytes_out,
+            "staleness_mean": c.staleness_sum / c.staleness_count if c.staleness_count else 0.0,
+            "staleness_max": c.staleness_max,
+            "uptime": now - c.started,
+            "stopping": self.stopping,
+            "workers": [
+                {
+                    "worker": w.worker_id,
+                    "rank": w.rank,
+                    "alive": w.alive,
+                    "clock": w.clock,
+                    "pushes": w.pushes,
+                    "pulls": w.pulls,
+                    "last_seen_ago": now - w.last_seen,
+                    "bytes_in": w.bytes_in,
+                    "bytes_out": w.bytes_out,
+                    "info": w.info,
+                }
+                for w in self.workers.values()
+            ],
+        }
+
+    # ----------------------------------------------------------------- message handling
+
+    def _handle(self, frames: list[Any]) -> None:
+        # ROUTER prepends the peer's routing id; a REQ peer adds an empty delimiter frame.
+        # (Only when a non-empty frame follows: a lone empty frame is a malformed header.)
+        split = 1
+        while split < len(frames) - 1 and len(frames[split]) == 0:
+            split += 1
+        envelope = Envelope(routing=frames[:split], rid=None)
+        body = frames[split:]
+        self._counters.messages_in += 1
+        self._counters.bytes_in += sum(len(f) for f in body)
+        try:
+            message = wire.decode_request(body, self.limits)
+            envelope.rid = message.header.get("rid")
+            getattr(self, f"_op_{message.op}")(envelope, message)
+        except ProtocolError as exc:
+            self._error(envelope, exc.reason, exc.code, body)
+        except Exception as exc:  # a bug: say so, keep serving
+            log.exception("internal error handling a request")
+            self._error(envelope, f"internal server error: {type(exc).__name__}", "internal", body)
+
+    def _error(self, envelope: Envelope, reason: str, code: str, body: list[Any]) -> None:
+        self._counters.errors += 1
+        log.debug("error reply (%s): %s", code, reason)
+        rid = envelope.rid if envelope.rid is not None else _peek_rid(body)
+        self._send(envelope.routing, wire.error_frames(reason, code, rid))
+
+    def _reply(
+        self,
+        envelope: Envelope,
+        header: dict[str, Any],
+        arrays: dict[str, np.ndarray] | None = None,
+        worker: WorkerState | None = None,
+    ) -> None:
+        if envelope.rid is not None:
+            header = {**header, "rid": envelope.rid}
+        nbytes = self._send(envelope.routing, wire.encode(header, arrays))
+        if worker is not None:
+            worker.bytes_out += nbytes
+
+    def _send(self, routing: list[Any], frames: list[Any]) -> int:
+        self.socket.send_multipart([*routing, *frames], copy=False)
+        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        self._counters.bytes_out += nbytes
+        return nbytes
+
+    def _worker(self, message: Message) -> WorkerState:
+        """The live worker a request comes from, its heartbeat and traffic recorded."""
+        worker = self.workers.get(message.header["worker"])
+        if worker is None or not worker.alive:
+            raise ProtocolError(
+                f"worker {message.header['worker']!r} is not registered (send hello)",
+                "unknown_worker",
+            )
+        worker.last_seen = time.monotonic()
+        worker.bytes_in += message.nbytes
+        return worker
+
+    # ---------------------------------------------------------------------------- the ops
+
+    def _op_hello(self, envelope: Envelope, message: Message) -> None:
+        if self.stopping:
+            raise ProtocolError("the server is stopping", "stopping")
+        worker_id = message.header["worker"]
+        worker = self.workers.get(worker_id)
+        rank = self._free_rank(worker)
+        live_clocks = [w.clock for w in self.live_workers() if w is not worker]
+        # A (re)joining worker starts no further behind than the slowest live one, so a
+        # newcomer does not hold back every ssp pull by its zero clock.
+        clock = max(worker.clock if worker else 0, min(live_clocks, default=0))
+        worker = WorkerState(
+            worker_id=worker_id,
+            rank=rank,
+            info=message.header.get("info", {}),
+            last_seen=time.monotonic(),
+            clock=clock,
+        )
+        worker.bytes_in += message.nbytes
+        old = self.workers.get(worker_id)
+        if old is not None and old.alive:
+            self._drop(old, "re-registered")
+        self.workers[worker_id] = worker
+        self.rule.on_hello(worker)
+        world_size = self._world_size()
+        config = {**self.config, "rank": rank, "world_size": world_size}
+        config["rule"] = self.config.get("rule", self.rule.describe())
+        log.info("worker %s registered as rank %d", worker_id, rank)
+        header = {
+            "op": "hello",
+            "worker": worker_id,
+            "rank": rank,
+            "world_size": world_size,
+            "config": config,
+            "version": self.store.version,
+            "heartbeat_timeout": self.heartbeat_timeout,
+        }
+        self._reply(envelope, header, worker=worker)
+
+    def _op_pull(self, envelope: Envelope, message: Message) -> None:
+        worker = self._worker(message)
+        worker.held_pull = (envelope, message.header.get("since"))
+        self._release_pulls()
+
+    def _op_push(self, envelope: Envelope, message: Message) -> None:
+        worker = self._worker(message)
+        header = message.header
+        seq = header["seq"]
+        if worker.last_seq is not None and seq <= worker.last_seq:
+            if seq < worker.last_seq:
+                raise ProtocolError(
+                    f"push seq {seq} is older than this worker's last push ({worker.last_seq})",
+                    "stale_seq",
+                )
+            if worker.pending_push is not None:  # a retry of a held push: answer the retry
+                worker.pending_push.reply_to = envelope
+            else:  # a retry of an answered push: same answer, nothing applied again
+                self._reply(envelope, worker.last_push_reply or {}, worker=worker)
+            return
+        if header["base"] > self.store.version:
+            raise ProtocolError(
+                f"base {header['base']} is newer than the server's version {self.store.version}",
+                "bad_base",
+            )
+        grads, extra = {}, {}
+        for name, array in message.arrays.items():
+            if name.startswith(EXTRA_PREFIX):
+                extra[name] = array
+            else:
+                grads[name] = self.store.gradient(name, array, message.codecs[name])
+        if not grads:
+            raise ProtocolError("a push must carry at least one gradient", "unknown_param")
+        push = Push(worker, seq, header["base"], header.get("last", True), grads, extra)
+        push.reply_to = envelope
+        self.rule.validate_push(push)
+        # Accepted: from here on the push is answered exactly once, whatever happens.
+        worker.last_seq, worker.last_push_reply = seq, None
+        worker.pending_push = push
+        worker.pushes += 1
+        if self.stopping:
+            self.answer_push(push, applied=False)
+            return
+        if push.last:
+            worker.clock += 1
+        self.rule.on_push(push)
+        self._release_pulls()
+
+    def _op_ping(self, envelope: Envelope, message: Message) -> None:
+        worker = self._worker(message)
+        header = {"op": "ping", "version": self.store.version, "stop": self.stopping}
+        self._reply(envelope, header, worker=worker)
+
+    def _op_stats(self, envelope: Envelope, message: Message) -> None:
+        self._reply(envelope, {"op": "stats", "stats": self.stats()})
+
+    def _op_bye(self, envelope: Envelope, message: Message) -> None:
+        worker = self._worker(message)
+        self._drop(worker, "said bye")
+        self._reply(envelope, {"op": "bye"}, worker=worker)
+
+    def _op_stop(self, envelope: Envelope, message: Message) -> None:
+        self._begin_stop()
+        self._reply(envelope, {"op": "stop"})
+
+    def _op_checkpoint(self, envelope: Envelope, message: Message) -> None:
+        if self.checkpoint_path is None:
+            raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
+        path = self.save_checkpoint()
+        header = {"op": "checkpoint", "path": str(path), "version": self.store.version}
+        self._reply(envelope, header)
+
+    # ---------------------------------------------------------------- workers and liveness
+
+    def _world_size(self) -> int:
+        if self.world_size is not None:
+            return self.world_size
+        return max((w.rank + 1 for w in self.live_workers()), default=0)
+
+    def _free_rank(self, worker: WorkerState | None) -> int:
+        """The worker's old rank if no other live worker holds it, else the lowest free."""
+        taken = {w.rank for w in self.live_workers() if w is not worker}
+        if worker is not None and worker.rank not in taken:
+            return worker.rank
+        rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if self.world_size is not None and rank >= self.world_size:
+            raise ProtocolError(f"all {self.world_size} worker ranks are taken", "full")
+        return rank
+
+    def _answer_pull(self, worker: WorkerState) -> None:
+        envelope, since = worker.held_pull
+        worker.held_pull = None
+        worker.pulls += 1
+        names = self.store.changed_since(since)
+        header = {
+            "op": "pull",
+            "version": self.store.version,
+            "param_versions": self.store.param_versions,
+            "stop": self.stopping,
+        }
+        arrays = {name: self.store.snapshot(name) for name in names}
+        self._reply(envelope, header, arrays, worker=worker)
+        self.rule.on_pulled(worker)
+
+    def _release_pulls(self) -> None:
+        """Answer every held pull the rule now allows (all of them when stopping)."""
+        for worker in self.live_workers():
+            if worker.held_pull and (self.stopping or self.rule.may_answer_pull(worker)):
+                self._answer_pull(worker)
+
+    def _drop(self, worker: WorkerState, why: str) -> None:
+        """Take a worker out of the live set (bye, death, replaced) and tell the rule."""
+        worker.alive = False
+        worker.held_pull = None
+        log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
+        self.rule.on_worker_left(worker)
+        self._release_pulls()
+
+    def _check_liveness(self, now: float) -> None:
+        for worker in self.live_workers():
+            if not worker.waiting and now - worker.last_seen > self.heartbeat_timeout:
+                log.warning(
+                    "worker %s (rank %d) silent for %.1f s: declared dead",
+                    worker.worker_id,
+                    worker.rank,
+                    now - worker.last_seen,
+                )
+                self._drop(worker, "heartbeat timeout")
+
+    def _begin_stop(self) -> None:
+        self.stopping = True
+        self._stop_requested = True
+        self._stop_deadline = time.monotonic() + self.stop_grace
+        log.info("stopping: answering held requests, waiting for workers to leave")
+        self.rule.on_stop()
+        self._release_pulls()
+
+
+def _peek_rid(body: list[Any]) -> int | None:
+    """The `rid` of a request that failed validation, if its header can be read at all."""
+    try:
+        header = msgpack.unpackb(body[0], raw=False)
+        rid = header.get("rid")
+        return rid if isinstance(rid, int) and not isinstance(rid, bool) and rid >= 0 else None
+    except Exception:
+        return None

@@ -1,0 +1,176 @@
+"""The server's parameter store: arrays, versions, the optimizer, snapshots and checkpoints.
+
+Versions: a global counter `t` (one per applied update) and, per parameter, the version at
+which it last changed, so a pull can send only what changed since the puller's version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minips import wire
+from minips.errors import ConfigError, DataError, ShapeError
+from minips.optim import SGD
+from minips.wire import ProtocolError
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class UpdateRecord:
+    """Telemetry of one applied update (what `on_update` receives, as a dict)."""
+
+    version: int  # global version t after the update
+    rule: str
+    workers: list[int]  # ranks whose gradients went into it
+    staleness: list[int]  # clock staleness tau = t - base of each push, same order
+    scale: float | dict[str, float]  # factor on lr: one number, or one per parameter
+    params: list[str]  # parameters it changed
+    time: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ParameterStore:
+    """Named float32 parameters updated in place by an SGD optimizer, with versions.
+
+    params: name -> array (float32, C-contiguous), in model order; the very dict the
+    optimizer was built on (`SGD(params, ...)`), because SGD updates those arrays in place.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], optimizer: SGD) -> None:
+        if not params:
+            raise ConfigError("the parameter server needs at least one parameter")
+        for name, array in params.items():
+            if "/" in name or not name:
+                raise ConfigError(f"parameter name {name!r} must be non-empty without '/'")
+            if array.dtype != np.float32 or not array.flags.c_contiguous:
+                raise ShapeError(f"parameter {name!r} must be a C-contiguous float32 array")
+        if optimizer.params is not params:
+            raise ConfigError("the optimizer must be built on the same params dict")
+        self.params = params
+        self.optimizer = optimizer
+        self.version = 0
+        self.param_versions = dict.fromkeys(params, 0)
+        # name -> (version, read-only copy). Pull replies are sent with copy=False, so the
+        # frames must never be the live arrays, which the next update changes in place.
+        self._snapshots: dict[str, tuple[int, np.ndarray]] = {}
+
+    def gradient(self, name: str, array: np.ndarray, codec: str) -> np.ndarray:
+        """Check one received gradient against its parameter; return it as float32.
+
+        Raises ProtocolError (`unknown_param`, `shape`, `dtype`) without touching anything.
+        """
+        param = self.params.get(name)
+        if param is None:
+            raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
+        if array.shape != param.shape:
+            raise ProtocolError(
+                f"gradient {name!r} has shape {list(array.shape)}, "
+                f"the parameter has {list(param.shape)}",
+                "shape",
+            )
+        if (codec, array.dtype) not in (("dense", np.float32), ("fp16", np.float16)):
+            raise ProtocolError(
+                f"gradient {name!r} must be float32 (dense) or float16 (fp16), "
+                f"got {array.dtype} ({codec})",
+                "dtype",
+            )
+        return wire.to_float32(array, codec)
+
+    def apply(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
+        """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
+
+        Callers validate everything first: this is the only place parameters change.
+        """
+        self.version += 1
+        for name, grad, scale in steps:
+            self.optimizer.step_one(name, grad, scale)
+            self.param_versions[name] = self.version
+        return self.version
+
+    def changed_since(self, since: int | None) -> list[str]:
+        """Names changed after version `since` (all for None or a `since` from the future)."""
+        if since is None or since > self.version:
+            return list(self.params)
+        return [name for name, v in self.param_versions.items() if v > since]
+
+    def snapshot(self, name: str) -> np.ndarray:
+        """A read-only copy of the parameter at the current version, shared by all pulls."""
+        cached = self._snapshots.get(name)
+        if cached is None or cached[0] != self.param_versions[name]:
+            copy = self.params[name].copy()
+            copy.flags.writeable = False
+            cached = self._snapshots[name] = (self.param_versions[name], copy)
+        return cached[1]
+
+    # -------------------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+        """Write params, versions and optimizer state to `path` (.npz), atomically.
+
+        Written to a temporary file in the same directory, then `os.replace`d, so a crash
+        leaves either the old checkpoint or the new one, never half of one.
+        """
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.array(json.dumps({"format": CHECKPOINT_FORMAT, **(meta or {})})),
+            "version": np.array(self.version, dtype=np.int64),
+        }
+        for name, array in self.params.items():
+            arrays[f"param/{name}"] = array
+            arrays[f"param_version/{name}"] = np.array(self.param_versions[name], np.int64)
+        for key, array in self.optimizer.state_dict().items():
+            arrays[f"optim/{key}"] = array
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                np.savez(file, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by `save` into the live arrays; return its meta.
+
+        Names and shapes must match the model exactly (DataError / ShapeError otherwise);
+        nothing is changed unless the whole checkpoint is valid.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                contents = {key: data[key] for key in data.files}
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read checkpoint {path}: {exc}") from None
+        names = [key[len("param/") :] for key in contents if key.startswith("param/")]
+        if sorted(names) != sorted(self.params):
+            raise ShapeError(
+                f"checkpoint {path} holds parameters {sorted(names)}, "
+                f"the model has {sorted(self.params)}"
+            )
+        for name, param in self.params.items():
+            if contents[f"param/{name}"].shape != param.shape:
+                raise ShapeError(
+                    f"checkpoint {path}: {name} has shape {contents[f'param/{name}'].shape}, "
+                    f"the model has {param.shape}"
+                )
+        for name, param in self.params.items():
+            param[...] = contents[f"param/{name}"]
+            self.param_versions[name] = int(contents[f"param_version/{name}"])
+        self.version = int(contents["version"])
+        self.optimizer.load_state_dict(
+            {k[len("optim/") :]: v for k, v in contents.items() if k.startswith("optim/")}
+        )
+        self._snapshots.clear()
+        return json.loads(str(contents["meta"]))

@@ -1,0 +1,85 @@
+"""Helpers shared by the server/client tests: a server running in a thread, raw sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import msgpack
+import numpy as np
+import zmq
+
+from minips import wire
+from minips.optim import SGD
+from minips.rules import make_rule
+from minips.server import ParameterServer
+
+SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
+
+
+def make_params(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
+
+
+def snapshot(server: ParameterServer) -> dict[str, bytes]:
+    """Bytes of every parameter, for bit-for-bit comparisons."""
+    return {name: array.tobytes() for name, array in server.store.params.items()}
+
+
+@contextlib.contextmanager
+def running_server(rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, **kw):
+    """A ParameterServer serving in a background thread; stopped and joined on exit."""
+    params = make_params() if params is None else params
+    optimizer = SGD(params, lr=lr, momentum=momentum)
+    rule = make_rule(rule, **(rule_options or {})) if isinstance(rule, str) else rule
+    kw.setdefault("stop_grace", 0.2)
+    kw.setdefault("poll_interval", 0.02)
+    server = ParameterServer(params, rule, optimizer, {"model": "test"}, **kw)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.request_stop()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "server loop did not stop"
+        server.close()
+
+
+class RawPeer:
+    """A bare DEALER socket speaking frames directly (for malformed and hand-built input)."""
+
+    def __init__(self, address: str, req: bool = False) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.REQ if req else zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+
+    def send(self, frames) -> None:
+        self.socket.send_multipart(frames)
+
+    def recv(self, timeout: float = 5.0) -> wire.Message:
+        assert self.socket.poll(timeout * 1000), "no reply from the server"
+        return wire.decode_reply(self.socket.recv_multipart())
+
+    def has_reply(self, timeout: float) -> bool:
+        return bool(self.socket.poll(timeout * 1000))
+
+    def request(self, header, arrays=None, codecs=None) -> wire.Message:
+        self.send(wire.encode(header, arrays, codecs))
+        return self.recv()
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+    def __enter__(self) -> RawPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def packb(header) -> bytes:
+    return msgpack.packb(header)
