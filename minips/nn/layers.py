@@ -13,6 +13,15 @@ from minips.nn.conv import Conv2D
 __all__ = ["Conv2D", "Dense", "ReLU", "MaxPool2D", "Flatten", "Dropout"]
 
 
+@dataclass
+class DenseCache:
+    """Dense's saved tensors. x and dy are also the layer's *sufficient factors*:
+    grads["w"] == x.T @ dy, so a codec can send (x, dy) instead of the (in, out) matrix."""
+
+    x: np.ndarray  # (N, in) the forward input
+    dy: np.ndarray | None = None  # (N, out) the gradient of the last backward
+
+
 class Dense(Layer):
     """Fully-connected layer y = x @ w + b; w: (in, out), b: (out,).
 
@@ -40,7 +49,7 @@ class Dense(Layer):
             w=make_weights(init, rng, (in_features, out_features), in_features, out_features),
             b=np.zeros(out_features, dtype=np.float32),
         )
-        self.cache: np.ndarray | None = None  # the input x (N, in)
+        self.cache: DenseCache | None = None
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
         """x (N, in) -> y (N, out)."""
@@ -50,19 +59,27 @@ class Dense(Layer):
         if x.shape[1] != self.in_features:
             raise ShapeError(f"expected {self.in_features} input features, got shape {x.shape}")
         if train:
-            self.cache = x
+            self.cache = DenseCache(x=x)
         y = x @ w  # (N, out)
         y += self.params["b"]
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (N, out) -> dx (N, in); fills grads w (in, out) and b (out,)."""
-        x = self._cached()
-        np.matmul(x.T, dy, out=self.grads["w"])  # (in, out)
+        cache = self._cached()
+        cache.dy = dy
+        np.matmul(cache.x.T, dy, out=self.grads["w"])  # (in, out)
         np.sum(dy, axis=0, out=self.grads["b"])
         if not self.need_input_grad:
             return None
         return dy @ self.params["w"].T  # (N, in)
+
+
+@dataclass
+class ReLUCache:
+    """ReLU's saved tensor."""
+
+    output: np.ndarray  # y = max(x, 0); y > 0 exactly where x > 0, so it doubles as the mask
 
 
 class ReLU(Layer):
@@ -73,21 +90,21 @@ class ReLU(Layer):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cache: np.ndarray | None = None  # the output y; y > 0 exactly where x > 0
+        self.cache: ReLUCache | None = None
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
         """x (any shape) -> y (same shape)."""
         y = np.maximum(x, 0)
         if train:
-            self.cache = y
+            self.cache = ReLUCache(output=y)
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (same shape as x) -> dx."""
-        y = self._cached()
+        cache = self._cached()
         if not self.need_input_grad:
             return None
-        return dy * (y > 0)
+        return dy * (cache.output > 0)
 
 
 @dataclass
@@ -162,6 +179,13 @@ class MaxPool2D(Layer):
         return dx
 
 
+@dataclass
+class FlattenCache:
+    """Flatten's saved shape."""
+
+    input_shape: tuple[int, ...]  # (N, d1, d2, ...)
+
+
 class Flatten(Layer):
     """Reshape (N, ...) -> (N, prod(...)); backward reshapes dy back."""
 
@@ -170,22 +194,29 @@ class Flatten(Layer):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cache: tuple[int, ...] | None = None  # the input shape
+        self.cache: FlattenCache | None = None
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
         """x (N, d1, d2, ...) -> (N, d1*d2*...)."""
         if x.ndim < 1:
             raise ShapeError("expected a batch, got a scalar")
         if train:
-            self.cache = x.shape
+            self.cache = FlattenCache(input_shape=x.shape)
         return x.reshape(x.shape[0], -1)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (N, D) -> dx (N, d1, d2, ...)."""
-        shape = self._cached()
+        cache = self._cached()
         if not self.need_input_grad:
             return None
-        return dy.reshape(shape)
+        return dy.reshape(cache.input_shape)
+
+
+@dataclass
+class DropoutCache:
+    """Dropout's saved mask."""
+
+    mask: np.ndarray  # same shape as x: 0 (dropped) or 1 / (1 - p) (kept)
 
 
 class Dropout(Layer):
@@ -204,21 +235,23 @@ class Dropout(Layer):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
         self.rng = np.random.default_rng(seed)
-        self.cache: np.ndarray | None = None  # the scaled keep-mask, same shape as x
+        self.cache: DropoutCache | None = None
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
         """x (any shape) -> x * mask (train) or x (eval)."""
-        if not train or self.p == 0.0:
-            self.cache = np.ones((), dtype=x.dtype) if train else None
+        if not train:
             return x
-        keep = self.rng.random(x.shape, dtype=np.float64) >= self.p
+        if self.p == 0.0:
+            self.cache = DropoutCache(mask=np.ones((), dtype=x.dtype))
+            return x
+        keep = self.rng.random(x.shape) >= self.p  # (same as x) bool
         mask = keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.p))
-        self.cache = mask
+        self.cache = DropoutCache(mask=mask)
         return x * mask
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy -> dy * mask (the same mask as forward)."""
-        mask = self._cached()
+        cache = self._cached()
         if not self.need_input_grad:
             return None
-        return dy * mask
+        return dy * cache.mask

@@ -167,8 +167,12 @@ class Sequential:
             np.copyto(params[key], value, casting="unsafe")
 
     def astype(self, dtype) -> Sequential:
-        """A deep copy with parameters and grads in `dtype` (float64 for gradient checks)."""
+        """A deep copy with parameters and grads in `dtype` (float64 for gradient checks).
+
+        The copy has no grad hooks and no cached activations.
+        """
         clone = copy.copy(self)
+        clone.spec = copy.deepcopy(self.spec)
         clone.layers = {}
         for name, layer in self.layers.items():
             layer_copy = copy.deepcopy(layer)
