@@ -14,6 +14,7 @@ from minips.nn import (
     Sequential,
     build_model,
     lenet5,
+    load_model,
     mlp,
     softmax_cross_entropy,
 )
@@ -201,6 +202,25 @@ def test_save_load_round_trip(tmp_path):
         np.testing.assert_array_equal(target.params[key], source.params[key])
     x, _ = batch()
     np.testing.assert_array_equal(target.forward(x), source.forward(x))
+
+
+def test_load_model_rebuilds_from_the_saved_spec(tmp_path):
+    source = mlp(hidden=(12,), seed=5)
+    source.params["fc1.b"][:] = 0.25  # trained values, not the seed's
+    source.save(tmp_path / "m.npz")
+    loaded = load_model(tmp_path / "m.npz")
+    assert loaded.spec == source.spec
+    for key in source.params:
+        np.testing.assert_array_equal(loaded.params[key], source.params[key])
+    Sequential([Dense(3, 2)]).save(tmp_path / "custom.npz")
+    with pytest.raises(DataError, match="zoo model"):
+        load_model(tmp_path / "custom.npz")
+    np.save(tmp_path / "plain.npy", np.zeros(3))
+    with pytest.raises(DataError, match="not a readable .npz"):
+        load_model(tmp_path / "plain.npy")
+    np.savez(tmp_path / "foreign.npz", w=np.zeros(3))
+    with pytest.raises(DataError, match="no minips metadata"):
+        load_model(tmp_path / "foreign.npz")
 
 
 def test_load_mismatched_or_broken_files(tmp_path):

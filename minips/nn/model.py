@@ -195,17 +195,8 @@ class Sequential:
         Raises DataError (unreadable file, wrong or missing names) or ShapeError (a parameter
         of the wrong shape), with a one-line message; the model is unchanged on error.
         """
-        try:
-            loaded = np.load(path, allow_pickle=False)
-            if not hasattr(loaded, "files"):  # a bare .npy array, not an archive of them
-                raise ValueError("it holds a single array")
-            with loaded as npz:
-                arrays = {key: npz[key] for key in npz.files if key != META_KEY}
-        except FileNotFoundError:
-            raise DataError(f"model file {path} does not exist") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise DataError(f"model file {path} is not a readable .npz: {reason}") from None
+        arrays = read_npz(path)
+        arrays.pop(META_KEY, None)
         params = self.params
         unknown = sorted(set(arrays) - set(params))
         missing = sorted(set(params) - set(arrays))
@@ -219,6 +210,36 @@ class Sequential:
         except ShapeError as err:
             raise ShapeError(f"model file {path}: {err}") from None
 
+    @staticmethod
+    def read_spec(path: str | Path) -> dict | None:
+        """The model spec stored in a file written by `save` (None if it had none).
+
+        DataError (one line) when the file is missing, unreadable or has no minips metadata.
+        """
+        meta = read_npz(path).get(META_KEY)
+        try:
+            return json.loads(str(meta))["spec"]
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"model file {path} has no minips metadata") from None
+
     def __repr__(self) -> str:
         lines = [f"  {name}: {layer!r}" for name, layer in self.layers.items()]
         return "Sequential(\n" + "\n".join(lines) + f"\n)  # {self.n_params:,} parameters"
+
+
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz file, loaded without pickle.
+
+    DataError (one line) when the file is missing or is not a readable .npz archive.
+    """
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not hasattr(loaded, "files"):  # a bare .npy array, not an archive of them
+            raise ValueError("it holds a single array")
+        with loaded as npz:
+            return {key: npz[key] for key in npz.files}
+    except FileNotFoundError:
+        raise DataError(f"model file {path} does not exist") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"model file {path} is not a readable .npz: {reason}") from None
