@@ -265,9 +265,10 @@ def test_build_model_and_spec():
     model = build_model("mlp", seed=3, hidden=[16, 8])
     assert model.spec == {
         "name": "mlp",
-        "kwargs": {"hidden": [16, 8], "in_features": 784, "n_classes": 10, "seed": 3},
+        "kwargs": {"hidden": [16, 8], "in_features": 784, "n_classes": 10},
+        "seed": 3,
     }
-    rebuilt = build_model(model.spec["name"], **model.spec["kwargs"])
+    rebuilt = build_model(model.spec["name"], model.spec["seed"], **model.spec["kwargs"])
     for key in model.params:
         np.testing.assert_array_equal(rebuilt.params[key], model.params[key])
     assert build_model("lenet5").n_params == 431_080

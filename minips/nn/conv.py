@@ -68,7 +68,8 @@ def col2im_add(
 class ConvCache:
     """What Conv2D.backward needs from its forward pass."""
 
-    cols: np.ndarray  # im2col matrix, layout-dependent (see Conv2D)
+    layout: str  # "nchw" or "chwn" (see Conv2D)
+    cols: np.ndarray  # im2col matrix: (N, C*kh*kw, Ho*Wo) or (C*kh*kw, Ho*Wo*N)
     input_shape: tuple[int, ...]  # (N, C, H, W) before padding
     output_hw: tuple[int, int]  # (Ho, Wo)
 
@@ -130,7 +131,8 @@ class Conv2D(Layer):
             raise ShapeError(f"input {h}x{wd} (padding {p}) is smaller than the {k}x{k} kernel")
         ho, wo = conv_output_size(h, k, s, p), conv_output_size(wd, k, s, p)
         w2d = w.reshape(self.out_channels, -1)  # (O, C*k*k)
-        if ho * wo >= self.CHWN_BELOW_PIXELS:
+        layout = "nchw" if ho * wo >= self.CHWN_BELOW_PIXELS else "chwn"
+        if layout == "nchw":
             win = windows(pad_hw(x, p), k, k, s)  # (N, C, Ho, Wo, k, k) view
             cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * k * k, ho * wo)  # one copy
             y = np.matmul(w2d, cols)  # (N, O, Ho*Wo)
@@ -144,7 +146,7 @@ class Conv2D(Layer):
             yt += b[:, None]
             y = np.ascontiguousarray(yt.reshape(-1, ho, wo, n).transpose(3, 0, 1, 2))
         if train:
-            self.cache = ConvCache(cols=cols, input_shape=x.shape, output_hw=(ho, wo))
+            self.cache = ConvCache(layout, cols, input_shape=x.shape, output_hw=(ho, wo))
         return y  # (N, O, Ho, Wo)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
@@ -157,7 +159,7 @@ class Conv2D(Layer):
         w2d = self.params["w"].reshape(o, -1)  # (O, C*k*k)
         grad_w2d = self.grads["w"].reshape(o, -1)  # view: writes land in grads["w"]
         padded_n = (n, c, h + 2 * p, wd + 2 * p)
-        if cache.cols.ndim == 3:  # "nchw" layout
+        if cache.layout == "nchw":
             dy3 = np.ascontiguousarray(dy).reshape(n, o, ho * wo)  # (N, O, P)
             np.sum(dy3, axis=(0, 2), out=self.grads["b"])
             # Per-image dW_n = dy_n @ cols_n^T, summed over the batch.
@@ -166,7 +168,7 @@ class Conv2D(Layer):
                 return None
             dcols = np.matmul(w2d.T, dy3).reshape(n, c, k, k, ho, wo)
             dxp = col2im_add(dcols, padded_n, s, "nchw")  # (N, C, Hp, Wp)
-        else:  # "chwn" layout
+        else:
             dyt = np.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, -1)  # (O, P*N)
             np.sum(dyt, axis=1, out=self.grads["b"])
             np.matmul(dyt, cache.cols.T, out=grad_w2d)  # (O, C*k*k)

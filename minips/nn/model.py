@@ -104,7 +104,7 @@ class Sequential:
     # -------------------------------------------------------------- parameters
     @property
     def params(self) -> dict[str, np.ndarray]:
-        """ "<layer>.<param>" -> the live parameter array, in forward order."""
+        """The live parameter arrays, keyed "<layer>.<param>", in forward order."""
         return {
             f"{name}.{key}": array
             for name, layer in self.layers.items()
@@ -113,7 +113,7 @@ class Sequential:
 
     @property
     def grads(self) -> dict[str, np.ndarray]:
-        """ "<layer>.<param>" -> the live gradient array (overwritten by each backward)."""
+        """The live gradient arrays, keyed "<layer>.<param>" (overwritten by each backward)."""
         return {
             f"{name}.{key}": array
             for name, layer in self.layers.items()

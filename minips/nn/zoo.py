@@ -36,7 +36,7 @@ def lenet5(seed: int = 0) -> Sequential:
         Dense(500, 10, rng=rng, init="glorot"),  # fc2 -> logits
     ]
     return Sequential(
-        layers, input_shape=INPUT_SHAPE, spec={"name": "lenet5", "kwargs": {"seed": seed}}
+        layers, input_shape=INPUT_SHAPE, spec={"name": "lenet5", "kwargs": {}, "seed": seed}
     )
 
 
@@ -65,12 +65,8 @@ def mlp(
     layers.append(Dense(width_in, n_classes, rng=rng, init="glorot"))
     spec = {
         "name": "mlp",
-        "kwargs": {
-            "hidden": hidden,
-            "in_features": in_features,
-            "n_classes": n_classes,
-            "seed": seed,
-        },
+        "kwargs": {"hidden": hidden, "in_features": in_features, "n_classes": n_classes},
+        "seed": seed,
     }
     input_shape = INPUT_SHAPE if in_features == int(np.prod(INPUT_SHAPE)) else None
     return Sequential(layers, input_shape=input_shape, spec=spec)
@@ -84,8 +80,9 @@ def build_model(name: str, seed: int = 0, **kwargs) -> Sequential:
     """Build a zoo model by name, e.g. build_model("mlp", seed=1, hidden=[64]).
 
     ConfigError (one line) for an unknown name or an option the model does not take.
-    The result's `.spec` is {"name": name, "kwargs": {..., "seed": seed}} (JSON/msgpack
-    friendly), so build_model(spec["name"], **spec["kwargs"]) rebuilds the same model.
+    The result's `.spec` is {"name": name, "kwargs": {...}, "seed": seed} (JSON/msgpack
+    friendly; kwargs without the seed), so build_model(spec["name"], spec["seed"],
+    **spec["kwargs"]) rebuilds the same model.
     """
     builder = _BUILDERS.get(name)
     if builder is None:
@@ -110,7 +107,7 @@ def load_model(path: str | Path) -> Sequential:
     if not spec or spec.get("name") not in MODEL_NAMES:
         raise DataError(f"model file {path} does not name a zoo model; build it and call .load")
     try:
-        model = build_model(spec["name"], **spec.get("kwargs", {}))
+        model = build_model(spec["name"], spec.get("seed", 0), **spec.get("kwargs", {}))
     except ConfigError as err:
         raise DataError(f"model file {path} has a bad model spec: {err}") from None
     model.load(path)
