@@ -1,0 +1,173 @@
+"""PSClient: timeouts, Lazy-Pirate retries, stale replies, re-registration, transports."""
+
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from test_server_support import SHAPES, make_params, running_server
+
+from minips import wire
+from minips.client import PSClient, ServerError, ServerUnavailable
+from minips.errors import MinipsError
+
+
+class FakeServer:
+    """A ROUTER that answers pushes by a script: `behaviour(n, header) -> list of replies`."""
+
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.requests = []
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while self.running:
+            if not self.socket.poll(20):
+                continue
+            routing, *frames = self.socket.recv_multipart()
+            header = wire.decode_request(frames).header
+            self.requests.append(header)
+            for reply in self.behaviour(len(self.requests), header):
+                self.socket.send_multipart([routing, *wire.encode(reply)])
+
+    def close(self):
+        self.running = False
+        self.thread.join(timeout=5)
+        self.socket.close()
+        self.context.term()
+
+
+def _push_reply(rid, version):
+    return {
+        "op": "push",
+        "rid": rid,
+        "version": version,
+        "seq": 0,
+        "applied": True,
+        "staleness": 0,
+        "stop": False,
+    }
+
+
+def test_no_server_raises_server_unavailable(tmp_path):
+    address = f"ipc://{tmp_path}/nobody.sock"
+    with PSClient(address, timeout=0.1, retries=2) as ps:
+        with pytest.raises(ServerUnavailable) as info:
+            ps.stats()
+    assert isinstance(info.value, MinipsError)
+    assert "3 attempts" in str(info.value)
+
+
+def test_retry_resends_the_same_seq_with_a_new_rid():
+    # The first attempt is ignored (as if lost); the second is answered.
+    fake = FakeServer(lambda n, h: [] if n == 1 else [_push_reply(h["rid"], 7)])
+    try:
+        with PSClient(fake.endpoint, timeout=0.3, retries=2) as ps:
+            reply = ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
+        assert reply.version == 7
+        assert [h["seq"] for h in fake.requests] == [0, 0]
+        assert fake.requests[0]["rid"] != fake.requests[1]["rid"]
+    finally:
+        fake.close()
+
+
+def test_a_reply_with_another_rid_is_dropped():
+    def behaviour(n, header):
+        return [_push_reply(header["rid"] + 1000, 111), _push_reply(header["rid"], 7)]
+
+    fake = FakeServer(behaviour)
+    try:
+        with PSClient(fake.endpoint, timeout=2.0, retries=0) as ps:
+            assert ps.push({"fc.b": np.ones(4, np.float32)}, base=0).version == 7
+            # The next push is a new one: a new seq.
+            ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
+        assert [h["seq"] for h in fake.requests] == [0, 1]
+    finally:
+        fake.close()
+
+
+def test_server_errors_are_raised_with_their_code():
+    with running_server() as server, PSClient(server.endpoint) as ps:
+        ps.hello()
+        with pytest.raises(ServerError) as info:
+            ps.push({"fc.b": np.ones(5, np.float32)}, base=0)
+        assert info.value.code == "shape" and "fc.b" in info.value.reason
+        with pytest.raises(ServerError) as info:
+            ps.push({"fc.b": np.full(4, np.nan, np.float32)}, base=0)
+        assert info.value.code == "nonfinite"
+
+
+def test_a_worker_declared_dead_registers_again_transparently():
+    params = make_params()
+    with running_server(params=params, heartbeat_timeout=0.2) as server:
+        with PSClient(server.endpoint, worker_id="w") as ps, PSClient(server.endpoint) as other:
+            ps.hello({"role": "test"})
+            other.hello()
+            deadline = time.monotonic() + 10
+            while server.workers["w"].alive:  # silent past the timeout: declared dead
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            reply = ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
+            assert reply.applied
+            assert server.workers["w"].alive and ps.rank == 0
+            assert server.workers["w"].info == {"role": "test"}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_worker_round_trip_over_transport(transport, tmp_path):
+    bind = "tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{tmp_path}/ps.sock"
+    params = make_params()
+    with running_server(params=params, bind=bind, lr=0.25) as server:
+        assert server.endpoint.startswith(transport)
+        with PSClient(server.endpoint) as ps:
+            assert ps.hello()["rank"] == 0
+            model = dict(ps.pull().params)
+            grads = {name: np.full(shape, 2.0) for name, shape in SHAPES.items()}  # float64 ok
+            reply = ps.push(grads, base=0, extra={"sample/fc.b": np.zeros(2, np.float32)})
+            assert reply.applied
+            pulled = ps.pull(since=0)
+            model.update(pulled.params)
+            for name in SHAPES:
+                np.testing.assert_array_equal(model[name], params[name])
+                assert model[name].dtype == np.float32
+            assert ps.ping() is False
+            ps.bye()
+            assert server.stats()["live_workers"] == 0
+
+
+def test_hello_reply_fields():
+    with running_server(heartbeat_timeout=12.5) as server, PSClient(server.endpoint) as ps:
+        reply = ps.hello()
+        assert set(reply) == {"rank", "world_size", "config", "version", "heartbeat_timeout"}
+        assert reply["heartbeat_timeout"] == 12.5 and reply["world_size"] == 1
+        assert ps.config == reply["config"]
+
+
+def test_wire_header_of_a_client_push_is_plain_msgpack():
+    seen = []
+
+    def behaviour(n, header):
+        seen.append(header)
+        return [_push_reply(header["rid"], 1)]
+
+    fake = FakeServer(behaviour)
+    try:
+        with PSClient(fake.endpoint, worker_id="me") as ps:
+            ps.push({"fc.b": np.ones(4, np.float32)}, base=3, last=False)
+        header = seen[0]
+        assert header["worker"] == "me" and header["base"] == 3 and header["last"] is False
+        assert header["arrays"] == [
+            {"name": "fc.b", "dtype": "float32", "shape": [4], "codec": "dense"}
+        ]
+        assert msgpack.packb(header)  # nothing exotic inside
+    finally:
+        fake.close()

@@ -1,0 +1,190 @@
+"""Update rules end to end over real sockets: ssgd barriers, ssp bounds, dead workers."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+from test_server_support import SHAPES, make_params, running_server
+
+from minips.client import PSClient
+from minips.rules import SSP
+
+
+def _grads(value):
+    return {name: np.full(shape, value, np.float32) for name, shape in SHAPES.items()}
+
+
+def _wait_until(predicate, timeout=10.0):
+    """Poll a condition on the server's state (set by its thread) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.005)
+
+
+def _in_thread(fn, *args, **kwargs):
+    result = {}
+
+    def target():
+        result["value"] = fn(*args, **kwargs)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_ssgd_applies_exactly_the_mean_as_one_update():
+    params = make_params()
+    before = {k: v.copy() for k, v in params.items()}
+    records = []
+    with running_server("ssgd", params=params, lr=0.5, on_update=records.append) as server:
+        with PSClient(server.endpoint, worker_id="a") as a, PSClient(server.endpoint) as b:
+            a.hello()
+            b.hello()
+            thread, result = _in_thread(a.push, _grads(1.0), base=0)
+            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            assert server.store.version == 0  # held at the barrier, nothing applied
+            reply_b = b.push(_grads(3.0), base=0)
+            thread.join(timeout=10)
+            reply_a = result["value"]
+    for reply in (reply_a, reply_b):
+        assert (reply.version, reply.applied, reply.staleness) == (1, True, 0)
+    for name in SHAPES:  # mean gradient 2.0, lr 0.5
+        np.testing.assert_array_equal(params[name], before[name] - np.float32(0.5 * 2.0))
+    assert len(records) == 1
+    assert sorted(records[0]["workers"]) == [0, 1] and records[0]["staleness"] == [0, 0]
+
+
+def test_ssgd_partial_pushes_accumulate_until_the_last():
+    params = make_params()
+    before = {k: v.copy() for k, v in params.items()}
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        with PSClient(server.endpoint, worker_id="a") as a, PSClient(server.endpoint) as b:
+            a.hello()
+            b.hello()
+            queued = a.push({"fc.w": np.full((3, 4), 2.0, np.float32)}, base=0, last=False)
+            assert not queued.applied and queued.version == 0
+            thread, _ = _in_thread(a.push, {"fc.b": np.full(4, 4.0, np.float32)}, base=0)
+            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            b.push({"fc.w": np.full((3, 4), 4.0, np.float32)}, base=0)  # b sends no fc.b
+            thread.join(timeout=10)
+    np.testing.assert_array_equal(params["fc.w"], before["fc.w"] - 3.0)  # mean of 2 and 4
+    np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - 4.0)  # only a sent it
+
+
+def test_ssgd_barrier_completes_when_a_worker_leaves():
+    params = make_params()
+    before = {k: v.copy() for k, v in params.items()}
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        with PSClient(server.endpoint, worker_id="a") as a, PSClient(server.endpoint) as b:
+            a.hello()
+            b.hello()
+            thread, result = _in_thread(a.push, _grads(1.0), base=0)
+            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            b.bye()
+            thread.join(timeout=10)
+            assert result["value"].applied and result["value"].version == 1
+    np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - 1.0)
+
+
+def test_ssp_holds_a_pull_until_the_slowest_catches_up():
+    with running_server("ssp", rule_options={"staleness": 1}) as server:
+        with PSClient(server.endpoint, worker_id="fast") as fast, PSClient(server.endpoint) as slow:
+            fast.hello()
+            slow.hello()
+            fast.push(_grads(0.1), base=0)
+            assert fast.pull().version == 1  # 1 clock ahead of the slowest: allowed
+            fast.push(_grads(0.1), base=1)
+            thread, result = _in_thread(fast.pull)  # 2 clocks ahead: held
+            _wait_until(lambda: server.workers["fast"].held_pull is not None)
+            assert "value" not in result
+            slow.push(_grads(0.1), base=0)  # the slowest advances, the pull is released
+            thread.join(timeout=10)
+            assert result["value"].version == 3
+
+
+class RecordingSSP(SSP):
+    """SSP that records, at every answered pull, how far the puller is ahead."""
+
+    def __init__(self, staleness):
+        super().__init__(staleness)
+        self.leads = []
+
+    def on_pulled(self, worker):
+        slowest = min(w.clock for w in self.host.live_workers())
+        self.leads.append(worker.clock - slowest)
+
+
+def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead():
+    bound, steps = 2, 25
+    rule = RecordingSSP(bound)
+
+    def train(client, pause):
+        client.hello()
+        version = client.pull().version
+        for _ in range(steps):
+            client.push(_grads(0.01), base=version)
+            time.sleep(pause)  # the slow worker is slow; the bound must hold anyway
+            version = client.pull().version
+        client.bye()
+
+    with running_server(rule) as server:
+        with PSClient(server.endpoint) as fast, PSClient(server.endpoint) as slow:
+            threads = [
+                threading.Thread(target=train, args=(fast, 0.0)),
+                threading.Thread(target=train, args=(slow, 0.01)),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert server.store.version == 2 * steps
+    assert max(rule.leads) <= bound
+    assert max(rule.leads) == bound  # the fast worker did run ahead and was held there
+
+
+VICTIM = """
+import sys
+import numpy as np
+from minips.client import PSClient
+ps = PSClient(sys.argv[1], worker_id="victim")
+ps.hello()
+reply = ps.push({"fc.b": np.full(4, 3.0, np.float32)}, base=0)
+print("pushed", reply.version, flush=True)
+sys.stdin.read()  # wait to be killed
+"""
+
+
+def test_a_killed_worker_does_not_stall_the_ssgd_barrier():
+    params = make_params()
+    before = params["fc.b"].copy()
+    with running_server("ssgd", params=params, lr=1.0, heartbeat_timeout=1.0) as server:
+        victim = subprocess.Popen(
+            [sys.executable, "-c", VICTIM, server.endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            with PSClient(server.endpoint, worker_id="a", timeout=5.0) as a:
+                a.hello()
+                _wait_until(lambda: "victim" in server.workers)
+                first = a.push({"fc.b": np.full(4, 1.0, np.float32)}, base=0)
+                assert victim.stdout.readline().split() == ["pushed", "1"]
+                assert first.version == 1
+                victim.send_signal(signal.SIGKILL)
+                victim.wait(timeout=10)
+                # The victim never pushes round 2; after the heartbeat timeout it is dead
+                # and the barrier completes with "a" alone.
+                second = a.push({"fc.b": np.full(4, 1.0, np.float32)}, base=1)
+                assert second.applied and second.version == 2
+                stats = {w["worker"]: w for w in a.stats()["workers"]}
+                assert stats["victim"]["alive"] is False and stats["a"]["alive"] is True
+        finally:
+            victim.kill()
+            victim.wait(timeout=10)
+    # round 1: mean(1, 3) = 2; round 2: a alone, 1.
+    np.testing.assert_array_equal(params["fc.b"], before - 2.0 - 1.0)
