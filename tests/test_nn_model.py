@@ -258,6 +258,10 @@ def test_set_params_validates_before_writing():
     new["fc2.w"] = np.ones((8, 10), dtype=np.float64)
     model.set_params(new)
     assert model.params["fc2.w"].dtype == np.float32 and np.all(model.params["fc2.w"] == 1)
+    model.set_params({"fc1.b": np.full(8, 2.0)})  # a subset, as a pull of changed layers
+    assert np.all(model.params["fc1.b"] == 2) and np.all(model.params["fc2.w"] == 1)
+    with pytest.raises(ShapeError, match="missing parameter"):
+        model.set_params({"fc1.b": np.zeros(8)}, strict=True)
 
 
 def test_build_model_and_spec():

@@ -145,11 +145,12 @@ class Sequential:
             if layer.params
         ]
 
-    def set_params(self, values: dict[str, np.ndarray], strict: bool = True) -> None:
+    def set_params(self, values: dict[str, np.ndarray], strict: bool = False) -> None:
         """Copy arrays into the live parameters (cast to the model's dtype).
 
-        Unknown names, wrong shapes and (when strict) missing names raise ShapeError before
-        anything is written, so a bad dict leaves the model untouched.
+        `values` may hold a subset (a pull returns only the layers that changed) unless
+        `strict`. Unknown names, wrong shapes and (when strict) missing names raise ShapeError
+        before anything is written, so a bad dict leaves the model untouched.
         """
         params = self.params
         unknown = sorted(set(values) - set(params))
@@ -206,7 +207,7 @@ class Sequential:
                 f"missing {missing or 'nothing'}, unexpected {unknown or 'nothing'}"
             )
         try:
-            self.set_params(arrays)
+            self.set_params(arrays, strict=True)
         except ShapeError as err:
             raise ShapeError(f"model file {path}: {err}") from None
 
