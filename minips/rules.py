@@ -34,8 +34,8 @@ import numpy as np
 from minips.errors import ConfigError
 
 if TYPE_CHECKING:
-    from minips.server import WorkerState
     from minips.store import ParameterStore, UpdateRecord
+    from minips.workers import WorkerState
 
 
 @dataclass(eq=False)

@@ -12,7 +12,6 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,56 +25,11 @@ from minips.optim import SGD
 from minips.rules import Push, Rule
 from minips.store import ParameterStore, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
+from minips.workers import Counters, Envelope, WorkerState, WorkerTable
 
 log = logging.getLogger("minips.server")
 
 EXTRA_PREFIX = "extra/"
-
-
-@dataclass(eq=False)
-class Envelope:
-    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
-
-    routing: list[Any]
-    rid: int | None
-
-
-@dataclass(eq=False)
-class WorkerState:
-    """The server's view of one worker, keyed by its self-chosen `worker_id`."""
-
-    worker_id: str
-    rank: int
-    info: dict[str, Any]
-    last_seen: float  # time.monotonic() of its last request
-    alive: bool = True
-    clock: int = 0  # completed steps (pushes with `last`)
-    pushes: int = 0
-    pulls: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    last_seq: int | None = None
-    last_push_reply: dict[str, Any] | None = None  # header of the reply to last_seq
-    pending_push: Push | None = None  # accepted, reply held by the rule
-    held_pull: tuple[Envelope, int | None] | None = None  # (envelope, since)
-
-    @property
-    def waiting(self) -> bool:
-        """True while the server holds one of its requests (it is not silent, it waits)."""
-        return self.pending_push is not None or self.held_pull is not None
-
-
-@dataclass
-class _Counters:
-    messages_in: int = 0
-    errors: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    updates: int = 0
-    staleness_sum: int = 0
-    staleness_count: int = 0
-    staleness_max: int = 0
-    started: float = field(default_factory=time.monotonic)
 
 
 class ParameterServer:
@@ -121,7 +75,7 @@ class ParameterServer:
             raise ConfigError(f"server config must be msgpack-serialisable: {exc}") from None
         if world_size is not None and world_size < 1:
             raise ConfigError(f"world_size must be >= 1, got {world_size}")
-        self.world_size = world_size
+        self.table = WorkerTable(world_size)
         self.heartbeat_timeout = heartbeat_timeout
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.checkpoint_every = checkpoint_every
@@ -129,11 +83,10 @@ class ParameterServer:
         self.on_update = on_update
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
-        self.workers: dict[str, WorkerState] = {}
         self.stopping = False
         self._stop_requested = False
         self._stop_deadline = 0.0
-        self._counters = _Counters()
+        self._counters = Counters()
         if resume:
             meta = self.store.load(resume)
             log.info("resumed from %s at version %d (%s)", resume, self.store.version, meta)
@@ -202,8 +155,13 @@ class ParameterServer:
 
     # ------------------------------------------------------------------------ the rule API
 
+    @property
+    def workers(self) -> dict[str, WorkerState]:
+        """Every worker ever registered, by worker id (dead ones have alive=False)."""
+        return self.table.by_id
+
     def live_workers(self) -> list[WorkerState]:
-        return [w for w in self.workers.values() if w.alive]
+        return self.table.live()
 
     def apply_update(
         self, pushes: list[Push], steps: list[tuple[str, np.ndarray, float]]
@@ -222,11 +180,7 @@ class ParameterServer:
             scale=distinct.pop() if len(distinct) == 1 else scales,
             params=[name for name, _, _ in steps],
         )
-        c = self._counters
-        c.updates += 1
-        c.staleness_sum += sum(record.staleness)
-        c.staleness_count += len(record.staleness)
-        c.staleness_max = max([c.staleness_max, *record.staleness])
+        self._counters.record_update(record)
         if self.on_update is not None:
             try:
                 self.on_update(record.as_dict())
@@ -265,36 +219,15 @@ class ParameterServer:
 
     def stats(self) -> dict[str, Any]:
         """Counters, versions, staleness and the worker table (the `stats` reply)."""
-        c, now = self._counters, time.monotonic()
+        now = time.monotonic()
         return {
             "version": self.store.version,
-            "updates": c.updates,
             "rule": self.rule.describe(),
-            "world_size": self._world_size(),
+            "world_size": self.table.current_world_size(),
             "live_workers": len(self.live_workers()),
-            "messages_in": c.messages_in,
-            "errors": c.errors,
-            "bytes_in": c.bytes_in,
-            "bytes_out": c.bytes_out,
-            "staleness_mean": c.staleness_sum / c.staleness_count if c.staleness_count else 0.0,
-            "staleness_max": c.staleness_max,
-            "uptime": now - c.started,
             "stopping": self.stopping,
-            "workers": [
-                {
-                    "worker": w.worker_id,
-                    "rank": w.rank,
-                    "alive": w.alive,
-                    "clock": w.clock,
-                    "pushes": w.pushes,
-                    "pulls": w.pulls,
-                    "last_seen_ago": now - w.last_seen,
-                    "bytes_in": w.bytes_in,
-                    "bytes_out": w.bytes_out,
-                    "info": w.info,
-                }
-                for w in self.workers.values()
-            ],
+            **self._counters.summary(),
+            "workers": [w.row(now) for w in self.workers.values()],
         }
 
     # ----------------------------------------------------------------- message handling
@@ -322,7 +255,7 @@ class ParameterServer:
     def _error(self, envelope: Envelope, reason: str, code: str, body: list[Any]) -> None:
         self._counters.errors += 1
         log.debug("error reply (%s): %s", code, reason)
-        rid = envelope.rid if envelope.rid is not None else _peek_rid(body)
+        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
         self._send(envelope.routing, wire.error_frames(reason, code, rid))
 
     def _reply(
@@ -362,26 +295,14 @@ class ParameterServer:
         if self.stopping:
             raise ProtocolError("the server is stopping", "stopping")
         worker_id = message.header["worker"]
-        worker = self.workers.get(worker_id)
-        rank = self._free_rank(worker)
-        live_clocks = [w.clock for w in self.live_workers() if w is not worker]
-        # A (re)joining worker starts no further behind than the slowest live one, so a
-        # newcomer does not hold back every ssp pull by its zero clock.
-        clock = max(worker.clock if worker else 0, min(live_clocks, default=0))
-        worker = WorkerState(
-            worker_id=worker_id,
-            rank=rank,
-            info=message.header.get("info", {}),
-            last_seen=time.monotonic(),
-            clock=clock,
-        )
+        worker = self.table.registration(worker_id, message.header.get("info", {}))
         worker.bytes_in += message.nbytes
         old = self.workers.get(worker_id)
         if old is not None and old.alive:
             self._drop(old, "re-registered")
-        self.workers[worker_id] = worker
+        self.table.add(worker)
         self.rule.on_hello(worker)
-        world_size = self._world_size()
+        rank, world_size = worker.rank, self.table.current_world_size()
         config = {**self.config, "rank": rank, "world_size": world_size}
         config["rule"] = self.config.get("rule", self.rule.describe())
         log.info("worker %s registered as rank %d", worker_id, rank)
@@ -470,21 +391,6 @@ class ParameterServer:
 
     # ---------------------------------------------------------------- workers and liveness
 
-    def _world_size(self) -> int:
-        if self.world_size is not None:
-            return self.world_size
-        return max((w.rank + 1 for w in self.live_workers()), default=0)
-
-    def _free_rank(self, worker: WorkerState | None) -> int:
-        """The worker's old rank if no other live worker holds it, else the lowest free."""
-        taken = {w.rank for w in self.live_workers() if w is not worker}
-        if worker is not None and worker.rank not in taken:
-            return worker.rank
-        rank = next(r for r in range(len(taken) + 1) if r not in taken)
-        if self.world_size is not None and rank >= self.world_size:
-            raise ProtocolError(f"all {self.world_size} worker ranks are taken", "full")
-        return rank
-
     def _answer_pull(self, worker: WorkerState) -> None:
         envelope, since = worker.held_pull
         worker.held_pull = None
@@ -515,15 +421,14 @@ class ParameterServer:
         self._release_pulls()
 
     def _check_liveness(self, now: float) -> None:
-        for worker in self.live_workers():
-            if not worker.waiting and now - worker.last_seen > self.heartbeat_timeout:
-                log.warning(
-                    "worker %s (rank %d) silent for %.1f s: declared dead",
-                    worker.worker_id,
-                    worker.rank,
-                    now - worker.last_seen,
-                )
-                self._drop(worker, "heartbeat timeout")
+        for worker in self.table.silent(now, self.heartbeat_timeout):
+            log.warning(
+                "worker %s (rank %d) silent for %.1f s: declared dead",
+                worker.worker_id,
+                worker.rank,
+                now - worker.last_seen,
+            )
+            self._drop(worker, "heartbeat timeout")
 
     def _begin_stop(self) -> None:
         self.stopping = True
@@ -532,13 +437,3 @@ class ParameterServer:
         log.info("stopping: answering held requests, waiting for workers to leave")
         self.rule.on_stop()
         self._release_pulls()
-
-
-def _peek_rid(body: list[Any]) -> int | None:
-    """The `rid` of a request that failed validation, if its header can be read at all."""
-    try:
-        header = msgpack.unpackb(body[0], raw=False)
-        rid = header.get("rid")
-        return rid if isinstance(rid, int) and not isinstance(rid, bool) and rid >= 0 else None
-    except Exception:
-        return None

@@ -239,6 +239,16 @@ def error_frames(reason: str, code: str, rid: int | None = None) -> list[bytes |
     return encode(header)
 
 
+def peek_rid(frames: Sequence[Any]) -> int | None:
+    """The `rid` of a message that failed validation, if its header can be read at all."""
+    try:
+        header = msgpack.unpackb(frames[0], raw=False)
+        rid = header.get("rid")
+    except Exception:  # anything unreadable simply has no rid
+        return None
+    return rid if _is_uint(rid) else None
+
+
 def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
     """The float32 tensor a gradient frame stands for (widens fp16; dense is returned as is)."""
     if codec == "fp16":

@@ -1,0 +1,138 @@
+"""The server's bookkeeping: the worker table (ranks, clocks, liveness) and traffic counters."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from minips.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from minips.rules import Push
+    from minips.store import UpdateRecord
+
+
+@dataclass(eq=False)
+class Envelope:
+    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
+
+    routing: list[Any]
+    rid: int | None
+
+
+@dataclass(eq=False)
+class WorkerState:
+    """The server's view of one worker, keyed by its self-chosen `worker_id`."""
+
+    worker_id: str
+    rank: int
+    info: dict[str, Any]
+    last_seen: float  # time.monotonic() of its last request
+    alive: bool = True
+    clock: int = 0  # completed steps (pushes with `last`)
+    pushes: int = 0
+    pulls: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    last_seq: int | None = None
+    last_push_reply: dict[str, Any] | None = None  # header of the reply to last_seq
+    pending_push: Push | None = None  # accepted, reply held by the rule
+    held_pull: tuple[Envelope, int | None] | None = None  # (envelope, since)
+
+    @property
+    def waiting(self) -> bool:
+        """True while the server holds one of its requests (it is not silent, it waits)."""
+        return self.pending_push is not None or self.held_pull is not None
+
+    def row(self, now: float) -> dict[str, Any]:
+        """This worker's line in the `stats` reply."""
+        return {
+            "worker": self.worker_id,
+            "rank": self.rank,
+            "alive": self.alive,
+            "clock": self.clock,
+            "pushes": self.pushes,
+            "pulls": self.pulls,
+            "last_seen_ago": now - self.last_seen,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "info": self.info,
+        }
+
+
+class WorkerTable:
+    """Every worker ever registered, by id; ranks 0..world_size-1 among the live ones."""
+
+    def __init__(self, world_size: int | None) -> None:
+        self.world_size = world_size  # None: no fixed size
+        self.by_id: dict[str, WorkerState] = {}
+
+    def live(self) -> list[WorkerState]:
+        return [w for w in self.by_id.values() if w.alive]
+
+    def current_world_size(self) -> int:
+        if self.world_size is not None:
+            return self.world_size
+        return max((w.rank + 1 for w in self.live()), default=0)
+
+    def registration(self, worker_id: str, info: dict[str, Any]) -> WorkerState:
+        """A fresh state for a worker saying hello (not yet in the table; see `add`).
+
+        Rank: its old one if no other live worker holds it, else the lowest free one
+        (ProtocolError "full" when world_size ranks are live). Clock: a (re)joining worker
+        starts no further behind than the slowest live one, so a newcomer does not hold
+        back every ssp pull with its zero clock.
+        """
+        old = self.by_id.get(worker_id)
+        others = [w for w in self.live() if w is not old]
+        taken = {w.rank for w in others}
+        if old is not None and old.rank not in taken:
+            rank = old.rank
+        else:
+            rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if self.world_size is not None and rank >= self.world_size:
+            raise ProtocolError(f"all {self.world_size} worker ranks are taken", "full")
+        clock = max(old.clock if old else 0, min((w.clock for w in others), default=0))
+        return WorkerState(worker_id, rank, info, last_seen=time.monotonic(), clock=clock)
+
+    def add(self, worker: WorkerState) -> None:
+        self.by_id[worker.worker_id] = worker
+
+    def silent(self, now: float, timeout: float) -> list[WorkerState]:
+        """Live workers with nothing held that have sent nothing for `timeout` seconds."""
+        return [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
+
+
+@dataclass
+class Counters:
+    """Server-wide traffic and update counters for `stats`."""
+
+    messages_in: int = 0
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    updates: int = 0
+    staleness_sum: int = 0
+    staleness_count: int = 0
+    staleness_max: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def record_update(self, record: UpdateRecord) -> None:
+        self.updates += 1
+        self.staleness_sum += sum(record.staleness)
+        self.staleness_count += len(record.staleness)
+        self.staleness_max = max([self.staleness_max, *record.staleness])
+
+    def summary(self) -> dict[str, Any]:
+        mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
+        return {
+            "updates": self.updates,
+            "messages_in": self.messages_in,
+            "errors": self.errors,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "staleness_mean": mean,
+            "staleness_max": self.staleness_max,
+            "uptime": time.monotonic() - self.started,
+        }
