@@ -26,10 +26,11 @@ def cli() -> None:
 def _register() -> None:
     # Imported here so that `minips --help` stays fast and each command lives in its own module.
     from minips.cli.data_cmd import data
+    from minips.cli.ps_cmd import evaluate, run, server, worker
     from minips.cli.train_cmd import train
 
-    cli.add_command(data)
-    cli.add_command(train)
+    for command in (train, run, server, worker, evaluate, data):
+        cli.add_command(command)
 
 
 _register()

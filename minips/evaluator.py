@@ -1,0 +1,68 @@
+"""The evaluator: a read-only client that pulls the model now and then and tests it.
+
+It registers as an *observer* (no rank, never part of a barrier) and writes `eval`
+records {time, samples, updates, version, accuracy, loss} to the run's JSONL log. When
+the server says stop it evaluates the final parameters once more and exits, so the last
+`eval` line is the model the run ended with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from minips.client import PSClient, ServerUnavailable
+from minips.data import load_dataset
+from minips.metrics import MetricsLog
+from minips.nn import build_model
+from minips.trainer import evaluate
+
+
+def run_evaluator(
+    client: PSClient,
+    metrics: MetricsLog,
+    interval: float = 2.0,
+    data_dir: str | None = None,
+    max_test: int | None = None,
+) -> dict | None:
+    """Evaluate every `interval` seconds until the server stops; return the last record.
+
+    max_test: evaluate on the first N test images only (None: the whole test set).
+    """
+    hello = client.hello({"role": "observer", "pid": os.getpid()})
+    config = hello["config"]
+    data = load_dataset(config["dataset"], data_dir or config.get("data_dir"))
+    x_test, y_test = data.x_test[:max_test], data.y_test[:max_test]
+    model = build_model(config["model"]["name"], seed=0, **config["model"].get("kwargs", {}))
+    version: int | None = None
+    evaluated_version: int | None = None
+    last: dict | None = None
+    while True:
+        try:
+            reply = client.pull(since=version)
+        except ServerUnavailable:
+            break  # the server is gone: what we have is the last model we saw
+        if reply.params:
+            model.set_params(reply.params, strict=False)
+        version = reply.version
+        if version != evaluated_version or reply.stop:
+            stats = client.stats()
+            accuracy, loss = evaluate(model, x_test, y_test)
+            last = metrics.write(
+                "eval",
+                samples=int(stats.get("samples", 0)),
+                updates=int(stats.get("updates", version)),
+                version=version,
+                accuracy=accuracy,
+                loss=loss,
+                final=bool(reply.stop),
+            )
+            evaluated_version = version
+        if reply.stop:
+            break
+        time.sleep(interval)
+    try:
+        client.bye()
+    except ServerUnavailable:
+        pass
+    return last
