@@ -1,0 +1,115 @@
+"""`minips run` and its processes, for real: a local cluster on loopback, kills, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minips.client import PSClient
+from minips.errors import ConfigError
+from minips.launch import ServerSpec, run_local
+from minips.metrics import read_metrics
+
+FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
+
+
+def test_two_workers_converge_on_synthetic_data(tmp_path):
+    spec = ServerSpec(epochs=2, workers=2, rule="asgd", **FAST)
+    summary = run_local(spec, tmp_path, eval_interval=0.5)
+    assert summary["accuracy"] >= 0.9
+    assert summary["samples"] == 2 * 2000  # two epochs over two disjoint halves
+    assert summary["updates"] == 2 * 2 * 16  # asgd: one update per push, 16 batches per shard
+    assert summary["exit_codes"] == {"server": 0, "worker-0": 0, "worker-1": 0, "evaluator": 0}
+    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.npz"):
+        assert (tmp_path / name).exists(), name
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    events = [r["event"] for r in records]
+    assert events[-1] == "summary" and events.count("summary") == 1
+    assert events.count("update") == summary["updates"] and events.count("worker") == 2
+    evals = [r for r in records if r["event"] == "eval"]
+    assert evals[-1]["final"] and evals[-1]["accuracy"] == summary["accuracy"]
+    times = [r["time"] for r in records if "time" in r]
+    assert times == sorted(times)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written == {key: records[-1][key] for key in written}  # the same summary, twice
+
+
+def test_bad_options_are_refused_before_any_process_starts(tmp_path):
+    with pytest.raises(ConfigError, match="hetero"):
+        run_local(ServerSpec(workers=2, hetero=[1.0], **FAST), tmp_path)
+    assert not (tmp_path / "logs").exists()
+
+
+def _start_run(tmp_path: Path, *args: str) -> subprocess.Popen:
+    code = "from minips.cli import main; main()"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "run", "--out", str(tmp_path), "--quiet", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a shell job
+    )
+
+
+def _wait_for_workers(tmp_path: Path, count: int, timeout: float = 60) -> tuple[str, list[int]]:
+    """The endpoint and the pids of `count` registered workers, once they are training."""
+    deadline = time.monotonic() + timeout
+    endpoint_file = tmp_path / "endpoint"
+    while time.monotonic() < deadline:
+        if endpoint_file.exists() and endpoint_file.read_text().strip():
+            with PSClient(endpoint_file.read_text().strip(), timeout=5) as client:
+                stats = client.stats()
+            pids = [w["info"]["pid"] for w in stats["workers"] if not w["observer"] and w["alive"]]
+            if len(pids) == count and stats["updates"] > 0:
+                return endpoint_file.read_text().strip(), pids
+        time.sleep(0.2)
+    raise AssertionError("workers did not start")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_ssgd_run_finishes_when_a_worker_is_killed(tmp_path):
+    proc = _start_run(
+        tmp_path, "--rule", "ssgd", "--workers", "2", "--epochs", "6", "--hetero", "1,2",
+        "--heartbeat-timeout", "2", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
+    )  # fmt: skip
+    _, pids = _wait_for_workers(tmp_path, 2)
+    os.kill(pids[1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines()[-1].startswith("test accuracy: ")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["exit_codes"]["worker-1"] == -signal.SIGKILL
+    assert summary["exit_codes"]["worker-0"] == 0
+    survivor = json.loads((tmp_path / "worker-0.json").read_text())
+    assert survivor["samples"] == 6 * 1000  # it finished all its epochs alone
+
+
+@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c", "sigint-launcher"])
+def test_ctrl_c_leaves_no_process_behind(tmp_path, whole_group):
+    proc = _start_run(tmp_path, "--epochs", "50", "--model", "mlp", "--dataset", "synthetic")
+    _, pids = _wait_for_workers(tmp_path, 2)
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    else:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing at all is left in the run's process group
