@@ -205,12 +205,13 @@ def run_local(
                     progress(int(stats.get("samples", 0)), total, latest)
                 cluster.check_alive("server")
                 time.sleep(0.5)
+            # Training time ends when the last worker is done; shutdown is not training.
+            wall = time.monotonic() - t0
             operator.stop()  # the evaluator sees `stop`, evaluates the final model, leaves
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
         cluster.kill_all()
-    wall = time.monotonic() - t0
     return _write_results(out, spec, wall, cluster.exit_codes)
 
 

@@ -124,7 +124,7 @@ def run(out: str, eval_interval: float, quiet: bool, **options: Any) -> None:
 @click.command()
 @spec_options
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True,
-              help="Address to listen on (tcp://0.0.0.0:5555 to accept other machines).")  # fmt: skip
+              help="Listen address (tcp://0.0.0.0:5555 accepts other machines).")  # fmt: skip
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Checkpoint file (.npz).")
 @click.option("--endpoint-file", type=click.Path(dir_okay=False), hidden=True)
 @click.option("--updates-log", type=click.Path(dir_okay=False), help="JSONL of applied updates.")
