@@ -121,7 +121,9 @@ class ParameterServer:
                     self._handle(frames)
             now = time.monotonic()
             self._check_liveness(now)
-            if self.stopping and (not self.live_workers() or now > self._stop_deadline):
+            # Observers are waited for too, so an evaluator sees the final parameters.
+            connected = self.live_workers() or self.table.observers()
+            if self.stopping and (not connected or now > self._stop_deadline):
                 break
         if self.checkpoint_path:
             self.save_checkpoint()
@@ -301,7 +303,8 @@ class ParameterServer:
         if old is not None and old.alive:
             self._drop(old, "re-registered")
         self.table.add(worker)
-        self.rule.on_hello(worker)
+        if not worker.observer:
+            self.rule.on_hello(worker)
         rank, world_size = worker.rank, self.table.current_world_size()
         config = {**self.config, "rank": rank, "world_size": world_size}
         config["rule"] = self.config.get("rule", self.rule.describe())
@@ -320,10 +323,15 @@ class ParameterServer:
     def _op_pull(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
         worker.held_pull = (envelope, message.header.get("since"))
+        if worker.observer:  # an observer never waits for a rule
+            self._answer_pull(worker)
+            return
         self._release_pulls()
 
     def _op_push(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
+        if worker.observer:
+            raise ProtocolError("an observer cannot push", "observer")
         header = message.header
         seq = header["seq"]
         if worker.last_seq is not None and seq <= worker.last_seq:
@@ -404,7 +412,8 @@ class ParameterServer:
         }
         arrays = {name: self.store.snapshot(name) for name in names}
         self._reply(envelope, header, arrays, worker=worker)
-        self.rule.on_pulled(worker)
+        if not worker.observer:
+            self.rule.on_pulled(worker)
 
     def _release_pulls(self) -> None:
         """Answer every held pull the rule now allows (all of them when stopping)."""
@@ -417,8 +426,9 @@ class ParameterServer:
         worker.alive = False
         worker.held_pull = None
         log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
-        self.rule.on_worker_left(worker)
-        self._release_pulls()
+        if not worker.observer:
+            self.rule.on_worker_left(worker)
+            self._release_pulls()
 
     def _check_liveness(self, now: float) -> None:
         for worker in self.table.silent(now, self.heartbeat_timeout):

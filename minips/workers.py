@@ -30,6 +30,7 @@ class WorkerState:
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
     alive: bool = True
+    observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
     pulls: int = 0
@@ -51,6 +52,7 @@ class WorkerState:
             "worker": self.worker_id,
             "rank": self.rank,
             "alive": self.alive,
+            "observer": self.observer,
             "clock": self.clock,
             "pushes": self.pushes,
             "pulls": self.pulls,
@@ -69,7 +71,11 @@ class WorkerTable:
         self.by_id: dict[str, WorkerState] = {}
 
     def live(self) -> list[WorkerState]:
-        return [w for w in self.by_id.values() if w.alive]
+        """Live workers (observers excluded): the ones rules and barriers count."""
+        return [w for w in self.by_id.values() if w.alive and not w.observer]
+
+    def observers(self) -> list[WorkerState]:
+        return [w for w in self.by_id.values() if w.alive and w.observer]
 
     def current_world_size(self) -> int:
         if self.world_size is not None:
@@ -79,12 +85,20 @@ class WorkerTable:
     def registration(self, worker_id: str, info: dict[str, Any]) -> WorkerState:
         """A fresh state for a worker saying hello (not yet in the table; see `add`).
 
+        An observer (info["role"] == "observer") gets rank = world size: it holds no rank.
+
         Rank: its old one if no other live worker holds it, else the lowest free one
         (ProtocolError "full" when world_size ranks are live). Clock: a (re)joining worker
         starts no further behind than the slowest live one, so a newcomer does not hold
         back every ssp pull with its zero clock.
         """
+        now = time.monotonic()
+        if info.get("role") == "observer":
+            rank = self.current_world_size()
+            return WorkerState(worker_id, rank, info, last_seen=now, observer=True)
         old = self.by_id.get(worker_id)
+        if old is not None and old.observer:
+            old = None
         others = [w for w in self.live() if w is not old]
         taken = {w.rank for w in others}
         if old is not None and old.rank not in taken:
@@ -94,7 +108,7 @@ class WorkerTable:
         if self.world_size is not None and rank >= self.world_size:
             raise ProtocolError(f"all {self.world_size} worker ranks are taken", "full")
         clock = max(old.clock if old else 0, min((w.clock for w in others), default=0))
-        return WorkerState(worker_id, rank, info, last_seen=time.monotonic(), clock=clock)
+        return WorkerState(worker_id, rank, info, last_seen=now, clock=clock)
 
     def add(self, worker: WorkerState) -> None:
         self.by_id[worker.worker_id] = worker

@@ -7,9 +7,10 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from test_server_support import SHAPES, make_params, running_server
 
-from minips.client import PSClient
+from minips.client import PSClient, ServerError
 from minips.rules import SSP
 
 
@@ -149,7 +150,7 @@ def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead():
 VICTIM = """
 import sys
 import numpy as np
-from minips.client import PSClient
+from minips.client import PSClient, ServerError
 ps = PSClient(sys.argv[1], worker_id="victim")
 ps.hello()
 reply = ps.push({"fc.b": np.full(4, 3.0, np.float32)}, base=0)
@@ -188,3 +189,34 @@ def test_a_killed_worker_does_not_stall_the_ssgd_barrier():
             victim.wait(timeout=10)
     # round 1: mean(1, 3) = 2; round 2: a alone, 1.
     np.testing.assert_array_equal(params["fc.b"], before - 2.0 - 1.0)
+
+
+def test_an_observer_is_never_waited_for_and_never_held():
+    with running_server("ssgd", stop_grace=10.0) as server:
+        with PSClient(server.endpoint) as worker, PSClient(server.endpoint) as observer:
+            assert worker.hello()["rank"] == 0
+            seen = observer.hello({"role": "observer"})
+            assert seen["world_size"] == 1 and seen["rank"] == 1  # no rank of its own
+            # The barrier has one member: the worker's push is applied at once.
+            assert worker.push(_grads(1.0), base=0).applied
+            assert observer.pull().version == 1
+            with pytest.raises(ServerError) as info:
+                observer.push(_grads(1.0), base=0)
+            assert info.value.code == "observer"
+            worker.bye()
+            observer.stop()  # operator op: any client may send it
+            # Stopping waits for the observer too, so it sees the final parameters.
+            final = observer.pull(since=0)
+            assert final.stop and final.version == 1 and set(final.params) == set(SHAPES)
+            observer.bye()
+
+
+def test_ssp_does_not_hold_an_observer():
+    with running_server("ssp", rule_options={"staleness": 0}) as server:
+        with PSClient(server.endpoint) as fast, PSClient(server.endpoint) as slow:
+            fast.hello()
+            slow.hello()
+            fast.push(_grads(0.1), base=0)
+            with PSClient(server.endpoint) as observer:
+                observer.hello({"role": "observer"})
+                assert observer.pull().version == 1
