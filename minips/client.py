@@ -252,9 +252,13 @@ class PSClient:
             sock.send_multipart(wire.encode({**header, "rid": rid}, arrays, codecs), copy=False)
             deadline = time.monotonic() + self.timeout
             while (remaining := deadline - time.monotonic()) > 0:
-                if not sock.poll(remaining * 1000):
+                # A receive timeout instead of a poll: one system call less per request.
+                sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
+                try:
+                    frames = sock.recv_multipart(copy=False)
+                except zmq.Again:
                     break
-                message = wire.decode_reply(sock.recv_multipart(copy=False), self.limits)
+                message = wire.decode_reply(frames, self.limits)
                 if message.header.get("rid") != rid:
                     continue  # a late reply to an attempt we gave up on
                 if message.op == "error":

@@ -1,0 +1,253 @@
+"""Wire benchmark: minips push+pull round trip vs a raw pyzmq exchange of the same bytes.
+
+    python tools/bench_wire.py [--repeats 300] [--torch]
+
+Both servers run in their own process on TCP loopback, in the same run:
+- minips: a ParameterServer (asgd, SGD) holding a LeNet-5-sized model (431,080 float32,
+  8 tensors); one round = client.push(all gradients) + client.pull(since) of the changed
+  parameters, i.e. 1.72 MB each way, decoded, validated (shapes, NaN/Inf), applied.
+- raw: a ROUTER that answers a DEALER with pre-built frames of exactly the same sizes
+  (one small header + 8 array frames each way, copy=False), doing no work at all; and
+  the same raw exchange with minips's numpy work added (finite check, SGD step, copies),
+  to tell the price of the update from the price of the protocol.
+- tiny: minips `ping` vs a raw one-frame echo (fixed overhead per request).
+The two are timed in alternating blocks of 25 round trips, so load drift on the machine
+hits both alike.
+- torch (optional, --torch): torch.distributed.rpc.rpc_sync sending the same tensors to a
+  server process that returns them, when torch is importable.
+Prints the medians (ms) and the minips/raw ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import zmq
+
+LENET5 = {
+    "conv1.w": (20, 1, 5, 5),
+    "conv1.b": (20,),
+    "conv2.w": (50, 20, 5, 5),
+    "conv2.b": (50,),
+    "fc1.w": (800, 500),
+    "fc1.b": (500,),
+    "fc2.w": (500, 10),
+    "fc2.b": (10,),
+}
+
+
+def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(np.float32) * 1e-3 for n, s in LENET5.items()}
+
+
+def _minips_server(queue) -> None:
+    from minips.optim import SGD
+    from minips.rules import make_rule
+    from minips.server import ParameterServer
+
+    params = _tensors()
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), {})
+    queue.put(server.endpoint)
+    server.run()
+    server.close()
+
+
+def _raw_server(queue, work: bool = False) -> None:
+    """A ROUTER answering with pre-built frames; with `work`, it also does minips's numpy
+    work (finiteness check, SGD step on each gradient, a copy of each parameter per pull),
+    which separates the cost of the update from the cost of the protocol."""
+    params = _tensors()
+    names, shapes = list(params), [a.shape for a in params.values()]
+    big = [b"h" * 200, *(memoryview(a.reshape(-1)).cast("B") for a in params.values())]
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.bind("tcp://127.0.0.1:*")
+    queue.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    while True:
+        routing, *frames = sock.recv_multipart(copy=False)
+        kind = frames[0].bytes[:1]
+        if kind == b"q":
+            break
+        if work and kind == b"u":
+            for name, shape, frame in zip(names, shapes, frames[1:], strict=True):
+                grad = np.frombuffer(frame, np.float32).reshape(shape)
+                assert np.isfinite(np.dot(grad.reshape(-1), grad.reshape(-1)))
+                params[name] -= np.float32(1e-6) * grad
+        if work and kind == b"p":
+            copies = [a.copy() for a in params.values()]
+            big = [b"h" * 200, *(memoryview(a.reshape(-1)).cast("B") for a in copies)]
+        # A pull gets the model back; a push or a ping gets a small acknowledgement.
+        reply = big if kind == b"p" else [b"a" * 60]
+        sock.send_multipart([routing, *reply], copy=False)
+    sock.close()
+    context.term()
+
+
+def _start(target, *args) -> tuple[mp.Process, str]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(queue, *args), daemon=True)
+    proc.start()
+    return proc, queue.get(timeout=60)
+
+
+def _time_ms(fn, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        tick = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - tick) * 1e3)
+    return times
+
+
+def _median_ms(fn, repeats: int, warmup: int = 20) -> float:
+    _time_ms(fn, warmup)
+    return statistics.median(_time_ms(fn, repeats))
+
+
+def _interleaved(fns: dict, repeats: int, block: int = 25, warmup: int = 20) -> dict:
+    """Median ms of each fn, run in alternating blocks so drift hits all of them alike."""
+    for fn in fns.values():
+        _time_ms(fn, warmup)
+    times: dict = {name: [] for name in fns}
+    while len(next(iter(times.values()))) < repeats:
+        for name, fn in fns.items():
+            times[name] += _time_ms(fn, block)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+class MinipsPeer:
+    """A worker's two exchanges through PSClient: push all gradients, pull what changed."""
+
+    def __init__(self, endpoint: str) -> None:
+        from minips.client import PSClient
+
+        self.grads = _tensors(seed=1)
+        self.client = PSClient(endpoint, timeout=30.0)
+        self.client.hello()
+        self.version = self.client.pull().version
+
+    def round_trip(self) -> None:
+        self.client.push(self.grads, base=self.version)
+        reply = self.client.pull(since=self.version)
+        assert len(reply.params) == len(LENET5)
+        self.version = reply.version
+
+    def tiny(self) -> None:
+        self.client.ping()
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+
+class RawPeer:
+    """The same frames over a bare DEALER: a push then a pull, no header parsing at all."""
+
+    def __init__(self, endpoint: str) -> None:
+        arrays = _tensors(seed=1)
+        self.push = [b"u" * 200, *(memoryview(a.reshape(-1)).cast("B") for a in arrays.values())]
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def _exchange(self, frames) -> list:
+        self.sock.send_multipart(frames, copy=False)
+        return self.sock.recv_multipart(copy=False)
+
+    def round_trip(self) -> None:
+        self._exchange(self.push)
+        assert len(self._exchange([b"p" * 60])) == 1 + len(LENET5)
+
+    def tiny(self) -> None:
+        self._exchange([b"t" * 60])
+
+    def close(self) -> None:
+        self.sock.send_multipart([b"q"])
+        self.sock.close()
+        self.context.term()
+
+
+def _torch_echo(tensors):
+    return tensors
+
+
+def _torch_server(port: int) -> None:
+    import torch.distributed.rpc as rpc
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rpc.init_rpc("server", rank=0, world_size=2)
+    rpc.shutdown()
+
+
+def bench_torch(repeats: int) -> float | None:
+    try:
+        import torch
+        import torch.distributed.rpc as rpc
+    except ImportError:
+        return None
+    port = 29500 + os.getpid() % 1000
+    proc = mp.get_context("spawn").Process(target=_torch_server, args=(port,), daemon=True)
+    proc.start()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rpc.init_rpc("client", rank=1, world_size=2)
+    tensors = [torch.from_numpy(a) for a in _tensors(seed=1).values()]
+    # push (send all tensors, get them acknowledged) + pull (get all tensors back).
+    median = _median_ms(lambda: rpc.rpc_sync("server", _torch_echo, args=(tensors,)), repeats)
+    rpc.shutdown()
+    proc.join(timeout=30)
+    return median
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--torch", action="store_true", help="also time torch.distributed.rpc")
+    args = parser.parse_args()
+
+    procs_and_endpoints = [_start(_raw_server), _start(_raw_server, True), _start(_minips_server)]
+    raw, work, ps = (
+        RawPeer(procs_and_endpoints[0][1]),
+        RawPeer(procs_and_endpoints[1][1]),
+        MinipsPeer(procs_and_endpoints[2][1]),
+    )
+    full = _interleaved(
+        {"minips": ps.round_trip, "raw": raw.round_trip, "work": work.round_trip}, args.repeats
+    )
+    tiny = _interleaved({"minips": ps.tiny, "raw": raw.tiny}, args.repeats * 3)
+    for peer in (ps, raw, work):
+        peer.close()
+    for proc, _ in procs_and_endpoints:
+        proc.join(timeout=30)
+    ps_full, raw_full, ps_tiny, raw_tiny = full["minips"], full["raw"], tiny["minips"], tiny["raw"]
+
+    n_params = sum(int(np.prod(s)) for s in LENET5.values())
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"python {platform.python_version()}, pyzmq {zmq.__version__}, "
+          f"libzmq {zmq.zmq_version()}")  # fmt: skip
+    print(f"payload: {n_params} float32 = {n_params * 4 / 1e6:.2f} MB each way, "
+          f"{args.repeats} round trips, median")  # fmt: skip
+    print(f"push+pull  minips {ps_full:7.3f} ms   raw {raw_full:7.3f} ms   "
+          f"ratio {ps_full / raw_full:.2f}")  # fmt: skip
+    print(f"raw + the same numpy work (finite check, SGD step, pull copy) {full['work']:7.3f} ms"
+          f"   minips/that {ps_full / full['work']:.2f}")  # fmt: skip
+    print(f"tiny       minips {ps_tiny:7.3f} ms   raw {raw_tiny:7.3f} ms   "
+          f"ratio {ps_tiny / raw_tiny:.2f}")  # fmt: skip
+    if args.torch:
+        torch_ms = bench_torch(args.repeats)
+        if torch_ms is None:
+            print("torch: not importable")
+        else:
+            print(f"torch.distributed.rpc echo of the same tensors: {torch_ms:7.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
