@@ -150,6 +150,7 @@ class PSClient:
         extra: dict[str, np.ndarray] | None = None,
         last: bool = True,
         codecs: dict[str, str] | None = None,
+        samples: int | None = None,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
 
@@ -157,6 +158,7 @@ class PSClient:
         subset of the parameters). extra: arrays a rule needs (e.g. VSGD's samples), sent
         as "extra/<key>". last: False when more pushes of the same step follow (only the
         last one advances the worker's clock). codecs: name -> "dense" | "fp16".
+        samples: training examples behind this push (summed in the server's stats).
         Do not modify the arrays while the call runs (they are sent without copying).
         Under ssgd the reply comes when the barrier completes.
         """
@@ -170,6 +172,8 @@ class PSClient:
         seq = self._seq
         self._seq += 1  # the next push is a new one, even if this one fails
         header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base, "last": last}
+        if samples is not None:
+            header["samples"] = samples
         h = self._worker_request(header, arrays, codecs).header
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"])
 

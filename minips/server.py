@@ -365,6 +365,8 @@ class ParameterServer:
         worker.last_seq, worker.last_push_reply = seq, None
         worker.pending_push = push
         worker.pushes += 1
+        worker.samples += header.get("samples", 0)
+        self._counters.samples += header.get("samples", 0)
         if self.stopping:
             self.answer_push(push, applied=False)
             return

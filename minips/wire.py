@@ -53,6 +53,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "seq": ("uint", True),
         "base": ("uint", True),
         "last": ("bool", False),
+        "samples": ("uint", False),
     },
     "ping": {"worker": _WORKER},
     "stats": {},

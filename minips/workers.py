@@ -33,6 +33,7 @@ class WorkerState:
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
+    samples: int = 0  # training examples its pushes reported
     pulls: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -55,6 +56,7 @@ class WorkerState:
             "observer": self.observer,
             "clock": self.clock,
             "pushes": self.pushes,
+            "samples": self.samples,
             "pulls": self.pulls,
             "last_seen_ago": now - self.last_seen,
             "bytes_in": self.bytes_in,
@@ -123,6 +125,7 @@ class Counters:
     """Server-wide traffic and update counters for `stats`."""
 
     messages_in: int = 0
+    samples: int = 0  # training examples reported by accepted pushes
     errors: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -142,6 +145,7 @@ class Counters:
         mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
         return {
             "updates": self.updates,
+            "samples": self.samples,
             "messages_in": self.messages_in,
             "errors": self.errors,
             "bytes_in": self.bytes_in,

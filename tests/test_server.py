@@ -192,14 +192,15 @@ def test_stats_counts_traffic_and_staleness():
     with running_server() as server, PSClient(server.endpoint) as ps:
         ps.hello({"pid": 1})
         ps.pull()
-        ps.push(_grads(), base=0)
-        ps.push(_grads(), base=0)
+        ps.push(_grads(), base=0, samples=32)
+        ps.push(_grads(), base=0, samples=8)
         stats = ps.stats()
-        assert stats["version"] == 2 and stats["updates"] == 2
+        assert stats["version"] == 2 and stats["updates"] == 2 and stats["samples"] == 40
         assert stats["staleness_max"] == 1 and stats["staleness_mean"] == 0.5
         assert stats["bytes_in"] > 2 * 16 * 4 and stats["bytes_out"] > 16 * 4
         (worker,) = stats["workers"]
         assert worker["info"] == {"pid": 1} and worker["pushes"] == 2 and worker["clock"] == 2
+        assert worker["samples"] == 40 and worker["observer"] is False
 
 
 def test_checkpoint_and_resume(tmp_path):
