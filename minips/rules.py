@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 class Push:
     """One accepted push: float32 gradients by parameter name, plus rule-specific extras.
 
-    `staleness` is filled in when the push goes into an applied update: tau = t - base,
-    with t the global version just before that update.
+    `staleness` is tau = t - base: set on arrival, and refreshed when the push goes into
+    an applied update (t = the global version just before it), so `scale` can use it.
     """
 
     worker: WorkerState

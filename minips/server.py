@@ -360,6 +360,7 @@ class ParameterServer:
             raise ProtocolError("a push must carry at least one gradient", "unknown_param")
         push = Push(worker, seq, header["base"], header.get("last", True), grads, extra)
         push.reply_to = envelope
+        push.staleness = self.store.version - push.base  # refreshed if applied later
         self.rule.validate_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.last_seq, worker.last_push_reply = seq, None

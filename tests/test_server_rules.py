@@ -11,7 +11,7 @@ import pytest
 from test_server_support import SHAPES, make_params, running_server
 
 from minips.client import PSClient, ServerError
-from minips.rules import SSP
+from minips.rules import ASGD, SSP
 
 
 def _grads(value):
@@ -220,3 +220,31 @@ def test_ssp_does_not_hold_an_observer():
             with PSClient(server.endpoint) as observer:
                 observer.hello({"role": "observer"})
                 assert observer.pull().version == 1
+
+
+class InverseStaleness(ASGD):
+    """A DASGD-style rule written as a test of the plug-in point: scale = 1 / max(1, tau)."""
+
+    name = "inverse_test"
+
+    def scale(self, push, name, grad):
+        return grad, 1.0 / max(1, push.staleness)
+
+
+def test_a_rule_plugs_in_with_one_scale_method():
+    params = make_params()
+    before = params["fc.b"].copy()
+    records = []
+    with running_server(InverseStaleness(), params=params, lr=1.0, on_update=records.append) as s:
+        with PSClient(s.endpoint) as ps:
+            ps.hello()
+            one = {"fc.b": np.ones(4, np.float32)}
+            ps.push(one, base=0)  # tau 0: full step
+            ps.push(one, base=1)  # tau 0
+            reply = ps.push(one, base=0)  # tau 2: half a step
+    assert reply.staleness == 2
+    assert [r["scale"] for r in records] == [1.0, 1.0, 0.5]
+    expected = before.copy()
+    for step in (1.0, 1.0, 0.5):  # same float32 operations as the server's
+        expected -= np.float32(step) * np.ones(4, np.float32)
+    np.testing.assert_array_equal(params["fc.b"], expected)
