@@ -98,7 +98,7 @@ class Worker:
                     report.slowdown_s += (slowdown - 1) * compute
 
                 tick = time.monotonic()
-                pushed = self.client.push(model.grads, base=version)
+                pushed = self.client.push(model.grads, base=version, samples=len(xb))
                 report.staleness.append(int(pushed.staleness))
                 reply = self.client.pull(since=version)
                 report.comm_s += time.monotonic() - tick
