@@ -99,3 +99,28 @@ def test_user_errors_are_one_line_without_traceback(args, message, tmp_path, mon
     error_lines = [line for line in proc.stderr.splitlines() if "rror" in line]
     assert len(error_lines) == 1, proc.stderr
     assert message.lower() in error_lines[0].lower()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt-gzip"])
+def test_damaged_idx_file_is_one_line_error_from_the_cli(tmp_path, damage):
+    import gzip
+    import shutil
+
+    from minips.data import SAMPLE_DIR
+
+    data_dir = tmp_path / "fashion-mnist"
+    shutil.copytree(SAMPLE_DIR, data_dir)
+    target = data_dir / "train-images-idx3-ubyte.gz"
+    raw = gzip.decompress(target.read_bytes())
+    if damage == "truncate":
+        target.write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    else:
+        blob = bytearray(target.read_bytes())
+        blob[len(blob) // 2 : len(blob) // 2 + 64] = b"\x00" * 64
+        target.write_bytes(bytes(blob))
+    proc = _run_cli("train", "--quiet", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "train-images-idx3-ubyte.gz" in lines[0]
