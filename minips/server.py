@@ -224,6 +224,7 @@ class ParameterServer:
         now = time.monotonic()
         return {
             "version": self.store.version,
+            "param_versions": dict(self.store.param_versions),
             "rule": self.rule.describe(),
             "world_size": self.table.current_world_size(),
             "live_workers": len(self.live_workers()),

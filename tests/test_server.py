@@ -196,6 +196,7 @@ def test_stats_counts_traffic_and_staleness():
         ps.push(_grads(), base=0, samples=8)
         stats = ps.stats()
         assert stats["version"] == 2 and stats["updates"] == 2 and stats["samples"] == 40
+        assert stats["param_versions"] == {"fc.w": 2, "fc.b": 2}
         assert stats["staleness_max"] == 1 and stats["staleness_mean"] == 0.5
         assert stats["bytes_in"] > 2 * 16 * 4 and stats["bytes_out"] > 16 * 4
         (worker,) = stats["workers"]
