@@ -234,3 +234,49 @@ def test_replies_validate():
     frames = encode({"op": "push", "version": 1, "seq": 0, "applied": True, "staleness": 0})
     with pytest.raises(ProtocolError):
         decode_reply(frames)  # lacks "stop"
+
+
+# ------------------------------------------------------------------------------ fuzzing
+
+
+def _decodes_or_protocol_error(frames):
+    try:
+        decode_request(frames)
+    except ProtocolError as exc:
+        assert exc.reason and exc.code
+    # Anything else (TypeError, ValueError, ...) fails the test: the server would have to
+    # answer "internal" instead of naming the problem.
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), max_size=4))
+def test_random_frames_never_raise_anything_but_protocol_error(frames):
+    _decodes_or_protocol_error(frames)
+
+
+_VALID_PUSH = [
+    bytes(f)
+    for f in encode(
+        {"op": "push", "worker": "w", "seq": 1, "base": 2, "rid": 3},
+        {"fc.w": np.ones((2, 3), np.float32), "fc.b": np.ones(3, np.float16)},
+        {"fc.b": "fp16"},
+    )
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    frame=st.integers(0, len(_VALID_PUSH) - 1),
+    position=st.integers(0, 200),
+    byte=st.integers(0, 255),
+    cut=st.booleans(),
+)
+def test_corrupted_push_never_raises_anything_but_protocol_error(frame, position, byte, cut):
+    frames = list(_VALID_PUSH)
+    data = bytearray(frames[frame])
+    if cut:
+        del data[position % (len(data) + 1) :]
+    elif data:
+        data[position % len(data)] = byte
+    frames[frame] = bytes(data)
+    _decodes_or_protocol_error(frames)
