@@ -334,3 +334,30 @@ def test_serve_forever_shuts_down_cleanly_on_a_signal(tmp_path, sig):
     with np.load(path) as saved:
         assert int(saved["version"]) == 1
         np.testing.assert_array_equal(saved["param/fc.b"], -0.01 * np.ones(4, np.float32))
+
+
+def test_corrupted_pushes_never_cause_an_internal_error():
+    rng = np.random.default_rng(0)
+    good = [
+        bytes(f)
+        for f in wire.encode(
+            {"op": "push", "worker": "w", "seq": 1, "base": 0, "rid": 5},
+            {"fc.b": np.ones(4, np.float32)},
+        )
+    ]
+    with running_server() as server, RawPeer(server.endpoint) as peer:
+        peer.request({"op": "hello", "worker": "w"})
+        codes = set()
+        for _ in range(300):
+            header = bytearray(good[0])  # corrupt 1-3 bytes of the header
+            for _ in range(rng.integers(1, 4)):
+                header[rng.integers(len(header))] = rng.integers(256)
+            before = snapshot(server)
+            peer.send([bytes(header), good[1]])
+            reply = peer.recv()
+            if reply.op == "error":
+                codes.add(reply.header["code"])
+                assert snapshot(server) == before
+        assert "internal" not in codes
+        assert len(codes) > 3  # many different rules were exercised
+        assert peer.request({"op": "ping", "worker": "w"}).op == "ping"
