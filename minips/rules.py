@@ -6,6 +6,7 @@ store; it calls the rule's hooks on events and offers the rule three actions:
     host.apply_update(pushes, steps) -> UpdateRecord   # steps: [(name, grad, scale)], t += 1
     host.answer_push(push, applied)                    # send the push's reply (once)
     host.live_workers() -> list[WorkerState]           # .worker_id, .rank, .clock, ...
+    host.assembling() -> bool                          # still waiting for world_size hellos
     host.store                                         # .params, .version, .param_versions
 
 Hooks (all optional except `on_push`):
@@ -18,6 +19,7 @@ Hooks (all optional except `on_push`):
     on_pulled(worker)          a pull reply was sent (DC-ASGD keeps w_bak here)
     on_worker_left(worker)     bye or declared dead: leave any barrier
     on_stop()                  the server stops: answer everything held
+    on_tick(now)               called on every turn of the server loop (timers)
 
 Adding a rule is usually one `scale` method: DASGD returns (grad, f(tau)), VSGD
 (grad, 1/max(1, d_l)) from `push.extra`, DC-ASGD (g + lam*g*g*(w - w_bak), 1.0).
@@ -69,6 +71,8 @@ class RuleHost(Protocol):
 
     def answer_push(self, push: Push, applied: bool) -> None: ...
 
+    def assembling(self) -> bool: ...
+
 
 class Rule:
     """Base class: the default hooks do nothing and allow everything."""
@@ -105,6 +109,9 @@ class Rule:
         pass
 
     def on_stop(self) -> None:
+        pass
+
+    def on_tick(self, now: float) -> None:
         pass
 
     def apply_now(self, push: Push) -> UpdateRecord:
@@ -159,7 +166,9 @@ class SSGD(Rule):
 
     is applied as ONE update (K_p: the workers that sent a gradient for p this round) and
     all held pushes are answered. A worker that leaves or dies drops out of the round: its
-    unfinished step is discarded and the barrier completes without it.
+    unfinished step is discarded and the barrier completes without it. While the cluster
+    is still assembling (fewer than world_size workers have said hello, for at most a
+    heartbeat timeout) no round completes, so early workers do not train alone.
     """
 
     name = "ssgd"
@@ -186,6 +195,9 @@ class SSGD(Rule):
             self._sums.pop(worker.worker_id, None)
         self._try_complete()
 
+    def on_tick(self, now: float) -> None:
+        self._try_complete()  # the assembly period may have ended
+
     def on_stop(self) -> None:
         for push in self._held.values():
             self.host.answer_push(push, applied=False)
@@ -196,6 +208,8 @@ class SSGD(Rule):
         if not self._held:
             return
         if any(w.worker_id not in self._held for w in self.host.live_workers()):
+            return
+        if self.host.assembling():
             return
         totals: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}

@@ -87,6 +87,8 @@ class ParameterServer:
         self._stop_requested = False
         self._stop_deadline = 0.0
         self._counters = Counters()
+        self._assembled = False
+        self._first_hello = 0.0
         if resume:
             meta = self.store.load(resume)
             log.info("resumed from %s at version %d (%s)", resume, self.store.version, meta)
@@ -121,6 +123,7 @@ class ParameterServer:
                     self._handle(frames)
             now = time.monotonic()
             self._check_liveness(now)
+            self.rule.on_tick(now)
             # Observers are waited for too, so an evaluator sees the final parameters.
             connected = self.live_workers() or self.table.observers()
             if self.stopping and (not connected or now > self._stop_deadline):
@@ -191,6 +194,25 @@ class ParameterServer:
         if self.checkpoint_path and self.checkpoint_every and version % self.checkpoint_every == 0:
             self.save_checkpoint()
         return record
+
+    def assembling(self) -> bool:
+        """True while fewer than `world_size` workers have ever said hello, and the first
+        hello is less than `heartbeat_timeout` old (a worker that never comes is waited
+        for no longer than a dead one). Synchronous rules hold their first round."""
+        if self._assembled or self.table.world_size is None:
+            return False
+        registered = [w for w in self.workers.values() if not w.observer]
+        if len(registered) >= self.table.world_size:
+            self._assembled = True
+        elif registered and time.monotonic() - self._first_hello > self.heartbeat_timeout:
+            log.warning(
+                "only %d of %d workers registered in %.1f s: starting without the others",
+                len(registered),
+                self.table.world_size,
+                self.heartbeat_timeout,
+            )
+            self._assembled = True
+        return not self._assembled
 
     def answer_push(self, push: Push, applied: bool) -> None:
         """Send (and remember, for retries) the reply to an accepted push."""
@@ -303,6 +325,8 @@ class ParameterServer:
         old = self.workers.get(worker_id)
         if old is not None and old.alive:
             self._drop(old, "re-registered")
+        if not worker.observer and not self._first_hello:
+            self._first_hello = time.monotonic()
         self.table.add(worker)
         if not worker.observer:
             self.rule.on_hello(worker)

@@ -248,3 +248,29 @@ def test_a_rule_plugs_in_with_one_scale_method():
     for step in (1.0, 1.0, 0.5):  # same float32 operations as the server's
         expected -= np.float32(step) * np.ones(4, np.float32)
     np.testing.assert_array_equal(params["fc.b"], expected)
+
+
+def test_ssgd_waits_for_world_size_workers_before_the_first_round():
+    params = make_params()
+    before = params["fc.b"].copy()
+    with running_server("ssgd", params=params, lr=1.0, world_size=2) as server:
+        with PSClient(server.endpoint, worker_id="early") as early:
+            early.hello()
+            thread, result = _in_thread(early.push, {"fc.b": np.full(4, 1.0, np.float32)}, base=0)
+            _wait_until(lambda: server.workers["early"].pending_push is not None)
+            with PSClient(server.endpoint) as late:
+                late.hello()  # the first round now waits for this worker's push too
+                assert server.store.version == 0
+                late.push({"fc.b": np.full(4, 3.0, np.float32)}, base=0)
+            thread.join(timeout=10)
+            assert result["value"].version == 1
+    np.testing.assert_array_equal(params["fc.b"], before - 2.0)  # mean of 1 and 3
+
+
+def test_ssgd_starts_without_a_worker_that_never_comes():
+    with running_server("ssgd", world_size=2, heartbeat_timeout=0.3) as server:
+        with PSClient(server.endpoint) as alone:
+            alone.hello()
+            reply = alone.push(_grads(1.0), base=0)  # released after the assembly grace
+            assert reply.applied and reply.version == 1
+            assert server.stats()["live_workers"] == 1
