@@ -29,8 +29,6 @@ from minips.workers import Counters, Envelope, WorkerState, WorkerTable
 
 log = logging.getLogger("minips.server")
 
-EXTRA_PREFIX = "extra/"
-
 
 class ParameterServer:
     """Holds the model, applies pushed gradients through a rule, answers pulls.
@@ -87,8 +85,6 @@ class ParameterServer:
         self._stop_requested = False
         self._stop_deadline = 0.0
         self._counters = Counters()
-        self._assembled = False
-        self._first_hello = 0.0
         if resume:
             meta = self.store.load(resume)
             log.info("resumed from %s at version %d (%s)", resume, self.store.version, meta)
@@ -196,23 +192,8 @@ class ParameterServer:
         return record
 
     def assembling(self) -> bool:
-        """True while fewer than `world_size` workers have ever said hello, and the first
-        hello is less than `heartbeat_timeout` old (a worker that never comes is waited
-        for no longer than a dead one). Synchronous rules hold their first round."""
-        if self._assembled or self.table.world_size is None:
-            return False
-        registered = [w for w in self.workers.values() if not w.observer]
-        if len(registered) >= self.table.world_size:
-            self._assembled = True
-        elif registered and time.monotonic() - self._first_hello > self.heartbeat_timeout:
-            log.warning(
-                "only %d of %d workers registered in %.1f s: starting without the others",
-                len(registered),
-                self.table.world_size,
-                self.heartbeat_timeout,
-            )
-            self._assembled = True
-        return not self._assembled
+        """Still waiting for `world_size` workers to say hello (see WorkerTable.assembling)."""
+        return self.table.assembling(self.heartbeat_timeout)
 
     def answer_push(self, push: Push, applied: bool) -> None:
         """Send (and remember, for retries) the reply to an accepted push."""
@@ -325,8 +306,6 @@ class ParameterServer:
         old = self.workers.get(worker_id)
         if old is not None and old.alive:
             self._drop(old, "re-registered")
-        if not worker.observer and not self._first_hello:
-            self._first_hello = time.monotonic()
         self.table.add(worker)
         if not worker.observer:
             self.rule.on_hello(worker)
@@ -370,19 +349,7 @@ class ParameterServer:
             else:  # a retry of an answered push: same answer, nothing applied again
                 self._reply(envelope, worker.last_push_reply or {}, worker=worker)
             return
-        if header["base"] > self.store.version:
-            raise ProtocolError(
-                f"base {header['base']} is newer than the server's version {self.store.version}",
-                "bad_base",
-            )
-        grads, extra = {}, {}
-        for name, array in message.arrays.items():
-            if name.startswith(EXTRA_PREFIX):
-                extra[name] = array
-            else:
-                grads[name] = self.store.gradient(name, array, message.codecs[name])
-        if not grads:
-            raise ProtocolError("a push must carry at least one gradient", "unknown_param")
+        grads, extra = self.store.check_push(header["base"], message.arrays, message.codecs)
         push = Push(worker, seq, header["base"], header.get("last", True), grads, extra)
         push.reply_to = envelope
         push.staleness = self.store.version - push.base  # refreshed if applied later

@@ -22,6 +22,7 @@ from minips.optim import SGD
 from minips.wire import ProtocolError
 
 CHECKPOINT_FORMAT = 1
+EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific extras)
 
 
 @dataclass
@@ -86,6 +87,27 @@ class ParameterStore:
                 "dtype",
             )
         return wire.to_float32(array, codec)
+
+    def check_push(
+        self, base: int, arrays: dict[str, np.ndarray], codecs: dict[str, str]
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Validate a push's `base` and arrays; return (float32 gradients, extras).
+
+        Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) untouched.
+        """
+        if base > self.version:
+            raise ProtocolError(
+                f"base {base} is newer than the server's version {self.version}", "bad_base"
+            )
+        grads, extra = {}, {}
+        for name, array in arrays.items():
+            if name.startswith(EXTRA_PREFIX):
+                extra[name] = array
+            else:
+                grads[name] = self.gradient(name, array, codecs[name])
+        if not grads:
+            raise ProtocolError("a push must carry at least one gradient", "unknown_param")
+        return grads, extra
 
     def apply(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
         """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.

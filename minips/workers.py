@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,8 @@ from minips.wire import ProtocolError
 if TYPE_CHECKING:
     from minips.rules import Push
     from minips.store import UpdateRecord
+
+log = logging.getLogger("minips.server")
 
 
 @dataclass(eq=False)
@@ -71,6 +74,8 @@ class WorkerTable:
     def __init__(self, world_size: int | None) -> None:
         self.world_size = world_size  # None: no fixed size
         self.by_id: dict[str, WorkerState] = {}
+        self._first_hello = 0.0  # time.monotonic() of the first worker's hello
+        self._assembled = False
 
     def live(self) -> list[WorkerState]:
         """Live workers (observers excluded): the ones rules and barriers count."""
@@ -113,7 +118,28 @@ class WorkerTable:
         return WorkerState(worker_id, rank, info, last_seen=now, clock=clock)
 
     def add(self, worker: WorkerState) -> None:
+        if not worker.observer and not self._first_hello:
+            self._first_hello = time.monotonic()
         self.by_id[worker.worker_id] = worker
+
+    def assembling(self, grace: float) -> bool:
+        """True while fewer than `world_size` workers have ever said hello and the first
+        hello is less than `grace` seconds old (a worker that never comes is waited for no
+        longer than a dead one). Synchronous rules hold their first round meanwhile."""
+        if self._assembled or self.world_size is None:
+            return False
+        registered = sum(1 for w in self.by_id.values() if not w.observer)
+        if registered >= self.world_size:
+            self._assembled = True
+        elif registered and time.monotonic() - self._first_hello > grace:
+            log.warning(
+                "only %d of %d workers registered in %.1f s: starting without the others",
+                registered,
+                self.world_size,
+                grace,
+            )
+            self._assembled = True
+        return not self._assembled
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
         """Live workers with nothing held that have sent nothing for `timeout` seconds."""
