@@ -183,7 +183,12 @@ class PSClient:
 
     def bye(self) -> None:
         """Leave the run (barriers stop waiting for this worker)."""
-        self._request({"op": "bye", "worker": self.worker_id})
+        try:
+            self._request({"op": "bye", "worker": self.worker_id})
+        except ServerError as exc:
+            # Already gone: declared dead, or a retried bye whose first reply was lost.
+            if exc.code != "unknown_worker":
+                raise
         self._hello_info = None
 
     # ----------------------------------------------------------------------- anyone's calls
