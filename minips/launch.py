@@ -181,11 +181,13 @@ def run_local(
                     "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
         )  # fmt: skip
         endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
-        for rank in range(spec.workers):
+        for index in range(spec.workers):
+            # The server gives ranks in the order hellos arrive, so a process is named by its
+            # start order until its rank is known; the worker fills {rank} in its report path.
             cluster.start(
-                f"worker-{rank}",
+                f"worker.{index}",
                 base + ["worker", "--connect", endpoint, "--report",
-                        str(out / f"worker-{rank}.json"), "--quiet"],
+                        str(out / "worker-{rank}.json"), "--quiet"],
             )  # fmt: skip
         cluster.start(
             "evaluator",
@@ -194,17 +196,18 @@ def run_local(
         )  # fmt: skip
         total = spec.epochs * _train_size(spec)
         with PSClient(endpoint, timeout=5.0, retries=2) as operator:
-            while cluster.running("worker-"):
+            while cluster.running("worker"):
                 latest = _latest_eval(out / "eval.jsonl")
                 try:
                     stats = operator.stats()
                 except ServerUnavailable:
                     raise MinipsError(f"the server stopped answering; see {logs}") from None
+                cluster.learn_ranks(stats)
                 latest["updates"] = stats.get("updates", 0)
                 if progress is not None:
                     progress(int(stats.get("samples", 0)), total, latest)
                 cluster.check_alive("server")
-                time.sleep(0.5)
+                time.sleep(0.2)
             # Training time ends when the last worker is done; shutdown is not training.
             wall = time.monotonic() - t0
             operator.stop()  # the evaluator sees `stop`, evaluates the final model, leaves
@@ -279,6 +282,7 @@ class _Cluster:
         self.env = env
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
+        self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
 
     def start(self, name: str, argv: list[str]) -> None:
         with open(self.logs / f"{name}.log", "w") as log:
@@ -323,7 +327,17 @@ class _Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.exit_codes = {name: proc.returncode for name, proc in self.procs.items()}
+        self.exit_codes = {
+            self._rank_names.get(proc.pid, name): proc.returncode
+            for name, proc in self.procs.items()
+        }
+
+    def learn_ranks(self, stats: dict[str, Any]) -> None:
+        """Map worker processes to the ranks the server gave them (from its `stats`)."""
+        for entry in stats.get("workers", []):
+            pid = (entry.get("info") or {}).get("pid")
+            if not entry.get("observer") and pid is not None:
+                self._rank_names[pid] = f"worker-{entry['rank']}"
 
     def _last_line(self, name: str) -> str:
         lines = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()

@@ -57,14 +57,15 @@ def _start_run(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def _wait_for_workers(tmp_path: Path, count: int, timeout: float = 60) -> tuple[str, list[int]]:
-    """The endpoint and the pids of `count` registered workers, once they are training."""
+    """The endpoint and the pids of `count` workers (index = rank), once they are training."""
     deadline = time.monotonic() + timeout
     endpoint_file = tmp_path / "endpoint"
     while time.monotonic() < deadline:
         if endpoint_file.exists() and endpoint_file.read_text().strip():
             with PSClient(endpoint_file.read_text().strip(), timeout=5) as client:
                 stats = client.stats()
-            pids = [w["info"]["pid"] for w in stats["workers"] if not w["observer"] and w["alive"]]
+            workers = [w for w in stats["workers"] if not w["observer"] and w["alive"]]
+            pids = [w["info"]["pid"] for w in sorted(workers, key=lambda w: w["rank"])]
             if len(pids) == count and stats["updates"] > 0:
                 return endpoint_file.read_text().strip(), pids
         time.sleep(0.2)
@@ -81,7 +82,9 @@ def _gone(pid: int) -> bool:
 
 def test_ssgd_run_finishes_when_a_worker_is_killed(tmp_path):
     proc = _start_run(
-        tmp_path, "--rule", "ssgd", "--workers", "2", "--epochs", "6", "--hetero", "1,2",
+        # Long enough (about 1,000 barrier rounds, the slow worker setting the pace) that
+        # the kill surely lands mid-run, whatever the machine's load.
+        tmp_path, "--rule", "ssgd", "--workers", "2", "--epochs", "60", "--hetero", "1,5",
         "--heartbeat-timeout", "2", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
     )  # fmt: skip
     _, pids = _wait_for_workers(tmp_path, 2)
@@ -93,7 +96,7 @@ def test_ssgd_run_finishes_when_a_worker_is_killed(tmp_path):
     assert summary["exit_codes"]["worker-1"] == -signal.SIGKILL
     assert summary["exit_codes"]["worker-0"] == 0
     survivor = json.loads((tmp_path / "worker-0.json").read_text())
-    assert survivor["samples"] == 6 * 1000  # it finished all its epochs alone
+    assert survivor["samples"] == 60 * 1000  # it finished all its epochs alone
 
 
 @pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c", "sigint-launcher"])

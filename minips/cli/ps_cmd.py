@@ -172,7 +172,8 @@ def server(
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds to wait for each reply.")  # fmt: skip
-@click.option("--report", type=click.Path(dir_okay=False), help="Write the worker's report here.")
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
 @click.option("--quiet", is_flag=True)
 def worker(
     connect: str,
@@ -191,7 +192,7 @@ def worker(
         result = Worker(client, data_dir, slowdown, max_steps).run()
         client.bye()
     if report:
-        write_report(result, report)
+        write_report(result, report.replace("{rank}", str(result.rank)))
     if not quiet:
         click.echo(json.dumps(result.summary()))
 
