@@ -50,7 +50,7 @@ class ServerSpec:
     model: str = "lenet5"
     dataset: str = "sample"
     data_dir: str | None = None
-    epochs: int = 3
+    epochs: int = 5
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.9

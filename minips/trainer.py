@@ -30,7 +30,7 @@ class TrainConfig:
 
     model: str = "lenet5"
     dataset: str = "sample"
-    epochs: int = 3
+    epochs: int = 5
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.9

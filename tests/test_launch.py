@@ -116,3 +116,17 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path, whole_group):
     assert all(_gone(pid) for pid in pids)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing at all is left in the run's process group
+
+
+def test_options_also_come_from_environment_variables(tmp_path):
+    env = {**os.environ, "MINIPS_RUN_WORKERS": "3", "MINIPS_RUN_RULE": "ssgd"}
+    code = "from minips.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "run", "--out", str(tmp_path), "--quiet", "--epochs", "1",
+         "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["workers"], summary["rule"]) == (3, "ssgd")
+    assert set(summary["exit_codes"]) == {"server", "worker-0", "worker-1", "worker-2", "evaluator"}

@@ -13,7 +13,7 @@ from minips.trainer import train as run_training
 @click.option("--model", default="lenet5", show_default=True, help="Model from the zoo.")
 @click.option("--dataset", default="sample", show_default=True, help="Dataset name.")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Directory with IDX files.")
-@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.01, show_default=True)
 @click.option(
