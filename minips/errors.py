@@ -19,3 +19,11 @@ class ConfigError(MinipsError):
 
 class ShapeError(MinipsError):
     """An array (input batch, parameter, delta) has the wrong shape or dtype."""
+
+
+class RunDirError(MinipsError):
+    """A path given as a run directory is missing, is not one, or holds unreadable logs."""
+
+
+class MissingExtraError(MinipsError):
+    """An optional dependency (an `extras_require` of setup.cfg) is not installed."""

@@ -1,0 +1,360 @@
+"""Read run directories back and summarise them: the library behind `minips report`.
+
+A run directory (written by `minips run` / `minips.launch.run_local`) holds config.json,
+summary.json and metrics.jsonl. Everything here is a pure function over the loaded
+records, so the numbers can be tested on hand-written logs:
+
+    run = load_run("runs/latest")
+    report = summarize(run, target=0.85)     # a JSON-ready dict
+    print(format_report(report))             # the terminal view
+
+Staleness is the clock staleness tau = t - base of each push, as the server logged it in
+its `update` records (one entry per push folded into the update), attributed to the
+pushing worker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minips.errors import RunDirError
+from minips.metrics import read_metrics
+
+# Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
+# long tail of rare large delays fits on one line next to the common small ones.
+EXACT_BINS = 4
+
+
+@dataclass
+class Run:
+    """One loaded run directory: its options, its summary and its metrics records."""
+
+    path: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = True  # False: the run was interrupted, only the partial logs exist
+
+    @property
+    def name(self) -> str:
+        """The directory's name: how a run is labelled in tables and legends."""
+        return self.path.resolve().name
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        """The records of one event kind (`eval`, `update`, `worker`), in log order."""
+        return [r for r in self.records if r.get("event") == kind]
+
+
+def load_run(path: str | Path) -> Run:
+    """Load a run directory; RunDirError (one line) when it is missing or is not one.
+
+    An interrupted run has no metrics.jsonl yet, only the server's updates.jsonl and the
+    evaluator's eval.jsonl: those are read instead, so a crashed run can still be looked at.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise RunDirError(f"{root}: no such run directory")
+    try:
+        config = _read_json(root / "config.json")
+        if (root / "metrics.jsonl").exists():
+            records = read_metrics(root / "metrics.jsonl")
+            complete = True
+        else:
+            partial = [root / "updates.jsonl", root / "eval.jsonl"]
+            if not any(p.exists() for p in partial):
+                raise RunDirError(
+                    f"{root}: not a run directory (no metrics.jsonl; make one with "
+                    "`minips run --out DIR`)"
+                )
+            records = [r for p in partial if p.exists() for r in read_metrics(p)]
+            records.sort(key=lambda record: record.get("time", 0.0))
+            complete = False
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
+    summary = _read_json(root / "summary.json") or next(
+        (r for r in reversed(records) if r.get("event") == "summary"), {}
+    )
+    summary = {key: value for key, value in summary.items() if key != "event"}
+    return Run(root, config, summary, records, complete)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# --- statistics ------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least q% of values <= it.
+
+    Nearest rank (not interpolation) so an integer staleness stays an integer that
+    actually occurred. `values` must be non-empty.
+    """
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def bin_label(value: int) -> str:
+    """The histogram bin of a staleness value: "0".."3", then "4-7", "8-15", ..."""
+    if value < EXACT_BINS:
+        return str(value)
+    low = 1 << (int(value).bit_length() - 1)
+    return f"{low}-{2 * low - 1}"
+
+
+def histogram(values: list[int]) -> dict[str, int]:
+    """Counts per staleness bin, bins in increasing order, empty bins in between kept."""
+    if not values:
+        return {}
+    top = max(values)
+    labels = [str(v) for v in range(min(top + 1, EXACT_BINS))]
+    low = EXACT_BINS
+    while low <= top:
+        labels.append(f"{low}-{2 * low - 1}")
+        low *= 2
+    counts = dict.fromkeys(labels, 0)
+    for value in values:
+        counts[bin_label(int(value))] += 1
+    return counts
+
+
+def distribution(values: list[float], with_histogram: bool = True) -> dict[str, Any]:
+    """count, mean, p50, p90, max (and the binned histogram) of a list of delays."""
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "max": None}
+    stats: dict[str, Any] = {
+        "count": len(values),
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "max": max(values),
+    }
+    if with_histogram:
+        stats["histogram"] = histogram([int(v) for v in values])
+    return stats
+
+
+def staleness_by_worker(updates: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """The clock staleness of every push, grouped by the rank that pushed it.
+
+    An `update` record lists the pushes it folds together: `workers[i]` pushed with
+    staleness `staleness[i]` (one entry each under asgd, one per worker under ssgd).
+    """
+    by_worker: dict[int, list[int]] = {}
+    for update in updates:
+        pairs = zip(update.get("workers", []), update.get("staleness", []), strict=False)
+        for rank, tau in pairs:  # not strict: a hand-edited or older log still reports
+            by_worker.setdefault(int(rank), []).append(int(tau))
+    return dict(sorted(by_worker.items()))
+
+
+def scale_by_worker(updates: list[dict[str, Any]]) -> dict[int, float]:
+    """Mean applied scale per worker (a per-layer scale counts as its mean over layers)."""
+    sums: dict[int, list[float]] = {}
+    for update in updates:
+        scale = update.get("scale")
+        if isinstance(scale, dict):
+            scale = sum(scale.values()) / len(scale) if scale else None
+        if scale is None:
+            continue
+        for rank in update.get("workers", []):
+            sums.setdefault(int(rank), []).append(float(scale))
+    return {rank: sum(v) / len(v) for rank, v in sorted(sums.items())}
+
+
+def value_staleness_by_layer(updates: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """VSGD's value staleness d_l per layer, over all updates that logged it."""
+    by_layer: dict[str, list[float]] = {}
+    for update in updates:
+        for layer, d in (update.get("value_staleness") or {}).items():
+            if d is not None:
+                by_layer.setdefault(layer, []).append(float(d))
+    return by_layer
+
+
+def time_to_target(
+    evals: list[dict[str, Any]], target: float, wall_s: float | None = None
+) -> dict[str, Any] | None:
+    """The first evaluation at or above `target` accuracy: its time and samples, or None.
+
+    The `final` evaluation runs during shutdown, after training ended at `wall_s`; the model
+    it tests existed at `wall_s`, so that is the time it is credited with.
+    """
+    for record in evals:
+        if record.get("accuracy") is not None and record["accuracy"] >= target:
+            time = record.get("time")
+            if record.get("final") and wall_s is not None and time is not None:
+                time = min(time, wall_s)
+            return {"time": time, "samples": record.get("samples")}
+    return None
+
+
+def run_label(run: Run) -> str:
+    """rule + heterogeneity, e.g. "asgd x4 hetero 1,1,2,8": for runs whose names collide."""
+    cfg, summary = run.config, run.summary
+    label = f"{cfg.get('rule', summary.get('rule', '?'))} x{cfg.get('workers', '?')}"
+    if cfg.get("hetero"):
+        label += " hetero " + ",".join(f"{f:g}" for f in cfg["hetero"])
+    return label
+
+
+def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
+    """Everything `minips report` shows about one run, as a JSON-ready dict."""
+    updates = run.events("update")
+    evals = run.events("eval")
+    workers = {int(w["rank"]): w for w in run.events("worker") if "rank" in w}
+    staleness = staleness_by_worker(updates)
+    scales = scale_by_worker(updates)
+    hetero = run.config.get("hetero") or []
+    per_worker = {}
+    for rank in sorted(set(staleness) | set(workers)):
+        report = workers.get(rank, {})
+        per_worker[str(rank)] = {
+            "slowdown": report.get("slowdown", hetero[rank] if rank < len(hetero) else 1.0),
+            "steps": report.get("steps"),
+            "samples": report.get("samples"),
+            "compute_s": report.get("compute_s"),
+            "comm_s": report.get("comm_s"),
+            "slowdown_s": report.get("slowdown_s"),
+            "scale_mean": scales.get(rank),
+            "staleness": distribution(staleness.get(rank, [])),
+        }
+    every_push = [tau for taus in staleness.values() for tau in taus]
+    summary = dict(run.summary)
+    if not summary and evals:  # an interrupted run: what the logs can tell
+        summary = {"accuracy": evals[-1].get("accuracy"), "loss": evals[-1].get("loss"),
+                   "updates": len(updates), "samples": evals[-1].get("samples")}  # fmt: skip
+    result: dict[str, Any] = {
+        "run": run.name,
+        "path": str(run.path),
+        "complete": run.complete,
+        "label": run_label(run),
+        "config": {
+            key: run.config.get(key)
+            for key in (
+                "model",
+                "dataset",
+                "epochs",
+                "batch_size",
+                "lr",
+                "momentum",
+                "rule",
+                "rule_options",
+                "workers",
+                "hetero",
+            )
+        },  # fmt: skip
+        "summary": summary,
+        "evals": len(evals),
+        "staleness": distribution(every_push),
+        "workers": per_worker,
+    }
+    if any("dropped" in u for u in updates):  # rules that may discard a push (e.g. cutoff)
+        result["dropped"] = sum(bool(u.get("dropped")) for u in updates)
+    layers = value_staleness_by_layer(updates)
+    if layers:
+        result["value_staleness"] = {
+            layer: distribution(values, with_histogram=False) for layer, values in layers.items()
+        }
+    if target is not None:
+        reached = time_to_target(evals, target, summary.get("wall_s"))
+        result["target"] = {"accuracy": target, "reached": reached}
+    return result
+
+
+# --- terminal view ---------------------------------------------------------------------
+
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def human_bytes(n: float | None) -> str:
+    """1234567 -> "1.2 MB" (decimal units, as network rates are quoted)."""
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # unreachable; keeps type checkers content
+
+
+def sparkline(counts: dict[str, int]) -> str:
+    """One block character per histogram bin, height relative to the largest bin."""
+    top = max(counts.values(), default=0)
+    if top == 0:
+        return ""
+    return "".join(_BARS[math.ceil(c / top * (len(_BARS) - 1))] for c in counts.values())
+
+
+def _num(value: Any, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"  # unknown, as opposed to "" (not applicable)
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def _staleness_row(name: str, slow: str, steps: Any, dist: dict[str, Any], scale: Any) -> str:
+    hist = dist.get("histogram") or {}
+    bins = " ".join(f"{label}:{count}" for label, count in hist.items() if count)
+    return (
+        f"  {name:>6} {slow:>5} {_num(steps):>6} {dist['count']:>6} {_num(dist['mean']):>6}"
+        f" {_num(dist['p50']):>4} {_num(dist['p90']):>4} {_num(dist['max']):>4}"
+        f" {_num(scale, '.3g'):>6}  {sparkline(hist)} {bins}"
+    ).rstrip()
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The terminal view of one `summarize` result: a few lines and a per-worker table."""
+    cfg, s = report["config"], report["summary"]
+    lines = [f"== {report['path']}"]
+    if not report["complete"]:
+        lines.append("  INCOMPLETE: no metrics.jsonl (interrupted?); read from the partial logs")
+    lines.append(
+        f"  {cfg.get('rule')}, {cfg.get('workers')} workers"
+        + (f" (hetero {','.join(f'{f:g}' for f in cfg['hetero'])})" if cfg.get("hetero") else "")
+        + f", {cfg.get('model')} on {cfg.get('dataset')}, {cfg.get('epochs')} epoch(s),"
+        f" batch {cfg.get('batch_size')}, lr {cfg.get('lr')}, momentum {cfg.get('momentum')}"
+    )
+    wall, samples = s.get("wall_s"), s.get("samples")
+    rate = f" ({samples / wall:.0f}/s)" if wall and samples else ""
+    lines.append(
+        f"  accuracy {_num(s.get('accuracy'), '.4f')}  loss {_num(s.get('loss'), '.4f')}"
+        f"  wall {_num(wall, '.2f')} s  samples {_num(samples)}{rate}"
+        f"  updates {_num(s.get('updates'))}"
+    )
+    lines.append(
+        f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
+        f"  evaluations {report['evals']}"
+    )
+    if report.get("dropped"):
+        lines.append(f"  dropped updates {report['dropped']} (logged but not applied)")
+    if "target" in report:
+        goal, hit = report["target"]["accuracy"], report["target"]["reached"]
+        lines.append(
+            f"  reached {goal:g} at {hit['time']:.2f} s ({hit['samples']} samples)"
+            if hit
+            else f"  never reached {goal:g}"
+        )
+    lines.append("  clock staleness per push (updates applied between a worker's pull and push):")
+    lines.append(
+        f"  {'worker':>6} {'slow':>5} {'steps':>6} {'pushes':>6} {'mean':>6} {'p50':>4}"
+        f" {'p90':>4} {'max':>4} {'scale':>6}  histogram"
+    )
+    for rank, w in report["workers"].items():
+        slow = f"{w['slowdown']:g}x" if w["slowdown"] is not None else "-"
+        lines.append(_staleness_row(rank, slow, w["steps"], w["staleness"], w["scale_mean"]))
+    lines.append(_staleness_row("all", "", "", report["staleness"], None))
+    if "value_staleness" in report:
+        lines.append("  value staleness per layer (typical updates behind, in value):")
+        lines.append(f"  {'layer':>10} {'count':>6} {'mean':>7} {'p50':>7} {'p90':>7} {'max':>7}")
+        for layer, d in report["value_staleness"].items():
+            lines.append(
+                f"  {layer:>10} {d['count']:>6} {_num(d['mean']):>7} {_num(d['p50']):>7}"
+                f" {_num(d['p90']):>7} {_num(d['max']):>7}"
+            )
+    return "\n".join(lines)
