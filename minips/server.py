@@ -165,7 +165,11 @@ class ParameterServer:
         return self.table.live()
 
     def apply_update(
-        self, pushes: list[Push], steps: list[tuple[str, np.ndarray, float]]
+        self,
+        pushes: list[Push],
+        steps: list[tuple[str, np.ndarray, float]],
+        *,
+        value_staleness: dict[str, float] | None = None,
     ) -> UpdateRecord:
         """Apply one update made of `steps`, from `pushes`; record and report telemetry."""
         for push in pushes:
@@ -180,16 +184,38 @@ class ParameterServer:
             staleness=[p.staleness for p in pushes],
             scale=distinct.pop() if len(distinct) == 1 else scales,
             params=[name for name, _, _ in steps],
+            value_staleness=value_staleness,
         )
         self._counters.record_update(record)
+        self._report(record)
+        if self.checkpoint_path and self.checkpoint_every and version % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        return record
+
+    def drop_push(self, push: Push) -> None:
+        """A push the rule refuses to apply (scale 0): t and parameters unchanged; recorded
+        as a `dropped` record and counter, and answered with `applied: false`."""
+        push.staleness = self.store.version - push.base
+        record = UpdateRecord(
+            version=self.store.version,
+            rule=self.rule.name,
+            workers=[push.worker.rank],
+            staleness=[push.staleness],
+            scale=0.0,
+            params=[],
+            dropped=True,
+        )
+        self._counters.dropped += 1
+        push.worker.dropped += 1
+        self._report(record)
+        self.answer_push(push, applied=False)
+
+    def _report(self, record: UpdateRecord) -> None:
         if self.on_update is not None:
             try:
                 self.on_update(record.as_dict())
             except Exception:  # telemetry must never take the server down
                 log.exception("on_update callback failed")
-        if self.checkpoint_path and self.checkpoint_every and version % self.checkpoint_every == 0:
-            self.save_checkpoint()
-        return record
 
     def assembling(self) -> bool:
         """Still waiting for `world_size` workers to say hello (see WorkerTable.assembling)."""
@@ -360,6 +386,12 @@ class ParameterServer:
         worker.pushes += 1
         worker.samples += header.get("samples", 0)
         self._counters.samples += header.get("samples", 0)
+        extra_bytes = sum(array.nbytes for array in extra.values())
+        worker.extra_bytes_in += extra_bytes
+        self._counters.extra_bytes_in += extra_bytes
+        self._counters.grad_bytes_in += sum(
+            array.nbytes for name, array in message.arrays.items() if name not in extra
+        )
         if self.stopping:
             self.answer_push(push, applied=False)
             return

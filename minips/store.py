@@ -27,7 +27,10 @@ EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific ext
 
 @dataclass
 class UpdateRecord:
-    """Telemetry of one applied update (what `on_update` receives, as a dict)."""
+    """Telemetry of one applied update (what `on_update` receives, as a dict).
+
+    Also of a push a rule dropped (`dropped` True): nothing changed, t did not advance.
+    """
 
     version: int  # global version t after the update
     rule: str
@@ -36,6 +39,10 @@ class UpdateRecord:
     scale: float | dict[str, float]  # factor on lr: one number, or one per parameter
     params: list[str]  # parameters it changed
     time: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
+    # VSGD: value staleness d_l of each layer in the update ({layer: d_l}), else None.
+    value_staleness: dict[str, float] | None = None
+    # A push the rule refused to apply (DASGD cutoff): version unchanged, params [], scale 0.
+    dropped: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -37,6 +37,8 @@ class WorkerState:
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
     samples: int = 0  # training examples its pushes reported
+    dropped: int = 0  # accepted pushes the rule dropped without applying (DASGD cutoff)
+    extra_bytes_in: int = 0  # bytes of its pushes' extra arrays (VSGD samples)
     pulls: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -60,6 +62,8 @@ class WorkerState:
             "clock": self.clock,
             "pushes": self.pushes,
             "samples": self.samples,
+            "dropped": self.dropped,
+            "extra_bytes_in": self.extra_bytes_in,
             "pulls": self.pulls,
             "last_seen_ago": now - self.last_seen,
             "bytes_in": self.bytes_in,
@@ -156,6 +160,9 @@ class Counters:
     bytes_in: int = 0
     bytes_out: int = 0
     updates: int = 0
+    dropped: int = 0  # pushes a rule dropped (not updates)
+    grad_bytes_in: int = 0  # bytes of accepted pushes' gradient arrays
+    extra_bytes_in: int = 0  # bytes of accepted pushes' extra arrays (VSGD: ~rho of the above)
     staleness_sum: int = 0
     staleness_count: int = 0
     staleness_max: int = 0
@@ -171,11 +178,14 @@ class Counters:
         mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
         return {
             "updates": self.updates,
+            "dropped": self.dropped,
             "samples": self.samples,
             "messages_in": self.messages_in,
             "errors": self.errors,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "grad_bytes_in": self.grad_bytes_in,
+            "extra_bytes_in": self.extra_bytes_in,
             "staleness_mean": mean,
             "staleness_max": self.staleness_max,
             "uptime": time.monotonic() - self.started,
