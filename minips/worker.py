@@ -19,6 +19,7 @@ import numpy as np
 from minips.client import PSClient
 from minips.data import iterate_batches, load_dataset
 from minips.nn import build_model, softmax_cross_entropy
+from minips.sampling import Sampler
 
 
 @dataclass
@@ -34,6 +35,7 @@ class WorkerReport:
     comm_s: float = 0.0  # push + pull, including time waiting on the rule (ssgd, ssp)
     wall_s: float = 0.0
     stopped_by_server: bool = False
+    extra_bytes: int = 0  # rule extras sent with the pushes (VSGD samples)
     staleness: list[int] = field(default_factory=list)  # clock staleness of each push
 
     def summary(self) -> dict:
@@ -74,6 +76,10 @@ class Worker:
         shard = load_dataset(config["dataset"], data_dir).shard(rank, world_size)
         model = build_model(config["model"]["name"], seed=0, **config["model"].get("kwargs", {}))
         rng = np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
+        rule = config.get("rule") or {}
+        sampler = None
+        if rule.get("name") == "vsgd":  # same sample as the server's (minips.sampling)
+            sampler = Sampler(float(rule["rho"]), int(rule["min_samples"]))
 
         tick = time.monotonic()
         reply = self.client.pull()
@@ -98,7 +104,14 @@ class Worker:
                     report.slowdown_s += (slowdown - 1) * compute
 
                 tick = time.monotonic()
-                pushed = self.client.push(model.grads, base=version, samples=len(xb))
+                extra = None
+                if sampler is not None:
+                    # The parameters are still those of the last pull (they change only
+                    # in set_params below): exactly the values the gradient was taken at.
+                    params = model.params
+                    extra = {f"sample/{n}": sampler.values(n, params[n]) for n in model.grads}
+                    report.extra_bytes += sum(values.nbytes for values in extra.values())
+                pushed = self.client.push(model.grads, base=version, extra=extra, samples=len(xb))
                 report.staleness.append(int(pushed.staleness))
                 reply = self.client.pull(since=version)
                 report.comm_s += time.monotonic() - tick
