@@ -17,6 +17,19 @@ import click
 
 from minips.errors import ConfigError
 from minips.launch import ServerSpec
+from minips.rules import DASGD, RULES, make_rule
+
+# Named rule options: CLI parameter -> (the rule it belongs to, the rule's option name).
+RULE_FLAGS = {
+    "staleness": ("ssp", "staleness"),
+    "dasgd_schedule": ("dasgd", "schedule"),
+    "beta": ("dasgd", "beta"),
+    "power": ("dasgd", "power"),
+    "tau_max": ("dasgd", "tau_max"),
+    "vsgd_rho": ("vsgd", "rho"),
+    "vsgd_min_samples": ("vsgd", "min_samples"),
+    "dc_lambda": ("dcasgd", "lam"),
+}
 
 
 def _parse_hetero(_ctx: Any, _param: Any, value: str | None) -> list[float]:
@@ -60,9 +73,24 @@ def spec_options(command: Callable) -> Callable:
                      show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--rule", default=defaults.rule, show_default=True,
-                     help="Update rule: asgd, ssgd, ssp."),
+                     help=f"Update rule: {', '.join(RULES)} (docs/algorithms.md)."),
         click.option("--staleness", type=click.IntRange(min=0), default=None,
                      help="ssp: how many clocks a worker may run ahead of the slowest."),
+        click.option("--dasgd-schedule", type=click.Choice(list(DASGD.SCHEDULES)), default=None,
+                     help="dasgd: f(tau) = 1/max(1,tau) | exp(-beta tau) | (1+tau)^-power "
+                          "| drop past tau-max (default inverse)."),
+        click.option("--beta", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="dasgd exp: decay per clock of staleness (default 0.2)."),
+        click.option("--power", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="dasgd poly: exponent p (default 0.5)."),
+        click.option("--tau-max", type=click.IntRange(min=0), default=None,
+                     help="dasgd cutoff: drop pushes staler than this (default 8)."),
+        click.option("--vsgd-rho", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help="vsgd: fraction of each parameter sampled (default 0.01)."),
+        click.option("--vsgd-min-samples", type=click.IntRange(min=1), default=None,
+                     help="vsgd: at least this many samples per parameter (default 32)."),
+        click.option("--dc-lambda", type=click.FloatRange(min=0), default=None,
+                     help="dcasgd: lambda of the delay compensation (default 0.04)."),
         click.option("--rule-option", "rule_options", multiple=True,
                      callback=_parse_rule_options, help="Extra rule option KEY=VALUE."),
         click.option("--workers", type=click.IntRange(min=1), default=defaults.workers,
@@ -84,11 +112,16 @@ def spec_options(command: Callable) -> Callable:
 
 def _spec(options: dict[str, Any], **extra: Any) -> ServerSpec:
     rule_options = dict(options.pop("rule_options") or {})
-    staleness = options.pop("staleness")
-    if staleness is not None:
-        if options["rule"] != "ssp":
-            raise ConfigError("--staleness only applies to --rule ssp")
-        rule_options["staleness"] = staleness
+    for param, (rule, key) in RULE_FLAGS.items():
+        value = options.pop(param)
+        if value is None:
+            continue
+        if options["rule"] != rule:
+            flag = "--" + param.replace("_", "-")
+            raise ConfigError(f"{flag} only applies to --rule {rule}")
+        rule_options[key] = value
+    # Build the rule once here so a bad option is a one-line error before any process starts.
+    make_rule(options["rule"], **rule_options)
     return ServerSpec(rule_options=rule_options, **options, **extra)
 
 
