@@ -33,6 +33,7 @@ from minips.nn import build_model
 from minips.optim import SGD
 from minips.rules import make_rule
 from minips.server import ParameterServer
+from minips.trainer import TrainingOptions
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -44,18 +45,13 @@ SINGLE_THREADED_BLAS = {
 
 
 @dataclass
-class ServerSpec:
-    """Everything that defines a run, as the server serves it to workers in `hello`."""
+class ServerSpec(TrainingOptions):
+    """Everything that defines a run, as the server serves it to workers in `hello`.
 
-    model: str = "lenet5"
-    dataset: str = "sample"
-    data_dir: str | None = None
-    epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
+    The training fields (model, dataset, epochs, lr, ...) are `TrainingOptions`', shared
+    with the single-process trainer; `epochs` counts passes over each worker's shard.
+    """
+
     rule: str = "asgd"
     rule_options: dict[str, Any] = field(default_factory=dict)
     workers: int = 2
@@ -68,6 +64,7 @@ class ServerSpec:
 
     def validate(self) -> None:
         """One-line ConfigError/DataError for options no run could use."""
+        super().validate()
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.hetero and len(self.hetero) != self.workers:
@@ -76,10 +73,6 @@ class ServerSpec:
             )
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ConfigError("epochs and batch size must be >= 1")
-        if not self.lr > 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
-            raise ConfigError("need lr > 0, 0 <= momentum < 1, weight decay >= 0")
         if find_dataset(self.dataset, self.data_dir) is None:
             # load_dataset words the message: where it looked and how to get the data
             from minips.data import load_dataset

@@ -25,19 +25,22 @@ from minips.optim import SGD
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a single-process training run."""
+class TrainingOptions:
+    """What every training run is made of: model, data, optimizer, epochs, seed.
+
+    The single-process `TrainConfig` and the distributed `minips.launch.ServerSpec` both
+    extend it, so the baseline and a cluster run are configured by the same fields.
+    """
 
     model: str = "lenet5"
     dataset: str = "sample"
+    data_dir: str | None = None
     epochs: int = 5
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
-    eval_every: int = 0  # samples between evaluations; 0 = once per epoch
-    data_dir: str | None = None
 
     def validate(self) -> None:
         """Raise ConfigError (one line) for values no run could use."""
@@ -51,6 +54,17 @@ class TrainConfig:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class TrainConfig(TrainingOptions):
+    """Everything that defines a single-process training run."""
+
+    eval_every: int = 0  # samples between evaluations; 0 = once per epoch
+
+    def validate(self) -> None:
+        """Raise ConfigError (one line) for values no run could use."""
+        super().validate()
         if self.eval_every < 0:
             raise ConfigError(f"eval-every must be >= 0, got {self.eval_every}")
 

@@ -1,0 +1,107 @@
+"""Server capacity: applied updates per second with 1, 2, 4 and 8 clients pushing at once.
+
+The server (asgd, SGD with momentum, LeNet-5's 431,080 parameters) runs in its own process;
+K client processes each push a LeNet-5-sized gradient (random, precomputed, so no compute
+time) as fast as the server answers, optionally pulling after each push like a worker does.
+The figure is the server's applied updates per second over a fixed window, read from its
+own `stats` counters. Median of --repeats windows.
+
+    python tools/bench_server.py --clients 1,2,4,8 --seconds 3 --repeats 3 [--no-pull]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from minips.client import PSClient  # noqa: E402
+from minips.launch import ServerSpec, make_server  # noqa: E402
+
+
+def serve(endpoint_queue: mp.Queue) -> None:
+    """The server process: lenet5 parameters, asgd, momentum 0.9."""
+    spec = ServerSpec(rule="asgd", workers=64, bind="tcp://127.0.0.1:*", dataset="synthetic")
+    server = make_server(spec)
+    endpoint_queue.put(server.endpoint)
+    server.serve_forever()
+
+
+def client_loop(endpoint: str, pull: bool, stop_at: float, ready: mp.Barrier) -> None:
+    """One client: push the same gradient (and pull) until `stop_at` (monotonic)."""
+    with PSClient(endpoint, timeout=30) as client:
+        client.hello({"role": "worker", "pid": os.getpid()})
+        reply = client.pull()
+        rng = np.random.default_rng(os.getpid())
+        grads = {
+            name: (1e-6 * rng.standard_normal(value.shape)).astype(np.float32)
+            for name, value in reply.params.items()
+        }
+        version = reply.version
+        ready.wait()
+        while time.monotonic() < stop_at:
+            pushed = client.push(grads, base=version, samples=64)
+            version = client.pull(since=version).version if pull else pushed.version
+        client.bye()
+
+
+def measure(endpoint: str, clients: int, seconds: float, pull: bool) -> float:
+    """Applied updates per second while `clients` processes push for `seconds`."""
+    ready = mp.Barrier(clients + 1)
+    warmup = 0.5
+    stop_at = time.monotonic() + seconds + warmup + 2.0  # + start-up of the processes
+    procs = [
+        mp.Process(target=client_loop, args=(endpoint, pull, stop_at, ready))
+        for _ in range(clients)
+    ]
+    for proc in procs:
+        proc.start()
+    ready.wait()
+    with PSClient(endpoint, timeout=30) as operator:
+        time.sleep(warmup)
+        first = operator.stats()
+        t_first = time.monotonic()
+        time.sleep(seconds)
+        last = operator.stats()
+        t_last = time.monotonic()
+    for proc in procs:
+        proc.join()
+    return (last["updates"] - first["updates"]) / (t_last - t_first)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,2,4,8")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-pull", action="store_true", help="Push only, no pull after it.")
+    args = parser.parse_args()
+
+    ctx_queue: mp.Queue = mp.Queue()
+    server = mp.Process(target=serve, args=(ctx_queue,), daemon=True)
+    server.start()
+    endpoint = ctx_queue.get(timeout=60)
+    mode = "push only" if args.no_pull else "push + pull"
+    print(f"# server capacity, lenet5 (431,080 float32), asgd, {mode}, {os.cpu_count()} cores")
+    print("| clients | updates/s (median) | runs |")
+    print("| --- | --- | --- |")
+    try:
+        for clients in [int(part) for part in args.clients.split(",")]:
+            runs = [measure(endpoint, clients, args.seconds, not args.no_pull)
+                    for _ in range(args.repeats)]  # fmt: skip
+            shown = ", ".join(f"{run:.0f}" for run in runs)
+            print(f"| {clients} | {statistics.median(runs):.0f} | {shown} |", flush=True)
+    finally:
+        with PSClient(endpoint, timeout=10) as operator:
+            operator.stop()
+        server.join(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
