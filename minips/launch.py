@@ -61,6 +61,10 @@ class ServerSpec(TrainingOptions):
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: str | None = None
+    # A global sample budget (0: none): the run stops once the workers together have
+    # processed this many samples, so fast workers do more of the work than slow ones.
+    # `epochs` stays each worker's upper bound.
+    max_samples: int = 0
 
     def validate(self) -> None:
         """One-line ConfigError/DataError for options no run could use."""
@@ -73,6 +77,8 @@ class ServerSpec(TrainingOptions):
             )
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
+        if self.max_samples < 0:
+            raise ConfigError(f"max samples must be >= 0, got {self.max_samples}")
         if find_dataset(self.dataset, self.data_dir) is None:
             # load_dataset words the message: where it looked and how to get the data
             from minips.data import load_dataset
@@ -127,6 +133,8 @@ def spec_to_args(spec: ServerSpec) -> list[str]:
         "--bind", spec.bind, "--heartbeat-timeout", repr(spec.heartbeat_timeout),
         "--checkpoint-every", str(spec.checkpoint_every),
     ]  # fmt: skip
+    if spec.max_samples:
+        args += ["--max-samples", str(spec.max_samples)]
     if spec.data_dir:
         args += ["--data-dir", spec.data_dir]
     if spec.hetero:
@@ -188,8 +196,14 @@ def run_local(
                     "--interval", repr(eval_interval), "--t0", repr(t0)],
         )  # fmt: skip
         total = spec.epochs * _train_size(spec)
+        if spec.max_samples:
+            total = min(total, spec.max_samples)
         with PSClient(endpoint, timeout=5.0, retries=2) as operator:
+            stopped = False
             while cluster.running("worker"):
+                if stopped:  # the server is draining (and may be gone): just wait for them
+                    time.sleep(0.1)
+                    continue
                 latest = _latest_eval(out / "eval.jsonl")
                 try:
                     stats = operator.stats()
@@ -199,11 +213,16 @@ def run_local(
                 latest["updates"] = stats.get("updates", 0)
                 if progress is not None:
                     progress(int(stats.get("samples", 0)), total, latest)
+                if spec.max_samples and not stopped and stats["samples"] >= spec.max_samples:
+                    wall = time.monotonic() - t0
+                    operator.stop()  # workers see `stop` in their next reply and leave
+                    stopped = True
                 cluster.check_alive("server")
                 time.sleep(0.2)
-            # Training time ends when the last worker is done; shutdown is not training.
-            wall = time.monotonic() - t0
-            operator.stop()  # the evaluator sees `stop`, evaluates the final model, leaves
+            if not stopped:
+                # Training time ends when the last worker is done; shutdown is not training.
+                wall = time.monotonic() - t0
+                operator.stop()  # the evaluator sees `stop`, evaluates the final model, leaves
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:

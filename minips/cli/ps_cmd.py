@@ -104,6 +104,8 @@ def spec_options(command: Callable) -> Callable:
                      show_default=True, help="Checkpoint every N updates (0: at the end)."),
         click.option("--resume", type=click.Path(dir_okay=False, exists=True),
                      help="Start from this checkpoint."),
+        click.option("--max-samples", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Stop once all workers together processed this many (0: no limit)."),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)
