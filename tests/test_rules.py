@@ -6,8 +6,10 @@ Python float cast once to float32, as in minips.optim.SGD).
 """
 
 import math
+import re
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from test_server_support import SHAPES, make_params, running_server, snapshot
 from minips.client import PSClient, ServerError
 from minips.errors import ConfigError
 from minips.rules import DASGD, DCASGD, VSGD, layer_of, make_rule
-from minips.sampling import Sampler, sample_indices, sample_size
+from minips.sampling import GOLDEN_GAMMA, Sampler, sample_indices, sample_size, splitmix64_mix
 
 
 def _ones(names=SHAPES):
@@ -152,6 +154,18 @@ def _reference_indices(name, size, rho, min_samples):
 def test_sample_matches_the_documented_rule(name, size, rho, min_samples):
     indices = sample_indices(name, size, rho, min_samples)
     assert indices.tolist() == _reference_indices(name, size, rho, min_samples)
+
+
+def test_protocol_doc_sampling_example():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    block = re.search(r"<!-- vsgd-sample -->\s*```\s*\n(.*?)```", doc, re.S)
+    assert block, "the vsgd-sample block is missing from docs/protocol.md"
+    documented = [int(i) for i in block.group(1).split()]
+    assert sample_indices("fc1.w", 1000, 0.01, 4).tolist() == documented
+    assert zlib.crc32(b"fc1.w") == 420237065 and "420237065 (0x190c4f09)" in doc
+    keys = splitmix64_mix(np.uint64(420237065) + np.arange(1, 3, dtype=np.uint64) * GOLDEN_GAMMA)
+    assert [hex(int(key)) for key in keys] == ["0x87ae0b810b095c56", "0x177eb19beb46748c"]
+    assert all(hex(int(key)) in doc for key in keys)
 
 
 def test_sample_is_deterministic_in_bounds_and_sized_by_rho():
