@@ -259,11 +259,11 @@ class DASGD(ASGD):
 
         w <- w - lr * f(tau) * g(w_base),        tau = t - base
 
-    schedule  f(tau)                       option (default)
-    inverse   1 / max(1, tau)              -             Zhang et al., IJCAI 2016
-    exp       exp(-beta * tau)             beta (0.2)
-    poly      (1 + tau) ** -power          power (0.5)
-    cutoff    1 if tau <= tau_max, else the push is dropped    tau_max (8)
+    schedule  f(tau)                           option (default)
+    inverse   1 / max(1, tau)                  -              Zhang et al., IJCAI 2016
+    exp       exp(-beta * tau)                 beta (0.2)
+    poly      (1 + tau) ** -power              power (0.5)
+    cutoff    1 if tau <= tau_max, else drop  tau_max (8)
 
     A dropped push is not an update: t and the parameters stay as they are (t counts the
     changes `base` refers to), its reply says `applied: false`, and the server's telemetry
@@ -317,7 +317,7 @@ class DASGD(ASGD):
         return {"name": self.name, "schedule": self.schedule, **extra}
 
     def factor(self, tau: int) -> float:
-        """f(tau); 0.0 means the push is dropped (cutoff)."""
+        """f(tau); for cutoff, 0.0 past tau_max (the push is dropped)."""
         if self.schedule == "inverse":
             return 1.0 / max(1, tau)
         if self.schedule == "exp":
@@ -327,7 +327,8 @@ class DASGD(ASGD):
         return 1.0 if tau <= self.tau_max else 0.0
 
     def on_push(self, push: Push) -> None:
-        if self.factor(push.staleness) == 0.0:
+        # Only cutoff drops (exp/poly may underflow to 0.0 for a huge tau: still an update).
+        if self.schedule == "cutoff" and push.staleness > self.tau_max:
             self.host.drop_push(push)  # scale 0 changes nothing: do not count it as an update
         else:
             self.apply_now(push)
