@@ -56,6 +56,8 @@ def load_run(path: str | Path) -> Run:
     evaluator's eval.jsonl: those are read instead, so a crashed run can still be looked at.
     """
     root = Path(path)
+    if root.is_file():
+        raise RunDirError(f"{root}: a file; give the run directory that holds it")
     if not root.is_dir():
         raise RunDirError(f"{root}: no such run directory")
     try:

@@ -145,6 +145,9 @@ def test_missing_and_non_run_directories_are_one_line_errors(tmp_path):
         load_run(tmp_path / "nope")
     with pytest.raises(RunDirError, match="not a run directory"):
         load_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(RunDirError, match="a file; give the run directory"):
+        load_run(tmp_path / "metrics.jsonl")
     (tmp_path / "metrics.jsonl").write_text("{not json\n")
     with pytest.raises(RunDirError, match="not valid JSON"):
         load_run(tmp_path)
