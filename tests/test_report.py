@@ -218,14 +218,18 @@ def test_plot_without_matplotlib_says_how_to_get_it(real_run, tmp_path, monkeypa
         plot_accuracy([load_run(real_run)], tmp_path / "x.png")
 
 
+def _experiment(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "experiment.py"), "--quick", "--out", str(out),
+         "--envs", "homogeneous,heterogeneous", *args],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"},
+    )  # fmt: skip
+
+
 def test_experiment_quick_grid(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "grid"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "experiment.py"), "--quick", "--out", str(out),
-         "--rules", "asgd,ssgd,no-such-rule", "--envs", "homogeneous,heterogeneous"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"},
-    )  # fmt: skip
+    done = _experiment(out, "--rules", "asgd,ssgd,no-such-rule")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "skipping rule 'no-such-rule'" in done.stdout
     for env in ("homogeneous", "heterogeneous"):
@@ -237,3 +241,5 @@ def test_experiment_quick_grid(tmp_path):
     assert "time to 0.9 (s)" in table and "no-such-rule" not in table
     results = json.loads((out / "results.json").read_text())["results"]
     assert all(row["accuracy"] is not None for rows in results.values() for row in rows)
+    again = _experiment(out, "--rules", "asgd")  # an interrupted grid resumes: nothing reruns
+    assert again.returncode == 0 and again.stdout.count("reusing") == 2, again.stdout

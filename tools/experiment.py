@@ -250,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         f" cores, {time.strftime('%Y-%m-%d %H:%M')}."
     )
     print(header)
-    md = ["# minips experiment: update rules x environments", "", header, ""]
+    md = ["# minips experiment: update rules x environments", "", header, "",
+          f"Time to {args.target:g}: wall time of the first evaluation at or above it (so up to"
+          f" {args.eval_interval:g} s late); wall time counts from the launch, process start-up"
+          " included. Staleness: the clock staleness of every push.", ""]  # fmt: skip
     if dataset != args.dataset:
         md += [f"**{args.dataset} was not found: these runs use the bundled `sample`.**", ""]
     results: dict[str, list[dict[str, Any]]] = {}
