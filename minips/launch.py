@@ -120,6 +120,7 @@ def make_server(
         checkpoint_every=spec.checkpoint_every,
         resume=spec.resume,
         on_update=on_update,
+        max_samples=spec.max_samples,
     )
 
 
@@ -198,36 +199,59 @@ def run_local(
         total = spec.epochs * _train_size(spec)
         if spec.max_samples:
             total = min(total, spec.max_samples)
-        with PSClient(endpoint, timeout=5.0, retries=2) as operator:
-            stopped = False
+        # Short timeouts: the server may exit (sample budget spent) while a stats request is
+        # in flight, and the launcher must notice that at once rather than after retries.
+        with PSClient(endpoint, timeout=1.0, retries=0) as operator:
+            silent_since: float | None = None
+            stopped = False  # the server is stopping (sample budget spent, or we asked)
+            wall: float | None = None  # training time: until the stop, or the last worker
             while cluster.running("worker"):
-                if stopped:  # the server is draining (and may be gone): just wait for them
-                    time.sleep(0.1)
+                if not stopped and cluster.exited("server"):
+                    cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
+                if stopped or cluster.exited("server"):
+                    stopped = True
+                    wall = wall if wall is not None else time.monotonic() - t0
+                    time.sleep(0.1)  # it is draining (or gone): wait for the workers to leave
                     continue
-                latest = _latest_eval(out / "eval.jsonl")
                 try:
                     stats = operator.stats()
+                    silent_since = None
                 except ServerUnavailable:
+                    silent_since = silent_since or time.monotonic()
+                    if cluster.exited("server") or time.monotonic() - silent_since < 30:
+                        continue  # gone (checked above), or only busy: ask again
                     raise MinipsError(f"the server stopped answering; see {logs}") from None
                 cluster.learn_ranks(stats)
-                latest["updates"] = stats.get("updates", 0)
+                if stats.get("stopping"):
+                    wall, stopped = time.monotonic() - t0, True
+                    continue
                 if progress is not None:
+                    latest = _latest_eval(out / "eval.jsonl")
+                    latest["updates"] = stats.get("updates", 0)
                     progress(int(stats.get("samples", 0)), total, latest)
-                if spec.max_samples and not stopped and stats["samples"] >= spec.max_samples:
-                    wall = time.monotonic() - t0
-                    operator.stop()  # workers see `stop` in their next reply and leave
-                    stopped = True
-                cluster.check_alive("server")
                 time.sleep(0.2)
-            if not stopped:
+            if wall is None:
                 # Training time ends when the last worker is done; shutdown is not training.
                 wall = time.monotonic() - t0
-                operator.stop()  # the evaluator sees `stop`, evaluates the final model, leaves
+            if not stopped and not cluster.exited("server"):
+                _stop_server(operator, cluster)
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
         cluster.kill_all()
     return _write_results(out, spec, wall, cluster.exit_codes)
+
+
+def _stop_server(operator: PSClient, cluster: _Cluster, attempts: int = 10) -> None:
+    """Send `stop` (the evaluator then tests the final model and leaves)."""
+    for _ in range(attempts):
+        try:
+            operator.stop()
+            return
+        except ServerUnavailable:
+            if cluster.exited("server"):
+                return  # it stopped by itself meanwhile: fine
+    raise MinipsError("the server does not answer `stop`")
 
 
 def _train_size(spec: ServerSpec) -> int:
@@ -306,6 +330,9 @@ class _Cluster:
         return any(
             proc.poll() is None for name, proc in self.procs.items() if name.startswith(prefix)
         )
+
+    def exited(self, name: str) -> bool:
+        return self.procs[name].poll() is not None
 
     def check_alive(self, name: str) -> None:
         code = self.procs[name].poll()

@@ -2,12 +2,14 @@
 
 Update (PyTorch's convention, so results compare one to one):
 
-    g_t = grad + weight_decay * w
+    g_t = scale * (grad + weight_decay * w)
     v_t = momentum * v_{t-1} + g_t          (v_0 = 0; skipped when momentum == 0)
-    w  <- w - lr * scale * v_t
+    w  <- w - lr * v_t
 
-`scale` lets an update rule shrink one step (DASGD's f(tau), VSGD's per-layer factor)
-without touching the optimizer's state layout.
+`scale` is how an update rule penalizes one gradient (DASGD's f(tau), VSGD's per-layer
+factor): it multiplies the gradient *before* it enters the velocity, so a stale gradient
+stays shrunk in every later step it echoes through, not only in the step it arrives in.
+(Scaling the whole step instead would let the unscaled gradient back in through momentum.)
 """
 
 from __future__ import annotations
@@ -46,15 +48,19 @@ class SGD:
         weight = self.params[name]
         if self.weight_decay:
             grad = grad + self.weight_decay * weight
-        if self.momentum:
-            velocity = self.velocity.get(name)
-            if velocity is None:
-                velocity = self.velocity[name] = np.zeros_like(weight)
-            velocity *= self.momentum
+        if not self.momentum:
+            # Multiply the scalars first so the array is touched once.
+            weight -= np.asarray(self.lr * scale, dtype=weight.dtype) * grad
+            return
+        velocity = self.velocity.get(name)
+        if velocity is None:
+            velocity = self.velocity[name] = np.zeros_like(weight)
+        velocity *= self.momentum
+        if scale == 1.0:
             velocity += grad
-            grad = velocity
-        # Multiply the scalar first so the array is touched once.
-        weight -= np.asarray(self.lr * scale, dtype=weight.dtype) * grad
+        else:
+            velocity += np.asarray(scale, dtype=weight.dtype) * grad
+        weight -= np.asarray(self.lr, dtype=weight.dtype) * velocity
 
     def step(self, grads: dict[str, np.ndarray], scale: float | dict[str, float] = 1.0) -> None:
         """Apply a dict of gradients; `scale` is one factor or one per parameter name."""

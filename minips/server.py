@@ -38,7 +38,8 @@ class ParameterServer:
     `rank`, `world_size` and `rule` added. `world_size`: ranks 0..world_size-1 (None: no
     limit). `on_update(record: dict)` is called after every applied update. Checkpoints go
     to `checkpoint_path` every `checkpoint_every` updates (0: never) and at shutdown;
-    `resume` restores one before serving.
+    `resume` restores one before serving. `max_samples` (0: no limit) stops the server once
+    pushes have reported that many training samples in total.
 
     Use: `server = ParameterServer(...)`; `server.endpoint` is the bound address (ask for
     port 0 with "tcp://127.0.0.1:*"); `server.run()` serves until stopped (a `stop`
@@ -63,6 +64,7 @@ class ParameterServer:
         on_update: Callable[[dict[str, Any]], None] | None = None,
         stop_grace: float = 5.0,
         poll_interval: float = 0.05,
+        max_samples: int = 0,
     ) -> None:
         self.store = ParameterStore(params, optimizer)
         self.rule = rule
@@ -81,6 +83,7 @@ class ParameterServer:
         self.on_update = on_update
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
+        self.max_samples = max_samples  # stop once pushes reported this many (0: never)
         self.stopping = False
         self._stop_requested = False
         self._stop_deadline = 0.0
@@ -384,8 +387,6 @@ class ParameterServer:
         worker.last_seq, worker.last_push_reply = seq, None
         worker.pending_push = push
         worker.pushes += 1
-        worker.samples += header.get("samples", 0)
-        self._counters.samples += header.get("samples", 0)
         extra_bytes = sum(array.nbytes for array in extra.values())
         worker.extra_bytes_in += extra_bytes
         self._counters.extra_bytes_in += extra_bytes
@@ -395,10 +396,17 @@ class ParameterServer:
         if self.stopping:
             self.answer_push(push, applied=False)
             return
+        # Counted only when the push can still be applied: a stopping server's budget is spent.
+        worker.samples += header.get("samples", 0)
+        self._counters.samples += header.get("samples", 0)
         if push.last:
             worker.clock += 1
         self.rule.on_push(push)
         self._release_pulls()
+        if self.max_samples and self._counters.samples >= self.max_samples:
+            # The sample budget is spent: this push counted, the next replies carry `stop`.
+            log.info("sample budget of %d reached: stopping", self.max_samples)
+            self.request_stop()
 
     def _op_ping(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
@@ -410,6 +418,7 @@ class ParameterServer:
 
     def _op_bye(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
+        worker.finished = True
         self._drop(worker, "said bye")
         self._reply(envelope, {"op": "bye"}, worker=worker)
 

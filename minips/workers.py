@@ -33,6 +33,7 @@ class WorkerState:
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
     alive: bool = True
+    finished: bool = False  # left with `bye`: its rank (and so its shard) is done, not free
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
@@ -98,8 +99,11 @@ class WorkerTable:
 
         An observer (info["role"] == "observer") gets rank = world size: it holds no rank.
 
-        Rank: its old one if no other live worker holds it, else the lowest free one
-        (ProtocolError "full" when world_size ranks are live). Clock: a (re)joining worker
+        Rank: its old one if no other live worker holds it, else the lowest free one. A rank
+        is taken while its worker is live and stays taken after that worker said `bye`
+        (its shard is trained: a newcomer must not train it again); a rank whose worker
+        was declared dead is free for a replacement. ProtocolError "full" when no rank
+        below world_size is free. Clock: a (re)joining worker
         starts no further behind than the slowest live one, so a newcomer does not hold
         back every ssp pull with its zero clock.
         """
@@ -112,6 +116,7 @@ class WorkerTable:
             old = None
         others = [w for w in self.live() if w is not old]
         taken = {w.rank for w in others}
+        taken |= {w.rank for w in self.by_id.values() if w.finished and w is not old}
         if old is not None and old.rank not in taken:
             rank = old.rank
         else:

@@ -135,8 +135,9 @@ def test_options_also_come_from_environment_variables(tmp_path):
 def test_a_sample_budget_stops_the_run_and_fast_workers_do_more(tmp_path):
     spec = ServerSpec(epochs=100, workers=2, hetero=[1.0, 4.0], max_samples=3000, **FAST)
     summary = run_local(spec, tmp_path, eval_interval=0.5)
-    # The launcher polls the server's sample counter, so it may overshoot by a few batches.
-    assert 3000 <= summary["samples"] < 3000 + 2000
+    # The server stops itself at the push that crosses the budget; pushes already in
+    # flight from the other worker (at most one each) still count.
+    assert 3000 <= summary["samples"] <= 3000 + 2 * 64
     reports = [json.loads((tmp_path / f"worker-{rank}.json").read_text()) for rank in (0, 1)]
     assert all(report["stopped_by_server"] for report in reports)
     assert reports[0]["samples"] > reports[1]["samples"]  # the 4x slower worker did less

@@ -78,3 +78,12 @@ def test_metrics_log_without_path_writes_nothing(tmp_path):
     assert log.write("eval", accuracy=1.0)["accuracy"] == 1.0
     log.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_scale_shrinks_the_gradient_before_it_enters_the_velocity():
+    # A stale gradient scaled by 1/4 must stay 1/4 in the momentum echo of later steps.
+    w = np.zeros(1, np.float64)
+    opt = SGD({"w": w}, lr=1.0, momentum=0.5)
+    opt.step({"w": np.array([4.0])}, scale=0.25)  # v = 1, w = -1
+    opt.step({"w": np.array([0.0])})  # v = 0.5, w = -1.5
+    assert w[0] == pytest.approx(-1.5, rel=1e-12)

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,24 @@ def test_hello_assigns_ranks_and_returns_config():
             stats = a.stats()
             assert stats["live_workers"] == 2
             assert {w["worker"]: w["rank"] for w in stats["workers"]}["a"] == 0
+
+
+def test_a_finished_workers_rank_is_not_given_again_but_a_dead_ones_is():
+    with running_server(world_size=3, heartbeat_timeout=0.3) as server:
+        with PSClient(server.endpoint) as first:
+            assert first.hello()["rank"] == 0
+            first.bye()  # done with shard 0 before anyone else arrived
+        with PSClient(server.endpoint) as second:
+            assert second.hello()["rank"] == 1  # not 0: shard 0 must not be trained twice
+            with PSClient(server.endpoint) as third:
+                assert third.hello()["rank"] == 2
+                third.close()  # dies silently: declared dead after the heartbeat timeout
+                deadline = time.monotonic() + 5
+                while second.stats()["live_workers"] != 1 and time.monotonic() < deadline:
+                    second.ping()
+                    time.sleep(0.1)
+                with PSClient(server.endpoint) as replacement:
+                    assert replacement.hello()["rank"] == 2  # takes over the dead one's shard
 
 
 def test_asgd_push_pull_versions():

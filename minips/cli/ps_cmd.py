@@ -221,6 +221,9 @@ def worker(
 ) -> None:
     """Train on this machine for the server at --connect (everything else comes from it)."""
     from minips.client import PSClient
+
+    # Retries and lost-server warnings go to stderr (the run's log for launched processes).
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.worker import Worker, write_report
 
     with PSClient(connect, timeout=timeout) as client:
@@ -243,6 +246,9 @@ def evaluate(
 ) -> None:
     """Pull the model now and then and test it, until the server stops."""
     from minips.client import PSClient
+
+    # Retries and lost-server warnings go to stderr (the run's log for launched processes).
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.evaluator import run_evaluator
     from minips.metrics import MetricsLog
 
