@@ -9,7 +9,8 @@ baseline's, wall time, throughput (samples/s) and its ratio to one worker's.
     python tools/bench_training.py --dataset fashion-mnist --epochs 3
     python tools/bench_training.py --configs asgd:1,asgd:2 --epochs 1   # throughput only
 
-A configuration is `train` (the baseline) or `RULE:WORKERS[:LR]`.
+A configuration is `train` (the baseline) or `RULE:WORKERS[:LR[:MOMENTUM]]`
+(`asgd:4::0.8` keeps the common lr and sets momentum 0.8).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def run_config(config: str, args: argparse.Namespace, out_root: Path) -> dict:
         return {"config": config, "accuracy": result.accuracy, "wall_s": result.wall_s,
                 "samples": result.samples, "updates": result.steps}  # fmt: skip
     rule, workers, *rest = config.split(":")
-    lr = float(rest[0]) if rest else args.lr
+    lr = float(rest[0]) if rest and rest[0] else args.lr
+    momentum = float(rest[1]) if len(rest) > 1 else args.momentum
     spec = ServerSpec(
         model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
-        lr=lr, momentum=args.momentum, seed=args.seed, rule=rule, workers=int(workers),
+        lr=lr, momentum=momentum, seed=args.seed, rule=rule, workers=int(workers),
     )  # fmt: skip
     summary = run_local(spec, out_root / config.replace(":", "_"), eval_interval=30.0)
     return {"config": config, "accuracy": summary["accuracy"], "wall_s": summary["wall_s"],

@@ -1,8 +1,9 @@
 """The experiment grid: update rules x environments, one real local cluster per cell.
 
 Every run trains the same model on the same dataset with the same learning rate and the
-same total number of samples (each of N workers does E epochs over its 1/N shard), so
-rules compare on equal work. Environments:
+same total number of samples (a global budget of E epochs over the training set: the
+server stops the run when the workers together have processed that many, so fast workers
+do more of the work than stragglers), so rules compare on equal work. Environments:
 
     homogeneous    4 workers at full speed
     heterogeneous  4 workers slowed 1,1,2,8 (one straggler at 8x)
@@ -80,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="Default lenet5 (quick: mlp).")
     parser.add_argument("--dataset", default=None, help="Default fashion-mnist (quick: synthetic).")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--epochs", type=int, default=None, help="Over each shard (default 3).")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="Sample budget, in epochs (default 3)."
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=None, help="Default 0.01 (quick: 0.05).")
     parser.add_argument("--momentum", type=float, default=None, help="Default 0.9 (quick: 0.5).")
@@ -133,9 +136,19 @@ def choose_rules(requested: str) -> list[str]:
     return rules
 
 
-def make_spec(args: argparse.Namespace, dataset: str, rule: str, env: Environment) -> ServerSpec:
+def make_spec(
+    args: argparse.Namespace, dataset: str, rule: str, env: Environment, train_size: int
+) -> ServerSpec:
+    """One cell's run: a global budget of `epochs` passes over the training set.
+
+    The server stops the run once the workers together processed that many samples, so a
+    fast worker does more of the work than a straggler (as in a real asynchronous cluster)
+    and every rule gets exactly the same amount. A worker's own epoch count is only an
+    upper bound (it may need more than one pass over its shard when others are slow).
+    """
     return ServerSpec(
-        model=args.model, dataset=dataset, data_dir=args.data_dir, epochs=args.epochs,
+        model=args.model, dataset=dataset, data_dir=args.data_dir,
+        epochs=args.epochs * env.workers, max_samples=args.epochs * train_size,
         batch_size=args.batch_size, lr=args.lr * env.lr_scale, momentum=args.momentum,
         seed=args.seed, rule=rule, workers=env.workers, hetero=list(env.hetero),
     )  # fmt: skip
@@ -244,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     dataset = choose_dataset(args)
     train_size = len(load_dataset(dataset, args.data_dir).y_train)
     header = (
-        f"{args.model} on {dataset} ({train_size} training samples), {args.epochs} epoch(s) over"
-        f" each shard, batch {args.batch_size}, base lr {args.lr:g}, momentum {args.momentum:g},"
+        f"{args.model} on {dataset} ({train_size} training samples), a budget of {args.epochs}"
+        f" epoch(s) ({args.epochs * train_size} samples, shared by the workers),"
+        f" batch {args.batch_size}, base lr {args.lr:g}, momentum {args.momentum:g},"
         f" evaluation every {args.eval_interval:g} s. {platform.machine()}, {os.cpu_count()}"
         f" cores, {time.strftime('%Y-%m-%d %H:%M')}."
     )
@@ -263,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, dirs = [], []
         for rule in rules:
             run_dir = out / "runs" / f"{env_name}-{rule}"
-            spec = make_spec(args, dataset, rule, env)
+            spec = make_spec(args, dataset, rule, env, train_size)
             rows.append(run_cell(args, run_dir, spec, f"{env_name} {rule}"))
             dirs.append(run_dir)
         results[env_name] = rows
