@@ -183,6 +183,14 @@ def run_local(
                     "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
         )  # fmt: skip
         endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
+        # The evaluator first: registered before any worker trains, it sees the first and
+        # (the server waits for observers when stopping) the final parameters.
+        cluster.start(
+            "evaluator",
+            base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
+                    "--interval", repr(eval_interval), "--t0", repr(t0)],
+        )  # fmt: skip
+        cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
         for index in range(spec.workers):
             # The server gives ranks in the order hellos arrive, so a process is named by its
             # start order until its rank is known; the worker fills {rank} in its report path.
@@ -191,11 +199,6 @@ def run_local(
                 base + ["worker", "--connect", endpoint, "--report",
                         str(out / "worker-{rank}.json"), "--quiet"],
             )  # fmt: skip
-        cluster.start(
-            "evaluator",
-            base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-                    "--interval", repr(eval_interval), "--t0", repr(t0)],
-        )  # fmt: skip
         total = spec.epochs * _train_size(spec)
         if spec.max_samples:
             total = min(total, spec.max_samples)
@@ -206,12 +209,17 @@ def run_local(
             stopped = False  # the server is stopping (sample budget spent, or we asked)
             wall: float | None = None  # training time: until the stop, or the last worker
             while cluster.running("worker"):
-                if not stopped and cluster.exited("server"):
+                if not stopped and cluster.exited("server") and cluster.code("server") != 0:
                     cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
                 if stopped or cluster.exited("server"):
                     stopped = True
                     wall = wall if wall is not None else time.monotonic() - t0
-                    time.sleep(0.1)  # it is draining (or gone): wait for the workers to leave
+                    # It is draining (or gone): wait for the workers to leave; a worker still
+                    # knocking at a server that is gone has nothing left to do.
+                    if cluster.exited("server") and time.monotonic() - t0 - wall > 10:
+                        cluster.kill_all()
+                        break
+                    time.sleep(0.1)
                     continue
                 try:
                     stats = operator.stats()
@@ -292,7 +300,8 @@ def _write_results(
         "accuracy": evals[-1]["accuracy"],
         "loss": evals[-1]["loss"],
         "wall_s": round(wall, 3),
-        "samples": sum(report["samples"] for report in reports),
+        # The server's count is authoritative (a worker killed mid-run wrote no report).
+        "samples": stats.get("samples", sum(report["samples"] for report in reports)),
         "updates": stats.get("updates", evals[-1].get("updates")),
         "bytes_up": stats.get("bytes_in"),
         "bytes_down": stats.get("bytes_out"),
@@ -333,6 +342,9 @@ class _Cluster:
 
     def exited(self, name: str) -> bool:
         return self.procs[name].poll() is not None
+
+    def code(self, name: str) -> int | None:
+        return self.procs[name].poll()
 
     def check_alive(self, name: str) -> None:
         code = self.procs[name].poll()

@@ -123,6 +123,7 @@ class ParameterServer:
             now = time.monotonic()
             self._check_liveness(now)
             self.rule.on_tick(now)
+            self._release_pulls()  # the assembly grace may have run out
             # Observers are waited for too, so an evaluator sees the final parameters.
             connected = self.live_workers() or self.table.observers()
             if self.stopping and (not connected or now > self._stop_deadline):
@@ -352,6 +353,7 @@ class ParameterServer:
             "heartbeat_timeout": self.heartbeat_timeout,
         }
         self._reply(envelope, header, worker=worker)
+        self._release_pulls()  # this hello may complete the cluster
 
     def _op_pull(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
@@ -452,7 +454,14 @@ class ParameterServer:
             self.rule.on_pulled(worker)
 
     def _release_pulls(self) -> None:
-        """Answer every held pull the rule now allows (all of them when stopping)."""
+        """Answer every held pull the rule now allows (all of them when stopping).
+
+        While the cluster is still assembling (fewer than world_size workers said hello, for
+        at most the heartbeat timeout) every worker's pull is held, whatever the rule: a run
+        starts when its workers are there, so the first one does not train alone.
+        """
+        if not self.stopping and self.assembling():
+            return
         for worker in self.live_workers():
             if worker.held_pull and (self.stopping or self.rule.may_answer_pull(worker)):
                 self._answer_pull(worker)

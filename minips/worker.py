@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minips.client import PSClient
+from minips.client import PSClient, ServerError
 from minips.data import iterate_batches, load_dataset
 from minips.nn import build_model, softmax_cross_entropy
 from minips.sampling import Sampler
@@ -65,7 +65,13 @@ class Worker:
     def run(self) -> WorkerReport:
         """Train until the epoch budget from the config ends or the server says stop."""
         start = time.monotonic()
-        hello = self.client.hello({"role": "worker", "pid": os.getpid()})
+        try:
+            hello = self.client.hello({"role": "worker", "pid": os.getpid()})
+        except ServerError as exc:
+            if exc.code != "stopping":
+                raise
+            # The run ended (e.g. its sample budget was spent) before this worker arrived.
+            return WorkerReport(stopped_by_server=True, wall_s=time.monotonic() - start)
         config = hello["config"]
         rank, world_size = int(hello["rank"]), int(hello["world_size"])
         hetero = config.get("hetero") or []
@@ -87,8 +93,9 @@ class Worker:
         model.set_params(reply.params, strict=False)
         version = reply.version
 
+        report.stopped_by_server = reply.stop
         for _epoch in range(int(config["epochs"])):
-            if reply.stop or self._budget_spent(report):
+            if report.stopped_by_server or self._budget_spent(report):
                 break
             batches = iterate_batches(shard.x_train, shard.y_train, int(config["batch_size"]), rng)
             for xb, yb in batches:
@@ -112,14 +119,19 @@ class Worker:
                     extra = {f"sample/{n}": sampler.values(n, params[n]) for n in model.grads}
                     report.extra_bytes += sum(values.nbytes for values in extra.values())
                 pushed = self.client.push(model.grads, base=version, extra=extra, samples=len(xb))
+                if pushed.stop and not pushed.applied:
+                    # It arrived after the run stopped: not trained on, so not counted.
+                    report.comm_s += time.monotonic() - tick
+                    report.stopped_by_server = True
+                    break
                 report.staleness.append(int(pushed.staleness))
+                report.steps += 1
+                report.samples += len(xb)
                 reply = self.client.pull(since=version)
                 report.comm_s += time.monotonic() - tick
                 if reply.params:
                     model.set_params(reply.params, strict=False)
                 version = reply.version
-                report.steps += 1
-                report.samples += len(xb)
                 if pushed.stop or reply.stop:
                     report.stopped_by_server = True
                     break

@@ -133,11 +133,28 @@ def test_options_also_come_from_environment_variables(tmp_path):
 
 
 def test_a_sample_budget_stops_the_run_and_fast_workers_do_more(tmp_path):
-    spec = ServerSpec(epochs=100, workers=2, hetero=[1.0, 4.0], max_samples=3000, **FAST)
+    # A budget of a few seconds of training, so both workers surely join before it is spent.
+    spec = ServerSpec(epochs=100, workers=2, hetero=[1.0, 4.0], max_samples=30000, **FAST)
     summary = run_local(spec, tmp_path, eval_interval=0.5)
-    # The server stops itself at the push that crosses the budget; pushes already in
-    # flight from the other worker (at most one each) still count.
-    assert 3000 <= summary["samples"] <= 3000 + 2 * 64
+    # The server stops itself at the push that crosses the budget (one batch at most past it);
+    # pushes arriving after that are answered `stop`, not applied and not counted.
+    assert 30000 <= summary["samples"] < 30000 + 64
     reports = [json.loads((tmp_path / f"worker-{rank}.json").read_text()) for rank in (0, 1)]
     assert all(report["stopped_by_server"] for report in reports)
     assert reports[0]["samples"] > reports[1]["samples"]  # the 4x slower worker did less
+    assert reports[0]["samples"] + reports[1]["samples"] == summary["samples"]
+
+
+def test_a_worker_arriving_after_the_run_stopped_leaves_cleanly():
+    from test_server_support import running_server
+
+    from minips.worker import Worker
+
+    with running_server(stop_grace=5.0) as server:
+        with PSClient(server.endpoint) as observer:
+            observer.hello({"role": "observer"})  # keeps the stopping server up a while
+            observer.stop()
+            with PSClient(server.endpoint) as late:
+                report = Worker(late).run()
+            observer.bye()
+    assert report.stopped_by_server and report.steps == 0 and report.rank == -1

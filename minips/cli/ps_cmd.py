@@ -230,7 +230,9 @@ def worker(
         result = Worker(client, data_dir, slowdown, max_steps).run()
         client.bye()
     if report:
-        write_report(result, report.replace("{rank}", str(result.rank)))
+        # A worker that arrived after the run ended has no rank: "worker-late.json".
+        rank = str(result.rank) if result.rank >= 0 else "late"
+        write_report(result, report.replace("{rank}", rank))
     if not quiet:
         click.echo(json.dumps(result.summary()))
 

@@ -1,0 +1,117 @@
+"""The classic rules: asynchronous (asgd), bounded staleness (ssp), synchronous (ssgd)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from minips.errors import ConfigError
+from minips.rules.base import Push, Rule
+
+if TYPE_CHECKING:
+    from minips.workers import WorkerState
+
+
+class ASGD(Rule):
+    """Asynchronous SGD (Hogwild-style PS): every push is applied at once.
+
+    w <- w - lr * g(w_base)        with tau = t - base unbounded
+    """
+
+    name = "asgd"
+
+    def on_push(self, push: Push) -> None:
+        self.apply_now(push)
+
+
+class SSP(ASGD):
+    """Stale Synchronous Parallel (Ho et al., NIPS 2013): ASGD with bounded clock drift.
+
+    A worker's clock c_w counts its completed steps (pushes with `last`). A pull by w is
+    held while  c_w - min_{live v} c_v > s,  so no worker computes on parameters more than
+    s clocks ahead of the slowest live worker. s = 0 is bulk-synchronous on the pull side.
+    """
+
+    name = "ssp"
+
+    def __init__(self, staleness: int = 3) -> None:
+        if staleness < 0:
+            raise ConfigError(f"ssp staleness bound must be >= 0, got {staleness}")
+        self.staleness = staleness
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "staleness": self.staleness}
+
+    def may_answer_pull(self, worker: WorkerState) -> bool:
+        slowest = min((w.clock for w in self.host.live_workers()), default=worker.clock)
+        return worker.clock - slowest <= self.staleness
+
+
+class SSGD(Rule):
+    """Synchronous SGD with a barrier per step over the live workers.
+
+    Round k ends when every live worker has sent its `last` push of the round; then
+
+        w <- w - lr * (1/|K_p|) * sum_{w in K_p} g_w[p]      for every parameter p
+
+    is applied as ONE update (K_p: the workers that sent a gradient for p this round) and
+    all held pushes are answered. A worker that leaves or dies drops out of the round: its
+    unfinished step is discarded and the barrier completes without it. While the cluster
+    is still assembling (fewer than world_size workers have said hello, for at most a
+    heartbeat timeout) no round completes, so early workers do not train alone.
+    """
+
+    name = "ssgd"
+
+    def __init__(self) -> None:
+        self._sums: dict[str, dict[str, np.ndarray]] = {}  # worker_id -> name -> sum of grads
+        self._held: dict[str, Push] = {}  # worker_id -> its `last` push of this round
+
+    def on_push(self, push: Push) -> None:
+        sums = self._sums.setdefault(push.worker.worker_id, {})
+        for name, grad in push.grads.items():
+            if name in sums:
+                sums[name] += grad
+            else:
+                sums[name] = np.array(grad, dtype=np.float32)  # own copy: grad is a frame view
+        if not push.last:
+            self.host.answer_push(push, applied=False)  # queued for the round
+            return
+        self._held[push.worker.worker_id] = push
+        self._try_complete()
+
+    def on_worker_left(self, worker: WorkerState) -> None:
+        if worker.worker_id not in self._held:
+            self._sums.pop(worker.worker_id, None)
+        self._try_complete()
+
+    def on_tick(self, now: float) -> None:
+        self._try_complete()  # the assembly period may have ended
+
+    def on_stop(self) -> None:
+        for push in self._held.values():
+            self.host.answer_push(push, applied=False)
+        self._held.clear()
+        self._sums.clear()
+
+    def _try_complete(self) -> None:
+        if not self._held:
+            return
+        if any(w.worker_id not in self._held for w in self.host.live_workers()):
+            return
+        if self.host.assembling():
+            return
+        totals: dict[str, np.ndarray] = {}
+        counts: dict[str, int] = {}
+        for worker_id in self._held:
+            for name, grad_sum in self._sums.pop(worker_id, {}).items():
+                totals[name] = totals[name] + grad_sum if name in totals else grad_sum
+                counts[name] = counts.get(name, 0) + 1
+        order = [name for name in self.host.store.params if name in totals]  # model order
+        steps = [(name, totals[name] / np.float32(counts[name]), 1.0) for name in order]
+        pushes = list(self._held.values())
+        self._held.clear()
+        self.host.apply_update(pushes, steps)
+        for push in pushes:
+            self.host.answer_push(push, applied=True)
