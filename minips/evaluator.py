@@ -46,6 +46,9 @@ def run_evaluator(
                 time.sleep(min(0.2, max(0.0, next_eval - time.monotonic())))
                 continue
             reply = client.pull(since=version)
+            # Stamped with the time of the pull: the parameters tested are those of this
+            # moment, not of the end of the (second-long) evaluation.
+            pulled_at = round(metrics.elapsed(), 4)
         except ServerUnavailable:
             break  # the server is gone: what we have is the last model we saw
         if reply.params:
@@ -55,6 +58,7 @@ def run_evaluator(
         accuracy, loss = evaluate(model, x_test, y_test)
         last = metrics.write(
             "eval",
+            time=pulled_at,
             samples=int(stats.get("samples", 0)),
             updates=int(stats.get("updates", version)),
             version=version,
