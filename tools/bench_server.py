@@ -22,13 +22,21 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from minips.client import PSClient  # noqa: E402
-from minips.launch import ServerSpec, make_server  # noqa: E402
+from minips.nn import lenet5  # noqa: E402
+from minips.optim import SGD  # noqa: E402
+from minips.rules import make_rule  # noqa: E402
+from minips.server import ParameterServer  # noqa: E402
 
 
 def serve(endpoint_queue: mp.Queue) -> None:
-    """The server process: lenet5 parameters, asgd, momentum 0.9."""
-    spec = ServerSpec(rule="asgd", workers=64, bind="tcp://127.0.0.1:*", dataset="synthetic")
-    server = make_server(spec)
+    """The server process: lenet5 parameters, asgd, momentum 0.9, no fixed world size.
+
+    (With a world size the server would hold the first pulls until that many workers said
+    hello; here clients come and go between measurements.)
+    """
+    params = lenet5(seed=0).params
+    optimizer = SGD(params, lr=0.01, momentum=0.9)
+    server = ParameterServer(params, make_rule("asgd"), optimizer, {}, world_size=None)
     endpoint_queue.put(server.endpoint)
     server.serve_forever()
 
