@@ -319,8 +319,13 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(
         f"  {cfg.get('rule')}, {cfg.get('workers')} workers"
         + (f" (hetero {','.join(f'{f:g}' for f in cfg['hetero'])})" if cfg.get("hetero") else "")
-        + f", {cfg.get('model')} on {cfg.get('dataset')}, {cfg.get('epochs')} epoch(s),"
-        f" batch {cfg.get('batch_size')}, lr {cfg.get('lr')}, momentum {cfg.get('momentum')}"
+        + f", {cfg.get('model')} on {cfg.get('dataset')}, "
+        + (
+            f"budget {cfg['max_samples']} samples,"
+            if cfg.get("max_samples")
+            else f"{cfg.get('epochs')} epoch(s),"
+        )
+        + f" batch {cfg.get('batch_size')}, lr {cfg.get('lr')}, momentum {cfg.get('momentum')}"
     )
     wall, samples = s.get("wall_s"), s.get("samples")
     rate = f" ({samples / wall:.0f}/s)" if wall and samples else ""
