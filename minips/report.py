@@ -243,6 +243,7 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
                 "model",
                 "dataset",
                 "epochs",
+                "max_samples",
                 "batch_size",
                 "lr",
                 "momentum",
