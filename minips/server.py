@@ -395,7 +395,7 @@ class ParameterServer:
         self._counters.grad_bytes_in += sum(
             array.nbytes for name, array in message.arrays.items() if name not in extra
         )
-        if self.stopping:
+        if self.stopping or self._stop_requested:  # (a stop may wait for the loop's turn)
             self.answer_push(push, applied=False)
             return
         # Counted only when the push can still be applied: a stopping server's budget is spent.
