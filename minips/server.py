@@ -149,6 +149,11 @@ class ParameterServer:
                 signal.signal(sig, handler)
             self.close()
 
+    @property
+    def stop_announced(self) -> bool:
+        """The `stop` flag of replies: stopping, or a stop requested for the loop's next turn."""
+        return self.stopping or self._stop_requested
+
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
         self._stop_requested = True
@@ -233,7 +238,7 @@ class ParameterServer:
             "seq": push.seq,
             "applied": applied,
             "staleness": push.staleness if applied else self.store.version - push.base,
-            "stop": self.stopping,
+            "stop": self.stop_announced,
         }
         worker = push.worker
         if worker.last_seq == push.seq:
@@ -395,7 +400,7 @@ class ParameterServer:
         self._counters.grad_bytes_in += sum(
             array.nbytes for name, array in message.arrays.items() if name not in extra
         )
-        if self.stopping or self._stop_requested:  # (a stop may wait for the loop's turn)
+        if self.stop_announced:
             self.answer_push(push, applied=False)
             return
         # Counted only when the push can still be applied: a stopping server's budget is spent.
@@ -412,7 +417,7 @@ class ParameterServer:
 
     def _op_ping(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
-        header = {"op": "ping", "version": self.store.version, "stop": self.stopping}
+        header = {"op": "ping", "version": self.store.version, "stop": self.stop_announced}
         self._reply(envelope, header, worker=worker)
 
     def _op_stats(self, envelope: Envelope, message: Message) -> None:
@@ -446,7 +451,7 @@ class ParameterServer:
             "op": "pull",
             "version": self.store.version,
             "param_versions": self.store.param_versions,
-            "stop": self.stopping,
+            "stop": self.stop_announced,
         }
         arrays = {name: self.store.snapshot(name) for name in names}
         self._reply(envelope, header, arrays, worker=worker)
