@@ -205,49 +205,59 @@ def run_local(
         # Short timeouts: the server may exit (sample budget spent) while a stats request is
         # in flight, and the launcher must notice that at once rather than after retries.
         with PSClient(endpoint, timeout=1.0, retries=0) as operator:
-            silent_since: float | None = None
-            stopped = False  # the server is stopping (sample budget spent, or we asked)
-            wall: float | None = None  # training time: until the stop, or the last worker
-            while cluster.running("worker"):
-                if not stopped and cluster.exited("server") and cluster.code("server") != 0:
-                    cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
-                if stopped or cluster.exited("server"):
-                    stopped = True
-                    wall = wall if wall is not None else time.monotonic() - t0
-                    # It is draining (or gone): wait for the workers to leave; a worker still
-                    # knocking at a server that is gone has nothing left to do.
-                    if cluster.exited("server") and time.monotonic() - t0 - wall > 10:
-                        cluster.kill_all()
-                        break
-                    time.sleep(0.1)
-                    continue
-                try:
-                    stats = operator.stats()
-                    silent_since = None
-                except ServerUnavailable:
-                    silent_since = silent_since or time.monotonic()
-                    if cluster.exited("server") or time.monotonic() - silent_since < 30:
-                        continue  # gone (checked above), or only busy: ask again
-                    raise MinipsError(f"the server stopped answering; see {logs}") from None
-                cluster.learn_ranks(stats)
-                if stats.get("stopping"):
-                    wall, stopped = time.monotonic() - t0, True
-                    continue
-                if progress is not None:
-                    latest = _latest_eval(out / "eval.jsonl")
-                    latest["updates"] = stats.get("updates", 0)
-                    progress(int(stats.get("samples", 0)), total, latest)
-                time.sleep(0.2)
-            if wall is None:
-                # Training time ends when the last worker is done; shutdown is not training.
-                wall = time.monotonic() - t0
-            if not stopped and not cluster.exited("server"):
-                _stop_server(operator, cluster)
+            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress)
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
         cluster.kill_all()
     return _write_results(out, spec, wall, cluster.exit_codes)
+
+
+def _watch(
+    cluster: _Cluster,
+    operator: PSClient,
+    t0: float,
+    total: int,
+    eval_log: Path,
+    progress: ProgressFn | None,
+) -> float:
+    """Follow the run until the workers are done; stop the server; return the training time.
+
+    Training time ends when the server starts stopping (its sample budget is spent) or when
+    the last worker is done; shutdown is not training.
+    """
+    wall: float | None = None  # set once the run is over: the stop, or the last worker
+    silent_since: float | None = None
+    while cluster.running("worker"):
+        if cluster.exited("server"):
+            if cluster.code("server") != 0:
+                cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
+            wall = wall if wall is not None else time.monotonic() - t0
+            if time.monotonic() - t0 - wall > 10:
+                cluster.kill_all()  # workers still knocking at a server that is gone
+                break
+        elif wall is None:  # training: follow the server's counters
+            try:
+                stats = operator.stats()
+                silent_since = None
+            except ServerUnavailable:
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since > 30:
+                    raise MinipsError("the server stopped answering; see its log") from None
+                continue  # busy, or exiting (seen on the next turn): ask again
+            cluster.learn_ranks(stats)
+            if stats.get("stopping"):
+                wall = time.monotonic() - t0
+            elif progress is not None:
+                latest = _latest_eval(eval_log)
+                latest["updates"] = stats.get("updates", 0)
+                progress(int(stats.get("samples", 0)), total, latest)
+        time.sleep(0.2 if wall is None else 0.1)
+    if wall is None:
+        wall = time.monotonic() - t0
+        if not cluster.exited("server"):
+            _stop_server(operator, cluster)  # the evaluator then tests the final model
+    return wall
 
 
 def _stop_server(operator: PSClient, cluster: _Cluster, attempts: int = 10) -> None:
