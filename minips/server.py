@@ -123,7 +123,8 @@ class ParameterServer:
             now = time.monotonic()
             self._check_liveness(now)
             self.rule.on_tick(now)
-            self._release_pulls()  # the assembly grace may have run out
+            if not self.table.assembled:
+                self._release_pulls()  # the assembly grace may have run out
             # Observers are waited for too, so an evaluator sees the final parameters.
             connected = self.live_workers() or self.table.observers()
             if self.stopping and (not connected or now > self._stop_deadline):
@@ -148,11 +149,6 @@ class ParameterServer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.close()
-
-    @property
-    def stop_announced(self) -> bool:
-        """The `stop` flag of replies: stopping, or a stop requested for the loop's next turn."""
-        return self.stopping or self._stop_requested
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
@@ -204,7 +200,6 @@ class ParameterServer:
     def drop_push(self, push: Push) -> None:
         """A push the rule refuses to apply (scale 0): t and parameters unchanged; recorded
         as a `dropped` record and counter, and answered with `applied: false`."""
-        push.staleness = self.store.version - push.base
         record = UpdateRecord(
             version=self.store.version,
             rule=self.rule.name,
@@ -238,7 +233,7 @@ class ParameterServer:
             "seq": push.seq,
             "applied": applied,
             "staleness": push.staleness if applied else self.store.version - push.base,
-            "stop": self.stop_announced,
+            "stop": self.stopping,
         }
         worker = push.worker
         if worker.last_seq == push.seq:
@@ -400,7 +395,7 @@ class ParameterServer:
         self._counters.grad_bytes_in += sum(
             array.nbytes for name, array in message.arrays.items() if name not in extra
         )
-        if self.stop_announced:
+        if self.stopping:
             self.answer_push(push, applied=False)
             return
         # Counted only when the push can still be applied: a stopping server's budget is spent.
@@ -413,11 +408,11 @@ class ParameterServer:
         if self.max_samples and self._counters.samples >= self.max_samples:
             # The sample budget is spent: this push counted, the next replies carry `stop`.
             log.info("sample budget of %d reached: stopping", self.max_samples)
-            self.request_stop()
+            self._begin_stop()  # now, not on the loop's next turn: later messages see it
 
     def _op_ping(self, envelope: Envelope, message: Message) -> None:
         worker = self._worker(message)
-        header = {"op": "ping", "version": self.store.version, "stop": self.stop_announced}
+        header = {"op": "ping", "version": self.store.version, "stop": self.stopping}
         self._reply(envelope, header, worker=worker)
 
     def _op_stats(self, envelope: Envelope, message: Message) -> None:
@@ -451,7 +446,7 @@ class ParameterServer:
             "op": "pull",
             "version": self.store.version,
             "param_versions": self.store.param_versions,
-            "stop": self.stop_announced,
+            "stop": self.stopping,
         }
         arrays = {name: self.store.snapshot(name) for name in names}
         self._reply(envelope, header, arrays, worker=worker)

@@ -131,6 +131,11 @@ class WorkerTable:
             self._first_hello = time.monotonic()
         self.by_id[worker.worker_id] = worker
 
+    @property
+    def assembled(self) -> bool:
+        """The cluster has started: all `world_size` workers came, or the grace ran out."""
+        return self._assembled or self.world_size is None
+
     def assembling(self, grace: float) -> bool:
         """True while fewer than `world_size` workers have ever said hello and the first
         hello is less than `grace` seconds old (a worker that never comes is waited for no

@@ -380,3 +380,22 @@ def test_corrupted_pushes_never_cause_an_internal_error():
         assert "internal" not in codes
         assert len(codes) > 3  # many different rules were exercised
         assert peer.request({"op": "ping", "worker": "w"}).op == "ping"
+
+
+def test_sample_budget_stops_at_once_and_counts_nothing_after():
+    with running_server(max_samples=10, stop_grace=5.0) as server:
+        with PSClient(server.endpoint) as a, PSClient(server.endpoint) as b:
+            a.hello()
+            b.hello()
+            before_b = snapshot(server)
+            spent = a.push(_grads(1.0), base=0, samples=10)  # spends the whole budget
+            assert spent.applied  # it counted (its reply was sent before the budget check)
+            assert a.ping()  # and from then on every reply says stop
+            before = snapshot(server)
+            late = b.push(_grads(1.0), base=0, samples=64)
+            assert late.stop and not late.applied
+            assert snapshot(server) == before != before_b  # the late push changed nothing
+            assert a.stats()["samples"] == 10
+            with PSClient(server.endpoint) as newcomer, pytest.raises(ServerError) as info:
+                newcomer.hello()
+            assert info.value.code == "stopping"
