@@ -23,16 +23,11 @@ def run_evaluator(
     metrics: MetricsLog,
     interval: float = 2.0,
     data_dir: str | None = None,
-    max_test: int | None = None,
 ) -> dict | None:
-    """Evaluate every `interval` seconds until the server stops; return the last record.
-
-    max_test: evaluate on the first N test images only (None: the whole test set).
-    """
+    """Evaluate every `interval` seconds until the server stops; return the last record."""
     hello = client.hello({"role": "observer", "pid": os.getpid()})
     config = hello["config"]
     data = load_dataset(config["dataset"], data_dir or config.get("data_dir"))
-    x_test, y_test = data.x_test[:max_test], data.y_test[:max_test]
     model = build_model(config["model"]["name"], seed=0, **config["model"].get("kwargs", {}))
     version: int | None = None
     last: dict | None = None
@@ -49,13 +44,13 @@ def run_evaluator(
             # Stamped with the time of the pull: the parameters tested are those of this
             # moment, not of the end of the (second-long) evaluation.
             pulled_at = round(metrics.elapsed(), 4)
+            stats = client.stats()
         except ServerUnavailable:
             break  # the server is gone: what we have is the last model we saw
         if reply.params:
             model.set_params(reply.params, strict=False)
         version = reply.version
-        stats = client.stats()
-        accuracy, loss = evaluate(model, x_test, y_test)
+        accuracy, loss = evaluate(model, data.x_test, data.y_test)
         last = metrics.write(
             "eval",
             time=pulled_at,

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +167,12 @@ def run_local(
     logs.mkdir(parents=True, exist_ok=True)
     for stale in ("endpoint", "updates.jsonl", "eval.jsonl", "metrics.jsonl", "summary.json"):
         (out / stale).unlink(missing_ok=True)
-    if spec.bind == ServerSpec.bind:
-        spec.bind = "tcp://127.0.0.1:*"  # a free port: two runs side by side do not collide
-    spec.checkpoint = spec.checkpoint or str(out / "checkpoint.npz")
+    spec = replace(
+        spec,
+        # a free port when none was chosen: two runs side by side do not collide
+        bind="tcp://127.0.0.1:*" if spec.bind == ServerSpec.bind else spec.bind,
+        checkpoint=spec.checkpoint or str(out / "checkpoint.npz"),
+    )
     (out / "config.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
 
     t0 = time.monotonic()
@@ -199,9 +202,10 @@ def run_local(
                 base + ["worker", "--connect", endpoint, "--report",
                         str(out / "worker-{rank}.json"), "--quiet"],
             )  # fmt: skip
-        total = spec.epochs * _train_size(spec)
-        if spec.max_samples:
-            total = min(total, spec.max_samples)
+        total = 0  # the progress bar's length; loading the data for it only when shown
+        if progress is not None:
+            total = spec.epochs * _train_size(spec)
+            total = min(total, spec.max_samples) if spec.max_samples else total
         # Short timeouts: the server may exit (sample budget spent) while a stats request is
         # in flight, and the launcher must notice that at once rather than after retries.
         with PSClient(endpoint, timeout=1.0, retries=0) as operator:

@@ -73,7 +73,15 @@ class SGD:
         return {f"velocity/{name}": buf for name, buf in self.velocity.items()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Restore what `state_dict` returned (unknown keys are ignored)."""
+        """Restore what `state_dict` returned (unknown keys are ignored).
+
+        Each buffer takes its parameter's dtype; a wrong shape is a ValueError.
+        """
         for key, buf in state.items():
-            if key.startswith("velocity/") and key[len("velocity/") :] in self.params:
-                self.velocity[key[len("velocity/") :]] = np.array(buf, dtype=np.float32)
+            name = key.removeprefix("velocity/")
+            if name == key or name not in self.params:
+                continue
+            weight = self.params[name]
+            if np.shape(buf) != weight.shape:
+                raise ValueError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
+            self.velocity[name] = np.array(buf, dtype=weight.dtype)

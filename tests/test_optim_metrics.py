@@ -87,3 +87,12 @@ def test_scale_shrinks_the_gradient_before_it_enters_the_velocity():
     opt.step({"w": np.array([4.0])}, scale=0.25)  # v = 1, w = -1
     opt.step({"w": np.array([0.0])})  # v = 0.5, w = -1.5
     assert w[0] == pytest.approx(-1.5, rel=1e-12)
+
+
+def test_state_dict_of_the_wrong_shape_is_refused_and_dtype_follows_the_parameter():
+    w = np.zeros(3, np.float64)
+    opt = SGD({"w": w}, lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="shape"):
+        opt.load_state_dict({"velocity/w": np.zeros(4, np.float32)})
+    opt.load_state_dict({"velocity/w": np.ones(3, np.float32)})
+    assert opt.velocity["w"].dtype == np.float64
