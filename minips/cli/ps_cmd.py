@@ -174,7 +174,7 @@ def server(
     verbose: bool,
     **options: Any,
 ) -> None:
-    """Serve the model to workers until stopped (Ctrl-C or `minips stop`)."""
+    """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
     from minips.launch import make_server
     from minips.metrics import MetricsLog
 

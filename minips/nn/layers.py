@@ -15,11 +15,9 @@ __all__ = ["Conv2D", "Dense", "ReLU", "MaxPool2D", "Flatten", "Dropout"]
 
 @dataclass
 class DenseCache:
-    """Dense's saved tensors. x and dy are also the layer's *sufficient factors*:
-    grads["w"] == x.T @ dy, so a codec can send (x, dy) instead of the (in, out) matrix."""
+    """Dense's saved tensors: the forward input, for the weight gradient x^T @ dy."""
 
     x: np.ndarray  # (N, in) the forward input
-    dy: np.ndarray | None = None  # (N, out) the gradient of the last backward
 
 
 class Dense(Layer):
@@ -67,7 +65,6 @@ class Dense(Layer):
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (N, out) -> dx (N, in); fills grads w (in, out) and b (out,)."""
         cache = self._cached()
-        cache.dy = dy
         np.matmul(cache.x.T, dy, out=self.grads["w"])  # (in, out)
         np.sum(dy, axis=0, out=self.grads["b"])
         if not self.need_input_grad:
