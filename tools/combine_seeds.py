@@ -22,7 +22,8 @@ def combine(folders: list[Path]) -> str:
         rows: dict[str, list[dict]] = {}
         for result in loaded:
             for row in result["results"].get(env, []):
-                rows.setdefault(row["rule"], []).append(row)
+                if "error" not in row:  # a failed cell has no figures; the rule drops out
+                    rows.setdefault(row["rule"], []).append(row)
         lines += [
             f"### {env}",
             "",
