@@ -213,6 +213,11 @@ def run_local(
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
+        # Workers that finished before the launcher saw them in `stats` name their rank in
+        # their reports; a killed one was seen in `stats` (it registered before it trained).
+        for report_path in out.glob("worker-[0-9]*.json"):
+            report = json.loads(report_path.read_text())
+            cluster.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
         cluster.kill_all()
     return _write_results(out, spec, wall, cluster.exit_codes)
 

@@ -27,6 +27,7 @@ class WorkerReport:
     """What one worker measured; written as JSON at the end of its run."""
 
     rank: int = -1
+    pid: int = field(default_factory=os.getpid)  # lets a launcher match process and rank
     slowdown: float = 1.0
     steps: int = 0
     samples: int = 0
