@@ -32,7 +32,7 @@ from minips.metrics import MetricsLog, read_metrics
 from minips.nn import build_model
 from minips.optim import SGD
 from minips.rules import make_rule
-from minips.server import ParameterServer
+from minips.server import ParameterServer, ServerOptions
 from minips.trainer import TrainingOptions
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
@@ -112,15 +112,17 @@ def make_server(
         params,
         rule,
         optimizer,
-        spec.worker_config(model.spec),
-        bind=spec.bind,
-        world_size=spec.workers,
-        heartbeat_timeout=spec.heartbeat_timeout,
-        checkpoint_path=spec.checkpoint,
-        checkpoint_every=spec.checkpoint_every,
-        resume=spec.resume,
+        ServerOptions(
+            bind=spec.bind,
+            world_size=spec.workers,
+            heartbeat_timeout=spec.heartbeat_timeout,
+            checkpoint_path=spec.checkpoint,
+            checkpoint_every=spec.checkpoint_every,
+            resume=spec.resume,
+            max_samples=spec.max_samples,
+        ),
+        config=spec.worker_config(model.spec),
         on_update=on_update,
-        max_samples=spec.max_samples,
     )
 
 

@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,31 @@ from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 from minips.workers import Counters, Envelope, WorkerState, WorkerTable
 
 log = logging.getLogger("minips.server")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a server runs (not what it trains): address, cluster size, timers, checkpoints.
+
+    bind: the address to listen on ("tcp://127.0.0.1:*" picks a free port). world_size:
+    ranks 0..world_size-1 (None: no limit). heartbeat_timeout: seconds of silence before a
+    worker is declared dead. checkpoint_path / checkpoint_every: a checkpoint every N
+    updates (0: only at shutdown). resume: a checkpoint to start from. max_samples: stop
+    once pushes reported this many training samples in total (0: no limit). stop_grace:
+    seconds a stopping server waits for clients to leave. poll_interval: seconds between
+    looks at the clock when idle.
+    """
+
+    bind: str = "tcp://127.0.0.1:*"
+    world_size: int | None = None
+    heartbeat_timeout: float = 10.0
+    checkpoint_path: str | Path | None = None
+    checkpoint_every: int = 0
+    resume: str | Path | None = None
+    max_samples: int = 0
+    limits: Limits = DEFAULT_LIMITS
+    stop_grace: float = 5.0
+    poll_interval: float = 0.05
 
 
 class ParameterServer:
@@ -52,20 +78,17 @@ class ParameterServer:
         params: dict[str, np.ndarray],
         rule: Rule,
         optimizer: SGD,
-        config: dict[str, Any] | None = None,
+        options: ServerOptions | None = None,
         *,
-        bind: str = "tcp://127.0.0.1:*",
-        world_size: int | None = None,
-        heartbeat_timeout: float = 30.0,
-        checkpoint_path: str | Path | None = None,
-        checkpoint_every: int = 0,
-        resume: str | Path | None = None,
-        limits: Limits = DEFAULT_LIMITS,
+        config: dict[str, Any] | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
-        stop_grace: float = 5.0,
-        poll_interval: float = 0.05,
-        max_samples: int = 0,
     ) -> None:
+        options = options or ServerOptions()
+        bind, world_size = options.bind, options.world_size
+        heartbeat_timeout, limits = options.heartbeat_timeout, options.limits
+        checkpoint_path, checkpoint_every = options.checkpoint_path, options.checkpoint_every
+        resume, stop_grace = options.resume, options.stop_grace
+        poll_interval, max_samples = options.poll_interval, options.max_samples
         self.store = ParameterStore(params, optimizer)
         self.rule = rule
         self.config = dict(config or {})

@@ -15,7 +15,7 @@ from minips.client import PSClient, ServerError
 from minips.errors import ConfigError, ShapeError
 from minips.optim import SGD
 from minips.rules import make_rule
-from minips.server import ParameterServer
+from minips.server import ParameterServer, ServerOptions
 
 
 def _grads(value=1.0):
@@ -236,7 +236,7 @@ def test_checkpoint_and_resume(tmp_path):
     velocity = {k: v.copy() for k, v in server.store.optimizer.velocity.items()}
     fresh = make_params(seed=1)
     optimizer = SGD(fresh, lr=0.5, momentum=0.9)
-    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, resume=path)
+    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, ServerOptions(resume=path))
     try:
         assert resumed.store.version == 3
         assert resumed.store.param_versions == {"fc.w": 3, "fc.b": 3}
@@ -256,7 +256,7 @@ def test_resume_rejects_a_different_model(tmp_path):
     assert path.exists()
     other = {"fc.w": np.zeros((4, 3), np.float32), "fc.b": np.zeros(4, np.float32)}
     with pytest.raises(ShapeError):
-        ParameterServer(other, make_rule("asgd"), SGD(other), resume=path)
+        ParameterServer(other, make_rule("asgd"), SGD(other), ServerOptions(resume=path))
 
 
 def test_periodic_checkpoints(tmp_path):
@@ -284,7 +284,7 @@ def test_stop_flags_replies_and_ends_the_loop():
     params = make_params()
     optimizer = SGD(params, lr=0.1)
     server = ParameterServer(
-        params, make_rule("asgd"), optimizer, stop_grace=10.0, poll_interval=0.02
+        params, make_rule("asgd"), optimizer, ServerOptions(stop_grace=10.0, poll_interval=0.02)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -312,7 +312,7 @@ def test_constructor_validates():
     with pytest.raises(ConfigError):
         ParameterServer(params, make_rule("asgd"), SGD(dict(params)))  # not the same dict
     with pytest.raises(ConfigError):
-        ParameterServer(params, make_rule("asgd"), SGD(params), {"bad": object()})
+        ParameterServer(params, make_rule("asgd"), SGD(params), config={"bad": object()})
     with pytest.raises(ConfigError):
         make_rule("nope")
     with pytest.raises(ConfigError):
@@ -324,9 +324,10 @@ import sys
 import numpy as np
 from minips.optim import SGD
 from minips.rules import make_rule
-from minips.server import ParameterServer
+from minips.server import ParameterServer, ServerOptions
 params = {"fc.b": np.zeros(4, np.float32)}
-server = ParameterServer(params, make_rule("asgd"), SGD(params), checkpoint_path=sys.argv[1])
+options = ServerOptions(checkpoint_path=sys.argv[1])
+server = ParameterServer(params, make_rule("asgd"), SGD(params), options)
 print(server.endpoint, flush=True)
 server.serve_forever()
 print("clean exit", flush=True)

@@ -12,7 +12,7 @@ import zmq
 from minips import wire
 from minips.optim import SGD
 from minips.rules import make_rule
-from minips.server import ParameterServer
+from minips.server import ParameterServer, ServerOptions
 
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
 
@@ -35,7 +35,10 @@ def running_server(rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=
     rule = make_rule(rule, **(rule_options or {})) if isinstance(rule, str) else rule
     kw.setdefault("stop_grace", 0.2)
     kw.setdefault("poll_interval", 0.02)
-    server = ParameterServer(params, rule, optimizer, {"model": "test"}, **kw)
+    on_update = kw.pop("on_update", None)
+    options = ServerOptions(**kw)
+    server = ParameterServer(params, rule, optimizer, options, config={"model": "test"},
+                             on_update=on_update)  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

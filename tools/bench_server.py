@@ -25,7 +25,7 @@ from minips.client import PSClient  # noqa: E402
 from minips.nn import lenet5  # noqa: E402
 from minips.optim import SGD  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
-from minips.server import ParameterServer  # noqa: E402
+from minips.server import ParameterServer, ServerOptions  # noqa: E402
 
 
 def serve(endpoint_queue: mp.Queue) -> None:
@@ -36,7 +36,7 @@ def serve(endpoint_queue: mp.Queue) -> None:
     """
     params = lenet5(seed=0).params
     optimizer = SGD(params, lr=0.01, momentum=0.9)
-    server = ParameterServer(params, make_rule("asgd"), optimizer, {}, world_size=None)
+    server = ParameterServer(params, make_rule("asgd"), optimizer, ServerOptions())
     endpoint_queue.put(server.endpoint)
     server.serve_forever()
 

@@ -50,10 +50,10 @@ def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
 def _minips_server(queue) -> None:
     from minips.optim import SGD
     from minips.rules import make_rule
-    from minips.server import ParameterServer
+    from minips.server import ParameterServer, ServerOptions
 
     params = _tensors()
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), {})
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), ServerOptions())
     queue.put(server.endpoint)
     server.run()
     server.close()

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from minips.errors import ConfigError
-from minips.rules.base import Push, Rule, RuleHost, layer_of
+from minips.rules.base import Push, Rule, RuleHost, RuleOption, WorkerSide, layer_of
 from minips.rules.classic import ASGD, SSGD, SSP
 from minips.rules.delay import DASGD, DCASGD, VSGD
 
@@ -52,7 +52,13 @@ def make_rule(name: str, **options: Any) -> Rule:
         raise ConfigError(f"bad options for rule {name!r}: {exc}") from None
 
 
+def worker_side(described: dict[str, Any]) -> WorkerSide:
+    """The worker's half of the rule a worker received in hello's config["rule"]."""
+    cls = RULES.get(described.get("name", ""))
+    return cls.worker_side(described) if cls else WorkerSide()
+
+
 __all__ = [
     "ASGD", "DASGD", "DCASGD", "RULES", "SSGD", "SSP", "VSGD", "Push", "Rule", "RuleHost",
-    "layer_of", "make_rule",
+    "RuleOption", "WorkerSide", "layer_of", "make_rule", "worker_side",
 ]  # fmt: skip

@@ -33,6 +33,40 @@ class Push:
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
 
 
+@dataclass(frozen=True)
+class RuleOption:
+    """One option of a rule, declared once beside the rule.
+
+    The CLI flag, its type, range, help and shown default, and the rule's own default are
+    all derived from this declaration (minips.config builds the click options from it).
+    `key` is the keyword of the rule's constructor; `flag` the command-line flag.
+    """
+
+    key: str
+    flag: str
+    kind: type  # int, float or str
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    min_open: bool = False  # minimum itself excluded
+    maximum: float | None = None
+    max_open: bool = False
+
+
+class WorkerSide:
+    """What a rule needs a worker to do besides computing gradients (default: nothing).
+
+    `extras(params, grads)` returns the extra arrays to send with a push, by key (sent as
+    "extra/<key>"); `params` are the values the gradients were computed at.
+    """
+
+    def extras(
+        self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        return {}
+
+
 class RuleHost(Protocol):
     """What a rule may use of the server (see the module docstring)."""
 
@@ -59,7 +93,13 @@ class Rule:
     """Base class: the default hooks do nothing and allow everything."""
 
     name: ClassVar[str] = ""
+    options: ClassVar[tuple[RuleOption, ...]] = ()  # its settings, declared once
     host: RuleHost
+
+    @classmethod
+    def worker_side(cls, described: dict[str, Any]) -> WorkerSide:
+        """The worker's half of the rule, from `describe()` as a worker receives it."""
+        return WorkerSide()
 
     def attach(self, host: RuleHost) -> None:
         self.host = host
@@ -101,6 +141,11 @@ class Rule:
         record = self.host.apply_update([push], steps)
         self.host.answer_push(push, applied=True)
         return record
+
+
+def option_default(cls: type[Rule], key: str) -> Any:
+    """The declared default of option `key` of rule class `cls` (one definition)."""
+    return next(option.default for option in cls.options if option.key == key)
 
 
 def _option(rule: str, key: str, value: Any, ok: bool, want: str) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.rules.base import Push, Rule
+from minips.rules.base import Push, Rule, RuleOption, option_default
 
 if TYPE_CHECKING:
     from minips.workers import WorkerState
@@ -34,8 +34,13 @@ class SSP(ASGD):
     """
 
     name = "ssp"
+    options = (
+        RuleOption("staleness", "--staleness", int, 3,
+                   "ssp: how many clocks a worker may run ahead of the slowest.", minimum=0),
+    )  # fmt: skip
 
-    def __init__(self, staleness: int = 3) -> None:
+    def __init__(self, staleness: int | None = None) -> None:
+        staleness = option_default(SSP, "staleness") if staleness is None else staleness
         if staleness < 0:
             raise ConfigError(f"ssp staleness bound must be >= 0, got {staleness}")
         self.staleness = staleness

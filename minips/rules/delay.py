@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.rules.base import Push, _is_number, _option, layer_of
+from minips.rules.base import (
+    Push,
+    RuleOption,
+    WorkerSide,
+    _is_number,
+    _option,
+    layer_of,
+    option_default,
+)
 from minips.rules.classic import ASGD
 from minips.sampling import Sampler
 from minips.wire import ProtocolError
@@ -34,20 +42,33 @@ class DASGD(ASGD):
     """
 
     name = "dasgd"
-    SCHEDULES: ClassVar[dict[str, tuple[str, float] | None]] = {
+    # schedule -> the option it takes (None: no option)
+    SCHEDULES: ClassVar[dict[str, str | None]] = {
         "inverse": None,
-        "exp": ("beta", 0.2),
-        "poly": ("power", 0.5),
-        "cutoff": ("tau_max", 8),
+        "exp": "beta",
+        "poly": "power",
+        "cutoff": "tau_max",
     }
+    options = (
+        RuleOption("schedule", "--dasgd-schedule", str, "inverse",
+                   "dasgd: f(tau) = 1/max(1,tau) | exp(-beta tau) | (1+tau)^-power "
+                   "| drop past tau-max.", choices=tuple(SCHEDULES)),
+        RuleOption("beta", "--beta", float, 0.2,
+                   "dasgd exp: decay per clock of staleness.", minimum=0, min_open=True),
+        RuleOption("power", "--power", float, 0.5,
+                   "dasgd poly: exponent p.", minimum=0, min_open=True),
+        RuleOption("tau_max", "--tau-max", int, 8,
+                   "dasgd cutoff: drop pushes staler than this.", minimum=0),
+    )  # fmt: skip
 
     def __init__(
         self,
-        schedule: str = "inverse",
+        schedule: str | None = None,
         beta: float | None = None,
         power: float | None = None,
         tau_max: int | None = None,
     ) -> None:
+        schedule = option_default(DASGD, "schedule") if schedule is None else schedule
         if schedule not in self.SCHEDULES:
             raise ConfigError(
                 f"unknown dasgd schedule {schedule!r} (known: {', '.join(self.SCHEDULES)})"
@@ -56,16 +77,16 @@ class DASGD(ASGD):
         own = self.SCHEDULES[schedule]
         given = {"beta": beta, "power": power, "tau_max": tau_max}
         for key, value in given.items():
-            if value is not None and (own is None or key != own[0]):
-                home = next(s for s, o in self.SCHEDULES.items() if o and o[0] == key)
+            if value is not None and key != own:
+                home = next(s for s, o in self.SCHEDULES.items() if o == key)
                 raise ConfigError(
                     f"dasgd option {key} only applies to schedule {home!r} "
                     f"(the schedule is {schedule!r})"
                 )
         self.beta = self.power = self.tau_max = None
         if own is not None:
-            key, default = own
-            value = given[key] if given[key] is not None else default
+            key = own
+            value = given[key] if given[key] is not None else option_default(DASGD, key)
             if key == "tau_max":
                 _option(
                     "dasgd", key, value, isinstance(value, int) and value >= 0, "an integer >= 0"
@@ -76,7 +97,7 @@ class DASGD(ASGD):
 
     def describe(self) -> dict[str, Any]:
         own = self.SCHEDULES[self.schedule]
-        extra = {own[0]: getattr(self, own[0])} if own else {}
+        extra = {own: getattr(self, own)} if own else {}
         return {"name": self.name, "schedule": self.schedule, **extra}
 
     def factor(self, tau: int) -> float:
@@ -123,8 +144,26 @@ class VSGD(ASGD):
     """
 
     name = "vsgd"
+    options = (
+        RuleOption("rho", "--vsgd-rho", float, 0.01,
+                   "vsgd: fraction of each parameter sampled.",
+                   minimum=0, min_open=True, maximum=1),
+        RuleOption("min_samples", "--vsgd-min-samples", int, 32,
+                   "vsgd: at least this many samples per parameter.", minimum=1),
+        RuleOption("step_decay", "--vsgd-step-decay", float, 0.9,
+                   "vsgd: decay of the running mean of one update's move.",
+                   minimum=0, maximum=1, max_open=True),
+    )  # fmt: skip
 
-    def __init__(self, rho: float = 0.01, min_samples: int = 32, step_decay: float = 0.9) -> None:
+    def __init__(
+        self,
+        rho: float | None = None,
+        min_samples: int | None = None,
+        step_decay: float | None = None,
+    ) -> None:
+        rho = option_default(VSGD, "rho") if rho is None else rho
+        min_samples = option_default(VSGD, "min_samples") if min_samples is None else min_samples
+        step_decay = option_default(VSGD, "step_decay") if step_decay is None else step_decay
         _option("vsgd", "rho", rho, _is_number(rho) and 0 < rho <= 1, "in (0, 1]")
         _option(
             "vsgd",
@@ -145,6 +184,10 @@ class VSGD(ASGD):
         self.step_decay = float(step_decay)
         self.sampler = Sampler(self.rho, self.min_samples)
         self._step: dict[str, float] = {}  # param -> EMA of the norm one update moves w[S_p]
+
+    @classmethod
+    def worker_side(cls, described: dict[str, Any]) -> WorkerSide:
+        return VSGDWorkerSide(Sampler(float(described["rho"]), int(described["min_samples"])))
 
     def describe(self) -> dict[str, Any]:
         # Workers read rho and min_samples from here to pick the same samples.
@@ -197,6 +240,18 @@ class VSGD(ASGD):
         self.host.answer_push(push, applied=True)
 
 
+class VSGDWorkerSide(WorkerSide):
+    """A VSGD worker sends, with each gradient, the sampled values it was computed at."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def extras(
+        self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        return {f"sample/{name}": self.sampler.values(name, params[name]) for name in grads}
+
+
 class DCASGD(ASGD):
     """Delay-compensated ASGD (Zheng et al., ICML 2017, DC-ASGD-c with a constant lambda).
 
@@ -214,8 +269,13 @@ class DCASGD(ASGD):
     """
 
     name = "dcasgd"
+    options = (
+        RuleOption("lam", "--dc-lambda", float, 0.04,
+                   "dcasgd: lambda of the delay compensation.", minimum=0),
+    )  # fmt: skip
 
-    def __init__(self, lam: float = 0.04) -> None:
+    def __init__(self, lam: float | None = None) -> None:
+        lam = option_default(DCASGD, "lam") if lam is None else lam
         _option("dcasgd", "lam", lam, _is_number(lam) and lam >= 0, "a number >= 0")
         self.lam = float(lam)
         # worker_id -> (version of the pull, name -> copy, name -> param version of copy)
