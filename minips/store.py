@@ -9,43 +9,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from minips import wire
 from minips.errors import ConfigError, DataError, ShapeError
 from minips.optim import SGD
 from minips.wire import ProtocolError
 
 CHECKPOINT_FORMAT = 1
-EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific extras)
-
-
-@dataclass
-class UpdateRecord:
-    """Telemetry of one applied update (what `on_update` receives, as a dict).
-
-    Also of a push a rule dropped (`dropped` True): nothing changed, t did not advance.
-    """
-
-    version: int  # global version t after the update
-    rule: str
-    workers: list[int]  # ranks whose gradients went into it
-    staleness: list[int]  # clock staleness tau = t - base of each push, same order
-    scale: float | dict[str, float]  # factor on lr: one number, or one per parameter
-    params: list[str]  # parameters it changed
-    time: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
-    # VSGD: value staleness d_l of each layer in the update ({layer: d_l}), else None.
-    value_staleness: dict[str, float] | None = None
-    # A push the rule refused to apply (DASGD cutoff): version unchanged, params [], scale 0.
-    dropped: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class ParameterStore:
@@ -73,51 +46,38 @@ class ParameterStore:
         # frames must never be the live arrays, which the next update changes in place.
         self._snapshots: dict[str, tuple[int, np.ndarray]] = {}
 
-    def gradient(self, name: str, array: np.ndarray, codec: str) -> np.ndarray:
-        """Check one received gradient against its parameter; return it as float32.
+    def check_push(self, base: int, grads: dict[str, np.ndarray]) -> None:
+        """Check a push's `base` and decoded gradients against the parameters.
 
-        Raises ProtocolError (`unknown_param`, `shape`, `dtype`) without touching anything.
-        """
-        param = self.params.get(name)
-        if param is None:
-            raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
-        if array.shape != param.shape:
-            raise ProtocolError(
-                f"gradient {name!r} has shape {list(array.shape)}, "
-                f"the parameter has {list(param.shape)}",
-                "shape",
-            )
-        if (codec, array.dtype) not in (("dense", np.float32), ("fp16", np.float16)):
-            raise ProtocolError(
-                f"gradient {name!r} must be float32 (dense) or float16 (fp16), "
-                f"got {array.dtype} ({codec})",
-                "dtype",
-            )
-        return wire.to_float32(array, codec)
-
-    def check_push(
-        self, base: int, arrays: dict[str, np.ndarray], codecs: dict[str, str]
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Validate a push's `base` and arrays; return (float32 gradients, extras).
-
-        Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) untouched.
+        Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
+        nothing: every check runs before any parameter is touched.
         """
         if base > self.version:
             raise ProtocolError(
                 f"base {base} is newer than the server's version {self.version}", "bad_base"
             )
-        grads, extra = {}, {}
-        for name, array in arrays.items():
-            if name.startswith(EXTRA_PREFIX):
-                extra[name] = array
-            else:
-                grads[name] = self.gradient(name, array, codecs[name])
         if not grads:
             raise ProtocolError("a push must carry at least one gradient", "unknown_param")
-        return grads, extra
+        for name, grad in grads.items():
+            param = self.params.get(name)
+            if param is None:
+                raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
+            if grad.shape != param.shape:
+                raise ProtocolError(
+                    f"gradient {name!r} has shape {list(grad.shape)}, "
+                    f"the parameter has {list(param.shape)}",
+                    "shape",
+                )
+            if grad.dtype != np.float32:
+                raise ProtocolError(
+                    f"gradient {name!r} must be float32 (dense) or float16 (fp16), "
+                    f"got {grad.dtype}",
+                    "dtype",
+                )
 
     def apply(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
         """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
+        Returns the new version t.
 
         Callers validate everything first: this is the only place parameters change.
         """

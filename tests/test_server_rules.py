@@ -11,7 +11,7 @@ import pytest
 from test_server_support import SHAPES, make_params, running_server
 
 from minips.client import PSClient, ServerError
-from minips.rules import ASGD, SSP
+from minips.rules import ASGD, SSP, Outcome
 
 
 def _grads(value):
@@ -46,7 +46,7 @@ def test_ssgd_applies_exactly_the_mean_as_one_update():
             a.hello()
             b.hello()
             thread, result = _in_thread(a.push, _grads(1.0), base=0)
-            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            _wait_until(lambda: server.workers["a"].held_pushes)
             assert server.store.version == 0  # held at the barrier, nothing applied
             reply_b = b.push(_grads(3.0), base=0)
             thread.join(timeout=10)
@@ -69,7 +69,7 @@ def test_ssgd_partial_pushes_accumulate_until_the_last():
             queued = a.push({"fc.w": np.full((3, 4), 2.0, np.float32)}, base=0, last=False)
             assert not queued.applied and queued.version == 0
             thread, _ = _in_thread(a.push, {"fc.b": np.full(4, 4.0, np.float32)}, base=0)
-            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            _wait_until(lambda: server.workers["a"].held_pushes)
             b.push({"fc.w": np.full((3, 4), 4.0, np.float32)}, base=0)  # b sends no fc.b
             thread.join(timeout=10)
     np.testing.assert_array_equal(params["fc.w"], before["fc.w"] - 3.0)  # mean of 2 and 4
@@ -84,7 +84,7 @@ def test_ssgd_barrier_completes_when_a_worker_leaves():
             a.hello()
             b.hello()
             thread, result = _in_thread(a.push, _grads(1.0), base=0)
-            _wait_until(lambda: server.workers["a"].pending_push is not None)
+            _wait_until(lambda: server.workers["a"].held_pushes)
             b.bye()
             thread.join(timeout=10)
             assert result["value"].applied and result["value"].version == 1
@@ -115,7 +115,7 @@ class RecordingSSP(SSP):
         self.leads = []
 
     def on_pulled(self, worker):
-        slowest = min(w.clock for w in self.host.live_workers())
+        slowest = min(w.clock for w in self.registry.live())
         self.leads.append(worker.clock - slowest)
 
 
@@ -227,11 +227,11 @@ class InverseStaleness(ASGD):
 
     name = "inverse_test"
 
-    def scale(self, push, name, grad):
-        return grad, 1.0 / max(1, push.staleness)
+    def on_push(self, push):
+        return Outcome.apply(push, scale=1.0 / max(1, push.staleness))
 
 
-def test_a_rule_plugs_in_with_one_scale_method():
+def test_a_rule_plugs_in_with_one_on_push_method():
     params = make_params()
     before = params["fc.b"].copy()
     records = []
@@ -257,7 +257,7 @@ def test_ssgd_waits_for_world_size_workers_before_the_first_round():
         with PSClient(server.endpoint, worker_id="early") as early:
             early.hello()
             thread, result = _in_thread(early.push, {"fc.b": np.full(4, 1.0, np.float32)}, base=0)
-            _wait_until(lambda: server.workers["early"].pending_push is not None)
+            _wait_until(lambda: server.workers["early"].held_pushes)
             with PSClient(server.endpoint) as late:
                 late.hello()  # the first round now waits for this worker's push too
                 assert server.store.version == 0

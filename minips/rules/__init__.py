@@ -1,33 +1,18 @@
 """Update rules: when a pushed gradient becomes an update, and with what scale.
 
-A rule is one small class. The server (its `host`) owns sockets, workers and the parameter
-store; it calls the rule's hooks on events and offers the rule three actions:
+A rule is one small class that reads like its paper's formula (minips/rules/base.py has
+the interface). It never acts on the server: it reads the parameter store and the worker
+registry, and returns an `Outcome` -- updates to apply, pushes to answer or drop -- that
+the server loop carries out:
 
-    host.apply_update(pushes, steps) -> UpdateRecord   # steps: [(name, grad, scale)], t += 1
-        (keyword value_staleness={layer: d_l}: recorded in the update's telemetry)
-    host.drop_push(push)                               # not applied (scale 0): t unchanged,
-                                                       # telemetry records it, reply sent
-    host.answer_push(push, applied)                    # send the push's reply (once)
-    host.live_workers() -> list[WorkerState]           # .worker_id, .rank, .clock, ...
-    host.assembling() -> bool                          # still waiting for world_size hellos
-    host.store                                         # .params, .version, .param_versions
+    class DASGD(ASGD):
+        def on_push(self, push):
+            return Outcome.apply(push, scale=self.factor(push.staleness))   # lr * f(tau)
 
-Hooks (all optional except `on_push`):
-
-    on_hello(worker)           a worker (re)registered
-    validate_push(push)        raise ProtocolError(..., "rule") to refuse a push untouched
-    on_push(push)              decide: apply now, or hold the reply and apply later
-    scale(push, name, grad)    -> (grad', factor): the per-gradient hook of `apply_now`
-    may_answer_pull(worker)    False holds the pull; re-asked after every push / departure
-    on_pulled(worker)          a pull reply was sent (DC-ASGD keeps w_bak here)
-    on_worker_left(worker)     bye or declared dead: leave any barrier
-    on_stop()                  the server stops: answer everything held
-    on_tick(now)               called on every turn of the server loop (timers)
-
-Adding a rule is usually one `scale` method: DASGD returns (grad, f(tau)), DC-ASGD
-(g + lam*g*g*(w - w_bak), 1.0). VSGD needs the whole push at once (a layer's scale spans
-its parameters), so it overrides `on_push`. Register the class in RULES (minips/rules/__init__.py).
-docs/algorithms.md has the math of every rule and the papers they come from.
+classic.py: asgd, ssp, ssgd. delay.py: dasgd (clock staleness), vsgd (value staleness),
+dcasgd (delay compensation). A rule's options are declared once (`options`), and the CLI
+flags are derived from them. Register a new class in RULES below; docs/algorithms.md has
+the math of every rule and the papers they come from.
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from minips.errors import ConfigError
-from minips.rules.base import Push, Rule, RuleHost, RuleOption, WorkerSide, layer_of
+from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, WorkerSide, layer_of
 from minips.rules.classic import ASGD, SSGD, SSP
 from minips.rules.delay import DASGD, DCASGD, VSGD
 
@@ -59,6 +44,6 @@ def worker_side(described: dict[str, Any]) -> WorkerSide:
 
 
 __all__ = [
-    "ASGD", "DASGD", "DCASGD", "RULES", "SSGD", "SSP", "VSGD", "Push", "Rule", "RuleHost",
-    "RuleOption", "WorkerSide", "layer_of", "make_rule", "worker_side",
+    "ASGD", "DASGD", "DCASGD", "RULES", "SSGD", "SSP", "VSGD", "Outcome", "Push", "Rule",
+    "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule", "worker_side",
 ]  # fmt: skip

@@ -1,18 +1,23 @@
-"""The rule interface: a push as a rule sees it, what the server offers, the base class."""
+"""The rule interface: a push as a rule sees it, what a rule decides, the base class.
+
+A rule never acts on the server: it reads the parameter store and the worker registry it
+was attached to, and returns an `Outcome` (updates to apply, pushes to answer or drop)
+that the server loop carries out.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from minips.errors import ConfigError
 
 if TYPE_CHECKING:
-    from minips.store import ParameterStore, UpdateRecord
-    from minips.workers import WorkerState
+    from minips.registry import WorkerRegistry, WorkerState
+    from minips.store import ParameterStore
 
 
 @dataclass(eq=False)
@@ -20,7 +25,7 @@ class Push:
     """One accepted push: float32 gradients by parameter name, plus rule-specific extras.
 
     `staleness` is tau = t - base: set on arrival, and refreshed when the push goes into
-    an applied update (t = the global version just before it), so `scale` can use it.
+    an applied update (t = the global version just before it).
     """
 
     worker: WorkerState
@@ -31,6 +36,48 @@ class Push:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # "extra/<key>" -> array
     staleness: int = 0
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
+
+
+@dataclass(eq=False)
+class Update:
+    """One update to apply (t += 1): w_p <- optimizer step of (grad_p, lr * scale_p).
+
+    steps: [(parameter name, float32 gradient, scale)] in model order. pushes: the pushes
+    whose gradients went into it. value_staleness: VSGD's d_l per layer, for telemetry.
+    """
+
+    pushes: list[Push]
+    steps: list[tuple[str, np.ndarray, float]]
+    value_staleness: dict[str, float] | None = None
+
+
+@dataclass
+class Outcome:
+    """What a rule decided: updates to apply, then pushes to answer; pushes to drop.
+
+    The server applies `updates` in order, then records each dropped push (not applied,
+    t unchanged) and answers it `applied: false`, then sends each `(push, applied)` answer.
+    """
+
+    updates: list[Update] = field(default_factory=list)
+    answers: list[tuple[Push, bool]] = field(default_factory=list)
+    drops: list[Push] = field(default_factory=list)
+
+    @classmethod
+    def apply(
+        cls,
+        push: Push,
+        grads: dict[str, np.ndarray] | None = None,
+        scale: float | dict[str, float] = 1.0,
+    ) -> Outcome:
+        """Apply one push at once as one update (its own or corrected `grads`; `scale` one
+        factor or one per parameter), then answer it `applied: true`."""
+        grads = push.grads if grads is None else grads
+        steps = [
+            (name, grad, scale[name] if isinstance(scale, dict) else scale)
+            for name, grad in grads.items()
+        ]
+        return cls(updates=[Update([push], steps)], answers=[(push, True)])
 
 
 @dataclass(frozen=True)
@@ -67,58 +114,47 @@ class WorkerSide:
         return {}
 
 
-class RuleHost(Protocol):
-    """What a rule may use of the server (see the module docstring)."""
-
-    store: ParameterStore
-
-    def live_workers(self) -> list[WorkerState]: ...
-
-    def apply_update(
-        self,
-        pushes: list[Push],
-        steps: list[tuple[str, np.ndarray, float]],
-        *,
-        value_staleness: dict[str, float] | None = None,
-    ) -> UpdateRecord: ...
-
-    def drop_push(self, push: Push) -> None: ...
-
-    def answer_push(self, push: Push, applied: bool) -> None: ...
-
-    def assembling(self) -> bool: ...
-
-
 class Rule:
-    """Base class: the default hooks do nothing and allow everything."""
+    """Base class. A rule decides when pushed gradients become updates, and how scaled.
+
+    Hooks, called by the server loop (only `on_push` is required):
+
+        check_push(push)         raise ProtocolError(..., "rule") to refuse a push untouched
+        on_push(push)            -> Outcome: apply now, or hold the push for later
+        may_answer_pull(worker)  False holds the pull; asked again after every event
+        on_pulled(worker)        a pull reply was sent (DC-ASGD keeps w_bak here)
+        after_update(update)     an update of this rule's was just applied (VSGD measures it)
+        on_worker_left(worker)   -> Outcome: bye or declared dead; leave any barrier
+        on_tick(now)             -> Outcome: every turn of the server loop (timers)
+        on_stop()                -> Outcome: the server stops: answer everything held
+
+    `self.store` (parameters, versions) and `self.registry` (live workers, clocks, whether
+    the cluster is still assembling) are for reading only.
+    """
 
     name: ClassVar[str] = ""
     options: ClassVar[tuple[RuleOption, ...]] = ()  # its settings, declared once
-    host: RuleHost
+    store: ParameterStore
+    registry: WorkerRegistry
 
     @classmethod
     def worker_side(cls, described: dict[str, Any]) -> WorkerSide:
         """The worker's half of the rule, from `describe()` as a worker receives it."""
         return WorkerSide()
 
-    def attach(self, host: RuleHost) -> None:
-        self.host = host
+    def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
+        self.store = store
+        self.registry = registry
 
     def describe(self) -> dict[str, Any]:
         """The rule and its settings, as sent to workers in `hello` (config["rule"])."""
         return {"name": self.name}
 
-    def on_hello(self, worker: WorkerState) -> None:
+    def check_push(self, push: Push) -> None:
         pass
 
-    def validate_push(self, push: Push) -> None:
-        pass
-
-    def on_push(self, push: Push) -> None:
+    def on_push(self, push: Push) -> Outcome:
         raise NotImplementedError
-
-    def scale(self, push: Push, name: str, grad: np.ndarray) -> tuple[np.ndarray, float]:
-        return grad, 1.0
 
     def may_answer_pull(self, worker: WorkerState) -> bool:
         return True
@@ -126,21 +162,17 @@ class Rule:
     def on_pulled(self, worker: WorkerState) -> None:
         pass
 
-    def on_worker_left(self, worker: WorkerState) -> None:
+    def after_update(self, update: Update) -> None:
         pass
 
-    def on_stop(self) -> None:
-        pass
+    def on_worker_left(self, worker: WorkerState) -> Outcome:
+        return Outcome()
 
-    def on_tick(self, now: float) -> None:
-        pass
+    def on_tick(self, now: float) -> Outcome:
+        return Outcome()
 
-    def apply_now(self, push: Push) -> UpdateRecord:
-        """Apply one push as one update through `scale`, then answer it."""
-        steps = [(name, *self.scale(push, name, grad)) for name, grad in push.grads.items()]
-        record = self.host.apply_update([push], steps)
-        self.host.answer_push(push, applied=True)
-        return record
+    def on_stop(self) -> Outcome:
+        return Outcome()
 
 
 def option_default(cls: type[Rule], key: str) -> Any:

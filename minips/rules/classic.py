@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.rules.base import Push, Rule, RuleOption, option_default
+from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, option_default
 
 if TYPE_CHECKING:
-    from minips.workers import WorkerState
+    from minips.registry import WorkerState
 
 
 class ASGD(Rule):
@@ -21,8 +21,8 @@ class ASGD(Rule):
 
     name = "asgd"
 
-    def on_push(self, push: Push) -> None:
-        self.apply_now(push)
+    def on_push(self, push: Push) -> Outcome:
+        return Outcome.apply(push)
 
 
 class SSP(ASGD):
@@ -49,7 +49,7 @@ class SSP(ASGD):
         return {"name": self.name, "staleness": self.staleness}
 
     def may_answer_pull(self, worker: WorkerState) -> bool:
-        slowest = min((w.clock for w in self.host.live_workers()), default=worker.clock)
+        slowest = min((w.clock for w in self.registry.live()), default=worker.clock)
         return worker.clock - slowest <= self.staleness
 
 
@@ -73,7 +73,7 @@ class SSGD(Rule):
         self._sums: dict[str, dict[str, np.ndarray]] = {}  # worker_id -> name -> sum of grads
         self._held: dict[str, Push] = {}  # worker_id -> its `last` push of this round
 
-    def on_push(self, push: Push) -> None:
+    def on_push(self, push: Push) -> Outcome:
         sums = self._sums.setdefault(push.worker.worker_id, {})
         for name, grad in push.grads.items():
             if name in sums:
@@ -81,42 +81,39 @@ class SSGD(Rule):
             else:
                 sums[name] = np.array(grad, dtype=np.float32)  # own copy: grad is a frame view
         if not push.last:
-            self.host.answer_push(push, applied=False)  # queued for the round
-            return
+            return Outcome(answers=[(push, False)])  # queued for the round
         self._held[push.worker.worker_id] = push
-        self._try_complete()
+        return self._try_complete()
 
-    def on_worker_left(self, worker: WorkerState) -> None:
+    def on_worker_left(self, worker: WorkerState) -> Outcome:
         if worker.worker_id not in self._held:
             self._sums.pop(worker.worker_id, None)
-        self._try_complete()
+        return self._try_complete()
 
-    def on_tick(self, now: float) -> None:
-        self._try_complete()  # the assembly period may have ended
+    def on_tick(self, now: float) -> Outcome:
+        return self._try_complete()  # the assembly period may have ended
 
-    def on_stop(self) -> None:
-        for push in self._held.values():
-            self.host.answer_push(push, applied=False)
+    def on_stop(self) -> Outcome:
+        answers = [(push, False) for push in self._held.values()]
         self._held.clear()
         self._sums.clear()
+        return Outcome(answers=answers)
 
-    def _try_complete(self) -> None:
-        if not self._held:
-            return
-        if any(w.worker_id not in self._held for w in self.host.live_workers()):
-            return
-        if self.host.assembling():
-            return
+    def _try_complete(self) -> Outcome:
+        """The round's update, once every live worker's `last` push is in."""
+        live = self.registry.live()
+        if not self._held or self.registry.assembling:
+            return Outcome()
+        if any(w.worker_id not in self._held for w in live):
+            return Outcome()
         totals: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
         for worker_id in self._held:
             for name, grad_sum in self._sums.pop(worker_id, {}).items():
                 totals[name] = totals[name] + grad_sum if name in totals else grad_sum
                 counts[name] = counts.get(name, 0) + 1
-        order = [name for name in self.host.store.params if name in totals]  # model order
+        order = [name for name in self.store.params if name in totals]  # model order
         steps = [(name, totals[name] / np.float32(counts[name]), 1.0) for name in order]
         pushes = list(self._held.values())
         self._held.clear()
-        self.host.apply_update(pushes, steps)
-        for push in pushes:
-            self.host.answer_push(push, applied=True)
+        return Outcome(updates=[Update(pushes, steps)], answers=[(p, True) for p in pushes])

@@ -9,8 +9,10 @@ import numpy as np
 
 from minips.errors import ConfigError
 from minips.rules.base import (
+    Outcome,
     Push,
     RuleOption,
+    Update,
     WorkerSide,
     _is_number,
     _option,
@@ -22,7 +24,7 @@ from minips.sampling import Sampler
 from minips.wire import ProtocolError
 
 if TYPE_CHECKING:
-    from minips.workers import WorkerState
+    from minips.registry import WorkerState
 
 
 class DASGD(ASGD):
@@ -110,15 +112,11 @@ class DASGD(ASGD):
             return (1.0 + tau) ** -self.power
         return 1.0 if tau <= self.tau_max else 0.0
 
-    def on_push(self, push: Push) -> None:
+    def on_push(self, push: Push) -> Outcome:
         # Only cutoff drops (exp/poly may underflow to 0.0 for a huge tau: still an update).
         if self.schedule == "cutoff" and push.staleness > self.tau_max:
-            self.host.drop_push(push)  # scale 0 changes nothing: do not count it as an update
-        else:
-            self.apply_now(push)
-
-    def scale(self, push: Push, name: str, grad: np.ndarray) -> tuple[np.ndarray, float]:
-        return grad, self.factor(push.staleness)
+            return Outcome(drops=[push])  # scale 0 changes nothing: not an update
+        return Outcome.apply(push, scale=self.factor(push.staleness))
 
 
 class VSGD(ASGD):
@@ -184,6 +182,7 @@ class VSGD(ASGD):
         self.step_decay = float(step_decay)
         self.sampler = Sampler(self.rho, self.min_samples)
         self._step: dict[str, float] = {}  # param -> EMA of the norm one update moves w[S_p]
+        self._before: dict[str, np.ndarray] = {}  # sample values before the pending update
 
     @classmethod
     def worker_side(cls, described: dict[str, Any]) -> WorkerSide:
@@ -199,13 +198,13 @@ class VSGD(ASGD):
         }
 
     def _server_values(self, name: str) -> np.ndarray:
-        return self.sampler.values(name, self.host.store.params[name])  # (k_p,) float32 copy
+        return self.sampler.values(name, self.store.params[name])  # (k_p,) float32 copy
 
-    def validate_push(self, push: Push) -> None:
+    def check_push(self, push: Push) -> None:
         for name in push.grads:
             key = f"extra/sample/{name}"
             sample = push.extra.get(key)
-            size = self.host.store.params[name].size
+            size = self.store.params[name].size
             k = len(self.sampler.indices(name, size))
             if sample is None:
                 raise ProtocolError(f"vsgd needs {key!r} with the gradient of {name!r}", "rule")
@@ -216,13 +215,13 @@ class VSGD(ASGD):
                     "rule",
                 )
 
-    def on_push(self, push: Push) -> None:
-        before = {name: self._server_values(name) for name in push.grads}
+    def on_push(self, push: Push) -> Outcome:
+        self._before = {name: self._server_values(name) for name in push.grads}
         gap2: dict[str, float] = {}
         step2: dict[str, float] = {}
         for name in push.grads:
             layer = layer_of(name)
-            diff = before[name].astype(np.float64) - push.extra[f"extra/sample/{name}"]
+            diff = self._before[name].astype(np.float64) - push.extra[f"extra/sample/{name}"]
             gap2[layer] = gap2.get(layer, 0.0) + float(diff @ diff)
             step2[layer] = step2.get(layer, 0.0) + self._step.get(name, 0.0) ** 2
         d = {
@@ -230,14 +229,16 @@ class VSGD(ASGD):
             for layer in gap2
         }
         steps = [(name, g, 1.0 / max(1.0, d[layer_of(name)])) for name, g in push.grads.items()]
-        self.host.apply_update([push], steps, value_staleness=d)
-        for name in push.grads:  # how far this update moved the sample: the running step
-            move = float(np.linalg.norm(self._server_values(name) - before[name]))
+        return Outcome(updates=[Update([push], steps, value_staleness=d)], answers=[(push, True)])
+
+    def after_update(self, update: Update) -> None:
+        """How far the update moved each sample: the running step (an EMA)."""
+        for name, before in self._before.items():
+            move = float(np.linalg.norm(self._server_values(name) - before))
             old = self._step.get(name)
             self._step[name] = (
                 move if old is None else (self.step_decay * old + (1 - self.step_decay) * move)
             )
-        self.host.answer_push(push, applied=True)
 
 
 class VSGDWorkerSide(WorkerSide):
@@ -285,7 +286,7 @@ class DCASGD(ASGD):
         return {"name": self.name, "lam": self.lam}
 
     def on_pulled(self, worker: WorkerState) -> None:
-        store = self.host.store
+        store = self.store
         _, copies, versions = self._bak.get(worker.worker_id, (0, {}, {}))
         for name, param in store.params.items():
             if versions.get(name) != store.param_versions[name]:
@@ -296,12 +297,18 @@ class DCASGD(ASGD):
                 versions[name] = store.param_versions[name]
         self._bak[worker.worker_id] = (store.version, copies, versions)
 
-    def on_worker_left(self, worker: WorkerState) -> None:
+    def on_worker_left(self, worker: WorkerState) -> Outcome:
         self._bak.pop(worker.worker_id, None)  # a returning worker pulls afresh
+        return Outcome()
 
-    def scale(self, push: Push, name: str, grad: np.ndarray) -> tuple[np.ndarray, float]:
+    def on_push(self, push: Push) -> Outcome:
         bak = self._bak.get(push.worker.worker_id)
         if bak is None or bak[0] != push.base or not self.lam:
-            return grad, 1.0
-        delta = self.host.store.params[name] - bak[1][name]  # w - w_bak, float32
-        return grad + np.float32(self.lam) * grad * grad * delta, 1.0
+            return Outcome.apply(push)  # no reference point: plain ASGD
+        _, w_bak, _ = bak
+        lam = np.float32(self.lam)
+        compensated = {
+            name: g + lam * g * g * (self.store.params[name] - w_bak[name])  # w - w_bak
+            for name, g in push.grads.items()
+        }
+        return Outcome.apply(push, grads=compensated)

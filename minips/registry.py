@@ -1,9 +1,14 @@
-"""The server's bookkeeping: the worker table (ranks, clocks, liveness) and traffic counters."""
+"""The server's worker registry: who is registered, their ranks, clocks, liveness and pushes.
+
+The registry only keeps state; it never sends a message. The server loop reads it, and
+rules read it (a barrier counts `live()` workers, SSP compares clocks).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,17 +16,18 @@ from minips.wire import ProtocolError
 
 if TYPE_CHECKING:
     from minips.rules import Push
-    from minips.store import UpdateRecord
 
 log = logging.getLogger("minips.server")
 
+SEQ_WINDOW = 64  # answered pushes remembered per worker, for retries (docs/protocol.md 8)
+
 
 @dataclass(eq=False)
-class Envelope:
-    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
+class HeldPull:
+    """A pull the server answers later: where the reply goes, and the puller's `since`."""
 
-    routing: list[Any]
-    rid: int | None
+    reply_to: Any  # the server loop's Envelope
+    since: int | None
 
 
 @dataclass(eq=False)
@@ -43,15 +49,35 @@ class WorkerState:
     pulls: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-    last_seq: int | None = None
-    last_push_reply: dict[str, Any] | None = None  # header of the reply to last_seq
-    pending_push: Push | None = None  # accepted, reply held by the rule
-    held_pull: tuple[Envelope, int | None] | None = None  # (envelope, since)
+    highest_seq: int = -1  # the highest push seq accepted
+    answered: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)  # seq->reply
+    held_pushes: dict[int, Push] = field(default_factory=dict)  # seq -> push, reply held
+    held_pull: HeldPull | None = None
 
     @property
     def waiting(self) -> bool:
         """True while the server holds one of its requests (it is not silent, it waits)."""
-        return self.pending_push is not None or self.held_pull is not None
+        return bool(self.held_pushes) or self.held_pull is not None
+
+    def seen_push(self, seq: int) -> str:
+        """What `seq` is to this worker: "new" (higher than any it sent), "held" (accepted,
+        not answered yet), "answered" (one of the last SEQ_WINDOW answered), else "stale".
+
+        Several pushes may be in flight at once (a sender thread pushing layer by layer),
+        each held or answered on its own; a retry of any of them is recognised.
+        """
+        if seq in self.held_pushes:
+            return "held"
+        if seq in self.answered:
+            return "answered"
+        return "new" if seq > self.highest_seq else "stale"
+
+    def remember_answer(self, seq: int, header: dict[str, Any]) -> None:
+        """Keep a push's reply for retries (the last SEQ_WINDOW of them)."""
+        self.held_pushes.pop(seq, None)
+        self.answered[seq] = header
+        while len(self.answered) > SEQ_WINDOW:
+            self.answered.popitem(last=False)
 
     def row(self, now: float) -> dict[str, Any]:
         """This worker's line in the `stats` reply."""
@@ -73,14 +99,20 @@ class WorkerState:
         }
 
 
-class WorkerTable:
-    """Every worker ever registered, by id; ranks 0..world_size-1 among the live ones."""
+class WorkerRegistry:
+    """Every worker ever registered, by id; ranks 0..world_size-1 among the live ones.
 
-    def __init__(self, world_size: int | None) -> None:
+    The cluster is *assembling* until `world_size` workers have said hello, or `grace`
+    seconds after the first one did (a worker that never comes is waited for no longer
+    than a dead one); every rule holds pulls meanwhile, so a run starts together.
+    """
+
+    def __init__(self, world_size: int | None, grace: float) -> None:
         self.world_size = world_size  # None: no fixed size
+        self.grace = grace
         self.by_id: dict[str, WorkerState] = {}
         self._first_hello = 0.0  # time.monotonic() of the first worker's hello
-        self._assembled = False
+        self.assembling = world_size is not None
 
     def live(self) -> list[WorkerState]:
         """Live workers (observers excluded): the ones rules and barriers count."""
@@ -94,8 +126,17 @@ class WorkerTable:
             return self.world_size
         return max((w.rank + 1 for w in self.live()), default=0)
 
-    def registration(self, worker_id: str, info: dict[str, Any]) -> WorkerState:
-        """A fresh state for a worker saying hello (not yet in the table; see `add`).
+    def live_worker(self, worker_id: str) -> WorkerState:
+        """The live worker with this id, or ProtocolError `unknown_worker`."""
+        worker = self.by_id.get(worker_id)
+        if worker is None or not worker.alive:
+            raise ProtocolError(
+                f"worker {worker_id!r} is not registered (send hello)", "unknown_worker"
+            )
+        return worker
+
+    def register(self, worker_id: str, info: dict[str, Any]) -> WorkerState:
+        """A fresh state for a worker saying hello, entered in the registry.
 
         An observer (info["role"] == "observer") gets rank = world size: it holds no rank.
 
@@ -103,14 +144,23 @@ class WorkerTable:
         is taken while its worker is live and stays taken after that worker said `bye`
         (its shard is trained: a newcomer must not train it again); a rank whose worker
         was declared dead is free for a replacement. ProtocolError "full" when no rank
-        below world_size is free. Clock: a (re)joining worker
-        starts no further behind than the slowest live one, so a newcomer does not hold
-        back every ssp pull with its zero clock.
+        below world_size is free. Clock: a (re)joining worker starts no further behind than
+        the slowest live one, so a newcomer does not hold back every ssp pull with its
+        zero clock. The caller retires a live previous registration of the same id.
         """
         now = time.monotonic()
         if info.get("role") == "observer":
             rank = self.current_world_size()
-            return WorkerState(worker_id, rank, info, last_seen=now, observer=True)
+            worker = WorkerState(worker_id, rank, info, last_seen=now, observer=True)
+        else:
+            worker = self._new_worker(worker_id, info, now)
+            if not self._first_hello:
+                self._first_hello = now
+        self.by_id[worker_id] = worker
+        self.update_assembly(now)
+        return worker
+
+    def _new_worker(self, worker_id: str, info: dict[str, Any], now: float) -> WorkerState:
         old = self.by_id.get(worker_id)
         if old is not None and old.observer:
             old = None
@@ -126,77 +176,22 @@ class WorkerTable:
         clock = max(old.clock if old else 0, min((w.clock for w in others), default=0))
         return WorkerState(worker_id, rank, info, last_seen=now, clock=clock)
 
-    def add(self, worker: WorkerState) -> None:
-        if not worker.observer and not self._first_hello:
-            self._first_hello = time.monotonic()
-        self.by_id[worker.worker_id] = worker
-
-    @property
-    def assembled(self) -> bool:
-        """The cluster has started: all `world_size` workers came, or the grace ran out."""
-        return self._assembled or self.world_size is None
-
-    def assembling(self, grace: float) -> bool:
-        """True while fewer than `world_size` workers have ever said hello and the first
-        hello is less than `grace` seconds old (a worker that never comes is waited for no
-        longer than a dead one). Synchronous rules hold their first round meanwhile."""
-        if self._assembled or self.world_size is None:
-            return False
+    def update_assembly(self, now: float) -> None:
+        """End the assembly once world_size workers came or the grace ran out."""
+        if not self.assembling:
+            return
         registered = sum(1 for w in self.by_id.values() if not w.observer)
         if registered >= self.world_size:
-            self._assembled = True
-        elif registered and time.monotonic() - self._first_hello > grace:
+            self.assembling = False
+        elif registered and now - self._first_hello > self.grace:
             log.warning(
                 "only %d of %d workers registered in %.1f s: starting without the others",
                 registered,
                 self.world_size,
-                grace,
+                self.grace,
             )
-            self._assembled = True
-        return not self._assembled
+            self.assembling = False
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
         """Live workers with nothing held that have sent nothing for `timeout` seconds."""
         return [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
-
-
-@dataclass
-class Counters:
-    """Server-wide traffic and update counters for `stats`."""
-
-    messages_in: int = 0
-    samples: int = 0  # training examples reported by accepted pushes
-    errors: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    updates: int = 0
-    dropped: int = 0  # pushes a rule dropped (not updates)
-    grad_bytes_in: int = 0  # bytes of accepted pushes' gradient arrays
-    extra_bytes_in: int = 0  # bytes of accepted pushes' extra arrays (VSGD: ~rho of the above)
-    staleness_sum: int = 0
-    staleness_count: int = 0
-    staleness_max: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    def record_update(self, record: UpdateRecord) -> None:
-        self.updates += 1
-        self.staleness_sum += sum(record.staleness)
-        self.staleness_count += len(record.staleness)
-        self.staleness_max = max([self.staleness_max, *record.staleness])
-
-    def summary(self) -> dict[str, Any]:
-        mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
-        return {
-            "updates": self.updates,
-            "dropped": self.dropped,
-            "samples": self.samples,
-            "messages_in": self.messages_in,
-            "errors": self.errors,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "grad_bytes_in": self.grad_bytes_in,
-            "extra_bytes_in": self.extra_bytes_in,
-            "staleness_mean": mean,
-            "staleness_max": self.staleness_max,
-            "uptime": time.monotonic() - self.started,
-        }

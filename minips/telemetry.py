@@ -1,0 +1,97 @@
+"""What the server measures: one record per update (or dropped push), and running counters.
+
+Nothing here changes the model or sends a message; `stats` and the run log read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+log = logging.getLogger("minips.server")
+
+
+@dataclass
+class UpdateRecord:
+    """Telemetry of one applied update (what `on_update` receives, as a dict).
+
+    Also of a push a rule dropped (`dropped` True): nothing changed, t did not advance.
+    """
+
+    version: int  # global version t after the update
+    rule: str
+    workers: list[int]  # ranks whose gradients went into it
+    staleness: list[int]  # clock staleness tau = t - base of each push, same order
+    scale: float | dict[str, float]  # factor on lr: one number, or one per parameter
+    params: list[str]  # parameters it changed
+    time: float = field(default_factory=time.time)  # wall clock, seconds since the epoch
+    # VSGD: value staleness d_l of each layer in the update ({layer: d_l}), else None.
+    value_staleness: dict[str, float] | None = None
+    # A push the rule refused to apply (DASGD cutoff): version unchanged, params [], scale 0.
+    dropped: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Counters:
+    """Server-wide traffic and update counters for `stats`."""
+
+    messages_in: int = 0
+    samples: int = 0  # training examples reported by accepted pushes
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    updates: int = 0
+    dropped: int = 0  # pushes a rule dropped (not updates)
+    grad_bytes_in: int = 0  # bytes of accepted pushes' gradient arrays
+    extra_bytes_in: int = 0  # bytes of accepted pushes' extra arrays (VSGD: ~rho of the above)
+    staleness_sum: int = 0
+    staleness_count: int = 0
+    staleness_max: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def summary(self) -> dict[str, Any]:
+        mean = self.staleness_sum / self.staleness_count if self.staleness_count else 0.0
+        return {
+            "updates": self.updates,
+            "dropped": self.dropped,
+            "samples": self.samples,
+            "messages_in": self.messages_in,
+            "errors": self.errors,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "grad_bytes_in": self.grad_bytes_in,
+            "extra_bytes_in": self.extra_bytes_in,
+            "staleness_mean": mean,
+            "staleness_max": self.staleness_max,
+            "uptime": time.monotonic() - self.started,
+        }
+
+
+class Telemetry:
+    """Counters plus the `on_update(record_dict)` callback (a run log, a test's list)."""
+
+    def __init__(self, on_update: Callable[[dict[str, Any]], None] | None) -> None:
+        self.counters = Counters()
+        self.on_update = on_update
+
+    def update(self, record: UpdateRecord) -> None:
+        """Count an applied update (or a dropped push) and report it."""
+        counters = self.counters
+        if record.dropped:
+            counters.dropped += 1
+        else:
+            counters.updates += 1
+            counters.staleness_sum += sum(record.staleness)
+            counters.staleness_count += len(record.staleness)
+            counters.staleness_max = max([counters.staleness_max, *record.staleness])
+        if self.on_update is not None:
+            try:
+                self.on_update(record.as_dict())
+            except Exception:  # telemetry must never take the server down
+                log.exception("on_update callback failed")
