@@ -1,25 +1,31 @@
-"""The server's membership and operator requests: hello, ping, stats, bye, stop, checkpoint.
+"""The server's membership, operator requests and life cycle.
 
-Each handler takes the request's envelope and decoded message, changes the registry or the
-server's run state, and replies through the server. The push/pull path, where gradients
-become updates, is in minips/server.py.
+Handlers of the requests that carry no gradients (hello, ping, stats, bye, stop,
+checkpoint): each takes the request's envelope and decoded message, changes the registry or
+the server's run state, and replies through the server. Also: declaring silent workers
+dead, workers leaving, stopping, checkpoints and the `stats` map. The push/pull path, where
+gradients become updates, is in minips/server.py.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from minips.errors import ConfigError
 from minips.wire import Message, ProtocolError
 
 if TYPE_CHECKING:
+    from minips.registry import WorkerState
     from minips.server import Envelope, ParameterServer
 
 log = logging.getLogger("minips.server")
 
 
-class ControlHandlers:
-    """Handlers of the requests that do not carry gradients, for one server."""
+class Control:
+    """Membership, operator requests and the life cycle of one server."""
 
     def __init__(self, server: ParameterServer) -> None:
         self.server = server
@@ -34,7 +40,7 @@ class ControlHandlers:
         worker = server.registry.register(worker_id, request.header.get("info", {}))
         worker.bytes_in += request.nbytes
         if old is not None and old.alive:
-            server.retire(old, "re-registered")
+            self.retire(old, "re-registered")
         world_size = server.registry.current_world_size()
         config = {**server.config, "rank": worker.rank, "world_size": world_size}
         config.setdefault("rule", server.rule.describe())
@@ -58,24 +64,76 @@ class ControlHandlers:
         header = {"op": "ping", "version": server.store.version, "stop": server.stopping}
         server.reply(envelope, header, worker=worker)
 
-    def stats(self, envelope: Envelope, request: Message) -> None:
-        self.server.reply(envelope, {"op": "stats", "stats": self.server.stats()})
+    def stats_request(self, envelope: Envelope, request: Message) -> None:
+        self.server.reply(envelope, {"op": "stats", "stats": self.stats()})
 
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
         worker = server.sender(request)
         worker.finished = True
-        server.retire(worker, "said bye")
+        self.retire(worker, "said bye")
         server.reply(envelope, {"op": "bye"}, worker=worker)
 
     def stop(self, envelope: Envelope, request: Message) -> None:
-        self.server.begin_stop()
+        self.begin_stop()
         self.server.reply(envelope, {"op": "stop"})
 
     def checkpoint(self, envelope: Envelope, request: Message) -> None:
         server = self.server
         if server.options.checkpoint_path is None:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
-        path = server.save_checkpoint()
+        path = self.save_checkpoint()
         header = {"op": "checkpoint", "path": str(path), "version": server.store.version}
         server.reply(envelope, header)
+
+    # ------------------------------------------------------------------ leaving, stopping
+
+    def check_liveness(self, now: float) -> None:
+        """Declare workers dead that have sent nothing for the heartbeat timeout."""
+        for worker in self.server.registry.silent(now, self.server.options.heartbeat_timeout):
+            silent = now - worker.last_seen
+            log.warning("worker %s (rank %d) silent for %.1f s: declared dead",
+                        worker.worker_id, worker.rank, silent)  # fmt: skip
+            self.retire(worker, "heartbeat timeout")
+
+    def retire(self, worker: WorkerState, why: str) -> None:
+        """Take a worker out of the live set (bye, death, replaced) and tell the rule."""
+        worker.alive = False
+        worker.held_pull = None
+        log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
+        if not worker.observer:
+            self.server.carry_out(self.server.rule.on_worker_left(worker))
+            self.server.release_pulls()
+
+    def begin_stop(self) -> None:
+        """Stop: answer everything held, flag every later reply, refuse new hellos."""
+        server = self.server
+        server.stopping = server._stop_requested = True
+        server._stop_deadline = time.monotonic() + self.server.options.stop_grace
+        log.info("stopping: answering held requests, waiting for workers to leave")
+        self.server.carry_out(self.server.rule.on_stop())
+        self.server.release_pulls()
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint to the checkpoint path now (ConfigError without one)."""
+        if self.server.options.checkpoint_path is None:
+            raise ConfigError("no checkpoint path configured")
+        meta = {"rule": self.server.rule.name, "updates": self.server.telemetry.counters.updates,
+                "time": time.time()}  # fmt: skip
+        path = self.server.store.save(self.server.options.checkpoint_path, meta)
+        log.info("checkpoint at version %d -> %s", self.server.store.version, path)
+        return path
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, versions, staleness and the worker table (the `stats` reply)."""
+        now = time.monotonic()
+        return {
+            "version": self.server.store.version,
+            "param_versions": dict(self.server.store.param_versions),
+            "rule": self.server.rule.describe(),
+            "world_size": self.server.registry.current_world_size(),
+            "live_workers": len(self.server.registry.live()),
+            "stopping": self.server.stopping,
+            **self.server.telemetry.counters.summary(),
+            "workers": [w.row(now) for w in self.server.registry.by_id.values()],
+        }

@@ -72,6 +72,13 @@ class WorkerState:
             return "answered"
         return "new" if seq > self.highest_seq else "stale"
 
+    def accept(self, push: Push) -> None:
+        """Book an accepted push: held until answered, its extra bytes counted."""
+        self.held_pushes[push.seq] = push
+        self.highest_seq = max(self.highest_seq, push.seq)
+        self.pushes += 1
+        self.extra_bytes_in += sum(array.nbytes for array in push.extra.values())
+
     def remember_answer(self, seq: int, header: dict[str, Any]) -> None:
         """Keep a push's reply for retries (the last SEQ_WINDOW of them)."""
         self.held_pushes.pop(seq, None)

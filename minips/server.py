@@ -30,7 +30,7 @@ import numpy as np
 import zmq
 
 from minips import wire
-from minips.control import ControlHandlers
+from minips.control import Control
 from minips.errors import ConfigError
 from minips.optim import SGD
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
@@ -141,13 +141,13 @@ class ParameterServer:
         if options.resume:
             meta = self.store.load(options.resume)
             log.info("resumed from %s at version %d (%s)", options.resume, self.store.version, meta)
-        control = ControlHandlers(self)
+        self.control = control = Control(self)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
             "push": self.handle_push,  # below: where gradients become updates
             "pull": self.handle_pull,
             "hello": control.hello,  # minips/control.py: membership and operator requests
             "ping": control.ping,
-            "stats": control.stats,
+            "stats": control.stats_request,
             "bye": control.bye,
             "stop": control.stop,
             "checkpoint": control.checkpoint,
@@ -173,7 +173,7 @@ class ParameterServer:
         poller.register(self.socket, zmq.POLLIN)
         while not self._finished():
             if self._stop_requested and not self.stopping:
-                self.begin_stop()
+                self.control.begin_stop()
             if poller.poll(self.options.poll_interval * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
                     try:
@@ -183,7 +183,7 @@ class ParameterServer:
                     self.serve(frames)
             self.on_tick(time.monotonic())
         if self.options.checkpoint_path:
-            self.save_checkpoint()
+            self.control.save_checkpoint()
         log.info("stopped at version %d", self.store.version)
 
     def serve(self, frames: list[Any]) -> None:
@@ -205,10 +205,7 @@ class ParameterServer:
 
     def on_tick(self, now: float) -> None:
         """Timers: dead workers, the end of the assembly, the rule's own timers."""
-        for worker in self.registry.silent(now, self.options.heartbeat_timeout):
-            log.warning("worker %s (rank %d) silent for %.1f s: declared dead",
-                        worker.worker_id, worker.rank, now - worker.last_seen)  # fmt: skip
-            self.retire(worker, "heartbeat timeout")
+        self.control.check_liveness(now)
         if self.registry.assembling:
             self.registry.update_assembly(now)
             self.release_pulls()
@@ -271,7 +268,8 @@ class ParameterServer:
         push.reply_to, push.staleness = envelope, self.store.version - push.base
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
-        self._accept(push, request)
+        push.worker.accept(push)
+        self.telemetry.count_push(push, request.arrays)
         if self.stopping:
             self.answer_push(push, applied=False)
             return
@@ -282,7 +280,7 @@ class ParameterServer:
         max_samples = self.options.max_samples
         if max_samples and self.telemetry.counters.samples >= max_samples:
             log.info("sample budget of %d reached: stopping", max_samples)
-            self.begin_stop()  # now, not on the loop's next turn: later messages see it
+            self.control.begin_stop()  # now, not on the loop's next turn: later messages see it
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.sender(request)
@@ -332,7 +330,7 @@ class ParameterServer:
         ))  # fmt: skip
         every = self.options.checkpoint_every
         if self.options.checkpoint_path and every and version % every == 0:
-            self.save_checkpoint()
+            self.control.save_checkpoint()
 
     def answer_push(self, push: Push, applied: bool) -> None:
         """Send (and remember, for retries) the reply to an accepted push."""
@@ -369,68 +367,16 @@ class ParameterServer:
         if not worker.observer:
             self.rule.on_pulled(worker)
 
-    # ------------------------------------------------------------------ leaving, stopping
-
-    def retire(self, worker: WorkerState, why: str) -> None:
-        """Take a worker out of the live set (bye, death, replaced) and tell the rule."""
-        worker.alive = False
-        worker.held_pull = None
-        log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
-        if not worker.observer:
-            self.carry_out(self.rule.on_worker_left(worker))
-            self.release_pulls()
-
-    def begin_stop(self) -> None:
-        """Stop: answer everything held, flag every later reply, refuse new hellos."""
-        self.stopping = self._stop_requested = True
-        self._stop_deadline = time.monotonic() + self.options.stop_grace
-        log.info("stopping: answering held requests, waiting for workers to leave")
-        self.carry_out(self.rule.on_stop())
-        self.release_pulls()
-
-    def save_checkpoint(self) -> Path:
-        """Write a checkpoint to the checkpoint path now (ConfigError without one)."""
-        if self.options.checkpoint_path is None:
-            raise ConfigError("no checkpoint path configured")
-        meta = {"rule": self.rule.name, "updates": self.telemetry.counters.updates,
-                "time": time.time()}  # fmt: skip
-        path = self.store.save(self.options.checkpoint_path, meta)
-        log.info("checkpoint at version %d -> %s", self.store.version, path)
-        return path
-
     @property
     def workers(self) -> dict[str, WorkerState]:
         """Every worker ever registered, by worker id (dead ones have alive=False)."""
         return self.registry.by_id
 
     def stats(self) -> dict[str, Any]:
-        """Counters, versions, staleness and the worker table (the `stats` reply)."""
-        now = time.monotonic()
-        return {
-            "version": self.store.version,
-            "param_versions": dict(self.store.param_versions),
-            "rule": self.rule.describe(),
-            "world_size": self.registry.current_world_size(),
-            "live_workers": len(self.registry.live()),
-            "stopping": self.stopping,
-            **self.telemetry.counters.summary(),
-            "workers": [w.row(now) for w in self.registry.by_id.values()],
-        }
+        """The `stats` reply: counters, versions, staleness and the worker table."""
+        return self.control.stats()
 
     # ---------------------------------------------------------------------------- sending
-
-    def _accept(self, push: Push, request: Message) -> None:
-        """Book an accepted push: held until answered, its bytes counted."""
-        worker, counters = push.worker, self.telemetry.counters
-        worker.held_pushes[push.seq] = push
-        worker.highest_seq = max(worker.highest_seq, push.seq)
-        worker.pushes += 1
-        extra_bytes = sum(array.nbytes for array in push.extra.values())
-        worker.extra_bytes_in += extra_bytes
-        counters.extra_bytes_in += extra_bytes
-        counters.grad_bytes_in += sum(
-            array.nbytes for name, array in request.arrays.items() if name not in push.extra
-        )
 
     def reply(
         self,

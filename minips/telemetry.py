@@ -9,7 +9,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from minips.rules import Push
 
 log = logging.getLogger("minips.server")
 
@@ -79,6 +84,12 @@ class Telemetry:
     def __init__(self, on_update: Callable[[dict[str, Any]], None] | None) -> None:
         self.counters = Counters()
         self.on_update = on_update
+
+    def count_push(self, push: Push, arrays: dict[str, np.ndarray]) -> None:
+        """Count an accepted push's array bytes: gradients and extras apart."""
+        extra = sum(array.nbytes for array in push.extra.values())
+        self.counters.extra_bytes_in += extra
+        self.counters.grad_bytes_in += sum(array.nbytes for array in arrays.values()) - extra
 
     def update(self, record: UpdateRecord) -> None:
         """Count an applied update (or a dropped push) and report it."""
