@@ -135,7 +135,7 @@ class ConfigBase:
         for item in fields(self):
             value = getattr(self, item.name)
             if value is not None and not isinstance(value, (list, dict)):
-                check_range(item.name.replace("_", " "), value, item.metadata["setting"])
+                check_range(item.name.replace("_", " "), value, _setting(item))
 
     def to_json(self) -> str:
         """The config as an indented JSON object (config.json)."""
@@ -169,102 +169,55 @@ class RunConfig(ConfigBase):
     not change).
     """
 
-    model: str = setting(
-        "lenet5", "Model from the zoo.", commands=TRAIN_RUN_SERVER, to_workers=True
-    )
-    dataset: str = setting(
-        "sample", "Dataset name (minips data list).", commands=TRAIN_RUN_SERVER, to_workers=True
-    )
-    data_dir: str | None = setting(
-        None,
-        "Directory with the dataset's IDX files.",
-        commands=TRAIN_RUN_SERVER,
-        to_workers=True,
-        cli_type=click.Path(file_okay=False),
-    )
-    epochs: int = setting(
-        5,
-        "Passes over the training data (a worker: over its shard).",
-        commands=TRAIN_RUN_SERVER,
-        to_workers=True,
-        minimum=1,
-    )
-    batch_size: int = setting(
-        64, "Samples per gradient.", commands=TRAIN_RUN_SERVER, to_workers=True, minimum=1
-    )
-    seed: int = setting(
-        0,
-        "Seed of the initial parameters and of the shuffling.",
-        commands=TRAIN_RUN_SERVER,
-        to_workers=True,
-    )
-    workers: int = setting(
-        2, "Number of workers (ranks 0..N-1).", minimum=1, server_option="world_size"
-    )
-    hetero: list[float] = setting(
-        [],
-        "Slowdown factor per worker, e.g. 1,1,2,4.",
-        to_workers=True,
-        parse=_comma_floats,
-        format=_comma_text,
-    )
-    lr: float = setting(
-        0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True, minimum=0, min_open=True
-    )
-    momentum: float = setting(
-        0.9,
-        "Momentum of the (server's) SGD.",
-        commands=TRAIN_RUN_SERVER,
-        minimum=0,
-        maximum=1,
-        max_open=True,
-    )
+    # fmt: off
+    # what the worker trains: model, data, epochs, batch size, seed
+    model: str = setting("lenet5", "Model from the zoo.", commands=TRAIN_RUN_SERVER,
+                         to_workers=True)
+    dataset: str = setting("sample", "Dataset name (minips data list).",
+                           commands=TRAIN_RUN_SERVER, to_workers=True)
+    data_dir: str | None = setting(None, "Directory with the dataset's IDX files.",
+                                   commands=TRAIN_RUN_SERVER, to_workers=True,
+                                   cli_type=click.Path(file_okay=False))
+    epochs: int = setting(5, "Passes over the training data (a worker: over its shard).",
+                          commands=TRAIN_RUN_SERVER, to_workers=True, minimum=1)
+    batch_size: int = setting(64, "Samples per gradient.", commands=TRAIN_RUN_SERVER,
+                              to_workers=True, minimum=1)
+    seed: int = setting(0, "Seed of the initial parameters and of the shuffling.",
+                        commands=TRAIN_RUN_SERVER, to_workers=True)
+    # the cluster
+    workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
+                           server_option="world_size")
+    hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
+                                  to_workers=True, parse=_comma_floats, format=_comma_text)
+    # the server's optimizer and update rule
+    lr: float = setting(0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True,
+                        minimum=0, min_open=True)
+    momentum: float = setting(0.9, "Momentum of the (server's) SGD.", commands=TRAIN_RUN_SERVER,
+                              minimum=0, maximum=1, max_open=True)
     weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
     rule: str = setting("asgd", f"Update rule: {', '.join(RULES)} (docs/algorithms.md).")
-    rule_options: dict[str, Any] = setting(
-        {},
-        "Extra rule option KEY=VALUE.",
-        flag="--rule-option",
-        multiple=True,
-        parse=_rule_option_pairs,
-        format=_rule_option_texts,
-    )
-    max_samples: int = setting(
-        ServerOptions.max_samples,
-        "Stop once all workers together "
-        "processed this many samples (0: no limit; epochs stays each "
-        "worker's bound).",
-        minimum=0,
-        server_option="max_samples",
-    )
-    heartbeat_timeout: float = setting(
-        ServerOptions.heartbeat_timeout,
-        "Seconds of silence before a worker is declared dead.",
-        minimum=0,
-        min_open=True,
-        server_option="heartbeat_timeout",
-    )
-    checkpoint_every: int = setting(
-        ServerOptions.checkpoint_every,
-        "Checkpoint every N updates (0: at the end).",
-        minimum=0,
-        server_option="checkpoint_every",
-    )
-    resume: str | None = setting(
-        None,
-        "Start from this checkpoint.",
-        server_option="resume",
-        cli_type=click.Path(dir_okay=False, exists=True),
-    )
-    bind: str = setting(
-        "tcp://127.0.0.1:5555",
-        "Listen address (tcp://0.0.0.0:5555 accepts other machines).",
-        commands=("server",),
-        server_option="bind",
-    )
+    rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
+                                           flag="--rule-option", multiple=True,
+                                           parse=_rule_option_pairs, format=_rule_option_texts)
+    # how the server runs (defaults: ServerOptions')
+    max_samples: int = setting(ServerOptions.max_samples, "Stop once all workers together "
+                               "processed this many samples (0: no limit; `epochs` stays "
+                               "each worker's bound).", minimum=0, server_option="max_samples")
+    heartbeat_timeout: float = setting(ServerOptions.heartbeat_timeout, "Seconds of silence "
+                                       "before a worker is declared dead.", minimum=0,
+                                       min_open=True, server_option="heartbeat_timeout")
+    checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
+                                    "updates (0: at the end).", minimum=0,
+                                    server_option="checkpoint_every")
+    resume: str | None = setting(None, "Start from this checkpoint.", server_option="resume",
+                                 cli_type=click.Path(dir_okay=False, exists=True))
+    # `minips server` only (`minips run` picks a free port and RUN_DIR/checkpoint.npz)
+    bind: str = setting("tcp://127.0.0.1:5555", "Listen address (tcp://0.0.0.0:5555 accepts "
+                        "other machines).", commands=("server",), server_option="bind")
     checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
                                      server_option="checkpoint_path",
-                                     cli_type=click.Path(dir_okay=False))  # fmt: skip
+                                     cli_type=click.Path(dir_okay=False))
+    # fmt: on
 
     def validate(self) -> None:
         """One-line ConfigError/DataError for options no run could use."""
@@ -322,21 +275,16 @@ def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:
     return chosen
 
 
+# fmt: off
 TrainConfig = make_dataclass(
     "TrainConfig",
-    [
-        *_derived_fields(RunConfig, "train"),
-        (
-            "eval_every",
-            int,
-            setting(
-                0, "Evaluate every N samples (0: once per epoch).", commands=("train",), minimum=0
-            ),
-        ),
-    ],  # fmt: skip
+    [*_derived_fields(RunConfig, "train"),
+     ("eval_every", int, setting(0, "Evaluate every N samples (0: once per epoch).",
+                                 commands=("train",), minimum=0))],
     bases=(ConfigBase,),
     frozen=True,
 )
+# fmt: on
 TrainConfig.__module__ = __name__  # make_dataclass would name the caller's module
 TrainConfig.__doc__ = """Everything that defines a single-process training run (`minips train`).
 
@@ -371,10 +319,12 @@ def click_type(kind: type, spec: Setting | RuleOption) -> click.ParamType:
     """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices."""
     if spec.choices:
         return click.Choice(list(spec.choices))
-    if kind in (int, float):
-        ranged = click.IntRange if kind is int else click.FloatRange
-        return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
-    return click.STRING
+    if kind not in (int, float):
+        return click.STRING
+    if spec.minimum is None and spec.maximum is None:
+        return click.INT if kind is int else click.FLOAT
+    ranged = click.IntRange if kind is int else click.FloatRange
+    return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
 
 
 def _field_option(item: Field) -> Callable:
