@@ -68,47 +68,13 @@ def run_local(
 
     The run directory's files are described in minips.runlog.
     """
-    config.validate()
     out = Path(out_dir)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    for stale in RUN_OUTPUTS:
-        (out / stale).unlink(missing_ok=True)
-    config = replace(
-        config,
-        # a free port when none was chosen: two runs side by side do not collide
-        bind="tcp://127.0.0.1:*" if config.bind == RunConfig.bind else config.bind,
-        checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
-    )
-    (out / "config.json").write_text(config.to_json())
-
+    config = _prepare_run_dir(config, out)
     t0 = time.monotonic()
     env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
-    base = [sys.executable, "-m", "minips"]
-    cluster = _Cluster(logs, env)
+    cluster = _Cluster(out / "logs", env)
     try:
-        cluster.start(
-            "server",
-            base + ["server", *config.server_args(), "--endpoint-file", str(out / "endpoint"),
-                    "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
-        )  # fmt: skip
-        endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
-        # The evaluator first: registered before any worker trains, it sees the first and
-        # (the server waits for observers when stopping) the final parameters.
-        cluster.start(
-            "evaluator",
-            base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-                    "--interval", repr(eval_interval), "--t0", repr(t0)],
-        )  # fmt: skip
-        cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
-        for index in range(config.workers):
-            # The server gives ranks in the order hellos arrive, so a process is named by its
-            # start order until its rank is known; the worker fills {rank} in its report path.
-            cluster.start(
-                f"worker.{index}",
-                base + ["worker", "--connect", endpoint, "--report",
-                        str(out / "worker-{rank}.json"), "--quiet"],
-            )  # fmt: skip
+        endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout)
         total = 0  # the progress bar's length; loading the data for it only when shown
         if progress is not None:
             total = config.epochs * _train_size(config)
@@ -127,6 +93,60 @@ def run_local(
             cluster.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
         cluster.kill_all()
     return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
+
+
+def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
+    """Check the config (before anything is written), clear old outputs, write config.json.
+
+    Returns the config as run: a free port unless a bind address was chosen (two runs side
+    by side do not collide), the checkpoint in the run directory unless one was chosen.
+    """
+    config.validate()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    for stale in RUN_OUTPUTS:
+        (out / stale).unlink(missing_ok=True)
+    config = replace(
+        config,
+        bind="tcp://127.0.0.1:*" if config.bind == RunConfig.bind else config.bind,
+        checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
+    )
+    (out / "config.json").write_text(config.to_json())
+    return config
+
+
+def _start(
+    cluster: _Cluster,
+    config: RunConfig,
+    out: Path,
+    t0: float,
+    eval_interval: float,
+    startup_timeout: float,
+) -> str:
+    """Start the server, then the evaluator, then the workers; return the server's address."""
+    base = [sys.executable, "-m", "minips"]
+    cluster.start(
+        "server",
+        base + ["server", *config.server_args(), "--endpoint-file", str(out / "endpoint"),
+                "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
+    )  # fmt: skip
+    endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
+    # The evaluator first: registered before any worker trains, it sees the first and
+    # (the server waits for observers when stopping) the final parameters.
+    cluster.start(
+        "evaluator",
+        base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
+                "--interval", repr(eval_interval), "--t0", repr(t0)],
+    )  # fmt: skip
+    cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
+    for index in range(config.workers):
+        # The server gives ranks in the order hellos arrive, so a process is named by its
+        # start order until its rank is known; the worker fills {rank} in its report path.
+        cluster.start(
+            f"worker.{index}",
+            base + ["worker", "--connect", endpoint, "--report", str(out / "worker-{rank}.json"),
+                    "--quiet"],
+        )  # fmt: skip
+    return endpoint
 
 
 def _watch(

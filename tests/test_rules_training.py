@@ -101,6 +101,10 @@ def test_minips_run_vsgd_from_the_cli(tmp_path, capsys):
         (["--rule", "vsgd", "--dc-lambda", "0.1"], "--dc-lambda only applies to --rule dcasgd"),
         (["--rule", "dasgd", "--vsgd-rho", "0.1"], "--vsgd-rho only applies to --rule vsgd"),
         (["--rule", "ssp", "--tau-max", "3"], "--tau-max only applies to --rule dasgd"),
+        (
+            ["--rule", "asgd", "--vsgd-step-decay", "0.5"],
+            "--vsgd-step-decay only applies to --rule vsgd",
+        ),
         (["--rule", "dasgd", "--power", "2"], "power only applies to schedule 'poly'"),
         (["--rule", "vsgd", "--rule-option", "rho=7"], "rho must be in (0, 1]"),
         (["--rule", "dcasgd", "--rule-option", "lambda=1"], "bad options for rule 'dcasgd'"),
