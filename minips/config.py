@@ -89,7 +89,10 @@ def _text(value: Any) -> str:
 
 def _comma_floats(text: str | None) -> list[float]:
     """ "1,1,2" -> [1.0, 1.0, 2.0] (nothing given: [])."""
-    return [float(part) for part in text.split(",")] if text else []
+    try:
+        return [float(part) for part in text.split(",")] if text else []
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _comma_text(values: list[float]) -> str:
