@@ -12,10 +12,9 @@ import os
 import time
 
 from minips.client import PSClient, ServerUnavailable
-from minips.data import load_dataset
 from minips.metrics import MetricsLog
-from minips.nn import build_model
 from minips.trainer import evaluate
+from minips.worker import dataset_from_hello, model_from_hello
 
 
 def run_evaluator(
@@ -27,8 +26,8 @@ def run_evaluator(
     """Evaluate every `interval` seconds until the server stops; return the last record."""
     hello = client.hello({"role": "observer", "pid": os.getpid()})
     config = hello["config"]
-    data = load_dataset(config["dataset"], data_dir or config.get("data_dir"))
-    model = build_model(config["model"]["name"], seed=0, **config["model"].get("kwargs", {}))
+    data = dataset_from_hello(config, data_dir)
+    model = model_from_hello(config)
     version: int | None = None
     last: dict | None = None
     next_eval = time.monotonic()

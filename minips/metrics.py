@@ -15,8 +15,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
+
+ProgressFn = Callable[[int, int, dict[str, Any]], None]
+"""progress(samples_done, samples_total, latest): called as training goes on (by the trainer
+after every step, by the launcher about twice a second). `latest` holds the newest figures
+known: `train_loss`, `accuracy`, `updates` (whichever the caller has)."""
 
 
 def _clean(value: Any) -> Any:
@@ -53,10 +59,14 @@ class MetricsLog:
         if event != "summary":
             record["time"] = round(self.elapsed(), 4)
         record.update(_clean(fields))
+        self.write_record(record)
+        return record
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Write a record as it is: one already timed by the log it comes from (merging)."""
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()  # a crash or Ctrl-C still leaves every line written so far
-        return record
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -75,3 +85,13 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read a metrics.jsonl file back into a list of records (blank lines skipped)."""
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def merge_logs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The records of several logs (missing files skipped), in order of `time`.
+
+    The sort is stable: records of equal time keep the order of `paths`, then of their file.
+    """
+    records = [record for path in paths if Path(path).exists() for record in read_metrics(path)]
+    records.sort(key=lambda record: record.get("time", 0.0))
+    return records

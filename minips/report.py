@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import RunDirError
-from minips.metrics import read_metrics
+from minips.metrics import merge_logs, read_metrics
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
@@ -72,8 +72,7 @@ def load_run(path: str | Path) -> Run:
                     f"{root}: not a run directory (no metrics.jsonl; make one with "
                     "`minips run --out DIR`)"
                 )
-            records = [r for p in partial if p.exists() for r in read_metrics(p)]
-            records.sort(key=lambda record: record.get("time", 0.0))
+            records = merge_logs(partial)
             complete = False
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None

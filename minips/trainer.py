@@ -7,66 +7,22 @@ One model, one SGD optimizer, plain minibatch SGD over the whole training set:
         model.backward(dlogits);  w <- w - lr * (momentum-accumulated) grad
 
 Test accuracy is measured every `eval_every` samples and at the end of every epoch.
+`TrainConfig` (the run's settings) is declared in minips.config.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from minips.config import TrainConfig
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
-from minips.metrics import MetricsLog
+from minips.metrics import MetricsLog, ProgressFn
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.optim import SGD
-
-
-@dataclass
-class TrainingOptions:
-    """What every training run is made of: model, data, optimizer, epochs, seed.
-
-    The single-process `TrainConfig` and the distributed `minips.launch.ServerSpec` both
-    extend it, so the baseline and a cluster run are configured by the same fields.
-    """
-
-    model: str = "lenet5"
-    dataset: str = "sample"
-    data_dir: str | None = None
-    epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
-
-    def validate(self) -> None:
-        """Raise ConfigError (one line) for values no run could use."""
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ConfigError(f"learning rate must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight decay must be >= 0, got {self.weight_decay}")
-
-
-@dataclass
-class TrainConfig(TrainingOptions):
-    """Everything that defines a single-process training run."""
-
-    eval_every: int = 0  # samples between evaluations; 0 = once per epoch
-
-    def validate(self) -> None:
-        """Raise ConfigError (one line) for values no run could use."""
-        super().validate()
-        if self.eval_every < 0:
-            raise ConfigError(f"eval-every must be >= 0, got {self.eval_every}")
 
 
 @dataclass
@@ -93,10 +49,6 @@ def evaluate(
         loss_sum += loss * len(xb)
         correct += int((logits.argmax(axis=1) == yb).sum())
     return correct / len(x), loss_sum / len(x)
-
-
-ProgressFn = Callable[[int, int, dict], None]
-"""progress(samples_done, samples_total, latest) - called after every step."""
 
 
 def train(

@@ -1,4 +1,5 @@
-"""A training worker: hello, then {pull, forward/backward on its own shard, push} until done.
+"""A training worker: hello, a pull, then `Worker.step` (forward/backward on a batch of its
+own shard, push, pull) until its epochs are done or the server says stop.
 
 The worker needs only the server's address: everything else (model, dataset, batch size,
 its rank and shard, the rule's options) comes back from `hello`. A slowdown factor F makes
@@ -13,13 +14,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from minips.client import PSClient, ServerError
-from minips.data import iterate_batches, load_dataset
-from minips.nn import build_model, softmax_cross_entropy
-from minips.sampling import Sampler
+from minips.data import Dataset, iterate_batches, load_dataset
+from minips.nn import Sequential, build_model, softmax_cross_entropy
+from minips.rules import WorkerSide, worker_side
 
 
 @dataclass
@@ -49,7 +51,12 @@ class WorkerReport:
 
 
 class Worker:
-    """One data-parallel worker talking to a parameter server through a `PSClient`."""
+    """One data-parallel worker talking to a parameter server through a `PSClient`.
+
+    data_dir: this machine's copy of the dataset (default: the config's). slowdown: make
+    each step take F times its compute time (default: the config's `hetero[rank]`).
+    max_steps: stop after this many steps (default: the config's epochs bound it).
+    """
 
     def __init__(
         self,
@@ -62,6 +69,11 @@ class Worker:
         self.data_dir = data_dir
         self.slowdown = slowdown
         self.max_steps = max_steps
+        # Set by `run` from the server's hello (what `step` works with):
+        self.report = WorkerReport()
+        self.model: Sequential | None = None
+        self.rule_side = WorkerSide()  # what the rule needs besides gradients (VSGD: samples)
+        self.version = 0  # the version of the parameters in self.model (the last pull's)
 
     def run(self) -> WorkerReport:
         """Train until the epoch budget from the config ends or the server says stop."""
@@ -74,75 +86,94 @@ class Worker:
             # The run ended (e.g. its sample budget was spent) before this worker arrived.
             return WorkerReport(stopped_by_server=True, wall_s=time.monotonic() - start)
         config = hello["config"]
-        rank, world_size = int(hello["rank"]), int(hello["world_size"])
-        hetero = config.get("hetero") or []
-        slowdown = self.slowdown or (float(hetero[rank]) if rank < len(hetero) else 1.0)
-        report = WorkerReport(rank=rank, slowdown=slowdown)
-
-        data_dir = self.data_dir or config.get("data_dir")
-        shard = load_dataset(config["dataset"], data_dir).shard(rank, world_size)
-        model = build_model(config["model"]["name"], seed=0, **config["model"].get("kwargs", {}))
-        rng = np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
-        rule = config.get("rule") or {}
-        sampler = None
-        if rule.get("name") == "vsgd":  # same sample as the server's (minips.sampling)
-            sampler = Sampler(float(rule["rho"]), int(rule["min_samples"]))
-
+        shard, rng = self._join(hello)
         tick = time.monotonic()
-        reply = self.client.pull()
-        report.comm_s += time.monotonic() - tick
-        model.set_params(reply.params, strict=False)
-        version = reply.version
-
-        report.stopped_by_server = reply.stop
+        self.report.stopped_by_server = self._pull(since=None)
+        self.report.comm_s += time.monotonic() - tick
         for _epoch in range(int(config["epochs"])):
-            if report.stopped_by_server or self._budget_spent(report):
+            if self.report.stopped_by_server or self._budget_spent():
                 break
             batches = iterate_batches(shard.x_train, shard.y_train, int(config["batch_size"]), rng)
             for xb, yb in batches:
-                tick = time.monotonic()
-                logits = model.forward(xb, train=True)  # (B, K)
-                _, dlogits = softmax_cross_entropy(logits, yb)
-                model.backward(dlogits)
-                compute = time.monotonic() - tick
-                report.compute_s += compute
-                if slowdown > 1:
-                    # Stretch this step to `slowdown` times its compute time.
-                    time.sleep((slowdown - 1) * compute)
-                    report.slowdown_s += (slowdown - 1) * compute
+                if not self.step(xb, yb) or self._budget_spent():
+                    break
+        self.report.wall_s = time.monotonic() - start
+        return self.report
 
-                tick = time.monotonic()
-                extra = None
-                if sampler is not None:
-                    # The parameters are still those of the last pull (they change only
-                    # in set_params below): exactly the values the gradient was taken at.
-                    params = model.params
-                    extra = {f"sample/{n}": sampler.values(n, params[n]) for n in model.grads}
-                    report.extra_bytes += sum(values.nbytes for values in extra.values())
-                pushed = self.client.push(model.grads, base=version, extra=extra, samples=len(xb))
-                if pushed.stop and not pushed.applied:
-                    # It arrived after the run stopped: not trained on, so not counted.
-                    report.comm_s += time.monotonic() - tick
-                    report.stopped_by_server = True
-                    break
-                report.staleness.append(int(pushed.staleness))
-                report.steps += 1
-                report.samples += len(xb)
-                reply = self.client.pull(since=version)
-                report.comm_s += time.monotonic() - tick
-                if reply.params:
-                    model.set_params(reply.params, strict=False)
-                version = reply.version
-                if pushed.stop or reply.stop:
-                    report.stopped_by_server = True
-                    break
-                if self._budget_spent(report):
-                    break
-        report.wall_s = time.monotonic() - start
-        return report
+    def step(self, xb: np.ndarray, yb: np.ndarray) -> bool:
+        """One batch xb (B, C, H, W), yb (B,): gradients, push, pull. False: the server stopped.
 
-    def _budget_spent(self, report: WorkerReport) -> bool:
-        return self.max_steps is not None and report.steps >= self.max_steps
+        The gradients are taken at the parameters of the last pull, version `self.version`
+        (the push's `base`); the rule's worker side adds what it needs to the push.
+        """
+        report = self.report
+        tick = time.monotonic()
+        logits = self.model.forward(xb, train=True)  # (B, K)
+        _, dlogits = softmax_cross_entropy(logits, yb)
+        self.model.backward(dlogits)
+        self._slow_down(compute=time.monotonic() - tick)
+
+        tick = time.monotonic()
+        # Still the parameters of the last pull (set only by _pull below): VSGD's samples are
+        # exactly the values the gradient was computed at.
+        extra = self.rule_side.extras(self.model.params, self.model.grads)
+        report.extra_bytes += sum(values.nbytes for values in extra.values())
+        pushed = self.client.push(self.model.grads, base=self.version, extra=extra, samples=len(xb))
+        if pushed.stop and not pushed.applied:
+            # It arrived after the run stopped: not trained on, so not counted.
+            report.comm_s += time.monotonic() - tick
+            report.stopped_by_server = True
+            return False
+        report.staleness.append(int(pushed.staleness))
+        report.steps += 1
+        report.samples += len(xb)
+        stopped = self._pull(since=self.version)
+        report.comm_s += time.monotonic() - tick
+        if pushed.stop or stopped:
+            report.stopped_by_server = True
+        return not report.stopped_by_server
+
+    def _join(self, hello: dict[str, Any]) -> tuple[Dataset, np.random.Generator]:
+        """Set up from hello's reply (report, model, rule side); the shard and its shuffler."""
+        config = hello["config"]
+        rank, world_size = int(hello["rank"]), int(hello["world_size"])
+        hetero = config.get("hetero") or []
+        slowdown = self.slowdown or (float(hetero[rank]) if rank < len(hetero) else 1.0)
+        self.report = WorkerReport(rank=rank, slowdown=slowdown)
+        self.model = model_from_hello(config)
+        self.rule_side = worker_side(config.get("rule") or {})
+        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
+        return shard, np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
+
+    def _pull(self, since: int | None) -> bool:
+        """Fetch the parameters changed since version `since` into the model; the stop flag."""
+        reply = self.client.pull(since=since)
+        if reply.params:
+            self.model.set_params(reply.params, strict=False)
+        self.version = reply.version
+        return reply.stop
+
+    def _slow_down(self, compute: float) -> None:
+        """Count `compute` seconds; with a slowdown F, sleep (F - 1) times as long."""
+        self.report.compute_s += compute
+        if self.report.slowdown > 1:
+            extra = (self.report.slowdown - 1) * compute
+            time.sleep(extra)
+            self.report.slowdown_s += extra
+
+    def _budget_spent(self) -> bool:
+        return self.max_steps is not None and self.report.steps >= self.max_steps
+
+
+def model_from_hello(config: dict[str, Any]) -> Sequential:
+    """The model hello's config describes (its parameters come with the first pull)."""
+    spec = config["model"]
+    return build_model(spec["name"], seed=0, **spec.get("kwargs", {}))
+
+
+def dataset_from_hello(config: dict[str, Any], data_dir: str | None = None) -> Dataset:
+    """The dataset hello's config names, from `data_dir` if given (this machine's copy)."""
+    return load_dataset(config["dataset"], data_dir or config.get("data_dir"))
 
 
 def write_report(report: WorkerReport, path: str | Path) -> None:

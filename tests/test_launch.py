@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 
 from minips.client import PSClient
+from minips.config import RunConfig
 from minips.errors import ConfigError
-from minips.launch import ServerSpec, run_local
+from minips.launch import run_local
 from minips.metrics import read_metrics
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
 
 
 def test_two_workers_converge_on_synthetic_data(tmp_path):
-    spec = ServerSpec(epochs=2, workers=2, rule="asgd", **FAST)
+    spec = RunConfig(epochs=2, workers=2, rule="asgd", **FAST)
     summary = run_local(spec, tmp_path, eval_interval=0.5)
     assert summary["accuracy"] >= 0.9
     assert summary["samples"] == 2 * 2000  # two epochs over two disjoint halves
@@ -41,7 +42,7 @@ def test_two_workers_converge_on_synthetic_data(tmp_path):
 
 def test_bad_options_are_refused_before_any_process_starts(tmp_path):
     with pytest.raises(ConfigError, match="hetero"):
-        run_local(ServerSpec(workers=2, hetero=[1.0], **FAST), tmp_path)
+        run_local(RunConfig(workers=2, hetero=[1.0], **FAST), tmp_path)
     assert not (tmp_path / "logs").exists()
 
 
@@ -134,7 +135,7 @@ def test_options_also_come_from_environment_variables(tmp_path):
 
 def test_a_sample_budget_stops_the_run_and_fast_workers_do_more(tmp_path):
     # A budget of a few seconds of training, so both workers surely join before it is spent.
-    spec = ServerSpec(epochs=100, workers=2, hetero=[1.0, 4.0], max_samples=30000, **FAST)
+    spec = RunConfig(epochs=100, workers=2, hetero=[1.0, 4.0], max_samples=30000, **FAST)
     summary = run_local(spec, tmp_path, eval_interval=0.5)
     # The server stops itself at the push that crosses the budget (one batch at most past it);
     # pushes arriving after that are answered `stop`, not applied and not counted.

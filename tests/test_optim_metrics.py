@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from minips.metrics import MetricsLog, read_metrics
+from minips.metrics import MetricsLog, merge_logs, read_metrics
 from minips.optim import SGD
 
 
@@ -96,3 +96,15 @@ def test_state_dict_of_the_wrong_shape_is_refused_and_dtype_follows_the_paramete
         opt.load_state_dict({"velocity/w": np.zeros(4, np.float32)})
     opt.load_state_dict({"velocity/w": np.ones(3, np.float32)})
     assert opt.velocity["w"].dtype == np.float64
+
+
+def test_logs_merge_in_time_order_and_records_are_copied_as_written(tmp_path):
+    updates = [{"event": "update", "time": 0.5}, {"event": "update", "time": 2.0}]
+    evals = [{"event": "eval", "time": 0.5, "accuracy": 0.1}, {"event": "eval", "time": 1.0}]
+    for name, records in (("u.jsonl", updates), ("e.jsonl", evals)):
+        with MetricsLog(tmp_path / name) as log:
+            for record in records:
+                log.write_record(record)  # kept as given: no new `time`
+    merged = merge_logs([tmp_path / "u.jsonl", tmp_path / "missing.jsonl", tmp_path / "e.jsonl"])
+    # by time; a tie keeps the order of the files given
+    assert merged == [updates[0], evals[0], evals[1], updates[1]]

@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
+from minips.config import RunConfig
 from minips.errors import MissingExtraError, RunDirError
-from minips.launch import ServerSpec, run_local
+from minips.launch import run_local
 from minips.report import (
     bin_label,
     format_report,
@@ -42,7 +43,7 @@ def real_run(tmp_path_factory) -> Path:
     say, not which ranks ran).
     """
     out = tmp_path_factory.mktemp("run") / "asgd-hetero"
-    spec = ServerSpec(epochs=1, batch_size=16, workers=2, hetero=[1.0, 3.0], **FAST)
+    spec = RunConfig(epochs=1, batch_size=16, workers=2, hetero=[1.0, 3.0], **FAST)
     run_local(spec, out, eval_interval=0.5)
     return out
 

@@ -6,10 +6,11 @@ import threading
 import pytest
 
 from minips.cli import main
-from minips.cli.ps_cmd import RULE_FLAGS, _spec
+from minips.cli.ps_cmd import run_command
 from minips.client import PSClient
+from minips.config import RunConfig
 from minips.data import load_dataset
-from minips.launch import ServerSpec, make_server
+from minips.launch import make_server
 from minips.metrics import read_metrics
 from minips.nn import build_model
 from minips.trainer import evaluate
@@ -29,8 +30,9 @@ FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
     ids=["dasgd", "dasgd-cutoff", "vsgd", "dcasgd"],
 )
 def test_two_workers_converge_with_each_new_rule(rule, options):
-    spec = ServerSpec(epochs=1, workers=2, rule=rule, rule_options=options, **FAST)
-    spec.bind = "tcp://127.0.0.1:*"
+    spec = RunConfig(
+        epochs=1, workers=2, rule=rule, rule_options=options, bind="tcp://127.0.0.1:*", **FAST
+    )
     records = []
     server = make_server(spec, on_update=records.append)
     loop = threading.Thread(target=server.run, daemon=True)
@@ -99,6 +101,10 @@ def test_minips_run_vsgd_from_the_cli(tmp_path, capsys):
         (["--rule", "vsgd", "--dc-lambda", "0.1"], "--dc-lambda only applies to --rule dcasgd"),
         (["--rule", "dasgd", "--vsgd-rho", "0.1"], "--vsgd-rho only applies to --rule vsgd"),
         (["--rule", "ssp", "--tau-max", "3"], "--tau-max only applies to --rule dasgd"),
+        (
+            ["--rule", "asgd", "--vsgd-step-decay", "0.5"],
+            "--vsgd-step-decay only applies to --rule vsgd",
+        ),
         (["--rule", "dasgd", "--power", "2"], "power only applies to schedule 'poly'"),
         (["--rule", "vsgd", "--rule-option", "rho=7"], "rho must be in (0, 1]"),
         (["--rule", "dcasgd", "--rule-option", "lambda=1"], "bad options for rule 'dcasgd'"),
@@ -114,13 +120,28 @@ def test_rule_options_with_the_wrong_rule_are_one_line_errors(tmp_path, capsys, 
 
 
 def test_named_rule_options_reach_the_rule():
-    def spec(rule, **named):
-        options = dict.fromkeys(RULE_FLAGS)
-        options.update(rule=rule, rule_options={}, model="mlp", dataset="synthetic", **named)
-        return _spec(options).rule_options
+    def spec(rule, *flags):
+        # The options exactly as `minips run` parses them from the command line.
+        args = ["--rule", rule, "--model", "mlp", "--dataset", "synthetic", *flags]
+        values = run_command().make_context("run", args).params
+        for own in ("out", "eval_interval", "quiet"):
+            values.pop(own)
+        return RunConfig.from_options(values).rule_options
 
-    assert spec("dasgd", dasgd_schedule="exp", beta=0.3) == {"schedule": "exp", "beta": 0.3}
-    assert spec("dasgd", dasgd_schedule="cutoff", tau_max=2) == {"schedule": "cutoff", "tau_max": 2}
-    assert spec("vsgd", vsgd_rho=0.1, vsgd_min_samples=8) == {"rho": 0.1, "min_samples": 8}
-    assert spec("dcasgd", dc_lambda=0.5) == {"lam": 0.5}
-    assert spec("ssp", staleness=2) == {"staleness": 2}
+    assert spec("dasgd", "--dasgd-schedule", "exp", "--beta", "0.3") == {
+        "schedule": "exp",
+        "beta": 0.3,
+    }
+    assert spec("dasgd", "--dasgd-schedule", "cutoff", "--tau-max", "2") == {
+        "schedule": "cutoff",
+        "tau_max": 2,
+    }
+    assert spec("vsgd", "--vsgd-rho", "0.1", "--vsgd-min-samples", "8") == {
+        "rho": 0.1,
+        "min_samples": 8,
+    }
+    assert spec("vsgd", "--vsgd-step-decay", "0.5") == {"step_decay": 0.5}
+    assert spec("dcasgd", "--dc-lambda", "0.5") == {"lam": 0.5}
+    assert spec("ssp", "--staleness", "2") == {"staleness": 2}
+    # A named flag wins over the same option given as --rule-option.
+    assert spec("ssp", "--rule-option", "staleness=5", "--staleness", "1") == {"staleness": 1}

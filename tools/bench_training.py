@@ -25,7 +25,8 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the baseline runs single-threaded too
 
-from minips.launch import ServerSpec, run_local  # noqa: E402
+from minips.config import RunConfig
+from minips.launch import run_local  # noqa: E402
 from minips.trainer import TrainConfig, train  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def run_config(config: str, args: argparse.Namespace, out_root: Path) -> dict:
     rule, workers, *rest = config.split(":")
     lr = float(rest[0]) if rest and rest[0] else args.lr
     momentum = float(rest[1]) if len(rest) > 1 else args.momentum
-    spec = ServerSpec(
+    spec = RunConfig(
         model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
         lr=lr, momentum=momentum, seed=args.seed, rule=rule, workers=int(workers),
     )  # fmt: skip

@@ -35,9 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from minips.config import RunConfig
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
-from minips.launch import ServerSpec, run_local
+from minips.launch import run_local
 from minips.report import load_run, summarize
 from minips.rules import RULES
 
@@ -138,7 +139,7 @@ def choose_rules(requested: str) -> list[str]:
 
 def make_spec(
     args: argparse.Namespace, dataset: str, rule: str, env: Environment, train_size: int
-) -> ServerSpec:
+) -> RunConfig:
     """One cell's run: a global budget of `epochs` passes over the training set.
 
     The server stops the run once the workers together processed that many samples, so a
@@ -146,7 +147,7 @@ def make_spec(
     and every rule gets exactly the same amount. A worker's own epoch count is only an
     upper bound (it may need more than one pass over its shard when others are slow).
     """
-    return ServerSpec(
+    return RunConfig(
         model=args.model, dataset=dataset, data_dir=args.data_dir,
         epochs=args.epochs * env.workers, max_samples=args.epochs * train_size,
         batch_size=args.batch_size, lr=args.lr * env.lr_scale, momentum=args.momentum,
@@ -154,7 +155,7 @@ def make_spec(
     )  # fmt: skip
 
 
-def _same_config(run_dir: Path, spec: ServerSpec) -> bool:
+def _same_config(run_dir: Path, spec: RunConfig) -> bool:
     """True when run_dir finished a run of exactly this spec (addresses and paths aside)."""
     if not (run_dir / "summary.json").exists() or not (run_dir / "config.json").exists():
         return False
@@ -165,7 +166,7 @@ def _same_config(run_dir: Path, spec: ServerSpec) -> bool:
 
 
 def run_cell(
-    args: argparse.Namespace, run_dir: Path, spec: ServerSpec, label: str
+    args: argparse.Namespace, run_dir: Path, spec: RunConfig, label: str
 ) -> dict[str, Any]:
     """Run (or reuse) one grid cell; return its row for the table."""
     started = time.monotonic()

@@ -3,38 +3,74 @@
 Thin by design: each command parses its options and calls the library. User errors
 (`MinipsError`) are printed as one line and exit with status 2; anything else is a bug and
 keeps its traceback.
+
+Commands are registered in the COMMANDS table below and imported only when used: a
+command's module (and what it needs: numpy, zmq, an optional extra's library) loads when
+that command runs or shows its own help, never for `minips --help` or another command.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any
 
 import click
 
 from minips import __version__
 from minips.errors import MinipsError
 
+# name -> ("module:attribute" of the click command, the line `minips --help` shows for it;
+# None: hidden). The line is the first line of the command's docstring (a test checks).
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "train": ("minips.cli.train_cmd:train",
+              "Train a model in one process (the baseline for distributed runs)."),
+    "run": ("minips.cli.ps_cmd:run",
+            "Run a server, N workers and an evaluator on this machine, as processes."),
+    "server": ("minips.cli.ps_cmd:server",
+               "Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."),
+    "worker": ("minips.cli.ps_cmd:worker",
+               "Train here for the server at --connect (everything else comes from it)."),
+    "evaluate": ("minips.cli.ps_cmd:evaluate", None),  # started by `minips run`
+    "data": ("minips.cli.data_cmd:data", "List and download datasets."),
+    "report": ("minips.cli.report_cmd:report",
+               "Summarise run directories: accuracy, time, traffic, staleness per worker."),
+    "plot": ("minips.cli.report_cmd:plot",
+             "Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."),
+}  # fmt: skip
+
+
+class LazyGroup(click.Group):
+    """A click group that finds its commands in a table and imports each on first use."""
+
+    def __init__(self, *args: Any, table: dict[str, tuple[str, str | None]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.table = table
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.table)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.table:
+            return None
+        module, _, attribute = self.table[cmd_name][0].partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # From the table, so listing the commands imports none of them.
+        rows = [(name, line) for name, (_, line) in self.table.items() if line is not None]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 @click.group(
-    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIPS"}
+    cls=LazyGroup,
+    table=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIPS"},
 )
 @click.version_option(__version__, prog_name="minips")
 def cli() -> None:
     """minips: a small parameter server for distributed deep learning."""
-
-
-def _register() -> None:
-    # Imported here so that `minips --help` stays fast and each command lives in its own module.
-    from minips.cli.data_cmd import data
-    from minips.cli.ps_cmd import evaluate, run, server, worker
-    from minips.cli.report_cmd import plot, report
-    from minips.cli.train_cmd import train
-
-    for command in (train, run, server, worker, evaluate, data, report, plot):
-        cli.add_command(command)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:

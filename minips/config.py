@@ -1,0 +1,386 @@
+"""One definition of a run's configuration, and everything derived from it.
+
+A distributed run is configured by the fields of `RunConfig`; the single-process trainer's
+`TrainConfig` is derived from the same fields (those `minips train` takes). Each field is
+declared once with `setting(...)`: its default, help, range, the commands that take it,
+whether workers receive it in `hello`, and which `ServerOptions` field it sets. The rest is
+derived here, so a new field is one declaration:
+
+    config_options(cls, command)      the click options of `minips run` / `server` / `train`
+                                      (for `rule_options`, each rule's flags from Rule.options)
+    cls.from_options(values)          the config from those options' values
+    config.validate()                 the same ranges the CLI enforces, plus cross-field checks
+    config.to_json()                  config.json of a run directory
+    config.hello_config(model_spec)   the `config` map workers receive in `hello`
+    config.server_options()           the server's ServerOptions
+    config.server_args()              the `minips server` arguments that rebuild the config
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass
+from typing import Any, TypeVar
+
+import click
+
+from minips.errors import ConfigError
+from minips.rules import RULES, RuleOption, make_rule
+from minips.server import ServerOptions
+
+TRAIN_RUN_SERVER = ("train", "run", "server")
+RUN_SERVER = ("run", "server")
+RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one configuration field is offered and where it goes (its dataclass metadata).
+
+    help: the option's help. commands: the commands that take it as an option. to_workers:
+    sent to workers in hello's config. server_option: the ServerOptions field it sets.
+    minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
+    by the CLI and by `validate()`. cli_type: a click type for fields whose default does
+    not say it (paths). parse / format: option text -> value and back, for values that
+    are not a plain number or word (a comma list); `multiple`: the option may repeat.
+    flag: the option's name when it is not "--" + the field's name with dashes.
+    """
+
+    help: str
+    commands: tuple[str, ...] = RUN_SERVER
+    to_workers: bool = False
+    server_option: str | None = None
+    minimum: float | None = None
+    min_open: bool = False
+    maximum: float | None = None
+    max_open: bool = False
+    choices: tuple[str, ...] = ()
+    cli_type: click.ParamType | None = None
+    parse: Callable[[Any], Any] | None = None
+    format: Callable[[Any], str | list[str]] | None = None
+    multiple: bool = False
+    flag: str | None = None
+
+
+def setting(default: Any = MISSING, help: str = "", **how: Any) -> Any:
+    """A dataclass field declared with its `Setting`; a list or dict default is copied."""
+    metadata = {"setting": Setting(help=help, **how)}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.copy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _setting(item: Field) -> Setting:
+    if "setting" not in item.metadata:
+        raise TypeError(f"configuration field {item.name!r} is not declared with setting()")
+    return item.metadata["setting"]
+
+
+def _flag(item: Field) -> str:
+    return _setting(item).flag or "--" + item.name.replace("_", "-")
+
+
+def _text(value: Any) -> str:
+    """A value as option text that parses back to it (repr keeps every digit of a float)."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _comma_floats(text: str | None) -> list[float]:
+    """ "1,1,2" -> [1.0, 1.0, 2.0] (nothing given: [])."""
+    try:
+        return [float(part) for part in text.split(",")] if text else []
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _comma_text(values: list[float]) -> str:
+    return ",".join(repr(float(value)) for value in values)
+
+
+def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
+    """("rho=0.05", "schedule=exp") -> {"rho": 0.05, "schedule": "exp"} (values as JSON)."""
+    options: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            options[key.replace("-", "_")] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key.replace("-", "_")] = raw  # a bare word, e.g. schedule=inverse
+    return options
+
+
+def _rule_option_texts(options: dict[str, Any]) -> list[str]:
+    return [f"{key}={json.dumps(value)}" for key, value in options.items()]
+
+
+Config = TypeVar("Config", bound="ConfigBase")
+
+
+class ConfigBase:
+    """What every configuration dataclass here can do with its declared settings."""
+
+    @classmethod
+    def from_options(cls: type[Config], values: Mapping[str, Any]) -> Config:
+        """The config from a command's option values (a rule flag given with another rule:
+        ConfigError "--beta only applies to --rule dasgd")."""
+        values = dict(values)
+        if RULE_OPTIONS in {f.name for f in fields(cls)}:
+            rule = values.get("rule", getattr(cls, "rule", None))
+            values[RULE_OPTIONS] = _collect_rule_flags(values, rule)
+        return cls(**values)
+
+    def validate(self) -> None:
+        """One-line ConfigError for a value outside its declared range."""
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and not isinstance(value, (list, dict)):
+                check_range(item.name.replace("_", " "), value, _setting(item))
+
+    def to_json(self) -> str:
+        """The config as an indented JSON object (config.json)."""
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
+    """ConfigError "epochs must be >= 1, got 0" when `value` is outside `spec`'s range."""
+    low, high = spec.minimum, spec.maximum
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{label} must be one of {', '.join(spec.choices)}, got {value!r}")
+    below = low is not None and (value <= low if spec.min_open else value < low)
+    above = high is not None and (value >= high if spec.max_open else value > high)
+    if not (below or above):
+        return
+    if high is None:
+        want = f"{'>' if spec.min_open else '>='} {low:g}"
+    elif low is None:
+        want = f"{'<' if spec.max_open else '<='} {high:g}"
+    else:
+        want = f"in {'(' if spec.min_open else '['}{low:g}, {high:g}{')' if spec.max_open else ']'}"
+    raise ConfigError(f"{label} must be {want}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig(ConfigBase):
+    """Everything that defines a distributed run (`minips run`, `minips server`).
+
+    `epochs` counts passes over each worker's shard. The field order is the order of the
+    options in --help and of the keys of hello's config (kept so the protocol's bytes do
+    not change).
+    """
+
+    # fmt: off
+    # what the worker trains: model, data, epochs, batch size, seed
+    model: str = setting("lenet5", "Model from the zoo.", commands=TRAIN_RUN_SERVER,
+                         to_workers=True)
+    dataset: str = setting("sample", "Dataset name (minips data list).",
+                           commands=TRAIN_RUN_SERVER, to_workers=True)
+    data_dir: str | None = setting(None, "Directory with the dataset's IDX files.",
+                                   commands=TRAIN_RUN_SERVER, to_workers=True,
+                                   cli_type=click.Path(file_okay=False))
+    epochs: int = setting(5, "Passes over the training data (a worker: over its shard).",
+                          commands=TRAIN_RUN_SERVER, to_workers=True, minimum=1)
+    batch_size: int = setting(64, "Samples per gradient.", commands=TRAIN_RUN_SERVER,
+                              to_workers=True, minimum=1)
+    seed: int = setting(0, "Seed of the initial parameters and of the shuffling.",
+                        commands=TRAIN_RUN_SERVER, to_workers=True)
+    # the cluster
+    workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
+                           server_option="world_size")
+    hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
+                                  to_workers=True, parse=_comma_floats, format=_comma_text)
+    # the server's optimizer and update rule
+    lr: float = setting(0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True,
+                        minimum=0, min_open=True)
+    momentum: float = setting(0.9, "Momentum of the (server's) SGD.", commands=TRAIN_RUN_SERVER,
+                              minimum=0, maximum=1, max_open=True)
+    weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
+    rule: str = setting("asgd", f"Update rule: {', '.join(RULES)} (docs/algorithms.md).")
+    rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
+                                           flag="--rule-option", multiple=True,
+                                           parse=_rule_option_pairs, format=_rule_option_texts)
+    # how the server runs (defaults: ServerOptions')
+    max_samples: int = setting(ServerOptions.max_samples, "Stop once all workers together "
+                               "processed this many samples (0: no limit; `epochs` stays "
+                               "each worker's bound).", minimum=0, server_option="max_samples")
+    heartbeat_timeout: float = setting(ServerOptions.heartbeat_timeout, "Seconds of silence "
+                                       "before a worker is declared dead.", minimum=0,
+                                       min_open=True, server_option="heartbeat_timeout")
+    checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
+                                    "updates (0: at the end).", minimum=0,
+                                    server_option="checkpoint_every")
+    resume: str | None = setting(None, "Start from this checkpoint.", server_option="resume",
+                                 cli_type=click.Path(dir_okay=False, exists=True))
+    # `minips server` only (`minips run` picks a free port and RUN_DIR/checkpoint.npz)
+    bind: str = setting("tcp://127.0.0.1:5555", "Listen address (tcp://0.0.0.0:5555 accepts "
+                        "other machines).", commands=("server",), server_option="bind")
+    checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
+                                     server_option="checkpoint_path",
+                                     cli_type=click.Path(dir_okay=False))
+    # fmt: on
+
+    def validate(self) -> None:
+        """One-line ConfigError/DataError for options no run could use."""
+        super().validate()
+        if self.hetero and len(self.hetero) != self.workers:
+            raise ConfigError(
+                f"--hetero gives {len(self.hetero)} factors for {self.workers} workers"
+            )
+        if any(factor < 1 for factor in self.hetero):
+            raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
+        make_rule(self.rule, **self.rule_options)  # a bad rule option: one line, now
+        from minips.data import find_dataset, load_dataset
+
+        if find_dataset(self.dataset, self.data_dir) is None:
+            load_dataset(self.dataset, self.data_dir)  # it words the error: where it looked
+
+    def hello_config(self, model_spec: dict[str, Any]) -> dict[str, Any]:
+        """The `config` map every worker receives in `hello` (the model as its spec)."""
+        sent = {f.name: getattr(self, f.name) for f in fields(self) if _setting(f).to_workers}
+        return copy.deepcopy({**sent, "model": model_spec})
+
+    def server_options(self) -> ServerOptions:
+        """The ServerOptions this run's server is built with."""
+        chosen = {_setting(f).server_option: getattr(self, f.name) for f in fields(self)}
+        return ServerOptions(**{key: value for key, value in chosen.items() if key})
+
+    def server_args(self) -> list[str]:
+        """The `minips server` options that rebuild this config (for the server process)."""
+        args: list[str] = []
+        for item in fields(self):
+            spec, value = _setting(item), getattr(self, item.name)
+            if "server" not in spec.commands or value is None or value in ([], {}):
+                continue
+            flag = _flag(item)
+            if isinstance(value, bool):
+                args.append(flag if value else f"--no-{flag[2:]}")
+                continue
+            text = spec.format(value) if spec.format else _text(value)
+            for one in text if isinstance(text, list) else [text]:
+                args += [flag, one]
+        return args
+
+
+def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:
+    """The fields of `source` that `command` takes, as fresh fields for make_dataclass."""
+    chosen = []
+    for item in fields(source):
+        if command in _setting(item).commands:
+            default = (
+                {"default": item.default}
+                if item.default is not MISSING
+                else {"default_factory": item.default_factory}
+            )
+            chosen.append((item.name, item.type, field(**default, metadata=item.metadata)))
+    return chosen
+
+
+# fmt: off
+TrainConfig = make_dataclass(
+    "TrainConfig",
+    [*_derived_fields(RunConfig, "train"),
+     ("eval_every", int, setting(0, "Evaluate every N samples (0: once per epoch).",
+                                 commands=("train",), minimum=0))],
+    bases=(ConfigBase,),
+    frozen=True,
+)
+# fmt: on
+TrainConfig.__module__ = __name__  # make_dataclass would name the caller's module
+TrainConfig.__doc__ = """Everything that defines a single-process training run (`minips train`).
+
+The fields of RunConfig that `train` takes (model, data, optimizer, epochs, seed: the same
+declarations, so the baseline and a cluster run are configured alike), plus `eval_every`.
+"""
+
+
+def config_options(cls: type, command: str) -> Callable[[Callable], Callable]:
+    """Decorator: a click option for each field of `cls` that `command` takes.
+
+    For `rule_options`, every rule's own flags come first (from each rule's `options`,
+    their help showing the rule's default), then `--rule-option KEY=VALUE`.
+    """
+    options = []
+    for item in fields(cls):
+        if command not in _setting(item).commands:
+            continue
+        if item.name == RULE_OPTIONS:
+            options += [_rule_flag_option(param, *owned) for param, owned in _rule_flags().items()]
+        options.append(_field_option(item))
+
+    def decorate(function: Callable) -> Callable:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def click_type(kind: type, spec: Setting | RuleOption) -> click.ParamType:
+    """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices."""
+    if spec.choices:
+        return click.Choice(list(spec.choices))
+    if kind not in (int, float):
+        return click.STRING
+    if spec.minimum is None and spec.maximum is None:
+        return click.INT if kind is int else click.FLOAT
+    ranged = click.IntRange if kind is int else click.FloatRange
+    return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
+
+
+def _field_option(item: Field) -> Callable:
+    spec = _setting(item)
+    default = None if item.default is MISSING else item.default
+    kwargs: dict[str, Any] = {"help": spec.help, "default": default}
+    kwargs["show_default"] = default is not None
+    if spec.parse is not None:
+        kwargs.update(callback=_parsing(spec.parse), multiple=spec.multiple)
+    elif isinstance(default, bool):
+        flag = _flag(item)
+        return click.option(f"{flag}/--no-{flag[2:]}", item.name, **kwargs)
+    else:
+        kwargs["type"] = spec.cli_type or click_type(type(default), spec)
+    return click.option(_flag(item), item.name, **kwargs)
+
+
+def _parsing(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
+    """A click callback running `parse`, its ValueError shown as click's usage error."""
+
+    def callback(_ctx: Any, _param: Any, value: Any) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return callback
+
+
+def _rule_flags() -> dict[str, tuple[str, RuleOption]]:
+    """Every rule's declared options by click parameter: "beta" -> ("dasgd", its RuleOption)."""
+    return {
+        option.flag[2:].replace("-", "_"): (name, option)
+        for name, rule in RULES.items()
+        for option in rule.options
+    }
+
+
+def _rule_flag_option(param: str, rule: str, option: RuleOption) -> Callable:
+    help_text = f"{option.help} [default: {option.default}]"
+    return click.option(
+        option.flag, param, type=click_type(option.kind, option), default=None, help=help_text
+    )
+
+
+def _collect_rule_flags(values: dict[str, Any], rule: str | None) -> dict[str, Any]:
+    """Pop the rules' flags from `values` into the chosen rule's options (with --rule-option's)."""
+    collected = dict(values.get(RULE_OPTIONS) or {})
+    for param, (owner, option) in _rule_flags().items():
+        value = values.pop(param, None)
+        if value is None:
+            continue
+        if rule != owner:
+            raise ConfigError(f"{option.flag} only applies to --rule {owner}")
+        collected[option.key] = value
+    return collected

@@ -1,0 +1,72 @@
+"""The run directory of `minips run`: where each process writes, and the merged results.
+
+RUN_DIR/config.json     the run's configuration (RunConfig.to_json)
+RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats)
+RUN_DIR/eval.jsonl      the evaluator's records
+RUN_DIR/worker-R.json   each worker's report (R: its rank)
+RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
+RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness
+RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
+RUN_DIR/logs/           each process's output
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from minips.errors import MinipsError
+from minips.metrics import MetricsLog, merge_logs, read_metrics
+
+# Files a previous run in the same directory leaves behind, removed before a new one starts.
+RUN_OUTPUTS = ("endpoint", "updates.jsonl", "eval.jsonl", "metrics.jsonl", "summary.json")
+
+
+def latest_eval(path: Path) -> dict[str, Any]:
+    """The newest `eval` record of the evaluator's log ({} before the first)."""
+    if not path.exists():
+        return {}
+    evals = [r for r in read_metrics(path) if r.get("event") == "eval"]
+    return dict(evals[-1]) if evals else {}
+
+
+def write_results(
+    out: Path, rule: str, workers: int, wall: float, exit_codes: dict[str, int | None]
+) -> dict[str, Any]:
+    """Merge the processes' records into metrics.jsonl, write summary.json; return it."""
+    records = merge_logs([out / "updates.jsonl", out / "eval.jsonl"])
+    server_final = next((r for r in records if r.get("event") == "server"), {})
+    records = [r for r in records if r.get("event") != "server"]
+    reports = []
+    for rank in range(workers):
+        path = out / f"worker-{rank}.json"
+        if path.exists():
+            reports.append(json.loads(path.read_text()))
+            records.append({"event": "worker", "time": round(wall, 4), **reports[-1]})
+    records.sort(key=lambda record: record.get("time", 0.0))
+    evals = [r for r in records if r["event"] == "eval"]
+    if not evals:
+        raise MinipsError(f"the run produced no evaluation; see {out / 'logs'}")
+    stats = server_final.get("stats", {})
+    summary = {
+        "accuracy": evals[-1]["accuracy"],
+        "loss": evals[-1]["loss"],
+        "wall_s": round(wall, 3),
+        # The server's count is authoritative (a worker killed mid-run wrote no report).
+        "samples": stats.get("samples", sum(report["samples"] for report in reports)),
+        "updates": stats.get("updates", evals[-1].get("updates")),
+        "bytes_up": stats.get("bytes_in"),
+        "bytes_down": stats.get("bytes_out"),
+        "staleness_mean": stats.get("staleness_mean"),
+        "staleness_max": stats.get("staleness_max"),
+        "rule": rule,
+        "workers": workers,
+        "exit_codes": exit_codes,
+    }
+    with MetricsLog(out / "metrics.jsonl") as metrics:
+        for record in records:
+            metrics.write_record(record)  # already timed by the process that wrote it
+        metrics.write("summary", **summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

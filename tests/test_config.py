@@ -1,0 +1,184 @@
+"""The run's configuration is defined once (minips.config): everything else derives from it."""
+
+import json
+import subprocess
+import sys
+import threading
+from dataclasses import make_dataclass
+
+import msgpack
+import pytest
+from click.testing import CliRunner
+
+from minips.cli import COMMANDS, cli
+from minips.cli.ps_cmd import run_command, server_command
+from minips.client import PSClient
+from minips.config import RunConfig, TrainConfig, setting
+from minips.errors import ConfigError
+from minips.launch import make_server
+from minips.nn import build_model
+from minips.rules import RULES
+from minips.server import ServerOptions
+
+FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
+RUN_OWN = ("out", "eval_interval", "quiet")  # `minips run`'s options that are not the config's
+SERVER_OWN = ("endpoint_file", "updates_log", "t0", "verbose")
+
+
+def _parsed(command, args, own):
+    """The config a command builds from `args` (as its callback does)."""
+    values = command.make_context(command.name, list(args)).params
+    for name in own:
+        values.pop(name)
+    return values
+
+
+def _help(command) -> str:
+    result = CliRunner().invoke(command, ["--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())  # one line: wrapping aside
+
+
+def _hello_config(config) -> dict:
+    """The `config` map a worker gets in hello from a real server built from `config`."""
+    server = make_server(config)
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    try:
+        with PSClient(server.endpoint, timeout=10) as client:
+            reply = client.hello({"role": "observer"})
+            client.bye()
+    finally:
+        server.request_stop()
+        loop.join(timeout=10)
+        server.close()
+    return reply["config"]
+
+
+def test_a_field_added_at_runtime_reaches_the_cli_config_json_args_and_hello():
+    extended = make_dataclass(
+        "Extended",
+        [("warmup_steps", int, setting(0, "Steps of learning-rate warmup.", to_workers=True,
+                                       minimum=0))],
+        bases=(RunConfig,),
+        frozen=True,
+    )  # fmt: skip
+    run, server = run_command(extended), server_command(extended)
+    for command in (run, server):
+        assert "--warmup-steps INTEGER RANGE Steps of learning-rate warmup. [default: 0; x>=0]" in (
+            _help(command)
+        )
+    config = extended.from_options(
+        _parsed(run, ["--warmup-steps", "7", "--workers", "3", *_fast_args()], RUN_OWN)
+    )
+    assert config.warmup_steps == 7 and config.workers == 3
+    assert json.loads(config.to_json())["warmup_steps"] == 7
+    # The server process gets it in its arguments, and parses them back to the same config.
+    args = config.server_args()
+    assert args[args.index("--warmup-steps") + 1] == "7"
+    assert extended.from_options(_parsed(server, args, SERVER_OWN)) == config
+    # Its declared range holds for the CLI (a usage error) and for code alike.
+    result = CliRunner().invoke(run, ["--warmup-steps", "-1"])
+    assert result.exit_code == 2 and "--warmup-steps" in result.output
+    with pytest.raises(ConfigError, match="warmup steps must be >= 0, got -1"):
+        extended(warmup_steps=-1, **FAST).validate()
+    # Workers receive it in hello, through a real server.
+    served = extended(warmup_steps=7, bind="tcp://127.0.0.1:*", **FAST)
+    assert _hello_config(served)["warmup_steps"] == 7
+
+
+def _fast_args() -> list[str]:
+    return ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+
+
+def test_hello_config_is_byte_for_byte_what_workers_always_received():
+    config = RunConfig(workers=2, hetero=[1.0, 2.5], data_dir="/data", epochs=3, seed=4, **FAST)
+    spec = build_model("mlp", seed=4).spec
+    # The map `ServerSpec.worker_config` sent before the configuration was derived.
+    before = {
+        "model": spec, "dataset": "synthetic", "data_dir": "/data", "epochs": 3,
+        "batch_size": 64, "seed": 4, "hetero": [1.0, 2.5], "lr": 0.05,
+    }  # fmt: skip
+    assert msgpack.packb(config.hello_config(spec)) == msgpack.packb(before)
+    served = _hello_config(RunConfig(bind="tcp://127.0.0.1:*", **FAST))
+    sent = RunConfig(**FAST).hello_config(build_model("mlp", seed=0).spec)
+    # (an observer's rank is world_size)
+    assert served == {**sent, "rank": 2, "world_size": 2, "rule": {"name": "asgd"}}
+
+
+def test_server_args_rebuild_the_config_exactly():
+    config = RunConfig(
+        epochs=3, batch_size=32, lr=0.1234567891234, momentum=0.25, weight_decay=1e-4, seed=7,
+        rule="dasgd", rule_options={"schedule": "exp", "beta": 0.3}, workers=3,
+        hetero=[1.0, 1.5, 4.0], data_dir="/somewhere", heartbeat_timeout=2.5,
+        checkpoint="/tmp/x.npz", checkpoint_every=10, max_samples=5000,
+        bind="tcp://127.0.0.1:6000", model="mlp", dataset="synthetic",
+    )  # fmt: skip
+    parsed = RunConfig.from_options(_parsed(server_command(), config.server_args(), SERVER_OWN))
+    assert parsed == config
+
+
+def test_server_options_come_from_the_config_and_defaults_from_one_place():
+    options = RunConfig(workers=3, heartbeat_timeout=2.0, checkpoint="c.npz").server_options()
+    assert (options.world_size, options.heartbeat_timeout, options.checkpoint_path) == (
+        3,
+        2.0,
+        "c.npz",
+    )
+    # The server's own default is the CLI's: run and server show the same heartbeat.
+    default = ServerOptions().heartbeat_timeout
+    for command in (run_command(), server_command()):
+        assert f"dead. [default: {default}; x>0]" in _help(command)
+
+
+def test_rule_flags_come_from_the_rules_and_show_their_defaults():
+    text = _help(run_command())
+    declared = [option for rule in RULES.values() for option in rule.options]
+    assert len(declared) >= 9
+    for option in declared:
+        assert f"{option.flag} " in text
+        assert f"{option.help} [default: {option.default}]" in text
+
+
+def test_train_takes_the_training_fields_and_its_own():
+    names = [f for f in TrainConfig.__dataclass_fields__]
+    assert names == [
+        "model", "dataset", "data_dir", "epochs", "batch_size", "seed", "lr", "momentum",
+        "weight_decay", "eval_every",
+    ]  # fmt: skip
+    assert TrainConfig().lr == RunConfig().lr
+    with pytest.raises(ConfigError, match="eval every must be >= 0"):
+        TrainConfig(eval_every=-1).validate()
+
+
+def test_minips_help_lists_the_commands_without_importing_them():
+    code = (
+        "import sys\nfrom minips.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+
+    def modules(*args):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout, set(proc.stdout.splitlines()[-1].split())
+
+    out, loaded = modules("--help")
+    assert not {"numpy", "zmq", "msgpack", "minips.cli.ps_cmd", "minips.config"} & loaded
+    listing = " ".join(out.split())
+    for name, (_, line) in COMMANDS.items():
+        assert (f"{name} {line}" in listing) if line else (name not in listing), name
+    _, loaded = modules("run", "--help")  # the command itself is imported when asked for
+    assert {"minips.cli.ps_cmd", "minips.config", "numpy"} <= loaded
+
+
+def test_the_command_table_matches_the_commands():
+    ctx = cli.make_context("minips", ["--help"], resilient_parsing=True)
+    for name, (path, line) in COMMANDS.items():
+        command = cli.get_command(ctx, name)
+        assert command.name == name, path
+        assert command.hidden == (line is None), name
+        if line is not None:
+            assert command.help.strip().splitlines()[0] == line, name
