@@ -74,6 +74,9 @@ def parse_spec(spec: Spec) -> tuple[str, dict[str, Any]]:
     if unknown:
         allowed = ", ".join(cls.options) or "none"
         raise ConfigError(f"codec {name}: unknown option(s) {unknown} (allowed: {allowed})")
+    missing = [arg for arg in cls.required if arg not in options]
+    if missing:
+        raise ConfigError(f"codec {name}: option(s) {missing} required")
     return name, options
 
 

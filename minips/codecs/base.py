@@ -51,6 +51,7 @@ class Codec:
 
     name: ClassVar[str] = ""
     options: ClassVar[tuple[str, ...]] = ()  # the keyword options this codec accepts
+    required: ClassVar[tuple[str, ...]] = ()  # those of them without a default
 
     def encode(self, name: str, grad: Gradient) -> list[WirePart]:
         """The wire arrays for one parameter's gradient (worker side)."""

@@ -81,7 +81,8 @@ class SufficientFactors(Codec):
                 f"do not make a gradient of shape {list(of or ())}",
                 "shape",
             )
-        return _float32(x).T @ _float32(dy)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow: refused as nonfinite
+            return _float32(x).T @ _float32(dy)
 
 
 class LowRank(Codec):
@@ -143,4 +144,5 @@ class LowRank(Codec):
                 f"do not make a gradient of shape {list(of)}",
                 "shape",
             )
-        return (_float32(p) @ _float32(q).T).reshape(of)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow: refused as nonfinite
+            return (_float32(p) @ _float32(q).T).reshape(of)

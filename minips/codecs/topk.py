@@ -69,6 +69,7 @@ class TopK(Codec):
 
     name = "topk"
     options = ("ratio", "warmup", "dtype", "seed")
+    required = ("ratio",)
 
     def __init__(
         self, ratio: float, warmup: int = 0, dtype: str = "float32", seed: int = 0
