@@ -7,6 +7,15 @@ new one, and send the request again, up to `retries` times; then `ServerUnavaila
 Each attempt has its own request id (`rid`), so a late reply to an abandoned attempt is
 recognised and dropped. A retried push re-uses its `seq`, so the server applies it once.
 
+Gradients are encoded per parameter by codec specs (minips.codecs): `push(grads, base,
+codecs={"fc1.w": {"codec": "sf"}, "fc2.w": {"codec": "topk", "ratio": 0.01}, "conv1.w":
+"fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter. The client keeps each
+parameter's codec state (top-k's residual) between pushes, and counts bytes per parameter.
+
+Threads: one request is on the wire at a time; a lock serialises the calls, so a sender
+thread may push while the main thread pulls. A call waits for the reply of the one before
+it, held replies included (an ssgd push at its barrier blocks the other thread meanwhile).
+
     with PSClient("tcp://127.0.0.1:5555") as ps:
         cfg = ps.hello({"host": "pc1"})           # rank, world_size, config
         params, since = {}, None
@@ -24,8 +33,10 @@ The wire format is docs/protocol.md; this class is one implementation of it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +44,7 @@ import numpy as np
 import zmq
 
 from minips import wire
+from minips.codecs import Encoder, Gradient, Spec
 from minips.errors import MinipsError
 from minips.wire import DEFAULT_LIMITS, Limits, Message
 
@@ -90,7 +102,7 @@ class PSClient:
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id.
-    Not thread-safe: use one client per thread.
+    Thread-safe: calls from several threads are serialised by a lock (module docstring).
     """
 
     def __init__(
@@ -115,6 +127,9 @@ class PSClient:
         self._seq = 0
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
+        # Re-entrant: a push may say hello again (re-registration) while holding it.
+        self._lock = threading.RLock()
+        self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
 
     # ------------------------------------------------------------------------ worker calls
 
@@ -145,37 +160,50 @@ class PSClient:
 
     def push(
         self,
-        grads: dict[str, np.ndarray],
+        grads: Mapping[str, Gradient],
         base: int,
         extra: dict[str, np.ndarray] | None = None,
         last: bool = True,
-        codecs: dict[str, str] | None = None,
+        codecs: Mapping[str, Spec] | None = None,
         samples: int | None = None,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
 
-        grads: name -> array of the parameter's shape (cast to float32; any non-empty
-        subset of the parameters). extra: arrays a rule needs (e.g. VSGD's samples), sent
-        as "extra/<key>". last: False when more pushes of the same step follow (only the
-        last one advances the worker's clock). codecs: name -> "dense" | "fp16".
+        grads: name -> array of the parameter's shape (cast to float32), or `Factors(x, dy)`
+        for a parameter sent with codec sf; any non-empty subset of the parameters. extra:
+        arrays a rule needs (e.g. VSGD's samples), sent dense as "extra/<key>". last: False
+        when more pushes of the same step follow (only the last one advances the worker's
+        clock). codecs: name -> codec spec ("dense" when absent; docs/protocol.md 13).
         samples: training examples behind this push (summed in the server's stats).
+        Encoding happens once: retries resend the same bytes, and codec state (top-k's
+        residual) counts the push as sent even if it finally fails (ServerUnavailable).
         Do not modify the arrays while the call runs (they are sent without copying).
         Under ssgd the reply comes when the barrier completes.
         """
-        codecs = dict(codecs or {})
-        arrays: dict[str, np.ndarray] = {}
-        for name, grad in grads.items():
-            dtype = np.float16 if codecs.get(name) == "fp16" else np.float32
-            arrays[name] = np.ascontiguousarray(grad, dtype=dtype)
-        for key, array in (extra or {}).items():
-            arrays[f"extra/{key}"] = array
-        seq = self._seq
-        self._seq += 1  # the next push is a new one, even if this one fails
-        header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base, "last": last}
-        if samples is not None:
-            header["samples"] = samples
-        h = self._worker_request(header, arrays, codecs).header
+        with self._lock:
+            parts = self.encoder.encode(grads, codecs)
+            for key, array in (extra or {}).items():
+                name = f"extra/{key}"
+                parts.append(wire.WirePart(name, array))
+                self.encoder.bytes_sent[name] = self.encoder.bytes_sent.get(name, 0) + array.nbytes
+            seq = self._seq
+            self._seq += 1  # the next push is a new one, even if this one fails
+            header = {
+                "op": "push",
+                "worker": self.worker_id,
+                "seq": seq,
+                "base": base,
+                "last": last,
+            }
+            if samples is not None:
+                header["samples"] = samples
+            h = self._worker_request(header, parts).header
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"])
+
+    @property
+    def bytes_sent(self) -> dict[str, int]:
+        """Array bytes pushed so far per parameter (and per "extra/<key>"), retries not counted."""
+        return dict(self.encoder.bytes_sent)
 
     def ping(self) -> bool:
         """Heartbeat for long computations; returns the `stop` flag."""
@@ -207,10 +235,11 @@ class PSClient:
 
     def close(self) -> None:
         """Close the socket without waiting for unsent messages."""
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
-        self._context.term()
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close(linger=0)
+                self._socket = None
+            self._context.term()
 
     def __enter__(self) -> PSClient:
         return self
@@ -221,14 +250,11 @@ class PSClient:
     # -------------------------------------------------------------------------- machinery
 
     def _worker_request(
-        self,
-        header: dict[str, Any],
-        arrays: dict[str, np.ndarray] | None = None,
-        codecs: dict[str, str] | None = None,
+        self, header: dict[str, Any], parts: list[wire.WirePart] | None = None
     ) -> Message:
         """A request that needs registration: re-register once if the server forgot us."""
         try:
-            return self._request(header, arrays, codecs)
+            return self._request(header, parts)
         except ServerError as exc:
             if exc.code != "unknown_worker" or self._hello_info is None:
                 raise
@@ -236,7 +262,7 @@ class PSClient:
                 "server does not know worker %s any more: saying hello again", self.worker_id
             )
             self.hello(self._hello_info)
-            return self._request(header, arrays, codecs)
+            return self._request(header, parts)
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:
@@ -247,18 +273,17 @@ class PSClient:
             self._socket = sock
         return self._socket
 
-    def _request(
-        self,
-        header: dict[str, Any],
-        arrays: dict[str, np.ndarray] | None = None,
-        codecs: dict[str, str] | None = None,
-    ) -> Message:
-        """Send, wait, retry (Lazy Pirate); return the decoded reply or raise."""
+    def _request(self, header: dict[str, Any], parts: list[wire.WirePart] | None = None) -> Message:
+        """Send, wait, retry (Lazy Pirate); return the decoded reply or raise. Holds the lock."""
+        with self._lock:
+            return self._request_locked(header, parts or [])
+
+    def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         for attempt in range(1 + self.retries):
             self._rid += 1
             rid = self._rid
             sock = self._connect()
-            sock.send_multipart(wire.encode({**header, "rid": rid}, arrays, codecs), copy=False)
+            sock.send_multipart(wire.encode_parts({**header, "rid": rid}, parts), copy=False)
             deadline = time.monotonic() + self.timeout
             while (remaining := deadline - time.monotonic()) > 0:
                 # A receive timeout instead of a poll: one system call less per request.

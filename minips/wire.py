@@ -3,6 +3,11 @@
     frame 0      msgpack map {"v": 1, "op": "push", ..., "arrays": [{name, dtype, shape, codec}]}
     frame 1..n   the bytes of array i (C order, little-endian), nothing else
 
+A codec that needs several arrays for one tensor (top-k: indices and values; sufficient
+factors: x and dy) sends one frame per *part*: its descriptors add `part` (which one) and
+`of` (the dense tensor's shape), and the parts of a tensor follow one another in the order
+of `CODECS`. Turning parts back into a dense gradient is `minips.codecs`' job.
+
 `encode` and `decode` are pure functions over lists of byte buffers, so everything here is
 tested without sockets. `decode` validates everything a hostile or buggy peer can get wrong
 and raises `ProtocolError` with a one-line reason and a machine-readable `code`; the server
@@ -32,11 +37,18 @@ DTYPES: dict[str, np.dtype] = {
     "int64": np.dtype("<i8"),
 }
 
-# Codec -> dtypes it may carry. "dense": the array itself; "fp16": a float32 tensor sent as
-# float16 (the receiver widens it). New codecs (sufficient factors, top-k) register here.
-CODECS: dict[str, frozenset[str]] = {
-    "dense": frozenset({"float32", "int32", "int64"}),
-    "fp16": frozenset({"float16"}),
+_FLOATS = frozenset({"float32", "float16"})
+
+# Codec -> its parts, in wire order -> the dtypes each part may carry. A single-frame codec
+# has the one part None (its descriptor has no `part` key): "dense" is the array itself,
+# "fp16" a float32 tensor sent as float16 (the receiver widens it). The multi-part codecs
+# are docs/protocol.md section 13; minips.codecs implements one class per entry.
+CODECS: dict[str, dict[str | None, frozenset[str]]] = {
+    "dense": {None: frozenset({"float32", "int32", "int64"})},
+    "fp16": {None: frozenset({"float16"})},
+    "topk": {"indices": frozenset({"int32"}), "values": _FLOATS},
+    "sf": {"x": _FLOATS, "dy": _FLOATS},
+    "lowrank": {"p": _FLOATS, "q": _FLOATS},
 }
 
 REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
@@ -114,16 +126,44 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass
 class Message:
-    """A decoded message: the header map, its arrays (read-only views) and their codecs."""
+    """A decoded message: the header map, its arrays (read-only views) and their codecs.
+
+    arrays: name -> array of each single-frame tensor ("dense", "fp16"), as sent.
+    parts: name -> {part: array} of each multi-part tensor ("topk", "sf", ...), as sent.
+    dense_shapes: name -> the `of` shape of each multi-part tensor.
+    codecs: name -> codec of every tensor, in the order they were sent.
+    """
 
     header: dict[str, Any]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     codecs: dict[str, str] = field(default_factory=dict)
     nbytes: int = 0  # all frames together, for traffic accounting
+    parts: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    dense_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def op(self) -> str:
         return self.header["op"]
+
+    def frames_of(self, name: str) -> list[np.ndarray]:
+        """Every array sent for tensor `name` (one, or one per part)."""
+        if name in self.arrays:
+            return [self.arrays[name]]
+        return list(self.parts[name].values())
+
+
+@dataclass(frozen=True)
+class WirePart:
+    """One array frame to send: a whole tensor (part None) or one part of a codec's tensor.
+
+    of: the dense tensor's shape, required with a part (docs/protocol.md section 13).
+    """
+
+    name: str
+    array: np.ndarray
+    codec: str = "dense"
+    part: str | None = None
+    of: tuple[int, ...] | None = None
 
 
 def encode(
@@ -136,26 +176,46 @@ def encode(
     `v` defaults to PROTOCOL_VERSION. Array frames are memoryviews of the (contiguous,
     little-endian) arrays themselves, so `send_multipart(frames, copy=False)` sends without
     copying: the caller must not modify those arrays until the message has left.
-    `codecs` maps array name -> codec ("dense" when absent). Raises ProtocolError for a dtype
-    or codec the protocol does not allow.
+    `codecs` maps array name -> single-frame codec ("dense" when absent); multi-part codecs
+    go through `encode_parts`. Raises ProtocolError for a dtype or codec not allowed.
+    """
+    codecs = codecs or {}
+    parts = [WirePart(name, a, codecs.get(name, "dense")) for name, a in (arrays or {}).items()]
+    return encode_parts(header, parts)
+
+
+def encode_parts(header: Mapping[str, Any], parts: Sequence[WirePart]) -> list[bytes | memoryview]:
+    """`encode` for any codec: one frame per WirePart, in the order given.
+
+    A descriptor is {name, dtype, shape, codec}, plus {part, of} for a part of a multi-part
+    codec (in that key order, so dense/fp16 messages are byte-for-byte as before parts).
     """
     head = {"v": PROTOCOL_VERSION, **header}
     descriptors = []
     payload: list[bytes | memoryview] = []
-    for name, array in (arrays or {}).items():
-        codec = (codecs or {}).get(name, "dense")
-        dtype_name = _wire_dtype_name(array.dtype)
-        if codec not in CODECS or dtype_name not in CODECS[codec]:
+    for item in parts:
+        dtype_name = _wire_dtype_name(item.array.dtype)
+        allowed = CODECS.get(item.codec, {}).get(item.part)
+        if allowed is None or dtype_name not in allowed:
+            what = item.codec if item.part is None else f"{item.codec}/{item.part}"
             raise ProtocolError(
-                f"array {name!r}: codec {codec!r} cannot carry {dtype_name}", "dtype"
+                f"array {item.name!r}: codec {what!r} cannot carry {dtype_name}", "dtype"
             )
         # np.asarray keeps 0-d shapes (np.ascontiguousarray would make them 1-d).
-        contiguous = np.asarray(array, dtype=DTYPES[dtype_name])
+        contiguous = np.asarray(item.array, dtype=DTYPES[dtype_name])
         if not contiguous.flags.c_contiguous:
             contiguous = contiguous.copy(order="C")
-        descriptors.append(
-            {"name": name, "dtype": dtype_name, "shape": list(contiguous.shape), "codec": codec}
-        )
+        desc = {
+            "name": item.name,
+            "dtype": dtype_name,
+            "shape": list(contiguous.shape),
+            "codec": item.codec,
+        }
+        if item.part is not None:
+            if item.of is None:
+                raise ProtocolError(f"array {item.name!r}: part without `of`", "bad_field")
+            desc.update(part=item.part, of=[int(d) for d in item.of])
+        descriptors.append(desc)
         payload.append(memoryview(contiguous.reshape(-1)).cast("B"))
     if descriptors:
         head["arrays"] = descriptors
@@ -192,10 +252,11 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             "frame_count",
         )
     message = Message(header=header, nbytes=total)
+    previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
     for index, (desc, buf) in enumerate(zip(descriptors, buffers[1:], strict=True)):
         name, dtype, shape, codec = _check_descriptor(desc, index)
-        if name in message.arrays:
-            raise ProtocolError(f"array name {name!r} appears twice", "bad_field")
+        part = _check_part(desc, name, codec, message, previous, limits)
+        previous = (name, part)
         if buf.nbytes > limits.max_frame_bytes:
             raise ProtocolError(
                 f"array {name!r}: frame of {buf.nbytes} bytes "
@@ -209,8 +270,14 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
                 f"needs {expected} bytes, frame has {buf.nbytes}",
                 "shape",
             )
-        message.arrays[name] = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        array = np.frombuffer(buf, dtype=dtype).reshape(shape)
         message.codecs[name] = codec
+        if part is None:
+            message.arrays[name] = array
+        else:
+            message.parts.setdefault(name, {})[part] = array
+    if previous is not None:
+        _check_complete(message, previous[0])
     return message
 
 
@@ -219,9 +286,10 @@ def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     message = decode(frames, limits)
     _check_fields(message.header, REQUEST_FIELDS, "request")
     if message.op == "push":
-        for name, array in message.arrays.items():
-            if array.dtype.kind == "f" and not all_finite(array):
-                raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")
+        for name in message.codecs:
+            for array in message.frames_of(name):
+                if array.dtype.kind == "f" and not all_finite(array):
+                    raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")
     return message
 
 
@@ -341,14 +409,82 @@ def _check_descriptor(desc: Any, index: int) -> tuple[str, np.dtype, tuple[int, 
             f"array {name!r}: unknown codec {str(codec)[:20]!r} (known: {', '.join(CODECS)})",
             "dtype",
         )
-    if dtype_name not in CODECS[codec]:
-        raise ProtocolError(f"array {name!r}: codec {codec!r} cannot carry {dtype_name}", "dtype")
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_uint(d) for d in shape):
+    part = desc.get("part")
+    allowed = CODECS[codec].get(part) if isinstance(part, (str, type(None))) else None
+    if allowed is None:
+        parts = ", ".join(str(p) for p in CODECS[codec])
+        raise ProtocolError(
+            f"array {name!r}: codec {codec!r} has no part {str(part)[:20]!r} (parts: {parts})",
+            "bad_field",
+        )
+    if dtype_name not in allowed:
+        what = codec if part is None else f"{codec}/{part}"
+        raise ProtocolError(f"array {name!r}: codec {what!r} cannot carry {dtype_name}", "dtype")
+    if not _is_shape(shape):
         raise ProtocolError(
             f"array {name!r}: shape must be a list of at most {MAX_NDIM} non-negative integers",
             "shape",
         )
     return name, DTYPES[dtype_name], tuple(shape), codec
+
+
+def _check_part(
+    desc: dict[str, Any],
+    name: str,
+    codec: str,
+    message: Message,
+    previous: tuple[str, str | None] | None,
+    limits: Limits,
+) -> str | None:
+    """Check where a descriptor stands among its tensor's parts; return its part (or None).
+
+    The parts of a tensor are consecutive, in CODECS order, with one codec and one `of`.
+    """
+    part = desc.get("part")
+    continuing = (
+        part is not None and previous is not None and previous[0] == name and name in message.parts
+    )
+    if previous is not None and previous[0] != name:
+        _check_complete(message, previous[0])  # the tensor before this one is finished
+    if not continuing and name in message.codecs:
+        raise ProtocolError(f"array name {name!r} appears twice", "bad_field")
+    if part is None:
+        return None
+    of = desc.get("of")
+    if not _is_shape(of):
+        raise ProtocolError(
+            f"array {name!r}: `of` must be a list of at most {MAX_NDIM} non-negative integers",
+            "shape",
+        )
+    if math.prod(of) * 4 > limits.max_frame_bytes:
+        raise ProtocolError(
+            f"array {name!r}: dense shape {of} exceeds the frame limit of "
+            f"{limits.max_frame_bytes} bytes as float32",
+            "too_large",
+        )
+    if continuing and (message.codecs[name], message.dense_shapes[name]) != (codec, tuple(of)):
+        raise ProtocolError(f"array {name!r}: its parts disagree on codec or `of`", "bad_field")
+    order = list(CODECS[codec])
+    done = len(message.parts[name]) if continuing else 0
+    if done >= len(order) or part != order[done]:
+        expected = repr(order[done]) if done < len(order) else "no more parts"
+        raise ProtocolError(
+            f"array {name!r}: part {part!r} where codec {codec} expects {expected}", "bad_field"
+        )
+    message.dense_shapes[name] = tuple(of)
+    return part
+
+
+def _check_complete(message: Message, name: str) -> None:
+    """A multi-part tensor must carry every part of its codec."""
+    codec = message.codecs[name]
+    if name in message.parts and len(message.parts[name]) != len(CODECS[codec]):
+        missing = [p for p in CODECS[codec] if p not in message.parts[name]]
+        raise ProtocolError(f"array {name!r}: codec {codec} lacks part(s) {missing}", "bad_field")
+
+
+def _is_shape(shape: Any) -> bool:
+    return isinstance(shape, list) and len(shape) <= MAX_NDIM and all(_is_uint(d) for d in shape)
 
 
 def _check_fields(

@@ -10,6 +10,7 @@ from test_server_support import SHAPES, make_params, running_server
 
 from minips import wire
 from minips.client import PSClient, ServerError, ServerUnavailable
+from minips.codecs import Factors, decode_gradients
 from minips.errors import MinipsError
 
 
@@ -19,6 +20,7 @@ class FakeServer:
     def __init__(self, behaviour):
         self.behaviour = behaviour
         self.requests = []
+        self.messages = []
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -33,8 +35,10 @@ class FakeServer:
             if not self.socket.poll(20):
                 continue
             routing, *frames = self.socket.recv_multipart()
-            header = wire.decode_request(frames).header
+            message = wire.decode_request(frames)
+            header = message.header
             self.requests.append(header)
+            self.messages.append(message)
             for reply in self.behaviour(len(self.requests), header):
                 self.socket.send_multipart([routing, *wire.encode(reply)])
 
@@ -171,3 +175,67 @@ def test_wire_header_of_a_client_push_is_plain_msgpack():
         ]
     finally:
         fake.close()
+
+
+def test_push_with_codecs_sends_what_the_server_decodes_and_counts_bytes():
+    fake = FakeServer(lambda n, h: [_push_reply(h["rid"], n)])
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 5))
+    grad = rng.standard_normal((40, 30)).astype(np.float32)
+    specs = {"fc.w": {"codec": "sf"}, "c.w": {"codec": "topk", "ratio": 0.1}, "c.b": "fp16"}
+    try:
+        with PSClient(fake.endpoint, timeout=2) as ps:
+            grads = {"fc.w": Factors(x, dy.astype(np.float32)), "c.w": grad, "c.b": grad[0]}
+            ps.push(grads, base=0, codecs=specs, extra={"k": np.ones(3, np.float32)})
+            ps.push(grads, base=0, codecs=specs)
+        decoded, extras = decode_gradients(fake.messages[0])
+        np.testing.assert_allclose(decoded["fc.w"], x.T @ dy, rtol=1e-5, atol=1e-6)
+        assert np.count_nonzero(decoded["c.w"]) == 120 and list(extras) == ["extra/k"]
+        # Per parameter, both pushes: sf 8 * (6 + 5) floats, top-k 120 int32 + 120 float32.
+        assert ps.bytes_sent == {"fc.w": 2 * 352, "c.w": 2 * 960, "c.b": 2 * 60, "extra/k": 12}
+        # The second top-k push carried the first one's residual: the sum of both is exact.
+        second, _ = decode_gradients(fake.messages[1])
+        residual = ps.encoder.codec("c.w", specs["c.w"]).residual
+        np.testing.assert_allclose(decoded["c.w"] + second["c.w"] + residual, 2 * grad, rtol=1e-6)
+    finally:
+        fake.close()
+
+
+def test_a_retried_codec_push_resends_the_same_bytes_and_encodes_once():
+    fake = FakeServer(lambda n, h: [] if n == 1 else [_push_reply(h["rid"], 1)])
+    spec = {"codec": "topk", "ratio": 0.5}
+    try:
+        with PSClient(fake.endpoint, timeout=0.3, retries=2) as ps:
+            ps.push({"w": np.arange(8, dtype=np.float32)}, base=0, codecs={"w": spec})
+            assert ps.encoder.codec("w", spec).steps == 1
+        first, second = fake.messages
+        assert first.header["seq"] == second.header["seq"] == 0
+        for part in ("indices", "values"):
+            assert first.parts["w"][part].tobytes() == second.parts["w"][part].tobytes()
+    finally:
+        fake.close()
+
+
+def test_a_sender_thread_and_the_main_thread_share_one_client():
+    params = make_params()
+    with running_server("asgd", params=params) as server:
+        with PSClient(server.endpoint, timeout=5) as ps:
+            ps.hello()
+            grads = {name: np.ones(shape, np.float32) for name, shape in SHAPES.items()}
+            errors, replies = [], []
+
+            def sender():
+                try:
+                    for _ in range(40):
+                        replies.append(ps.push(grads, base=0, codecs={"fc.b": "fp16"}))
+                except Exception as exc:  # surfaced by the assertion below
+                    errors.append(exc)
+
+            thread = threading.Thread(target=sender)
+            thread.start()
+            versions = [ps.pull().version for _ in range(40)]
+            thread.join(timeout=30)
+            assert not errors and len(replies) == 40
+            assert all(reply.applied for reply in replies)
+            assert versions == sorted(versions)
+            assert ps.stats()["updates"] == 40

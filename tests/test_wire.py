@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minips import wire
+from minips.codecs import decode_gradients
 from minips.errors import MinipsError
 from minips.wire import Limits, ProtocolError, decode, decode_reply, decode_request, encode
 
@@ -280,3 +281,103 @@ def test_corrupted_push_never_raises_anything_but_protocol_error(frame, position
         data[position % len(data)] = byte
     frames[frame] = bytes(data)
     _decodes_or_protocol_error(frames)
+
+
+# ------------------------------------------------------------------- multi-part codecs
+
+
+def _part(part, dtype="float32", codec="topk", of=(2, 3), name="w", shape=(2,)):
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": list(shape),
+        "codec": codec,
+        "part": part,
+        "of": list(of),
+    }
+
+
+_IDX = _part("indices", "int32")
+_VAL = _part("values")
+
+
+def test_multi_part_tensor_decodes_into_parts():
+    frames = _raw({"v": 1, "op": "stats", "arrays": [_IDX, _VAL]}, b"\0" * 8, b"\0" * 8)
+    message = decode(frames)
+    assert message.arrays == {} and message.codecs == {"w": "topk"}
+    assert list(message.parts["w"]) == ["indices", "values"]
+    assert message.parts["w"]["indices"].dtype == np.int32
+    assert message.dense_shapes == {"w": (2, 3)}
+
+
+@pytest.mark.parametrize(
+    "descriptors, code",
+    [
+        ([_VAL, _IDX], "bad_field"),  # wrong order
+        ([_IDX], "bad_field"),  # a part missing at the end
+        ([_IDX, _desc(name="x"), _VAL], "bad_field"),  # parts not consecutive / one missing
+        ([_IDX, _VAL, _VAL], "bad_field"),  # a part repeated
+        ([_IDX, _part("values", of=(3, 2))], "bad_field"),  # `of` differs
+        ([_IDX, _part("x", codec="sf")], "bad_field"),  # codec differs
+        ([_IDX, _part("weights")], "bad_field"),  # unknown part
+        ([_desc(part="values")], "bad_field"),  # dense has no parts
+        ([_part(None), _VAL], "bad_field"),  # topk needs parts
+        ([_part("indices", "float32"), _VAL], "dtype"),
+        ([_IDX, _part("values", "int32")], "dtype"),
+        ([_part("indices", "int32", of="23"), _VAL], "shape"),
+        ([_part("indices", "int32", of=(1 << 40,)), _VAL], "too_large"),
+        ([_IDX, {**_VAL, "shape": [3]}], "shape"),  # frame size vs shape, as ever
+    ],
+)
+def test_multi_part_structure_errors(descriptors, code):
+    frames = _raw({"v": 1, "op": "stats", "arrays": descriptors}, *[b"\0" * 8] * len(descriptors))
+    assert _code(frames, decode) == code
+
+
+def test_nonfinite_part_rejected():
+    frames = _raw(
+        {"v": 1, "op": "push", "worker": "w", "seq": 0, "base": 0, "arrays": [_IDX, _VAL]},
+        b"\0" * 8,
+        np.array([1.0, np.nan], np.float32).tobytes(),
+    )
+    assert _code(frames) == "nonfinite"
+
+
+def test_encode_parts_rejects_a_part_the_codec_lacks():
+    with pytest.raises(ProtocolError):
+        wire.encode_parts({"op": "stats"}, [wire.WirePart("w", np.zeros(2, np.int32), "topk")])
+    with pytest.raises(ProtocolError):
+        wire.encode_parts(
+            {"op": "stats"}, [wire.WirePart("w", np.zeros(2, np.float32), "topk", "indices", (2,))]
+        )
+
+
+_VALID_MULTI = [
+    bytes(f)
+    for f in wire.encode_parts(
+        {"op": "push", "worker": "w", "seq": 1, "base": 2, "rid": 3},
+        [
+            wire.WirePart("a", np.array([0, 4], np.int32), "topk", "indices", (2, 3)),
+            wire.WirePart("a", np.ones(2, np.float16), "topk", "values", (2, 3)),
+            wire.WirePart("b", np.ones((2, 2), np.float32), "sf", "x", (2, 3)),
+            wire.WirePart("b", np.ones((2, 3), np.float32), "sf", "dy", (2, 3)),
+        ],
+    )
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    frame=st.integers(0, len(_VALID_MULTI) - 1),
+    position=st.integers(0, 400),
+    byte=st.integers(0, 255),
+)
+def test_corrupted_multi_part_push_never_raises_anything_but_protocol_error(frame, position, byte):
+    frames = list(_VALID_MULTI)
+    data = bytearray(frames[frame])
+    data[position % len(data)] = byte
+    frames[frame] = bytes(data)
+    try:
+        decode_gradients(decode_request(frames))
+    except ProtocolError as exc:
+        assert exc.reason and exc.code

@@ -18,6 +18,7 @@ class DenseCache:
     """Dense's saved tensors: the forward input, for the weight gradient x^T @ dy."""
 
     x: np.ndarray  # (N, in) the forward input
+    dy: np.ndarray | None = None  # (N, out) the last backward's dL/dy (a reference, no copy)
 
 
 class Dense(Layer):
@@ -65,11 +66,23 @@ class Dense(Layer):
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (N, out) -> dx (N, in); fills grads w (in, out) and b (out,)."""
         cache = self._cached()
+        cache.dy = dy
         np.matmul(cache.x.T, dy, out=self.grads["w"])  # (in, out)
         np.sum(dy, axis=0, out=self.grads["b"])
         if not self.need_input_grad:
             return None
         return dy @ self.params["w"].T  # (N, in)
+
+    def sufficient_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x (N, in), dy (N, out)) of the last forward/backward: grads["w"] == x.T @ dy.
+
+        dy is the gradient of the loss this backward was given (the mean loss's 1/N is in
+        it), so the `sf` codec can send both factors instead of the (in, out) gradient.
+        """
+        cache = self._cached()
+        if cache.dy is None:
+            raise RuntimeError("Dense.sufficient_factors called before backward")
+        return cache.x, cache.dy
 
 
 @dataclass

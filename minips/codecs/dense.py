@@ -1,0 +1,51 @@
+"""The single-frame codecs: `dense` (float32 as is) and `fp16` (float32 narrowed to float16)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minips.codecs.base import Codec, Gradient, dense_float32
+from minips.wire import ProtocolError, WirePart
+
+
+class Dense(Codec):
+    """The gradient itself, float32: 4 bytes per element, exact."""
+
+    name = "dense"
+
+    def encode(self, name: str, grad: Gradient) -> list[WirePart]:
+        """One float32 frame of the parameter's shape (no copy when already float32)."""
+        return [WirePart(name, dense_float32(grad), "dense")]
+
+    @classmethod
+    def decode(
+        cls, name: str, parts: dict[str | None, np.ndarray], of: tuple[int, ...] | None
+    ) -> np.ndarray:
+        """The frame itself (a read-only view); a gradient must be float32."""
+        array = parts[None]
+        if array.dtype != np.float32:
+            raise ProtocolError(
+                f"gradient {name!r} must be float32 with codec dense, got {array.dtype}", "dtype"
+            )
+        return array
+
+
+class Fp16(Codec):
+    """The gradient rounded to float16: 2 bytes per element, relative error <= 2^-11.
+
+    Values beyond float16's range (|g| > 65504) become Inf, which the server refuses
+    (`nonfinite`); the reference client does not check, as it did not before codecs.
+    """
+
+    name = "fp16"
+
+    def encode(self, name: str, grad: Gradient) -> list[WirePart]:
+        """One float16 frame of the parameter's shape."""
+        return [WirePart(name, np.asarray(dense_float32(grad), dtype=np.float16), "fp16")]
+
+    @classmethod
+    def decode(
+        cls, name: str, parts: dict[str | None, np.ndarray], of: tuple[int, ...] | None
+    ) -> np.ndarray:
+        """The frame widened to float32."""
+        return parts[None].astype(np.float32)
