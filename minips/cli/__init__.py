@@ -29,8 +29,9 @@ def _register() -> None:
     from minips.cli.ps_cmd import evaluate, run, server, worker
     from minips.cli.report_cmd import plot, report
     from minips.cli.train_cmd import train
+    from minips.cli.web_cmd import web
 
-    for command in (train, run, server, worker, evaluate, data, report, plot):
+    for command in (train, run, server, worker, evaluate, data, report, plot, web):
         cli.add_command(command)
 
 
