@@ -30,6 +30,7 @@ def require_browser() -> None:
 def server_process(tmp_path: Path, *args: str):
     """A `minips server` on a free loopback port; yields its endpoint; stopped at exit."""
     endpoint_file = tmp_path / "endpoint"
+    endpoint_file.unlink(missing_ok=True)  # a stale one would point to a dead server
     log = open(tmp_path / "server.log", "w")
     cmd = [sys.executable, "-m", "minips", "server", "--bind", "tcp://127.0.0.1:*"]
     cmd += ["--endpoint-file", str(endpoint_file), *args]

@@ -30,7 +30,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from minips.errors import ConfigError, MinipsError
+from minips.errors import ConfigError, DataError, MinipsError
 from minips.web.framing import FramingError, pack_frames, unpack_frames
 from minips.web.shards import DatasetCache
 from minips.wire import DEFAULT_LIMITS
@@ -195,8 +195,8 @@ class Gateway:
             body, content_type = await asyncio.to_thread(self._route, path)
         except LookupError:
             return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
-        except MinipsError as exc:  # unknown dataset, missing files, bad rank
-            status = HTTPStatus.NOT_FOUND if "not found" in str(exc) else HTTPStatus.BAD_REQUEST
+        except MinipsError as exc:  # unknown dataset or bad rank (400), missing files (404)
+            status = HTTPStatus.NOT_FOUND if isinstance(exc, DataError) else HTTPStatus.BAD_REQUEST
             return _response(status, f"error: {exc}\n".encode(), "text/plain")
         return _response(HTTPStatus.OK, body, content_type)
 
