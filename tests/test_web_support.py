@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,7 +85,8 @@ class Chromium:
             match = re.search(r"DevTools listening on (ws://\S+)", line)
             url = match.group(1) if match else None
         assert url, "chromium did not start its DevTools endpoint"
-        self.ws = connect(url, max_size=None, open_timeout=20)
+        self._stack = ExitStack()  # the sync client wants to be a context manager
+        self.ws = self._stack.enter_context(connect(url, max_size=None, open_timeout=20))
         self._id = 0
 
     def call(self, method: str, session: str | None = None, **params) -> dict:
@@ -128,7 +129,7 @@ class Chromium:
 
     def close(self) -> None:
         try:
-            self.ws.close()
+            self._stack.close()
         finally:
             self.proc.terminate()
             try:

@@ -1,7 +1,8 @@
 // The worker page: starts the Web Worker (worker.js) and shows what it reports. Options come
 // from the query string: ?steps=N (stop after N steps), &eval=N (test examples for the
-// accuracy), &id=NAME (the worker id; a random one by default). window.minipsStatus holds
-// the latest status for scripts (the tests read it through the DevTools protocol).
+// accuracy, 500), &evalsec=S (seconds between accuracy checks, 5), &id=NAME (the worker id;
+// a random one by default). window.minipsStatus holds the latest status for scripts (the
+// tests read it through the DevTools protocol).
 
 const params = new URLSearchParams(location.search);
 const randomId = () =>
@@ -11,6 +12,7 @@ const options = {
   workerId: params.get("id") || randomId(),
   maxSteps: Number(params.get("steps")) || null,
   evalExamples: Number(params.get("eval")) || 500,
+  evalSeconds: Number(params.get("evalsec")) || 5,
 };
 
 const show = (id, text) => (document.getElementById(id).textContent = text);
