@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                "Summarise run directories: accuracy, time, traffic, staleness per worker."),
     "plot": ("minips.cli.report_cmd:plot",
              "Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."),
+    "web": ("minips.cli.web_cmd:web",
+            "Serve the browser worker page and relay browsers to the server at --connect."),
 }  # fmt: skip
 
 

@@ -1,0 +1,64 @@
+"""`minips web`: the gateway through which browsers join a run as workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option(
+    "--connect", required=True, help="Parameter server address, e.g. tcp://127.0.0.1:5555."
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8080",
+    show_default=True,
+    help="HOST:PORT of the page (0.0.0.0:8080 lets other machines join; port 0: any).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="Where to find datasets, as for `minips worker`.",
+)
+@click.option(
+    "--url-file",
+    type=click.Path(dir_okay=False),
+    help="Write the page's URL here once serving (for launchers).",
+)
+@click.option("--verbose", "-v", is_flag=True)
+def web(
+    connect: str, listen: str, data_dir: str | None, url_file: str | None, verbose: bool
+) -> None:
+    """Serve the browser worker page and relay browsers to the server at --connect.
+
+    Each browser that opens the page becomes one worker of the run: it downloads its data
+    shard from here, trains with JavaScript in a Web Worker, and talks to the server through
+    this gateway. Needs pip install 'minips[web]'.
+    """  # fmt: skip
+    from minips.web.gateway import Gateway, check_installed, parse_listen
+
+    check_installed()
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    host, port = parse_listen(listen)
+    gateway = Gateway(connect, host, port, data_dir)
+
+    def announce() -> None:
+        click.echo(f"minips web gateway: open {gateway.url} (relaying to {connect})")
+        if url_file:
+            tmp = Path(url_file + ".tmp")
+            tmp.write_text(gateway.url + "\n")
+            tmp.replace(url_file)  # atomic: a launcher never reads half a URL
+
+    try:
+        asyncio.run(gateway.serve(announce))
+    except OSError as exc:  # port in use, address not available
+        from minips.errors import ConfigError
+
+        raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None

@@ -1,0 +1,13 @@
+"""Browser workers: a web gateway that serves a JavaScript worker page and relays its
+WebSocket messages to a parameter server (docs/protocol.md §14, docs/model.md).
+
+    from minips.web import start_gateway
+    with start_gateway("tcp://127.0.0.1:5555", listen="127.0.0.1:0") as gateway:
+        print("students open", gateway.url)
+
+Needs the optional extra: pip install 'minips[web]'.
+"""
+
+from minips.web.gateway import Gateway, RunningGateway, check_installed, start_gateway
+
+__all__ = ["Gateway", "RunningGateway", "check_installed", "start_gateway"]

@@ -1,0 +1,90 @@
+// minips messages in a browser: a msgpack header + raw array frames (docs/protocol.md §2-4),
+// carried in one binary WebSocket message as the gateway's framing (protocol.md §14.2):
+//   uint32 n, uint32 len[0..n-1], then the n frames back to back (all little-endian).
+
+import { pack, unpack } from "./msgpack.js";
+
+// Typed arrays use the platform's byte order; the wire is little-endian.
+if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
+  throw new Error("minips's browser worker needs a little-endian platform");
+}
+
+/** Join frames (Uint8Arrays) into one WebSocket message (an ArrayBuffer). */
+export function packFrames(frames) {
+  const prefix = new Uint32Array(1 + frames.length);
+  prefix[0] = frames.length;
+  frames.forEach((f, i) => (prefix[1 + i] = f.byteLength));
+  const total = prefix.byteLength + frames.reduce((s, f) => s + f.byteLength, 0);
+  const out = new Uint8Array(total);
+  out.set(new Uint8Array(prefix.buffer), 0);
+  let at = prefix.byteLength;
+  for (const f of frames) {
+    out.set(f, at);
+    at += f.byteLength;
+  }
+  return out.buffer;
+}
+
+/** Split one WebSocket message (an ArrayBuffer) into its frames (Uint8Array views). */
+export function unpackFrames(buffer) {
+  const view = new DataView(buffer);
+  const n = view.getUint32(0, true);
+  let at = 4 + 4 * n;
+  const frames = [];
+  for (let i = 0; i < n; i++) {
+    const length = view.getUint32(4 + 4 * i, true);
+    frames.push(new Uint8Array(buffer, at, length));
+    at += length;
+  }
+  if (at !== buffer.byteLength) throw new Error("bad framing from the gateway");
+  return frames;
+}
+
+/**
+ * Encode a request: header (a plain object; v is added) and arrays, each
+ * {name, shape, data: Float32Array} sent as float32 "dense". Returns an ArrayBuffer.
+ */
+export function encodeMessage(header, arrays = []) {
+  const descriptors = arrays.map((a) => ({
+    name: a.name,
+    dtype: "float32",
+    shape: a.shape,
+    codec: "dense",
+  }));
+  const full = { v: 1, ...header };
+  if (arrays.length) full.arrays = descriptors;
+  const frames = [pack(full)];
+  for (const a of arrays) frames.push(new Uint8Array(a.data.buffer, a.data.byteOffset, a.data.byteLength));
+  return packFrames(frames);
+}
+
+const DTYPES = { float32: Float32Array, int32: Int32Array, int64: BigInt64Array };
+
+/** float16 bits -> number (for the "fp16" codec). */
+function halfToFloat(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const frac = h & 0x3ff;
+  if (exp === 0) return sign * 2 ** -14 * (frac / 1024);
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * 2 ** (exp - 15) * (1 + frac / 1024);
+}
+
+/** Decode a reply: {header, arrays: Map name -> {shape, data}} (fp16 widened to float32). */
+export function decodeMessage(buffer) {
+  const [head, ...frames] = unpackFrames(buffer);
+  const header = unpack(head);
+  const arrays = new Map();
+  (header.arrays || []).forEach((d, i) => {
+    const bytes = frames[i].slice(); // copy: aligned, and independent of the message
+    let data;
+    if (d.dtype === "float16") {
+      const half = new Uint16Array(bytes.buffer);
+      data = Float32Array.from(half, halfToFloat);
+    } else {
+      data = new DTYPES[d.dtype](bytes.buffer);
+    }
+    arrays.set(d.name, { shape: d.shape, data });
+  });
+  return { header, arrays };
+}

@@ -1,0 +1,233 @@
+// The browser worker, run in a Web Worker so the page stays responsive: the same loop as
+// minips/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my shard ->
+// pull -> per batch {forward, backward, push (+ VSGD samples), pull} -> bye. It posts
+// {type: "status", status} to the page after every step and {type: "error", message}.
+
+import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
+import { Sampler } from "./sampling.js";
+import { decodeMessage, encodeMessage } from "./wire.js";
+import { mulberry32, normalise, parseIdx, permutation } from "./data.js";
+
+const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null };
+
+function report(fields) {
+  Object.assign(status, fields);
+  const recent = status.staleness.slice(-50);
+  postMessage({
+    type: "status",
+    status: {
+      ...status,
+      staleness: undefined,
+      stalenessMean: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : null,
+      stalenessMax: status.staleness.length ? Math.max(...status.staleness) : null,
+    },
+  });
+}
+
+class ServerError extends Error {
+  constructor(code, reason) {
+    super(`server refused the request (${code}): ${reason}`);
+    this.code = code;
+  }
+}
+
+/** One WebSocket to the gateway; request() sends and waits for the reply with its rid. */
+class Connection {
+  constructor(url, timeoutMs, retries) {
+    Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null });
+  }
+
+  open() {
+    return new Promise((resolve, reject) => {
+      this.ws = new WebSocket(this.url);
+      this.ws.binaryType = "arraybuffer";
+      this.ws.onopen = () => resolve();
+      this.ws.onerror = () => reject(new Error(`cannot connect to ${this.url}`));
+      this.ws.onclose = (event) => {
+        const reason = `gateway closed the connection (${event.code} ${event.reason})`;
+        if (this.waiting) this.waiting.reject(new Error(reason));
+      };
+      this.ws.onmessage = (event) => {
+        const reply = decodeMessage(event.data);
+        if (this.waiting && reply.header.rid === this.waiting.rid) this.waiting.resolve(reply);
+        // else: a late reply to an attempt given up on (protocol.md §8): dropped
+      };
+    });
+  }
+
+  /** Send header + arrays, wait for the reply; resend with a new rid after a timeout. */
+  async request(header, arrays = []) {
+    for (let attempt = 0; attempt <= this.retries; attempt++) {
+      const rid = ++this.rid;
+      const reply = await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => resolve(null), this.timeoutMs);
+        const done = (fn) => (value) => {
+          clearTimeout(timer);
+          this.waiting = null;
+          fn(value);
+        };
+        this.waiting = { rid, resolve: done(resolve), reject: done(reject) };
+        this.ws.send(encodeMessage({ ...header, rid }, arrays));
+      });
+      if (reply === null) continue; // timed out: try again (a push keeps its seq)
+      if (reply.header.op === "error") throw new ServerError(reply.header.code, reply.header.reason);
+      return reply;
+    }
+    throw new Error(`no reply to ${header.op} after ${this.retries + 1} attempts`);
+  }
+
+  close() {
+    this.ws.close();
+  }
+}
+
+async function fetchBytes(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url}: ${(await response.text()).trim()}`);
+  return response.arrayBuffer();
+}
+
+/** Examples `indices` of (images, labels) as a batch tensor (B, 1, 28, 28) and labels. */
+function gather(x, labels, indices) {
+  const per = 784;
+  const data = new Float32Array(indices.length * per);
+  const y = new Int32Array(indices.length);
+  indices.forEach((idx, i) => {
+    data.set(x.subarray(idx * per, (idx + 1) * per), i * per);
+    y[i] = labels[idx];
+  });
+  return { x: { data, shape: [indices.length, 1, 28, 28] }, y };
+}
+
+function accuracy(model, test) {
+  let correct = 0;
+  for (let start = 0; start < test.n; start += 100) {
+    const idx = Array.from({ length: Math.min(100, test.n - start) }, (_, i) => start + i);
+    const { x, y } = gather(test.x, test.labels, idx);
+    const predicted = argmaxRows(model.forward(x, false));
+    predicted.forEach((p, i) => (correct += p === y[i] ? 1 : 0));
+  }
+  return correct / test.n;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function train(options) {
+  const { base, workerId } = options;
+  const wsUrl = base.replace(/^http/, "ws") + "ws";
+  const conn = new Connection(wsUrl, options.timeoutMs || 60000, 3);
+  await conn.open();
+  const info = { role: "worker", agent: "browser", ua: navigator.userAgent.slice(0, 200) };
+  const helloHeader = { op: "hello", worker: workerId, info };
+  let hello;
+  try {
+    hello = (await conn.request(helloHeader)).header;
+  } catch (err) {
+    if (err.code !== "stopping") throw err;
+    report({ state: "the run has already ended" });
+    return conn.close();
+  }
+  // Requests that need registration say hello again once if the server declared us dead.
+  const workerRequest = async (header, arrays) => {
+    try {
+      return await conn.request(header, arrays);
+    } catch (err) {
+      if (err.code !== "unknown_worker") throw err;
+      await conn.request(helloHeader);
+      return conn.request(header, arrays);
+    }
+  };
+
+  const config = hello.config;
+  const [rank, worldSize] = [hello.rank, hello.world_size];
+  const rule = config.rule || { name: "asgd" };
+  const slowdown = (config.hetero || [])[rank] || 1;
+  report({ state: "loading data", rank, worldSize, rule: rule.name, model: config.model.name,
+    dataset: config.dataset, slowdown, version: hello.version });
+
+  const dataUrl = `${base}data/${config.dataset}`;
+  const meta = JSON.parse(new TextDecoder().decode(await fetchBytes(`${dataUrl}/info`)));
+  const images = parseIdx(await fetchBytes(`${dataUrl}/train/${rank}/${worldSize}/images`));
+  const labels = parseIdx(await fetchBytes(`${dataUrl}/train/${rank}/${worldSize}/labels`)).data;
+  const x = normalise(images.data, meta.mean, meta.std);
+  const testImages = parseIdx(await fetchBytes(`${dataUrl}/test/images`));
+  const testLabels = parseIdx(await fetchBytes(`${dataUrl}/test/labels`)).data;
+  const nTest = Math.min(options.evalExamples || 500, testLabels.length);
+  const test = {
+    n: nTest,
+    x: normalise(testImages.data.subarray(0, nTest * 784), meta.mean, meta.std),
+    labels: testLabels,
+  };
+
+  const model = buildModel(config.model);
+  const sampler = rule.name === "vsgd" ? new Sampler(rule.rho, rule.min_samples) : null;
+  const applyParams = (reply) => {
+    for (const [name, array] of reply.arrays) model.setParam(name, array.data);
+  };
+  let reply = await workerRequest({ op: "pull", worker: workerId, since: null });
+  applyParams(reply);
+  let version = reply.header.version;
+  let stop = reply.header.stop;
+  report({ state: "training", shard: labels.length, version });
+
+  const batchSize = config.batch_size;
+  const random = mulberry32((config.seed || 0) * 1000 + rank); // batch order: model.md §4.3
+  const started = performance.now();
+  let [seq, lastEval] = [0, -Infinity];
+  outer: for (let epoch = 0; epoch < config.epochs && !stop; epoch++) {
+    const order = permutation(labels.length, random);
+    for (let start = 0; start < order.length; start += batchSize) {
+      const batch = gather(x, labels, order.subarray(start, start + batchSize));
+      const tick = performance.now();
+      const { loss, dlogits } = softmaxCrossEntropy(model.forward(batch.x, true), batch.y);
+      model.backward(dlogits);
+      const compute = performance.now() - tick;
+      if (slowdown > 1) await sleep((slowdown - 1) * compute); // imitate a slower machine
+
+      const params = model.params;
+      const arrays = [...model.grads].map(([name, g]) => ({ name, shape: g.shape, data: g.data }));
+      if (sampler) {
+        // The parameters are still those of the last pull: the values the gradient was
+        // computed at (protocol.md §6.4).
+        for (const [name] of model.grads) {
+          const values = sampler.values(name, params.get(name).data);
+          arrays.push({ name: `extra/sample/${name}`, shape: [values.length], data: values });
+        }
+      }
+      const pushHeader = { op: "push", worker: workerId, seq: seq++, base: version, last: true,
+        samples: batch.y.length };
+      const pushed = (await workerRequest(pushHeader, arrays)).header;
+      if (pushed.stop && !pushed.applied) break; // arrived after the run stopped: not counted
+      status.staleness.push(pushed.staleness);
+      reply = await workerRequest({ op: "pull", worker: workerId, since: version });
+      applyParams(reply);
+      version = reply.header.version;
+      const steps = status.steps + 1;
+      const seconds = (performance.now() - started) / 1000;
+      report({ steps, samples: status.samples + batch.y.length, epoch, loss, version,
+        stepsPerSecond: steps / seconds, computeMs: compute, lastStaleness: pushed.staleness });
+      if (pushed.stop || reply.header.stop) break outer;
+      if (options.maxSteps && steps >= options.maxSteps) break outer;
+      if (performance.now() - lastEval > (options.evalSeconds || 5) * 1000) {
+        report({ accuracy: accuracy(model, test) });
+        lastEval = performance.now();
+      }
+    }
+  }
+  report({ accuracy: accuracy(model, test), state: "finishing" });
+  try {
+    await conn.request({ op: "bye", worker: workerId });
+  } catch (err) {
+    if (err.code !== "unknown_worker") throw err; // already gone: nothing to leave
+  }
+  conn.close();
+  report({ state: "done" });
+}
+
+onmessage = (event) => {
+  if (event.data.type !== "start") return;
+  train(event.data.options).catch((err) => {
+    report({ state: "failed" });
+    postMessage({ type: "error", message: String(err && err.message ? err.message : err) });
+  });
+};

@@ -1,0 +1,60 @@
+// docs/model.md's worked examples against the JavaScript network (the Python side is
+// tests/test_model_doc.py), and docs/protocol.md's VSGD sample against sampling.js.
+// Usage: node model_doc.mjs; exits 1 and says what differs on failure.
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import {
+  Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, buildModel, softmaxCrossEntropy,
+} from "../../minips/web/static/nn.js";
+import { sampleIndices } from "../../minips/web/static/sampling.js";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const modelDoc = readFileSync(root + "docs/model.md", "utf8");
+const protocolDoc = readFileSync(root + "docs/protocol.md", "utf8");
+
+function example(label) {
+  const re = new RegExp(`<!-- model-example-${label} -->\\s*\`\`\`json\\s*\\n([\\s\\S]*?)\`\`\``);
+  return JSON.parse(modelDoc.match(re)[1]);
+}
+
+const flat = (nested) => (Array.isArray(nested) ? nested.flat(Infinity) : [nested]);
+const shapeOf = (nested) => (Array.isArray(nested) ? [nested.length, ...shapeOf(nested[0])] : []);
+let failures = 0;
+
+function close(what, actual, expected, tol = 1e-5) {
+  const want = flat(expected);
+  const got = Array.from(actual);
+  const bad = got.length !== want.length || got.some((v, i) => Math.abs(v - want[i]) > tol);
+  if (bad) failures++;
+  console.log(`${bad ? "FAIL" : "ok  "} ${what}${bad ? `: got ${got} want ${want}` : ""}`);
+}
+
+function check(label, model) {
+  const ex = example(label);
+  for (const [name, values] of Object.entries(ex.params)) {
+    model.setParam(name, Float32Array.from(flat(values)));
+  }
+  const x = { data: Float32Array.from(flat(ex.x)), shape: shapeOf(ex.x) };
+  const logits = model.forward(x, true);
+  close(`${label} logits`, logits.data, ex.logits);
+  const { loss, dlogits } = softmaxCrossEntropy(logits, ex.labels);
+  close(`${label} loss`, [loss], ex.loss);
+  model.backward(dlogits);
+  const names = [...model.grads.keys()];
+  if (names.join() !== Object.keys(ex.grads).join()) {
+    failures++;
+    console.log(`FAIL ${label} parameter names ${names} differ from the doc's`);
+  }
+  for (const [name, values] of Object.entries(ex.grads)) {
+    close(`${label} grad ${name}`, model.grads.get(name).data, values);
+  }
+}
+
+check("mlp", buildModel(example("mlp").model));
+check("conv", new Sequential([new Conv2D(1, 2, 2), new ReLU(), new MaxPool2D(2, 2), new Flatten(), new Dense(8, 3)]));
+
+const sample = protocolDoc.match(/<!-- vsgd-sample -->\s*```\s*\n(.*?)```/s)[1].trim();
+const mine = Array.from(sampleIndices("fc1.w", 1000, 0.01, 4)).join(" ");
+if (mine !== sample) failures++;
+console.log(`${mine === sample ? "ok  " : "FAIL"} vsgd sample of fc1.w: ${mine}`);
+process.exit(failures ? 1 : 0);
