@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minips.config import RunConfig
 from minips.data import NORMALIZATION
-from minips.launch import ServerSpec
 from minips.nn import build_model, softmax_cross_entropy
 from minips.nn.layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from minips.nn.model import Sequential
@@ -88,8 +88,8 @@ def test_mlp_defaults_in_the_doc_are_the_zoos():
 
 
 def test_config_table_names_every_key_the_server_sends():
-    spec = ServerSpec(model="mlp", dataset="synthetic")
-    config = spec.worker_config(build_model("mlp").spec)
+    spec = RunConfig(model="mlp", dataset="synthetic")
+    config = spec.hello_config(build_model("mlp").spec)
     section = DOC.read_text().split("## 1.")[1].split("## 2.")[0]
     documented = set(re.findall(r"^\| `(\w+)`", section, re.M))
     documented |= {"rank", "world_size"}
