@@ -86,3 +86,29 @@ class RawPeer:
 
 def packb(header) -> bytes:
     return msgpack.packb(header)
+
+
+FENCE_RID = 999_999  # the rid of the `stats` request `send_then_fence` sends after a request
+
+
+def send_then_fence(peer: RawPeer, header, arrays=None) -> wire.Message | None:
+    """Send a request, then a `stats` request on the same socket; return the request's
+    reply if the server answered it before the stats (None: the server holds it).
+
+    The server reads one socket's messages in order and handles each to completion, so
+    this tells "answered at once" from "held" without looking at the server's internals
+    and without timing.
+    """
+    peer.send(wire.encode(header, arrays))
+    peer.send(wire.encode({"op": "stats", "rid": FENCE_RID}))
+    first = peer.recv()
+    if first.op == "stats" and first.header.get("rid") == FENCE_RID:
+        return None
+    fence = peer.recv()
+    assert fence.op == "stats" and fence.header.get("rid") == FENCE_RID, fence.header
+    return first
+
+
+def worker_rows(client) -> dict[str, dict]:
+    """The `stats` reply's per-worker rows, by worker id (client: a PSClient)."""
+    return {row["worker"]: row for row in client.stats()["workers"]}
