@@ -56,8 +56,16 @@ class ShapedLink(NamedTuple):
     netns: str  # the server's network namespace
     server_addr: str  # the server's address (bind here; workers connect here)
     client_addr: str  # the root namespace's address on the link (workers' source)
-    host_dev: str = ""  # veth end in the root namespace
-    server_dev: str = ""  # veth end in the server's namespace
+
+    @property
+    def host_dev(self) -> str:
+        """The veth end in the root namespace (named after the namespace's random tag)."""
+        return "mpsh" + self.netns.rsplit("-", 1)[1]
+
+    @property
+    def server_dev(self) -> str:
+        """The veth end inside the server's namespace."""
+        return "mpsp" + self.netns.rsplit("-", 1)[1]
 
     @property
     def prefix(self) -> list[str]:
@@ -139,6 +147,15 @@ def _build(link: ShapedLink, subnet, rate: str, delay: str | None, queue: str) -
     _shape(ns, link.server_dev, rate, delay, queue)  # server -> worker
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def _stop_processes_in(netns: str) -> None:
     """End the processes this run started inside its namespace (SIGTERM, then SIGKILL)."""
     done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
@@ -149,7 +166,7 @@ def _stop_processes_in(netns: str) -> None:
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            pids = [p for p in pids if _alive(p)]
             time.sleep(0.05)
 
 
@@ -177,7 +194,7 @@ def shaped_link(
 ) -> Iterator[ShapedLink]:
     """A server namespace behind a veth pair shaped to `rate` each way (tc units: "100mbit").
 
-    Yields ShapedLink(netns, server_addr, client_addr, ...): run the server with
+    Yields ShapedLink(netns, server_addr, client_addr): run the server with
     `netns_prefix(netns)` bound on server_addr; processes in the root namespace reach it at
     server_addr through the shaped link. On exit (normal, exception, Ctrl-C) the processes
     left in the namespace are ended and the namespace and veth pair removed.
@@ -186,9 +203,7 @@ def shaped_link(
     tag = secrets.token_hex(3)
     subnet = _free_subnet()
     client, server = (str(a) for a in subnet.hosts())
-    link = ShapedLink(
-        f"{NETNS_PREFIX}{os.getpid()}-{tag}", server, client, f"mpsh{tag}", f"mpsp{tag}"
-    )
+    link = ShapedLink(f"{NETNS_PREFIX}{os.getpid()}-{tag}", server, client)
     try:
         _build(link, subnet, rate, delay, queue)
         yield link
@@ -201,8 +216,8 @@ def remove_stale() -> list[str]:
     removed = []
     for name in _run("ip", "netns", "list").split():
         match = re.fullmatch(re.escape(NETNS_PREFIX) + r"(\d+)-([0-9a-f]{6})", name)
-        if match and not os.path.exists(f"/proc/{match.group(1)}"):
-            _remove(ShapedLink(name, "", "", f"mpsh{match.group(2)}", ""))
+        if match and not _alive(int(match.group(1))):
+            _remove(ShapedLink(name, "", ""))
             removed.append(name)
     return removed
 
