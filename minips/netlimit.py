@@ -40,9 +40,11 @@ _BYTES = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
 _BYTES.update({"kibps": 2**10, "mibps": 2**20, "gibps": 2**30, "tibps": 2**40})
 _RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", re.IGNORECASE)
 
-# Default burst: 10 ms of traffic, but at least one Ethernet frame. Small on purpose: a
-# real link never sends faster than its rate, the bucket only absorbs timer jitter.
-DEFAULT_BURST_SECONDS = 0.010
+# Default burst: 2 ms of traffic (25 kB at 100 Mbit/s, near tools/netem.py's tbf burst of
+# 32 KiB), but at least one Ethernet frame. Small on purpose: a real link never sends faster
+# than its rate; an idle bucket refills to `burst`, which a request/reply client collects
+# once per direction per round trip (10 ms would flatter a 1.7 MB round trip by 7%).
+DEFAULT_BURST_SECONDS = 0.002
 MIN_BURST_BYTES = 1500
 
 
