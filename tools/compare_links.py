@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import statistics
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def main() -> int:
     parser.add_argument("--rate", default="100mbit")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--queue", default=netem.DEFAULT_QUEUE, help="tbf queue, as a time")
     parser.add_argument("--skip-loopback", action="store_true")
     args = parser.parse_args()
     parse_rate(args.rate)
@@ -140,9 +142,20 @@ def main() -> int:
     except netem.NetemError as error:
         print(f"tc: skipped: {error}")
         return 0
-    with netem.shaped_link(args.rate) as link, echo_server(link.prefix, link.server_addr) as ep:
-        _measure("tc", ep, frames, args, bucket=False)
+    with netem.shaped_link(args.rate, queue=args.queue) as link:
+        with echo_server(link.prefix, link.server_addr) as endpoint:
+            _measure("tc", endpoint, frames, args, bucket=False)
+        print(f"tc drops: up {_drops([], link.host_dev)}, "
+              f"down {_drops(['-n', link.netns], link.server_dev)} packets")  # fmt: skip
     return 0
+
+
+def _drops(where: list[str], dev: str) -> str:
+    """The packets the tbf queue on `dev` dropped (tail drops when a burst overflows it)."""
+    stats = subprocess.run(["tc", *where, "-s", "qdisc", "show", "dev", dev],
+                           capture_output=True, text=True).stdout  # fmt: skip
+    found = re.search(r"dropped (\d+)", stats)
+    return found.group(1) if found else "?"
 
 
 if __name__ == "__main__":
