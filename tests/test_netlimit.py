@@ -1,0 +1,144 @@
+"""netlimit: tc-style rate parsing and the token bucket's measured rate, alone and shared."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from minips.errors import ConfigError
+from minips.netlimit import Link, TokenBucket, frames_nbytes, parse_rate
+
+
+@pytest.mark.parametrize(
+    "text, bytes_per_s",
+    [
+        ("100mbit", 12.5e6),
+        ("1gbit", 125e6),
+        ("20Mbit", 2.5e6),
+        ("500kbit", 62_500),
+        ("8bit", 1),
+        ("1.5gbit", 187.5e6),
+        ("10mbps", 10e6),  # tc's "mbps" is megaBYTES per second
+        ("3kbps", 3000),
+        ("7bps", 7),
+        ("1mibit", 2**20 / 8),
+        (" 100 mbit ", 12.5e6),
+    ],
+)
+def test_parse_rate_units_like_tc(text, bytes_per_s):
+    assert parse_rate(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "100", "fast", "100mb", "-5mbit", "0mbit", "mbit", "1e999gbit"]
+)
+def test_parse_rate_refuses_bad_input_in_one_line(text):
+    with pytest.raises(ConfigError) as info:
+        parse_rate(text)
+    assert "\n" not in str(info.value)
+    assert "rate" in str(info.value)
+
+
+def test_link_from_option():
+    assert Link.from_option(None) is None
+    link = Link.from_option("100mbit")
+    assert link.up.rate == link.down.rate == 12.5e6
+    assert link.up is not link.down
+
+
+def _pace(bucket, chunks, chunk_bytes):
+    for _ in range(chunks):
+        bucket.wait(chunk_bytes)
+
+
+def _assert_rate(measured, target):
+    # The bucket must never let bytes through faster than its rate (tight bound above); a
+    # loaded 2-core machine can only make the caller late, and the bucket recovers lateness
+    # up to its burst, so the bound below is generous.
+    assert 0.85 * target <= measured <= 1.03 * target, f"{measured:.4g} B/s vs {target:.4g}"
+
+
+def test_bucket_rate_is_measured_within_a_few_percent():
+    # 4 MB/s for ~0.5 s in 64 KB chunks, timed after the full bucket is spent so the burst
+    # does not flatter the figure; a 50 ms burst absorbs the scheduler's oversleeps.
+    rate, chunk, chunks = 4e6, 65_536, 31
+    bucket = TokenBucket(rate, burst_bytes=0.05 * rate)
+    bucket.wait(int(bucket.burst))
+    start = time.monotonic()
+    _pace(bucket, chunks, chunk)
+    _assert_rate(chunks * chunk / (time.monotonic() - start), rate)
+
+
+def test_message_larger_than_the_burst_is_paced_not_refused():
+    bucket = TokenBucket(10e6, burst_bytes=1500)
+    start = time.monotonic()
+    slept = bucket.wait(2_000_000)  # 0.2 s at 10 MB/s
+    elapsed = time.monotonic() - start
+    assert slept == pytest.approx(0.2, rel=0.01)
+    assert 0.19 <= elapsed < 0.4
+
+
+def test_idle_bucket_allows_only_its_burst():
+    bucket = TokenBucket(1e6, burst_bytes=50_000)
+    time.sleep(0.1)  # 100 KB of tokens would flow in, but the bucket holds 50 KB
+    assert bucket.reserve(50_000) == 0.0
+    assert bucket.reserve(100_000) == pytest.approx(0.1, abs=0.005)
+
+
+def test_threads_sharing_a_bucket_share_its_rate():
+    # A sender thread and the main thread on one link: together they get the rate, not twice.
+    rate, chunk, chunks = 4e6, 50_000, 20
+    bucket = TokenBucket(rate, burst_bytes=0.05 * rate)
+    bucket.wait(int(bucket.burst))
+    start = time.monotonic()
+    threads = [threading.Thread(target=_pace, args=(bucket, chunks, chunk)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _assert_rate(2 * chunks * chunk / (time.monotonic() - start), rate)
+    assert bucket.total_bytes == 2 * chunks * chunk + int(bucket.burst)
+
+
+def test_up_and_down_are_independent():
+    link = Link("80mbit", burst_bytes=0)  # 10 MB/s each way
+    # full duplex: a 1 MB transfer each way at once is told to wait 0.1 s each, not 0.2 s
+    assert link.up.reserve(1_000_000) == pytest.approx(0.1, abs=0.005)
+    assert link.down.reserve(1_000_000) == pytest.approx(0.1, abs=0.005)
+    assert link.up.reserve(1_000_000) == pytest.approx(0.2, abs=0.01)  # up alone queues
+
+
+def test_bucket_paces_real_zmq_traffic():
+    # What the client will do: wait on the bytes of each multipart message it sends.
+    context = zmq.Context.instance()
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    for sock in (router, dealer):
+        sock.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    link = Link("160mbit", burst_bytes=200_000)  # 20 MB/s; the burst absorbs send time
+    frames = [b"header", np.zeros(250_000, np.float32)]  # 1 MB + 6 bytes
+    link.up.wait(200_000)  # spend the initial burst before timing
+    start = time.monotonic()
+    received = 0
+    try:
+        for _ in range(8):
+            link.up.wait(frames_nbytes(frames))
+            dealer.send_multipart(frames, copy=False)
+            _, *got = router.recv_multipart(copy=False)
+            received += frames_nbytes(got)
+    finally:
+        router.close()
+        dealer.close()
+    elapsed = time.monotonic() - start
+    assert received == 8 * 1_000_006
+    _assert_rate(received / elapsed, 20e6)
+
+
+def test_frames_nbytes_counts_bytes_not_items():
+    array = np.ones((10, 3), np.float32)
+    assert (
+        frames_nbytes([b"abc", memoryview(array), array, zmq.Frame(b"12345")]) == 3 + 120 + 120 + 5
+    )
