@@ -111,6 +111,6 @@ def compare(name: str, got: Any, want: np.ndarray, rtol: float = 1e-5) -> str | 
         return None
     index = tuple(int(i) for i in np.unravel_index(worst, want.shape))
     return (
-        f"{name} wrong: max relative error {errors.flat[worst]:.2g} at index {index} "
+        f"max relative error {errors.flat[worst]:.2g} at index {index} "
         f"(got {got.flat[worst]:.6g}, expected {want.flat[worst]:.6g})"
     )

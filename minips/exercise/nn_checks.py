@@ -158,7 +158,8 @@ def check_softmax_cross_entropy(module: ModuleType) -> CheckResult:
             )
         problem = compare("dlogits", got_grad, dlogits, RTOL)
         if problem:
-            result.fail(f"{problem} for {case}{scale_hint('dlogits', got_grad, dlogits, n)}")
+            hint = scale_hint("dlogits", got_grad, dlogits, n)
+            result.fail(f"dlogits wrong for {case}: {problem}{hint}")
         if result.passed:
             result.ok(f"loss and dlogits right for {case}")
     return result
