@@ -25,13 +25,14 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so that `minips --help` stays fast and each command lives in its own module.
+    from minips.cli.dashboard_cmd import dashboard
     from minips.cli.data_cmd import data
     from minips.cli.exercise_cmd import exercise
     from minips.cli.ps_cmd import evaluate, run, server, worker
     from minips.cli.report_cmd import plot, report
     from minips.cli.train_cmd import train
 
-    for command in (train, run, server, worker, evaluate, data, report, plot, exercise):
+    for command in (train, run, server, worker, evaluate, data, report, plot, exercise, dashboard):
         cli.add_command(command)
 
 
