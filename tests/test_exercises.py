@@ -112,7 +112,7 @@ def test_worker_loop_stale_params_and_ignored_stop(tmp_path):
 
 def test_dasgd_inverse_without_max_is_caught_at_tau_zero(tmp_path):
     text = _variant(tmp_path, "dasgd-scale", "1.0 / max(1, tau)", "1.0 / tau")
-    assert "schedule 'inverse'" in text and "ZeroDivisionError" in text or "f(0)" in text
+    assert "for schedule 'inverse' raised ZeroDivisionError" in text
 
 
 def test_dasgd_cutoff_off_by_one_names_the_tau(tmp_path):
