@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
              "Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."),
     "web": ("minips.cli.web_cmd:web",
             "Serve the browser worker page and relay browsers to the server at --connect."),
+    "dashboard": ("minips.cli.dashboard_cmd:dashboard",
+                  "Serve a live page of a server's stats: accuracy, updates/s, workers, bytes."),
+    "exercise": ("minips.cli.exercise_cmd:exercise",
+                 "Exercises for a class (starters in examples/exercises/) and their automatic checks."),
 }  # fmt: skip
 
 

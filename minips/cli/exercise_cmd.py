@@ -1,0 +1,45 @@
+"""`minips exercise list` and `minips exercise check NAME [--file PATH]`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.group()
+def exercise() -> None:
+    """Exercises for a class (starters in examples/exercises/) and their automatic checks."""
+
+
+@exercise.command("list")
+def list_exercises() -> None:
+    """Each exercise: name, expected time, starter file, learning goal."""
+    from minips.exercise import EXERCISES
+
+    for ex in EXERCISES.values():
+        click.echo(f"{ex.name:22s} {ex.minutes:3d} min  {ex.starter:18s} {ex.goal}")
+
+
+@exercise.command("check")
+@click.argument("name")
+@click.option(
+    "--file", "path", type=click.Path(dir_okay=False),
+    help="Your answer (default: the starter's file name here or in examples/exercises/).",
+)  # fmt: skip
+def check_exercise(name: str, path: str | None) -> None:
+    """Check your answer to exercise NAME: say what is wrong, or what was verified.
+
+    Exit status 0 when the check passes, 1 when it finds something wrong.
+    """
+    from minips.exercise import check
+
+    answer, result = check(name, path)
+    click.echo(f"checking {answer} ({name})")
+    for note in result.notes:
+        click.echo(f"  ok: {note}")
+    for finding in result.findings:
+        click.echo(f"  WRONG: {finding}")
+    click.echo("PASSED" if result.passed else f"FAILED: {len(result.findings)} problem(s)")
+    if not result.passed:
+        sys.exit(1)

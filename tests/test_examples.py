@@ -1,0 +1,83 @@
+"""Every program in examples/ runs (fast mode) and shows what it claims; the lab guide's
+commands name real commands and options."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from minips.cli import cli
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(name: str, *args: str, timeout: float = 120) -> str:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_tiny_ps_trains_and_applies_every_push():
+    out = run_example("00_tiny_ps.py", "--fast")
+    # 2 workers x 30 pushes, each applied once
+    assert "server: 60 updates applied" in out
+    first, last = map(float, re.search(r"loss (\S+) -> (\S+) in 30 steps", out).groups())
+    assert last < first / 100
+
+
+def test_tiny_ps_imports_no_minips():
+    source = (EXAMPLES / "00_tiny_ps.py").read_text()
+    imports = re.findall(r"^(?:import|from) (\w+)", source, flags=re.M)
+    assert set(imports) <= {"sys", "threading", "msgpack", "numpy", "zmq"}
+    assert len(source.splitlines()) <= 80  # a first read, not a second minips
+
+
+def test_train_by_hand_learns_and_gradient_checks():
+    out = run_example("01_train_by_hand.py", "--fast")
+    before = float(re.search(r"test accuracy before: (\S+)", out).group(1))
+    after = float(re.search(r"test accuracy after: +(\S+)", out).group(1))
+    assert after > before + 0.15, out
+    error = float(re.search(r"relative error (\S+)", out).group(1))
+    assert error < 1e-6
+
+
+def test_custom_worker_trains_against_a_minips_server_subprocess():
+    out = run_example("02_custom_worker.py", "--fast")
+    assert "rank 0 of 1, model mlp" in out
+    losses = [float(x) for x in re.findall(r"loss (\S+)", out)]
+    assert losses[-1] < losses[0]
+    # One push per step, 64 samples each, all applied (the only worker: staleness 0).
+    assert "server: 20 updates, 1280 samples" in out
+    assert set(re.findall(r"staleness (\d+)", out)) == {"0"}
+
+
+def _commands_in(markdown: str) -> list[list[str]]:
+    """`minips ...` command lines inside ```sh blocks (with backslash continuations joined)."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", markdown, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("minips "):
+                commands.append(line.split()[1:])
+    return commands
+
+
+@pytest.mark.parametrize("guide", ["05_two_machines.md"])
+def test_lab_guide_commands_and_options_exist(guide):
+    commands = _commands_in((EXAMPLES / guide).read_text())
+    assert len(commands) >= 4
+    for words in commands:
+        command = cli.get_command(click.Context(cli), words[0])
+        assert command is not None, f"{guide}: no command minips {words[0]}"
+        known = {opt for param in command.params for opt in param.opts}
+        for word in words[1:]:
+            if word.startswith("--"):
+                assert word in known, f"{guide}: minips {words[0]} has no option {word}"
