@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "dashboard": ("minips.cli.dashboard_cmd:dashboard",
                   "Serve a live page of a server's stats: accuracy, updates/s, workers, bytes."),
     "exercise": ("minips.cli.exercise_cmd:exercise",
-                 "Exercises for a class (starters in examples/exercises/) and their automatic checks."),
+                 "Class exercises (starters in examples/exercises/) and their automatic checks."),
 }  # fmt: skip
 
 

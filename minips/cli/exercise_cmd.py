@@ -9,7 +9,7 @@ import click
 
 @click.group()
 def exercise() -> None:
-    """Exercises for a class (starters in examples/exercises/) and their automatic checks."""
+    """Class exercises (starters in examples/exercises/) and their automatic checks."""
 
 
 @exercise.command("list")
