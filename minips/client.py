@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ import zmq
 from minips import wire
 from minips.codecs import Encoder, Gradient, Spec
 from minips.errors import MinipsError
+from minips.netlimit import Link, frames_nbytes
 from minips.wire import DEFAULT_LIMITS, Limits, Message
 
 log = logging.getLogger("minips.client")
@@ -78,6 +79,9 @@ class PullReply:
     params: dict[str, np.ndarray]
     param_versions: dict[str, int]
     stop: bool
+    # name -> {"indices", "values"}: `delta` tensors (docs/protocol.md 13.7) to ADD to the
+    # worker's copy, under a plan that pulls some parameters as deltas.
+    deltas: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,6 +134,8 @@ class PSClient:
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
+        # --bandwidth: a token bucket per direction (minips.netlimit), None = unlimited.
+        self.link: Link | None = None
 
     # ------------------------------------------------------------------------ worker calls
 
@@ -156,7 +162,8 @@ class PSClient:
         header = {"op": "pull", "worker": self.worker_id, "since": since}
         message = self._worker_request(header)
         h = message.header
-        return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"])
+        deltas = {name: parts for name, parts in message.parts.items() if message.codecs[name] == "delta"}  # fmt: skip
+        return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"], deltas)
 
     def push(
         self,
@@ -283,7 +290,10 @@ class PSClient:
             self._rid += 1
             rid = self._rid
             sock = self._connect()
-            sock.send_multipart(wire.encode_parts({**header, "rid": rid}, parts), copy=False)
+            frames = wire.encode_parts({**header, "rid": rid}, parts)
+            if self.link is not None:  # the request crosses the (emulated) link first
+                self.link.up.wait(frames_nbytes(frames))
+            sock.send_multipart(frames, copy=False)
             deadline = time.monotonic() + self.timeout
             while (remaining := deadline - time.monotonic()) > 0:
                 # A receive timeout instead of a poll: one system call less per request.
@@ -292,6 +302,8 @@ class PSClient:
                     frames = sock.recv_multipart(copy=False)
                 except zmq.Again:
                     break
+                if self.link is not None:  # the reply arrived as fast as the link allows
+                    self.link.down.wait(frames_nbytes(frames))
                 message = wire.decode_reply(frames, self.limits)
                 if message.header.get("rid") != rid:
                     continue  # a late reply to an attempt we gave up on

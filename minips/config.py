@@ -62,6 +62,7 @@ class Setting:
     format: Callable[[Any], str | list[str]] | None = None
     multiple: bool = False
     flag: str | None = None
+    omit_default: bool = False  # to_workers, but left out of hello while at its default
 
 
 def setting(default: Any = MISSING, help: str = "", **how: Any) -> Any:
@@ -115,6 +116,19 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
 
 def _rule_option_texts(options: dict[str, Any]) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in options.items()]
+
+
+def _rate_text(text: str | None) -> str | None:
+    """A link rate as given ("100mbit"), checked by minips.netlimit.parse_rate; None: unset."""
+    if text in (None, "", "unlimited"):
+        return None
+    from minips.netlimit import parse_rate
+
+    try:
+        parse_rate(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return text
 
 
 Config = TypeVar("Config", bound="ConfigBase")
@@ -220,6 +234,20 @@ class RunConfig(ConfigBase):
     checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
                                      server_option="checkpoint_path",
                                      cli_type=click.Path(dir_okay=False))
+    # layer-aware transmission (docs/algorithms.md "Transmission"; minips.plan, minips.planner)
+    plan: str = setting("dense", "Transmission plan: dense, auto (chosen by the planner for "
+                        "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
+    bandwidth: str | None = setting(None, "Each worker's own link, e.g. 100mbit, 1gbit: a "
+                                    "token bucket per direction (unset: unlimited).",
+                                    to_workers=True, omit_default=True, parse=_rate_text,
+                                    format=str)
+    netem: str | None = setting(None, "A shared link at the server, e.g. 100mbit: the server "
+                                "runs in its own network namespace behind a tc-shaped veth "
+                                "pair (root only; tools/netem.py).", commands=("run",),
+                                parse=_rate_text, format=str)
+    trace: str | None = setting(None, "Write a Chrome trace (Perfetto) of the first worker's "
+                                "compute and send/receive spans to this file.",
+                                commands=("run",), cli_type=click.Path(dir_okay=False))
     # fmt: on
 
     def validate(self) -> None:
@@ -239,7 +267,12 @@ class RunConfig(ConfigBase):
 
     def hello_config(self, model_spec: dict[str, Any]) -> dict[str, Any]:
         """The `config` map every worker receives in `hello` (the model as its spec)."""
-        sent = {f.name: getattr(self, f.name) for f in fields(self) if _setting(f).to_workers}
+        sent = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if _setting(f).to_workers
+            and not (_setting(f).omit_default and getattr(self, f.name) == f.default)
+        }
         return copy.deepcopy({**sent, "model": model_spec})
 
     def server_options(self) -> ServerOptions:

@@ -18,10 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, ServerError
+from minips.client import PSClient, PullReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
+from minips.netlimit import Link
 from minips.nn import Sequential, build_model, softmax_cross_entropy
+from minips.plan import Plan, plan_from_hello
 from minips.rules import WorkerSide, worker_side
+from minips.trace import COMPUTE, RECV, STEP, NullTrace, Trace
+from minips.transmit import StepSender
 
 
 @dataclass
@@ -39,6 +43,8 @@ class WorkerReport:
     wall_s: float = 0.0
     stopped_by_server: bool = False
     extra_bytes: int = 0  # rule extras sent with the pushes (VSGD samples)
+    push_bytes: dict[str, int] = field(default_factory=dict)  # array bytes pushed per parameter
+    bandwidth: str | None = None  # this worker's --bandwidth link, if any
     staleness: list[int] = field(default_factory=list)  # clock staleness of each push
 
     def summary(self) -> dict:
@@ -56,6 +62,9 @@ class Worker:
     data_dir: this machine's copy of the dataset (default: the config's). slowdown: make
     each step take F times its compute time (default: the config's `hetero[rank]`).
     max_steps: stop after this many steps (default: the config's epochs bound it).
+    bandwidth: this worker's link rate, e.g. "100mbit" (default: the config's; None:
+    unlimited). trace: where to record compute and send/receive spans (`--trace FILE`).
+    The transmission plan (codecs, push intervals, wait-free) comes from hello's config.
     """
 
     def __init__(
@@ -64,16 +73,23 @@ class Worker:
         data_dir: str | None = None,
         slowdown: float | None = None,
         max_steps: int | None = None,
+        bandwidth: str | None = None,
+        trace: Trace | NullTrace | None = None,
     ) -> None:
         self.client = client
         self.data_dir = data_dir
         self.slowdown = slowdown
         self.max_steps = max_steps
+        self.bandwidth = bandwidth
+        self.trace = trace or NullTrace()
         # Set by `run` from the server's hello (what `step` works with):
         self.report = WorkerReport()
         self.model: Sequential | None = None
         self.rule_side = WorkerSide()  # what the rule needs besides gradients (VSGD: samples)
         self.version = 0  # the version of the parameters in self.model (the last pull's)
+        self.plan = Plan()
+        self.sender: StepSender | None = None
+        self._marks: list[float] = []  # backward's per-layer end times, for the trace
 
     def run(self) -> WorkerReport:
         """Train until the epoch budget from the config ends or the server says stop."""
@@ -90,13 +106,18 @@ class Worker:
         tick = time.monotonic()
         self.report.stopped_by_server = self._pull(since=None)
         self.report.comm_s += time.monotonic() - tick
-        for _epoch in range(int(config["epochs"])):
-            if self.report.stopped_by_server or self._budget_spent():
-                break
-            batches = iterate_batches(shard.x_train, shard.y_train, int(config["batch_size"]), rng)
-            for xb, yb in batches:
-                if not self.step(xb, yb) or self._budget_spent():
+        try:
+            for _epoch in range(int(config["epochs"])):
+                if self.report.stopped_by_server or self._budget_spent():
                     break
+                batch_size = int(config["batch_size"])
+                for xb, yb in iterate_batches(shard.x_train, shard.y_train, batch_size, rng):
+                    if not self.step(xb, yb) or self._budget_spent():
+                        break
+        finally:
+            self.sender.close()
+            self.trace.close()
+        self.report.push_bytes = self.client.bytes_sent
         self.report.wall_s = time.monotonic() - start
         return self.report
 
@@ -106,19 +127,25 @@ class Worker:
         The gradients are taken at the parameters of the last pull, version `self.version`
         (the push's `base`); the rule's worker side adds what it needs to the push.
         """
-        report = self.report
+        report, trace = self.report, self.trace
+        step_start = trace.now()
         tick = time.monotonic()
-        logits = self.model.forward(xb, train=True)  # (B, K)
-        _, dlogits = softmax_cross_entropy(logits, yb)
+        self.sender.start_step(base=self.version)
+        with trace.span("forward", COMPUTE):
+            logits = self.model.forward(xb, train=True)  # (B, K)
+            _, dlogits = softmax_cross_entropy(logits, yb)
+        self._marks = [trace.now()]
+        # Backward; under a wait-free plan the grad hook hands each layer to the sender.
         self.model.backward(dlogits)
-        self._slow_down(compute=time.monotonic() - tick)
+        compute = time.monotonic() - tick
+        self._slow_down(compute=compute)
 
         tick = time.monotonic()
         # Still the parameters of the last pull (set only by _pull below): VSGD's samples are
         # exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
         report.extra_bytes += sum(values.nbytes for values in extra.values())
-        pushed = self.client.push(self.model.grads, base=self.version, extra=extra, samples=len(xb))
+        pushed = self.sender.finish(extra, samples=len(xb))
         if pushed.stop and not pushed.applied:
             # It arrived after the run stopped: not trained on, so not counted.
             report.comm_s += time.monotonic() - tick
@@ -129,6 +156,7 @@ class Worker:
         report.samples += len(xb)
         stopped = self._pull(since=self.version)
         report.comm_s += time.monotonic() - tick
+        trace.complete("step", STEP, step_start, trace.now(), args={"step": report.steps - 1})
         if pushed.stop or stopped:
             report.stopped_by_server = True
         return not report.stopped_by_server
@@ -142,16 +170,39 @@ class Worker:
         self.report = WorkerReport(rank=rank, slowdown=slowdown)
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
+        self.plan = plan_from_hello(config)
+        shapes = {name: a.shape for name, a in self.model.params.items()}
+        self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
+        self.sender = StepSender(self.client, self.model, self.plan, self.trace)
+        if self.trace.enabled:
+            self.model.add_grad_hook(self._trace_layer)
+        self.model.add_grad_hook(self.sender.layer_ready)
+        self.report.bandwidth = self.bandwidth or config.get("bandwidth")
+        self.client.link = Link.from_option(self.report.bandwidth)
         shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
         return shard, np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
 
     def _pull(self, since: int | None) -> bool:
         """Fetch the parameters changed since version `since` into the model; the stop flag."""
-        reply = self.client.pull(since=since)
+        with self.trace.span("pull", RECV):
+            reply = self.client.pull(since=since)
+        self.apply_pull(reply)
+        return reply.stop
+
+    def apply_pull(self, reply: PullReply) -> None:
+        """Set the parameters a pull reply carries, add its deltas; remember its version."""
         if reply.params:
             self.model.set_params(reply.params, strict=False)
+        params = self.model.params
+        for name, parts in reply.deltas.items():
+            apply_delta(params[name], parts["indices"], parts["values"])
         self.version = reply.version
-        return reply.stop
+
+    def _trace_layer(self, layer: str) -> None:
+        """Grad hook under --trace: backward from the previous mark to now was `layer`'s."""
+        now = self.trace.now()
+        self.trace.complete(f"backward {layer}", COMPUTE, self._marks[-1], now)
+        self._marks.append(now)
 
     def _slow_down(self, compute: float) -> None:
         """Count `compute` seconds; with a slowdown F, sleep (F - 1) times as long."""
@@ -163,6 +214,13 @@ class Worker:
 
     def _budget_spent(self) -> bool:
         return self.max_steps is not None and self.report.steps >= self.max_steps
+
+
+def apply_delta(param: np.ndarray, indices: np.ndarray, values: np.ndarray) -> None:
+    """param.flat[indices] += values, in float32 (docs/protocol.md 13.7: what the server adds
+    to its copy of this worker's parameters, bit for bit)."""
+    flat = param.reshape(-1)
+    flat[indices] += values.astype(np.float32, copy=False)
 
 
 def model_from_hello(config: dict[str, Any]) -> Sequential:
