@@ -8,26 +8,30 @@ and writes the run directory (its files: minips.runlog).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
-from minips.errors import MinipsError
+from minips.errors import ConfigError, MinipsError
 from minips.metrics import ProgressFn
 from minips.nn import build_model
 from minips.optim import SGD
 from minips.rules import make_rule
+from minips.netlimit import parse_rate
+from minips.plan import Plan, load_plan
+from minips.planner import make_plan
 from minips.runlog import RUN_OUTPUTS, latest_eval, write_results
-from minips.server import ParameterServer
+from minips.server import ParameterServer, set_pull_plan
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -41,20 +45,43 @@ SINGLE_THREADED_BLAS = {
 def make_server(
     config: RunConfig, on_update: Callable[[dict[str, Any]], None] | None = None
 ) -> ParameterServer:
-    """A ParameterServer with the config's model (seeded init), rule and optimizer."""
+    """A ParameterServer with the config's model (seeded init), rule, optimizer and plan.
+
+    The plan travels in hello's config only when it is not the all-dense default.
+    """
     config.validate()
     model = build_model(config.model, seed=config.seed)
     rule = make_rule(config.rule, **config.rule_options)
+    plan = resolve_plan(config)
+    hello = config.hello_config(model.spec)
+    if not plan.is_dense():
+        hello["plan"] = plan.to_dict()
     params = model.params  # one dict: the store and the optimizer must share it
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
-    return ParameterServer(
-        params,
-        rule,
-        optimizer,
-        config.server_options(),
-        config=config.hello_config(model.spec),
-        on_update=on_update,
+    server = ParameterServer(
+        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update
     )
+    set_pull_plan(server, plan)
+    return server
+
+
+def resolve_plan(config: RunConfig) -> Plan:
+    """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
+
+    auto's link: --netem RATE is shared by the workers, --bandwidth RATE is each worker's
+    own; with both, the tighter; with neither, unlimited (so: all dense).
+    """
+    model = build_model(config.model, seed=config.seed)
+    if config.plan == "auto":
+        shares = [parse_rate(config.netem) / config.workers] if config.netem else []
+        shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
+        rate = min(shares) if shares else None
+        plan = make_plan(model, config.batch_size, config.workers, rate, shared=False).plan
+    else:
+        plan = load_plan(config.plan)
+    shapes = {name: array.shape for name, array in model.params.items()}
+    plan.check_model(shapes, {info.name: info.kind for info in model.layer_info()})
+    return plan
 
 
 def run_local(
@@ -70,11 +97,25 @@ def run_local(
     """
     out = Path(out_dir)
     config = _prepare_run_dir(config, out)
+    with _server_link(config) as (server_prefix, server_host):
+        if server_host is not None:
+            config = replace(config, bind=f"tcp://{server_host}:*")
+        return _run_cluster(config, out, eval_interval, progress, startup_timeout, server_prefix)
+
+
+def _run_cluster(
+    config: RunConfig,
+    out: Path,
+    eval_interval: float,
+    progress: ProgressFn | None,
+    startup_timeout: float,
+    server_prefix: list[str],
+) -> dict[str, Any]:
     t0 = time.monotonic()
     env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
     cluster = _Cluster(out / "logs", env)
     try:
-        endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout)
+        endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout, server_prefix)
         total = 0  # the progress bar's length; loading the data for it only when shown
         if progress is not None:
             total = config.epochs * _train_size(config)
@@ -95,6 +136,31 @@ def run_local(
     return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
 
 
+@contextlib.contextmanager
+def _server_link(config: RunConfig) -> Iterator[tuple[list[str], str | None]]:
+    """--netem: (the command prefix that runs the server behind the shaped link, its address).
+
+    Without --netem: ([], None), the server on loopback. tools/netem.py builds the link
+    (a source checkout's tools/ directory; root only) and removes it when the run ends.
+    """
+    if not config.netem:
+        yield [], None
+        return
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    if not (tools / "netem.py").exists():
+        raise ConfigError("--netem needs tools/netem.py from a minips source checkout")
+    sys.path.insert(0, str(tools))
+    try:
+        import netem
+    finally:
+        sys.path.remove(str(tools))
+    try:
+        with netem.shaped_link(config.netem) as link:
+            yield link.prefix, link.server_addr
+    except netem.NetemError as exc:
+        raise ConfigError(f"--netem: {exc}") from None
+
+
 def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     """Check the config (before anything is written), clear old outputs, write config.json.
 
@@ -111,6 +177,13 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
         checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
     )
     (out / "config.json").write_text(config.to_json())
+    (out / "plan.json").unlink(missing_ok=True)
+    if config.plan != "dense":
+        # Resolved once, here (auto measures this machine): the server reads the file, and
+        # the run directory keeps what was chosen (with the planner's predicted bytes).
+        plan = resolve_plan(config)
+        (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+        config = replace(config, plan=str(out / "plan.json"))
     return config
 
 
@@ -121,30 +194,39 @@ def _start(
     t0: float,
     eval_interval: float,
     startup_timeout: float,
+    server_prefix: list[str] | None = None,
 ) -> str:
-    """Start the server, then the evaluator, then the workers; return the server's address."""
+    """Start the server, then the evaluator, then the workers; return the server's address.
+
+    server_prefix (--netem: `ip netns exec NS`) runs the server, and the evaluator beside
+    it, in the server's namespace: the evaluator's pulls then do not cross the shaped link,
+    whose rate is the workers'.
+    """
     base = [sys.executable, "-m", "minips"]
+    prefix = server_prefix or []
     cluster.start(
         "server",
-        base + ["server", *config.server_args(), "--endpoint-file", str(out / "endpoint"),
-                "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
+        prefix + base + ["server", *config.server_args(), "--endpoint-file",
+                         str(out / "endpoint"), "--updates-log", str(out / "updates.jsonl"),
+                         "--t0", repr(t0)],
     )  # fmt: skip
     endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
     # The evaluator first: registered before any worker trains, it sees the first and
     # (the server waits for observers when stopping) the final parameters.
     cluster.start(
         "evaluator",
-        base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-                "--interval", repr(eval_interval), "--t0", repr(t0)],
+        prefix + base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
+                         "--interval", repr(eval_interval), "--t0", repr(t0)],
     )  # fmt: skip
     cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
     for index in range(config.workers):
         # The server gives ranks in the order hellos arrive, so a process is named by its
         # start order until its rank is known; the worker fills {rank} in its report path.
+        trace = ["--trace", config.trace] if config.trace and index == 0 else []
         cluster.start(
             f"worker.{index}",
             base + ["worker", "--connect", endpoint, "--report", str(out / "worker-{rank}.json"),
-                    "--quiet"],
+                    "--quiet", *trace],
         )  # fmt: skip
     return endpoint
 

@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                "Train here for the server at --connect (everything else comes from it)."),
     "evaluate": ("minips.cli.ps_cmd:evaluate", None),  # started by `minips run`
     "data": ("minips.cli.data_cmd:data", "List and download datasets."),
+    "plan": ("minips.cli.plan_cmd:plan",
+             "Choose per-layer codecs for a link: measured compute, exact bytes, predicted step."),
     "report": ("minips.cli.report_cmd:report",
                "Summarise run directories: accuracy, time, traffic, staleness per worker."),
     "plot": ("minips.cli.report_cmd:plot",

@@ -125,6 +125,10 @@ server = server_command()
               show_default=True, help="Seconds to wait for each reply.")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
+@click.option("--bandwidth", default=None,
+              help="This worker's link, e.g. 100mbit (default: the run's --bandwidth).")
+@click.option("--trace", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.")
 @click.option("--quiet", is_flag=True)
 def worker(
     connect: str,
@@ -133,6 +137,8 @@ def worker(
     max_steps: int | None,
     timeout: float,
     report: str | None,
+    bandwidth: str | None,
+    trace: str | None,
     quiet: bool,
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
@@ -140,10 +146,15 @@ def worker(
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from minips.netlimit import parse_rate
+    from minips.trace import open_trace
     from minips.worker import Worker, write_report
 
+    if bandwidth:
+        parse_rate(bandwidth)  # a bad rate: one line, before connecting
     with PSClient(connect, timeout=timeout) as client:
-        result = Worker(client, data_dir, slowdown, max_steps).run()
+        worker = Worker(client, data_dir, slowdown, max_steps, bandwidth, open_trace(trace))
+        result = worker.run()
         client.bye()
     if report:
         # A worker that arrived after the run ended has no rank: "worker-late.json".
