@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from minips import wire
+from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
 from minips.optim import SGD
@@ -40,8 +41,6 @@ from minips.telemetry import Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
 log = logging.getLogger("minips.server")
-
-EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific extras)
 
 
 @dataclass(frozen=True)
@@ -86,17 +85,6 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     while split < len(frames) - 1 and len(frames[split]) == 0:
         split += 1
     return Envelope(routing=frames[:split]), frames[split:]
-
-
-def decode_gradients(message: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A push's arrays as (float32 gradients by parameter name, extras by "extra/..." name)."""
-    grads, extras = {}, {}
-    for name, array in message.arrays.items():
-        if name.startswith(EXTRA_PREFIX):
-            extras[name] = array
-        else:
-            grads[name] = wire.to_float32(array, message.codecs[name])
-    return grads, extras
 
 
 class ParameterServer:
@@ -269,7 +257,7 @@ class ParameterServer:
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         push.worker.accept(push)
-        self.telemetry.count_push(push, request.arrays)
+        self.telemetry.count_push(push, request)
         if self.stopping:
             self.answer_push(push, applied=False)
             return
