@@ -104,6 +104,13 @@ class PushReply:
 _NO_PULL = object()  # push() without its pull half
 
 
+def _pull_reply(message: Message) -> PullReply:
+    """A pull's (or a fused push's) reply: dense/fp16 arrays to set, `delta` ones to add."""
+    h = message.header
+    deltas = {n: parts for n, parts in message.parts.items() if message.codecs[n] == "delta"}
+    return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"], deltas)
+
+
 class PSClient:
     """A worker's connection to a ParameterServer.
 
@@ -166,9 +173,7 @@ class PSClient:
         """
         header = {"op": "pull", "worker": self.worker_id, "since": since}
         message = self._worker_request(header)
-        h = message.header
-        deltas = {name: parts for name, parts in message.parts.items() if message.codecs[name] == "delta"}  # fmt: skip
-        return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"], deltas)
+        return _pull_reply(message)
 
     def push(
         self,
@@ -216,9 +221,7 @@ class PSClient:
                 header["pull_since"] = pull_since
             message = self._worker_request(header, parts)
         h = message.header
-        pulled = None
-        if "param_versions" in h:
-            pulled = PullReply(h["version"], message.arrays, h["param_versions"], h["stop"])
+        pulled = _pull_reply(message) if "param_versions" in h else None
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
 
     @property

@@ -31,7 +31,7 @@ from minips.netlimit import parse_rate
 from minips.plan import Plan, load_plan
 from minips.planner import make_plan
 from minips.runlog import RUN_OUTPUTS, latest_eval, write_results
-from minips.server import ParameterServer, set_pull_plan
+from minips.server import ParameterServer
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -61,7 +61,7 @@ def make_server(
     server = ParameterServer(
         params, rule, optimizer, config.server_options(), config=hello, on_update=on_update
     )
-    set_pull_plan(server, plan)
+    server.use_plan(plan)
     return server
 
 

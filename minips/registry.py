@@ -58,6 +58,7 @@ class WorkerState:
     answered: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)  # seq->reply
     held_pushes: dict[int, Push] = field(default_factory=dict)  # seq -> push, reply held
     held_pull: HeldPull | None = None
+    partial_step: Push | None = None  # this step's `last: false` pushes, summed (assemble_step)
 
     @property
     def waiting(self) -> bool:

@@ -21,7 +21,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
 from minips.optim import SGD
+from minips.plan import Plan
+from minips.pulls import PullEncoder
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
 from minips.rules import Outcome, Push, Rule, Update
 from minips.store import ParameterStore
@@ -87,6 +89,16 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     return Envelope(routing=frames[:split]), frames[split:]
 
 
+def _add_gradients(into: Push, push: Push) -> None:
+    """Sum `push`'s gradients into `into`'s (own float32 copies); keep the older base."""
+    for name, grad in push.grads.items():
+        if name in into.grads:
+            into.grads[name] += grad
+        else:
+            into.grads[name] = np.array(grad, np.float32)
+    into.base = min(into.base, push.base)
+
+
 class ParameterServer:
     """Holds the model, applies pushed gradients through a rule, answers pulls.
 
@@ -129,6 +141,7 @@ class ParameterServer:
         if options.resume:
             meta = self.store.load(options.resume)
             log.info("resumed from %s at version %d (%s)", options.resume, self.store.version, meta)
+        self.pulls: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
         self.control = control = Control(self)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
             "push": self.handle_push,  # below: where gradients become updates
@@ -270,11 +283,38 @@ class ParameterServer:
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
-        self.carry_out(self.rule.on_push(push))
+        self.telemetry.counters.worker_steps += push.last
+        step = self.assemble_step(push)
+        if step is not None:
+            self.carry_out(self.rule.on_push(step))
         max_samples = self.options.max_samples
         if max_samples and self.telemetry.counters.samples >= max_samples:
             log.info("sample budget of %d reached: stopping", max_samples)
             self.control.begin_stop()  # now, not on the loop's next turn: later messages see it
+
+    def assemble_step(self, push: Push) -> Push | None:
+        """A step sent in several pushes reaches the rule as ONE push, with its `last` one.
+
+        A `last: false` push (a layer sent while backward still ran: wait-free sending) is
+        decoded and kept, and answered `applied: false`; the step's `last` push takes in the
+        kept gradients (summed per parameter) and the oldest base, so t advances once per
+        step and the step's clock staleness is that of its oldest gradient (protocol.md 5.3).
+        """
+        worker, kept = push.worker, push.worker.partial_step
+        if not push.last:
+            if kept is None:
+                own = {name: np.array(grad, np.float32) for name, grad in push.grads.items()}
+                worker.partial_step = replace(push, grads=own)
+            else:
+                _add_gradients(kept, push)
+            self.answer_push(push, applied=False)
+            return None
+        if kept is not None:
+            worker.partial_step = None
+            _add_gradients(kept, push)
+            push.grads, push.base = kept.grads, kept.base
+            push.staleness = self.store.version - push.base
+        return push
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.sender(request)
@@ -360,16 +400,27 @@ class ParameterServer:
         """Send the parameters changed since the puller's `since`, from shared snapshots."""
         held, worker.held_pull = worker.held_pull, None
         worker.pulls += 1
-        names = self.store.changed_since(held.since)
+        parts = self.pull_parts(worker, held.since)
         header = {"op": "pull", "version": self.store.version,
                   "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
         if held.push_reply is not None:  # a fused push + pull: one reply for both
             header = {**held.push_reply, "version": self.store.version, "stop": self.stopping,
                       "param_versions": self.store.param_versions}  # fmt: skip
-        arrays = {name: self.store.snapshot(name) for name in names}
-        self.reply(held.reply_to, header, arrays, worker=worker)
+        self.reply(held.reply_to, header, worker=worker, parts=parts)
         if not worker.observer:
+            self.telemetry.count_pull(parts)
             self.rule.on_pulled(worker)
+
+    def use_plan(self, plan: Plan) -> None:
+        """Send pulls by `plan` (fp16, delta, priority order; minips.pulls) from now on."""
+        encoder = PullEncoder(self.store, plan)
+        self.pulls = None if encoder.plain else encoder
+
+    def pull_parts(self, worker: WorkerState, since: int | None) -> list[wire.WirePart]:
+        """The arrays of a pull reply: changed parameters dense, or as the plan says."""
+        if self.pulls is not None:
+            return self.pulls.parts(worker, since)
+        return [wire.WirePart(n, self.store.snapshot(n)) for n in self.store.changed_since(since)]
 
     @property
     def workers(self) -> dict[str, WorkerState]:
@@ -388,11 +439,13 @@ class ParameterServer:
         header: dict[str, Any],
         arrays: dict[str, np.ndarray] | None = None,
         worker: WorkerState | None = None,
+        parts: list[wire.WirePart] | None = None,
     ) -> None:
-        """Send a reply (with the request's rid) and count its bytes."""
+        """Send a reply (with the request's rid) and count its bytes (arrays, or parts)."""
         if envelope.rid is not None:
             header = {**header, "rid": envelope.rid}
-        nbytes = self._send(envelope.routing, wire.encode(header, arrays))
+        frames = wire.encode_parts(header, parts) if parts else wire.encode(header, arrays)
+        nbytes = self._send(envelope.routing, frames)
         if worker is not None:
             worker.bytes_out += nbytes
 

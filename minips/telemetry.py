@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minips.rules import Push
-    from minips.wire import Message
+    from minips.wire import Message, WirePart
 
 log = logging.getLogger("minips.server")
 
@@ -54,6 +54,10 @@ class Counters:
     dropped: int = 0  # pushes a rule dropped (not updates)
     grad_bytes_in: int = 0  # bytes of accepted pushes' gradient arrays
     extra_bytes_in: int = 0  # bytes of accepted pushes' extra arrays (VSGD: ~rho of the above)
+    worker_steps: int = 0  # accepted `last` pushes: the workers' steps, all together
+    # per parameter: array bytes of accepted pushes (up) and of workers' pull replies (down)
+    param_bytes_in: dict[str, int] = field(default_factory=dict)
+    param_bytes_out: dict[str, int] = field(default_factory=dict)
     staleness_sum: int = 0
     staleness_count: int = 0
     staleness_max: int = 0
@@ -71,6 +75,11 @@ class Counters:
             "bytes_out": self.bytes_out,
             "grad_bytes_in": self.grad_bytes_in,
             "extra_bytes_in": self.extra_bytes_in,
+            "worker_steps": self.worker_steps,
+            "bytes_by_param": {
+                name: {"up": self.param_bytes_in.get(name, 0), "down": self.param_bytes_out.get(name, 0)}  # noqa: E501
+                for name in {**self.param_bytes_in, **self.param_bytes_out}
+            },
             "staleness_mean": mean,
             "staleness_max": self.staleness_max,
             "uptime": time.monotonic() - self.started,
@@ -92,6 +101,14 @@ class Telemetry:
                 self.counters.extra_bytes_in += nbytes
             else:
                 self.counters.grad_bytes_in += nbytes
+                by_param = self.counters.param_bytes_in
+                by_param[name] = by_param.get(name, 0) + nbytes
+
+    def count_pull(self, parts: list[WirePart]) -> None:
+        """Count a worker's pull reply's array bytes per parameter (observers' are not)."""
+        by_param = self.counters.param_bytes_out
+        for part in parts:
+            by_param[part.name] = by_param.get(part.name, 0) + part.array.nbytes
 
     def update(self, record: UpdateRecord) -> None:
         """Count an applied update (or a dropped push) and report it."""

@@ -105,8 +105,14 @@ class StepSender:
         else:
             self._ready.append(layer)
 
-    def finish(self, extra: dict[str, np.ndarray], samples: int) -> PushReply:
-        """Wait for the sender thread, then push what is left with `last=True`."""
+    def finish(
+        self, extra: dict[str, np.ndarray], samples: int, pull_since: int | None = None
+    ) -> PushReply:
+        """Wait for the sender thread, then push what is left with `last=True`.
+
+        pull_since: fuse the step's pull into this last push (one round trip, issue 9);
+        the reply's `pull` then holds the parameters changed since that version.
+        """
         if self._thread is not None:
             self._queue.join()
             if self._error is not None:
@@ -118,7 +124,10 @@ class StepSender:
         for base in sorted(b for b in set(bases.values()) if b != self.base):
             older = {name: grads.pop(name) for name in list(grads) if bases[name] == base}
             self._push(older, base, last=False, label="accumulated")
-        return self._push(grads, self.base, last=True, label="last", extra=extra, samples=samples)
+        fused = {} if pull_since is None else {"pull_since": pull_since}
+        with self.trace.span("last push+pull", SEND, args={"params": list(grads), **fused}):
+            return self.client.push(grads, base=self.base, extra=extra, last=True,
+                                    codecs=self.specs, samples=samples, **fused)  # fmt: skip
 
     def close(self) -> None:
         """Stop the sender thread (idempotent)."""

@@ -49,6 +49,7 @@ CODECS: dict[str, dict[str | None, frozenset[str]]] = {
     "topk": {"indices": frozenset({"int32"}), "values": _FLOATS},
     "sf": {"x": _FLOATS, "dy": _FLOATS},
     "lowrank": {"p": _FLOATS, "q": _FLOATS},
+    "delta": {"indices": frozenset({"int32"}), "values": _FLOATS},  # pull replies only (13.7)
 }
 
 REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
@@ -289,6 +290,8 @@ def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     _check_fields(message.header, REQUEST_FIELDS, "request")
     if message.op == "push":
         for name in message.codecs:
+            if message.codecs[name] == "delta":
+                raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
             for array in message.frames_of(name):
                 if array.dtype.kind == "f" and not all_finite(array):
                     raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")

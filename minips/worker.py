@@ -145,7 +145,8 @@ class Worker:
         # exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
         report.extra_bytes += sum(values.nbytes for values in extra.values())
-        pushed = self.sender.finish(extra, samples=len(xb))
+        # The step's last push also pulls (the fused exchange: one round trip).
+        pushed = self.sender.finish(extra, samples=len(xb), pull_since=self.version)
         if pushed.stop and not pushed.applied:
             # It arrived after the run stopped: not trained on, so not counted.
             report.comm_s += time.monotonic() - tick
@@ -154,7 +155,11 @@ class Worker:
         report.staleness.append(int(pushed.staleness))
         report.steps += 1
         report.samples += len(xb)
-        stopped = self._pull(since=self.version)
+        if pushed.pull is not None:
+            self.apply_pull(pushed.pull)
+            stopped = pushed.pull.stop
+        else:
+            stopped = self._pull(since=self.version)
         report.comm_s += time.monotonic() - tick
         trace.complete("step", STEP, step_start, trace.now(), args={"step": report.steps - 1})
         if pushed.stop or stopped:
