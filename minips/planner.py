@@ -5,7 +5,7 @@
 
 The cost model (docs/algorithms.md, "The transmission cost model", with its sources):
 
-1. Per worker, a step costs `compute` (forward + backward, measured here, median of a few
+1. Per worker, a step costs `compute` (forward + backward, measured here, best of a few
    batches) plus its traffic over the link: up = the gradients' bytes, down = the pulled
    parameters' bytes, at `rate` bytes/s each way (a shared link of rate R at the server
    gives each of N workers R / N; the two directions add up because a step sends, then
@@ -34,7 +34,6 @@ Bytes are exact (array bytes of every frame; headers, ~100 bytes a tensor, not c
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +101,10 @@ class LayerTime:
 
 
 def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list[LayerTime]:
-    """Median forward and backward ms of each layer on a random batch, on this machine.
+    """Best-of-`repeats` forward and backward ms of each layer on a random batch, here.
+
+    The minimum, not the median: the machine may be shared, and the least disturbed pass
+    is the layer's own cost (so the plan does not change with other people's load).
 
     A layer without parameters (ReLU, pooling, flatten) counts for the parameterised
     layer before it (conv1's row holds relu1 and pool1): that is what runs before that
@@ -138,13 +140,13 @@ def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list
             if repeat:
                 samples.setdefault(key, []).append(seconds)
     for (layer, way), values in samples.items():
-        ms = statistics.median(values) * 1e3
+        ms = min(values) * 1e3
         setattr(rows[layer], "forward_ms" if way == "f" else "backward_ms", ms)
     return [rows[name] for name in rows if model.layers[name].params]
 
 
 def encode_ms(spec: Spec, shape: tuple[int, ...], batch_size: int, repeats: int = 5) -> float:
-    """Median ms of one worker-side encode with `spec` on a random gradient of `shape`."""
+    """Best-of-`repeats` ms of one worker-side encode with `spec` on a random gradient."""
     rng = np.random.default_rng(1)
     codec = make_codec(spec)
     if parse_spec(spec)[0] == "sf":
@@ -157,7 +159,7 @@ def encode_ms(spec: Spec, shape: tuple[int, ...], batch_size: int, repeats: int 
         start = time.perf_counter()
         codec.encode("p", grad)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
+    return min(times[1:]) * 1e3
 
 
 def _push_ladder(shape: tuple[int, ...], kind: str, batch_size: int) -> list[Spec]:

@@ -264,10 +264,23 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
         result["value_staleness"] = {
             layer: distribution(values, with_histogram=False) for layer, values in layers.items()
         }
+    if summary.get("bytes_by_layer"):
+        result["bytes_by_layer"] = layer_bytes_per_step(summary)
     if target is not None:
         reached = time_to_target(evals, target, summary.get("wall_s"))
         result["target"] = {"accuracy": target, "reached": reached}
     return result
+
+
+def layer_bytes_per_step(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per layer: array bytes up and down, in all and per worker step (server's counts)."""
+    steps = summary.get("worker_steps") or 0
+    rows = {}
+    for layer, counts in summary["bytes_by_layer"].items():
+        rows[layer] = dict(counts)
+        if steps:
+            rows[layer].update(up_per_step=counts["up"] / steps, down_per_step=counts["down"] / steps)  # noqa: E501
+    return rows
 
 
 # --- terminal view ---------------------------------------------------------------------
@@ -356,6 +369,15 @@ def format_report(report: dict[str, Any]) -> str:
         slow = f"{w['slowdown']:g}x" if w["slowdown"] is not None else "-"
         lines.append(_staleness_row(rank, slow, w["steps"], w["staleness"], w["scale_mean"]))
     lines.append(_staleness_row("all", "", "", report["staleness"], None))
+    if "bytes_by_layer" in report:
+        lines.append("  bytes per layer (workers' pushes up, their pulls down; per step and in all):")
+        lines.append(f"  {'layer':>10} {'up/step':>10} {'down/step':>10} {'up':>10} {'down':>10}")
+        for layer, b in report["bytes_by_layer"].items():
+            lines.append(
+                f"  {layer:>10} {human_bytes(b.get('up_per_step')):>10}"
+                f" {human_bytes(b.get('down_per_step')):>10}"
+                f" {human_bytes(b['up']):>10} {human_bytes(b['down']):>10}"
+            )
     if "value_staleness" in report:
         lines.append("  value staleness per layer (typical updates behind, in value):")
         lines.append(f"  {'layer':>10} {'count':>6} {'mean':>7} {'p50':>7} {'p90':>7} {'max':>7}")

@@ -31,6 +31,16 @@ def latest_eval(path: Path) -> dict[str, Any]:
     return dict(evals[-1]) if evals else {}
 
 
+def bytes_by_layer(by_param: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}."""
+    layers: dict[str, dict[str, int]] = {}
+    for name, counts in by_param.items():
+        layer = layers.setdefault(name.rsplit(".", 1)[0], {"up": 0, "down": 0})
+        layer["up"] += counts.get("up", 0)
+        layer["down"] += counts.get("down", 0)
+    return layers
+
+
 def write_results(
     out: Path, rule: str, workers: int, wall: float, exit_codes: dict[str, int | None]
 ) -> dict[str, Any]:
@@ -58,6 +68,9 @@ def write_results(
         "updates": stats.get("updates", evals[-1].get("updates")),
         "bytes_up": stats.get("bytes_in"),
         "bytes_down": stats.get("bytes_out"),
+        "worker_steps": stats.get("worker_steps"),
+        # array bytes per layer and direction, workers only (the evaluator's pulls are not)
+        "bytes_by_layer": bytes_by_layer(stats.get("bytes_by_param") or {}),
         "staleness_mean": stats.get("staleness_mean"),
         "staleness_max": stats.get("staleness_max"),
         "rule": rule,

@@ -277,13 +277,13 @@ class ParameterServer:
         # Accepted: from here on the push is answered exactly once, whatever happens.
         push.worker.accept(push)
         self.telemetry.count_push(push, request)
+        self.telemetry.counters.worker_steps += push.last  # with its bytes: per-step figures
         if self.stopping:
             self.answer_push(push, applied=False)
             return
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
-        self.telemetry.counters.worker_steps += push.last
         step = self.assemble_step(push)
         if step is not None:
             self.carry_out(self.rule.on_push(step))

@@ -24,7 +24,7 @@ import click
     "link (--netem of run, split among --workers).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
-              help="Batches timed per layer (the median is used).")  # fmt: skip
+              help="Batches timed per layer (the fastest counts).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the chosen plan here (for --plan FILE of run/server).")  # fmt: skip
 def plan(
