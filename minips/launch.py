@@ -24,12 +24,12 @@ from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import ConfigError, MinipsError
 from minips.metrics import ProgressFn
+from minips.netlimit import parse_rate
 from minips.nn import build_model
 from minips.optim import SGD
-from minips.rules import make_rule
-from minips.netlimit import parse_rate
 from minips.plan import Plan, load_plan
 from minips.planner import make_plan
+from minips.rules import make_rule
 from minips.runlog import RUN_OUTPUTS, latest_eval, write_results
 from minips.server import ParameterServer
 

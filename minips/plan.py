@@ -55,7 +55,11 @@ class ParamPlan:
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that differ from the default."""
         default = ParamPlan()
-        return {key: getattr(self, key) for key in _PARAM_KEYS if getattr(self, key) != getattr(default, key)}  # fmt: skip
+        return {
+            key: getattr(self, key)
+            for key in _PARAM_KEYS
+            if getattr(self, key) != getattr(default, key)
+        }
 
 
 def parse_pull_spec(spec: Spec) -> tuple[str, dict[str, Any]]:
@@ -76,7 +80,8 @@ def parse_pull_spec(spec: Spec) -> tuple[str, dict[str, Any]]:
         if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"pull codec delta: ratio must be in (0, 1], got {ratio!r}")
         if options.get("dtype", "float32") not in ("float32", "float16"):
-            raise ConfigError(f"pull codec delta: dtype float32 or float16, got {options['dtype']!r}")  # fmt: skip
+            dtype = options["dtype"]
+            raise ConfigError(f"pull codec delta: dtype float32 or float16, got {dtype!r}")
     return name, options
 
 
@@ -85,14 +90,18 @@ def _param_plan(name: str, entry: Any) -> ParamPlan:
         raise ConfigError(f"plan entry {name!r} must be a map, got {entry!r}")
     unknown = sorted(set(entry) - set(_PARAM_KEYS))
     if unknown:
-        raise ConfigError(f"plan entry {name!r}: unknown key(s) {unknown} (known: {', '.join(_PARAM_KEYS)})")  # fmt: skip
+        known = ", ".join(_PARAM_KEYS)
+        raise ConfigError(f"plan entry {name!r}: unknown key(s) {unknown} (known: {known})")
     plan = ParamPlan(**entry)
     parse_spec(plan.push)
     parse_pull_spec(plan.pull)
     for key in ("every", "priority"):
         value = getattr(plan, key)
         if not isinstance(value, int) or isinstance(value, bool) or (key == "every" and value < 1):
-            raise ConfigError(f"plan entry {name!r}: {key} must be an integer{' >= 1' if key == 'every' else ''}, got {value!r}")  # fmt: skip
+            bound = " >= 1" if key == "every" else ""
+            raise ConfigError(
+                f"plan entry {name!r}: {key} must be an integer{bound}, got {value!r}"
+            )
     return plan
 
 
@@ -128,7 +137,11 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as hello's config carries it (and as a plan file holds it)."""
         params = {name: p.to_dict() for name, p in self.params.items() if not p.is_dense()}
-        document: dict[str, Any] = {"format": PLAN_FORMAT, "wait_free": self.wait_free, "params": params}  # fmt: skip
+        document: dict[str, Any] = {
+            "format": PLAN_FORMAT,
+            "wait_free": self.wait_free,
+            "params": params,
+        }
         if self.predicted:
             document["predicted"] = self.predicted
         return document

@@ -331,8 +331,10 @@ def format_table(report: PlanReport) -> str:
     """The per-layer table `minips plan` prints, then the predicted step and the choice."""
     b = report.batch_size
     times = {t.layer: t for t in report.layers}
-    head = (f"{'param':8} {'shape':>10} {'fwd ms':>7} {'bwd ms':>7} {'dense':>9} {'fp16':>9} "
-            f"{'sf fp16':>9} {'topk 1%':>9}  {'push':>12} {'bytes':>9}  {'pull':>14} {'bytes':>9}")  # fmt: skip
+    head = (
+        f"{'param':8} {'shape':>10} {'fwd ms':>7} {'bwd ms':>7} {'dense':>9} {'fp16':>9} "
+        f"{'sf fp16':>9} {'topk 1%':>9}  {'push':>12} {'bytes':>9}  {'pull':>14} {'bytes':>9}"
+    )
     lines = [head]
     shown = set()
     for c in report.choices:

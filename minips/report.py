@@ -279,7 +279,9 @@ def layer_bytes_per_step(summary: dict[str, Any]) -> dict[str, dict[str, float]]
     for layer, counts in summary["bytes_by_layer"].items():
         rows[layer] = dict(counts)
         if steps:
-            rows[layer].update(up_per_step=counts["up"] / steps, down_per_step=counts["down"] / steps)  # noqa: E501
+            rows[layer].update(
+                up_per_step=counts["up"] / steps, down_per_step=counts["down"] / steps
+            )  # noqa: E501
     return rows
 
 
@@ -370,7 +372,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(_staleness_row(rank, slow, w["steps"], w["staleness"], w["scale_mean"]))
     lines.append(_staleness_row("all", "", "", report["staleness"], None))
     if "bytes_by_layer" in report:
-        lines.append("  bytes per layer (workers' pushes up, their pulls down; per step and in all):")
+        lines.append(
+            "  bytes per layer (workers' pushes up, their pulls down; per step and in all):"
+        )
         lines.append(f"  {'layer':>10} {'up/step':>10} {'down/step':>10} {'up':>10} {'down':>10}")
         for layer, b in report["bytes_by_layer"].items():
             lines.append(

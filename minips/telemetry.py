@@ -77,7 +77,10 @@ class Counters:
             "extra_bytes_in": self.extra_bytes_in,
             "worker_steps": self.worker_steps,
             "bytes_by_param": {
-                name: {"up": self.param_bytes_in.get(name, 0), "down": self.param_bytes_out.get(name, 0)}  # noqa: E501
+                name: {
+                    "up": self.param_bytes_in.get(name, 0),
+                    "down": self.param_bytes_out.get(name, 0),
+                }  # noqa: E501
                 for name in {**self.param_bytes_in, **self.param_bytes_out}
             },
             "staleness_mean": mean,

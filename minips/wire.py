@@ -52,6 +52,8 @@ CODECS: dict[str, dict[str | None, frozenset[str]]] = {
     "delta": {"indices": frozenset({"int32"}), "values": _FLOATS},  # pull replies only (13.7)
 }
 
+PULL_ONLY_CODECS = frozenset({"delta"})  # added to the worker's copy: never in a request
+
 REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
 REPLY_OPS = REQUEST_OPS + ("error",)
 
@@ -290,7 +292,7 @@ def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     _check_fields(message.header, REQUEST_FIELDS, "request")
     if message.op == "push":
         for name in message.codecs:
-            if message.codecs[name] == "delta":
+            if message.codecs[name] in PULL_ONLY_CODECS:
                 raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
             for array in message.frames_of(name):
                 if array.dtype.kind == "f" and not all_finite(array):

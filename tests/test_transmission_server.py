@@ -39,7 +39,9 @@ def test_delta_pulls_keep_the_worker_copy_equal_to_the_server_replica():
             copy = {name: np.array(v, np.float32) for name, v in first.params.items()}
             version = first.version
             for _ in range(5):
-                grads = {n: rng.standard_normal(p.shape).astype(np.float32) for n, p in params.items()}  # noqa: E501
+                grads = {
+                    n: rng.standard_normal(p.shape).astype(np.float32) for n, p in params.items()
+                }  # noqa: E501
                 reply = a.push(grads, base=version, pull_since=version).pull
                 (indices, values) = reply.deltas["fc.w"]["indices"], reply.deltas["fc.w"]["values"]
                 assert values.dtype == np.float16 and indices.size == 3  # ceil(0.25 * 12)
@@ -125,7 +127,9 @@ def test_auto_plan_run_bytes_match_the_planner_and_the_trace_shows_wait_free(tmp
     assert abs(down / predicted["down_bytes_per_step"] - 1) < 0.05, (down, predicted)
     assert predicted["up_bytes_per_step"] < 431_080 * 4 / 5
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["bytes_by_layer"]["fc1"]["up"] == by_param["fc1.w"]["up"] + by_param["fc1.b"]["up"]  # noqa: E501
+    assert (
+        summary["bytes_by_layer"]["fc1"]["up"] == by_param["fc1.w"]["up"] + by_param["fc1.b"]["up"]
+    )  # noqa: E501
     events = load_events(tmp_path / "trace.json")
     rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
     sends = [e for e in events if e.get("cat") == "send" and rows[e["tid"]] == "sender"]

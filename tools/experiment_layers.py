@@ -38,9 +38,13 @@ from minips.plan import ParamPlan, Plan
 from minips.report import load_run, time_to_target
 
 FIXED_PLANS: dict[str, Plan] = {
-    "fp16": Plan({n: ParamPlan(push="fp16", pull="fp16") for n in ("conv1.w", "conv2.w", "fc1.w", "fc2.w")}),  # noqa: E501
+    "fp16": Plan(
+        {n: ParamPlan(push="fp16", pull="fp16") for n in ("conv1.w", "conv2.w", "fc1.w", "fc2.w")}
+    ),  # noqa: E501
     "sf-fc": Plan({"fc1.w": ParamPlan(push={"codec": "sf", "dtype": "float16"})}),
-    "topk-fc": Plan({n: ParamPlan(push={"codec": "topk", "ratio": 0.01}) for n in ("fc1.w", "fc2.w")}),  # noqa: E501
+    "topk-fc": Plan(
+        {n: ParamPlan(push={"codec": "topk", "ratio": 0.01}) for n in ("fc1.w", "fc2.w")}
+    ),  # noqa: E501
 }
 
 

@@ -125,10 +125,16 @@ server = server_command()
               show_default=True, help="Seconds to wait for each reply.")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
-@click.option("--bandwidth", default=None,
-              help="This worker's link, e.g. 100mbit (default: the run's --bandwidth).")
-@click.option("--trace", type=click.Path(dir_okay=False),
-              help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.")
+@click.option(
+    "--bandwidth",
+    default=None,
+    help="This worker's link, e.g. 100mbit (default: the run's --bandwidth).",
+)
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.",
+)
 @click.option("--quiet", is_flag=True)
 def worker(
     connect: str,
