@@ -82,7 +82,7 @@ def one_run(args: argparse.Namespace, link: str, plan: str, seed: int) -> dict[s
     stats = next(r for r in _records(out / "updates.jsonl") if r.get("event") == "server")["stats"]
     steps = max(1, stats["worker_steps"])
     by_param = stats.get("bytes_by_param", {})
-    reached = time_to_target(run.evals, args.target, summary["wall_s"])
+    reached = time_to_target(run.events("eval"), args.target, summary["wall_s"])
     return {
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
         "wall_s": summary["wall_s"], "time_to_target": reached and reached["time"],
