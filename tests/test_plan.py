@@ -227,3 +227,23 @@ def test_sf_with_a_push_interval_stacks_the_factors():
     assert [p.array.shape for p in parts] == [(16, 800), (16, 500)]  # 2 batches of 8 stacked
     error = np.abs(parts[0].array.T @ parts[1].array - total).max() / np.abs(total).max()
     assert error < 1e-5 and math.isfinite(error)
+
+
+def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
+    from click.testing import CliRunner
+
+    from minips.cli import cli
+    from minips.launch import resolve_plan
+
+    path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        cli, ["plan", "--bandwidth", "100mbit", "--repeats", "1", "--json", str(path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "fc1.w" in result.output and "topk 1%" in result.output and "choice:" in result.output
+    plan = resolve_plan(RunConfig(plan=str(path)))
+    assert plan == Plan.from_dict(json.loads(path.read_text()))
+    # 1.72 MB each way at 3.1 MB/s per worker never fits half a step: something is compressed
+    assert plan.wait_free and plan.param("fc1.w").push != "dense"
+    bad = CliRunner().invoke(cli, ["plan", "--bandwidth", "fast"])
+    assert bad.exit_code == 2 and "bad rate" in bad.output
