@@ -65,6 +65,29 @@ def make_server(
     return server
 
 
+def auto_rate(config: RunConfig) -> float | None:
+    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
+    smaller of the two, or None (unlimited)."""
+    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
+    shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
+    return min(shares) if shares else None
+
+
+def _plan_in_subprocess(config: RunConfig, path: Path) -> None:
+    """`minips plan ... --json path` as workers run (one BLAS thread): `--plan auto` of run."""
+    rate = auto_rate(config)
+    argv = [sys.executable, "-m", "minips", "plan", "--model", config.model,
+            "--batch-size", str(config.batch_size), "--workers", str(config.workers),
+            "--json", str(path)]  # fmt: skip
+    if rate is not None:
+        argv += ["--bandwidth", f"{rate!r}bps", "--per-worker"]
+    env = {**os.environ, **SINGLE_THREADED_BLAS}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
+    (path.parent / "logs" / "planner.log").write_text(done.stdout)
+
+
 def resolve_plan(config: RunConfig) -> Plan:
     """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
 
@@ -73,10 +96,7 @@ def resolve_plan(config: RunConfig) -> Plan:
     """
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":
-        shares = [parse_rate(config.netem) / config.workers] if config.netem else []
-        shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
-        rate = min(shares) if shares else None
-        plan = make_plan(model, config.batch_size, config.workers, rate, shared=False).plan
+        plan = make_plan(model, config.batch_size, config.workers, auto_rate(config), False).plan
     else:
         plan = load_plan(config.plan)
     shapes = {name: array.shape for name, array in model.params.items()}
@@ -178,9 +198,13 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     )
     (out / "config.json").write_text(config.to_json())
     (out / "plan.json").unlink(missing_ok=True)
-    if config.plan != "dense":
-        # Resolved once, here (auto measures this machine): the server reads the file, and
-        # the run directory keeps what was chosen (with the planner's predicted bytes).
+    if config.plan == "auto":
+        # Resolved once, here, measured as the workers will run (one BLAS thread); the
+        # server reads the file, and the run directory keeps the choice, the predicted
+        # bytes and the planner's table (logs/planner.log).
+        _plan_in_subprocess(config, out / "plan.json")
+        config = replace(config, plan=str(out / "plan.json"))
+    elif config.plan != "dense":
         plan = resolve_plan(config)
         (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
         config = replace(config, plan=str(out / "plan.json"))

@@ -5,11 +5,11 @@
 
 The cost model (docs/algorithms.md, "The transmission cost model", with its sources):
 
-1. Per worker, a step costs `compute` (forward + backward, measured here, best of a few
-   batches) plus its traffic over the link: up = the gradients' bytes, down = the pulled
-   parameters' bytes, at `rate` bytes/s each way (a shared link of rate R at the server
-   gives each of N workers R / N; the two directions add up because a step sends, then
-   receives).
+1. Per worker, a step costs `compute` (forward + backward, measured here as CPU time,
+   best of a few batches) plus its traffic over the link: up = the gradients' bytes,
+   down = the pulled parameters' bytes, at `rate` bytes/s each way (a shared link of
+   rate R at the server gives each of N workers R / N; the two directions add up because
+   a step sends, then receives).
 2. The link is fast enough when the dense step's traffic takes at most BUDGET (1/2) of
    the compute time: then the plan is all dense (no codec costs CPU or accuracy).
 3. Otherwise start from dense and, while the predicted traffic time exceeds the budget,
@@ -101,10 +101,13 @@ class LayerTime:
 
 
 def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list[LayerTime]:
-    """Best-of-`repeats` forward and backward ms of each layer on a random batch, here.
+    """Best-of-`repeats` forward and backward CPU ms of each layer on a random batch, here.
 
-    The minimum, not the median: the machine may be shared, and the least disturbed pass
-    is the layer's own cost (so the plan does not change with other people's load).
+    CPU time of this process (time.process_time), and the minimum over passes: the machine
+    may be shared, and wall time would charge a layer for other processes' turns on the
+    CPU; with one BLAS thread (as workers run) CPU time is the layer's own cost, so the
+    plan does not change with other people's load. (With several BLAS threads it also
+    counts their spinning: measure as workers run, OPENBLAS_NUM_THREADS=1.)
 
     A layer without parameters (ReLU, pooling, flatten) counts for the parameterised
     layer before it (conv1's row holds relu1 and pool1): that is what runs before that
@@ -124,16 +127,16 @@ def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list
         passed: dict[tuple[str, str], float] = {}
         h = x
         for name, layer in model.layers.items():
-            start = time.perf_counter()
+            start = time.process_time()
             h = layer.forward(h, train=True)
             key = (owner[name], "f")
-            passed[key] = passed.get(key, 0.0) + time.perf_counter() - start
+            passed[key] = passed.get(key, 0.0) + time.process_time() - start
         _, grad = softmax_cross_entropy(h, y)
         for name, layer in reversed(model.layers.items()):
-            start = time.perf_counter()
+            start = time.process_time()
             grad = layer.backward(grad)
             key = (owner[name], "b")
-            passed[key] = passed.get(key, 0.0) + time.perf_counter() - start
+            passed[key] = passed.get(key, 0.0) + time.process_time() - start
             if grad is None:
                 break
         for key, seconds in passed.items():
