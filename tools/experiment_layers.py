@@ -142,15 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-worker", action="store_true", help="--bandwidth, not --netem")
     parser.add_argument("--trace", action="store_true", help="trace worker 0 of each run")
     args = parser.parse_args(argv)
-    rows = []
     results = Path(args.out) / "results.json"
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    # Rows of earlier invocations are kept: results.json is the whole grid so far.
+    done = json.loads(results.read_text()) if results.exists() else []
+    rows = {(r["link"], r["plan"], r["seed"]): r for r in done}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for link in args.links.split(","):
             for plan in args.plans.split(","):
-                rows.append(one_run(args, link, plan, seed))
-                results.write_text(json.dumps(rows, indent=1) + "\n")
-    print(table(rows, args.target))
+                rows[link, plan, seed] = one_run(args, link, plan, seed)
+                results.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
+    print(table(list(rows.values()), args.target))
     return 0
 
 
