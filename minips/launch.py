@@ -19,6 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import MinipsError
@@ -95,11 +97,22 @@ def run_local(
     return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
 
 
+def local_endpoint(out: Path) -> str:
+    """The server's address for a run on this machine: an ipc:// socket in the run directory
+    where ZeroMQ has ipc (an exchange of LeNet-5's 1.72 MB each way takes ~0.6x the time
+    of tcp loopback: BENCHMARKS.md, "wire"), else a free tcp port on loopback."""
+    path = (out / "server.sock").resolve()
+    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
+        return f"ipc://{path}"
+    return "tcp://127.0.0.1:*"
+
+
 def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     """Check the config (before anything is written), clear old outputs, write config.json.
 
-    Returns the config as run: a free port unless a bind address was chosen (two runs side
-    by side do not collide), the checkpoint in the run directory unless one was chosen.
+    Returns the config as run: a local endpoint of its own unless a bind address was chosen
+    (two runs side by side do not collide), the checkpoint in the run directory unless one
+    was chosen.
     """
     config.validate()
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -107,7 +120,7 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
         (out / stale).unlink(missing_ok=True)
     config = replace(
         config,
-        bind="tcp://127.0.0.1:*" if config.bind == RunConfig.bind else config.bind,
+        bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
         checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
     )
     (out / "config.json").write_text(config.to_json())
