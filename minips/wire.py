@@ -254,8 +254,16 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             "frame_count",
         )
     message = Message(header=header, nbytes=total)
+    _decode_arrays(message, descriptors, buffers[1:], limits)
+    return message
+
+
+def _decode_arrays(
+    message: Message, descriptors: list[Any], frames: list[memoryview], limits: Limits
+) -> None:
+    """Check each descriptor against its frame; add the frames to `message` as arrays."""
     previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
-    for index, (desc, buf) in enumerate(zip(descriptors, buffers[1:], strict=True)):
+    for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
         name, dtype, shape, codec = _check_descriptor(desc, index)
         part = _check_part(desc, name, codec, message, previous, limits)
         previous = (name, part)
@@ -280,7 +288,6 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             message.parts.setdefault(name, {})[part] = array
     if previous is not None:
         _check_complete(message, previous[0])
-    return message
 
 
 def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
