@@ -14,9 +14,6 @@ from test_server_support import SHAPES, RawPeer, packb, running_server, snapshot
 from minips import auth
 from minips.client import PSClient, ServerError
 
-# Phase 1 of issue 10: these fail on the server as it is; the fixes remove the mark.
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 10 attack, not fixed yet")
-
 
 def grads(value: float = 1.0) -> dict[str, np.ndarray]:
     return {name: np.full(shape, value, np.float32) for name, shape in SHAPES.items()}
