@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minips import guard
 from minips.errors import ConfigError
 from minips.wire import Message, ProtocolError
 
@@ -35,9 +36,12 @@ class Control:
         server = self.server
         if server.stopping:
             raise ProtocolError("the server is stopping", "stopping")
-        worker_id = request.header["worker"]
+        worker_id, info = request.header["worker"], request.header.get("info", {})
+        guard.check_info(info)
         old = server.registry.by_id.get(worker_id)
-        worker = server.registry.register(worker_id, request.header.get("info", {}))
+        if old is not None and old.alive:
+            guard.check_owner(old, envelope.origin)
+        worker = server.registry.register(worker_id, info, envelope.origin)
         worker.bytes_in += request.nbytes
         if old is not None and old.alive:
             self.retire(old, "re-registered")
@@ -60,7 +64,7 @@ class Control:
 
     def ping(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(request)
+        worker = server.sender(envelope, request)
         header = {"op": "ping", "version": server.store.version, "stop": server.stopping}
         server.reply(envelope, header, worker=worker)
 
@@ -69,17 +73,19 @@ class Control:
 
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(request)
+        worker = server.sender(envelope, request)
         worker.finished = True
         self.retire(worker, "said bye")
         server.reply(envelope, {"op": "bye"}, worker=worker)
 
     def stop(self, envelope: Envelope, request: Message) -> None:
+        guard.require_operator(envelope.origin, self.server.options.keys)
         self.begin_stop()
         self.server.reply(envelope, {"op": "stop"})
 
     def checkpoint(self, envelope: Envelope, request: Message) -> None:
         server = self.server
+        guard.require_operator(envelope.origin, server.options.keys)
         if server.options.checkpoint_path is None:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
         path = self.save_checkpoint()

@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
             "Serve the browser worker page and relay browsers to the server at --connect."),
     "dashboard": ("minips.cli.dashboard_cmd:dashboard",
                   "Serve a live page of a server's stats: accuracy, updates/s, workers, bytes."),
+    "keys": ("minips.cli.keys_cmd:keys",
+             "Make CURVE key pairs for a server and its clients (authentication)."),
     "exercise": ("minips.cli.exercise_cmd:exercise",
                  "Class exercises (starters in examples/exercises/) and their automatic checks."),
 }  # fmt: skip
