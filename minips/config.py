@@ -212,7 +212,9 @@ class RunConfig(ConfigBase):
     checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
                                     "updates (0: at the end).", minimum=0,
                                     server_option="checkpoint_every")
-    resume: str | None = setting(None, "Start from this checkpoint.", server_option="resume",
+    resume: str | None = setting(None, "Start from this checkpoint (a server's, or "
+                                 "`minips train --save`'s).", server_option="resume",
+                                 commands=TRAIN_RUN_SERVER,
                                  cli_type=click.Path(dir_okay=False, exists=True))
     # `minips server` only (`minips run` picks a free port and RUN_DIR/checkpoint.npz)
     bind: str = setting("tcp://127.0.0.1:5555", "Listen address (tcp://0.0.0.0:5555 accepts "

@@ -144,7 +144,7 @@ def test_train_takes_the_training_fields_and_its_own():
     names = [f for f in TrainConfig.__dataclass_fields__]
     assert names == [
         "model", "dataset", "data_dir", "epochs", "batch_size", "seed", "lr", "momentum",
-        "weight_decay", "eval_every",
+        "weight_decay", "resume", "eval_every",
     ]  # fmt: skip
     assert TrainConfig().lr == RunConfig().lr
     with pytest.raises(ConfigError, match="eval every must be >= 0"):

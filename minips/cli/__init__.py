@@ -31,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                "Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."),
     "worker": ("minips.cli.ps_cmd:worker",
                "Train here for the server at --connect (everything else comes from it)."),
-    "evaluate": ("minips.cli.ps_cmd:evaluate", None),  # started by `minips run`
+    "evaluate": ("minips.cli.ps_cmd:evaluate",
+                 "Test the model of the server at --connect every few seconds, until it stops."),
     "data": ("minips.cli.data_cmd:data", "List and download datasets."),
     "report": ("minips.cli.report_cmd:report",
                "Summarise run directories: accuracy, time, traffic, staleness per worker."),
