@@ -26,7 +26,9 @@ from typing import Any, TypeVar
 
 import click
 
+from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
+from minips.nn.zoo import MODEL_NAMES
 from minips.rules import RULES, RuleOption, make_rule
 from minips.server import ServerOptions
 
@@ -174,13 +176,14 @@ class RunConfig(ConfigBase):
 
     # fmt: off
     # what the worker trains: model, data, epochs, batch size, seed
-    model: str = setting("lenet5", "Model from the zoo.", commands=TRAIN_RUN_SERVER,
-                         to_workers=True)
-    dataset: str = setting("sample", "Dataset name (minips data list).",
-                           commands=TRAIN_RUN_SERVER, to_workers=True)
-    data_dir: str | None = setting(None, "Directory with the dataset's IDX files.",
-                                   commands=TRAIN_RUN_SERVER, to_workers=True,
-                                   cli_type=click.Path(file_okay=False))
+    model: str = setting("lenet5", "Model from the zoo (minips.nn).",
+                         commands=TRAIN_RUN_SERVER, to_workers=True, choices=MODEL_NAMES)
+    dataset: str = setting("sample", "Dataset (where each is found: minips data list).",
+                           commands=TRAIN_RUN_SERVER,
+                           to_workers=True, choices=DATASET_NAMES)
+    data_dir: str | None = setting(None, "Directory with the dataset's IDX files (only "
+                                   "there when given).", commands=TRAIN_RUN_SERVER,
+                                   to_workers=True, cli_type=click.Path(file_okay=False))
     epochs: int = setting(5, "Passes over the training data (a worker: over its shard).",
                           commands=TRAIN_RUN_SERVER, to_workers=True, minimum=1)
     batch_size: int = setting(64, "Samples per gradient.", commands=TRAIN_RUN_SERVER,

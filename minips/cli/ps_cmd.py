@@ -20,6 +20,33 @@ from minips.config import RunConfig, config_options
 from minips.report import plural
 
 
+DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
+
+
+class _RunDashboard:
+    """`minips run --dashboard`: the live page (minips.dashboard) from the moment the
+    processes are started until the run ends. `listen` None: no page."""
+
+    def __init__(self, listen: str | None, out: Path) -> None:
+        self.listen, self.out = listen, out
+        self._stop: Any = None
+
+    def __enter__(self) -> _RunDashboard:
+        return self
+
+    def start(self, endpoint: str) -> None:
+        if self.listen is None:
+            return
+        from minips.dashboard import start_dashboard
+
+        url, self._stop = start_dashboard(endpoint, self.out / "eval.jsonl", self.listen)
+        click.echo(f"dashboard: {url}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop()
+
+
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     """`minips run`, its options those of `config_class` that `run` takes."""
 
@@ -28,7 +55,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     @click.option(
         "--out",
         type=click.Path(file_okay=False),
-        default="runs/latest",
+        default=DEFAULT_OUT,
         show_default=True,
         help="Run directory.",
     )
@@ -39,21 +66,44 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         show_default=True,
         help="Seconds between evaluations of the model.",
     )
+    @click.option("--force", is_flag=True,
+                  help="Reuse --out even if it holds a previous run (its files are removed).")
+    @click.option("--dashboard", is_flag=True,
+                  help="Serve a live page of the run (its URL is printed) while it trains.")
+    @click.option("--dashboard-listen", default="127.0.0.1:8050", show_default=True,
+                  help="HOST:PORT of the --dashboard page (port 0: any free port).")
     @click.option("--quiet", is_flag=True, help="No progress bar.")  # fmt: skip
-    def run(out: str, eval_interval: float, quiet: bool, **options: Any) -> None:
+    def run(
+        out: str,
+        eval_interval: float,
+        force: bool,
+        dashboard: bool,
+        dashboard_listen: str,
+        quiet: bool,
+        **options: Any,
+    ) -> None:
         """Run a server, N workers and an evaluator on this machine, as processes.
 
         With no options: lenet5 on the bundled sample with 2 asgd workers.
-        Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz.
+        Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz. OUT must be
+        new or empty (the default, runs/latest, is replaced by each run; --force replaces
+        another).
         """
         from minips.launch import run_local
+        from minips.runlog import claim_run_dir
 
         config = config_class.from_options(options)
-        if quiet:
-            summary = run_local(config, out, eval_interval)
-        else:
-            with ProgressBar() as bar:
-                summary = run_local(config, out, eval_interval, progress=bar.update)
+        config.validate()  # before anything is removed
+        resume = Path(config.resume) if config.resume else None
+        claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
+        with _RunDashboard(dashboard_listen if dashboard else None, Path(out)) as page:
+            if quiet:
+                summary = run_local(config, out, eval_interval, on_start=page.start)
+            else:
+                with ProgressBar() as bar:
+                    summary = run_local(
+                        config, out, eval_interval, progress=bar.update, on_start=page.start
+                    )
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "
