@@ -3,6 +3,7 @@ stdout stays parsable): a bar on a terminal, a compact line every few seconds el
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -24,13 +25,13 @@ class ProgressBar:
     def __init__(self, interval: float = LINE_INTERVAL, label: str = "training") -> None:
         self.interval = interval
         self.label = label
-        self._stream = click.get_text_stream("stderr")
+        self._stream = sys.stderr
         self._on_terminal = self._stream.isatty()
         self._bar: Any = None
         self._done = 0
         self._total = 0
         self._latest: dict[str, Any] = {}
-        self._last_line = 0.0  # time.monotonic() of the last progress line (no terminal)
+        self._last_line: float | None = None  # time.monotonic() of the last progress line
         self._shown = -1  # `done` at the last progress line
 
     def __enter__(self) -> ProgressBar:
@@ -47,7 +48,8 @@ class ProgressBar:
         self._total, self._latest = total, latest
         if not self._on_terminal:
             self._done = max(done, self._done)
-            if time.monotonic() - self._last_line >= self.interval:
+            last = self._last_line
+            if last is None or time.monotonic() - last >= self.interval:
                 self._line()
             return
         if self._bar is None:
