@@ -186,9 +186,7 @@ class WorkerRegistry:
         clock = max(old.clock if old else 0, min((w.clock for w in others), default=0))
         return WorkerState(worker_id, rank, info, last_seen=now, clock=clock)
 
-    def requested_rank(
-        self, rank: Any, others: list[WorkerState], finished: set[int]
-    ) -> int:
+    def requested_rank(self, rank: Any, others: list[WorkerState], finished: set[int]) -> int:
         """The rank a hello's `info.rank` asks for, if free (docs/protocol.md 5.1).
 
         A restarted worker takes over a shard this way: the rank of a worker declared dead

@@ -40,8 +40,15 @@ def _readme_commands(port: int) -> dict[str, list[str]]:
 
 def _minips(args: list[str], cwd: Path, **kw) -> subprocess.Popen:
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "minips", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "minips", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
@@ -95,8 +102,23 @@ def test_readme_by_hand_section_on_loopback(tmp_path):
 
 def test_a_killed_worker_is_replaced_with_rank_and_every_shard_is_trained(tmp_path):
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    server = _minips(["server", "--bind", endpoint, "--workers", "2", "--heartbeat-timeout", "2",
-                      "--updates-log", "updates.jsonl", *FAST, "--epochs", "2"], tmp_path)  # fmt: skip
+    server = _minips(
+        [
+            "server",
+            "--bind",
+            endpoint,
+            "--workers",
+            "2",
+            "--heartbeat-timeout",
+            "2",
+            "--updates-log",
+            "updates.jsonl",
+            *FAST,
+            "--epochs",
+            "2",
+        ],
+        tmp_path,
+    )
     _wait_for(lambda: _ready(endpoint), "the server")
     fast = _minips(["worker", "--connect", endpoint], tmp_path)
     doomed = _minips(["worker", "--connect", endpoint, "--slowdown", "30"], tmp_path)
@@ -109,8 +131,9 @@ def test_a_killed_worker_is_replaced_with_rank_and_every_shard_is_trained(tmp_pa
         _wait_for(lambda: doomed_pushes() >= 2, "the slow worker's first pushes")
         doomed.send_signal(signal.SIGKILL)  # a crash: no bye
         doomed.communicate()
-        rank = next(w["rank"] for w in operator.stats()["workers"]
-                    if w["info"].get("pid") == doomed.pid)  # fmt: skip
+        rank = next(
+            w["rank"] for w in operator.stats()["workers"] if w["info"].get("pid") == doomed.pid
+        )
     _finish(fast)
     for _attempt in range(60):  # `full` until the server declares the dead one dead
         restarted = _minips(["worker", "--connect", endpoint, "--rank", str(rank)], tmp_path)

@@ -25,8 +25,9 @@ TINY = {"model": "mlp", "dataset": "synthetic", "epochs": 1}
 
 
 def _cli(*args: str, env: dict | None = None, cwd: Path | None = None):
-    return subprocess.run([sys.executable, "-m", "minips", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
+    env = {**os.environ, **(env or {})}
+    argv = [sys.executable, "-m", "minips", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
 
 
 def test_an_explicit_data_dir_is_the_only_place_looked_in(tmp_path):

@@ -19,7 +19,6 @@ from minips.cli.progress import ProgressBar
 from minips.config import RunConfig, config_options
 from minips.report import plural
 
-
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 
 
@@ -66,12 +65,22 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         show_default=True,
         help="Seconds between evaluations of the model.",
     )
-    @click.option("--force", is_flag=True,
-                  help="Reuse --out even if it holds a previous run (its files are removed).")
-    @click.option("--dashboard", is_flag=True,
-                  help="Serve a live page of the run (its URL is printed) while it trains.")
-    @click.option("--dashboard-listen", default="127.0.0.1:8050", show_default=True,
-                  help="HOST:PORT of the --dashboard page (port 0: any free port).")
+    @click.option(
+        "--force",
+        is_flag=True,
+        help="Reuse --out even if it holds a previous run (its files are removed).",
+    )
+    @click.option(
+        "--dashboard",
+        is_flag=True,
+        help="Serve a live page of the run (its URL is printed) while it trains.",
+    )
+    @click.option(
+        "--dashboard-listen",
+        default="127.0.0.1:8050",
+        show_default=True,
+        help="HOST:PORT of the --dashboard page (port 0: any free port).",
+    )
     @click.option("--quiet", is_flag=True, help="No progress bar.")  # fmt: skip
     def run(
         out: str,
@@ -186,11 +195,18 @@ server = server_command()
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
 @click.option("--slowdown", type=click.FloatRange(min=1), default=None,
               help="Make each step take F times its compute time.")  # fmt: skip
-@click.option("--data-dir", type=click.Path(file_okay=False),
-              help="This machine's copy of the dataset (default: the server's --data-dir).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="This machine's copy of the dataset (default: the server's --data-dir).",
+)
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
-@click.option("--rank", type=click.IntRange(min=0), default=None,
-              help="Take over this rank's shard (a worker that died or left unfinished).")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Take over this rank's shard (a worker that died or left unfinished).",
+)
 @click.option("--worker-id", default=None,
               help="This worker's name for the server; a restart with the same id gets its "
               "rank back at once.")  # fmt: skip
@@ -255,12 +271,25 @@ def _train_worker(
 
 @click.command()
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), required=True,
-              help="JSONL of `eval` records (time, samples, accuracy, loss, updates).")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
-              help="Seconds between two tests.")
-@click.option("--data-dir", type=click.Path(file_okay=False),
-              help="This machine's copy of the dataset (default: the server's --data-dir).")
+@click.option(
+    "--metrics",
+    "metrics_path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="JSONL of `eval` records (time, samples, accuracy, loss, updates).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=2.0,
+    show_default=True,
+    help="Seconds between two tests.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="This machine's copy of the dataset (default: the server's --data-dir).",
+)
 @click.option("--t0", type=float, default=None, hidden=True)
 def evaluate(
     connect: str, metrics_path: str, interval: float, data_dir: str | None, t0: float | None

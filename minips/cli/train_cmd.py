@@ -15,8 +15,12 @@ from minips.config import TrainConfig, config_options
 @click.option(
     "--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Write JSONL here."
 )
-@click.option("--save", "save_path", type=click.Path(dir_okay=False),
-              help="Save the model as a checkpoint (.npz; `minips run --resume` takes it).")
+@click.option(
+    "--save",
+    "save_path",
+    type=click.Path(dir_okay=False),
+    help="Save the model as a checkpoint (.npz; `minips run --resume` takes it).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(metrics_path: str | None, save_path: str | None, quiet: bool, **options: Any) -> None:
     """Train a model in one process (the baseline for distributed runs).
