@@ -21,7 +21,14 @@ from minips.rules import RULES
 from minips.server import ServerOptions
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
-RUN_OWN = ("out", "eval_interval", "quiet")  # `minips run`'s options that are not the config's
+RUN_OWN = (
+    "out",
+    "eval_interval",
+    "force",
+    "dashboard",
+    "dashboard_listen",
+    "quiet",
+)  # `minips run`'s options that are not the config's
 SERVER_OWN = ("endpoint_file", "updates_log", "t0", "verbose")
 
 
