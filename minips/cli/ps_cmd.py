@@ -176,9 +176,9 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
 def server_summary(ps: Any) -> str:
     """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
     stats = ps.stats()
-    why = "every worker finished its epochs" if ps.finished_by_workers else "stopped"
+    why = " (every worker finished its epochs)" if ps.finished_by_workers else ""
     line = (
-        f"server {why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
+        f"server stopped{why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
         f"from {plural(len([w for w in stats['workers'] if not w['observer']]), 'worker')} "
         f"in {stats['uptime']:.1f} s, version {stats['version']}"
     )
