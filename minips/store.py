@@ -142,6 +142,7 @@ class ParameterStore:
                 contents = {key: data[key] for key in data.files}
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read checkpoint {path}: {exc}") from None
+        contents = _from_model_file(contents)
         names = [key[len("param/") :] for key in contents if key.startswith("param/")]
         if sorted(names) != sorted(self.params):
             raise ShapeError(
@@ -168,3 +169,20 @@ def _published(array: np.ndarray) -> np.ndarray:
     """Mark a parameter version read-only: it may be in flight in a pull reply."""
     array.flags.writeable = False
     return array
+
+
+def _from_model_file(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A file of `Sequential.save` (parameters by bare name, "__minips__" metadata) as the
+    arrays of a checkpoint at version 0 without optimizer state; a checkpoint unchanged.
+
+    So an older model file can start a distributed run; `minips train --save` itself now
+    writes checkpoints (docs/architecture.md).
+    """
+    if any(key.startswith("param/") for key in contents) or "version" in contents:
+        return contents
+    meta = contents.pop("__minips__", np.array("{}"))
+    converted: dict[str, np.ndarray] = {"meta": meta, "version": np.array(0, np.int64)}
+    for name, array in contents.items():
+        converted[f"param/{name}"] = array
+        converted[f"param_version/{name}"] = np.array(0, np.int64)
+    return converted
