@@ -20,6 +20,7 @@ import numpy as np
 
 from minips.client import PSClient, PullReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
+from minips.metrics import ProgressFn
 from minips.netlimit import Link
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.plan import Plan, plan_from_hello
@@ -42,6 +43,7 @@ class WorkerReport:
     comm_s: float = 0.0  # push + pull, including time waiting on the rule (ssgd, ssp)
     wall_s: float = 0.0
     stopped_by_server: bool = False
+    finished: bool = False  # every epoch of its shard trained (its `bye` says so)
     extra_bytes: int = 0  # rule extras sent with the pushes (VSGD samples)
     push_bytes: dict[str, int] = field(default_factory=dict)  # array bytes pushed per parameter
     bandwidth: str | None = None  # this worker's --bandwidth link, if any
@@ -62,6 +64,9 @@ class Worker:
     data_dir: this machine's copy of the dataset (default: the config's). slowdown: make
     each step take F times its compute time (default: the config's `hetero[rank]`).
     max_steps: stop after this many steps (default: the config's epochs bound it).
+    rank: ask the server for this rank (a restarted worker taking over a shard), in
+    hello's `info` (docs/protocol.md 5.1). progress: called after every step with the
+    samples done, the shard's samples over all epochs, and {"train_loss", "updates"}.
     bandwidth: this worker's link rate, e.g. "100mbit" (default: the config's; None:
     unlimited). trace: where to record compute and send/receive spans (`--trace FILE`).
     The transmission plan (codecs, push intervals, wait-free) comes from hello's config.
@@ -73,29 +78,34 @@ class Worker:
         data_dir: str | None = None,
         slowdown: float | None = None,
         max_steps: int | None = None,
+        rank: int | None = None,
+        progress: ProgressFn | None = None,
         bandwidth: str | None = None,
         trace: Trace | NullTrace | None = None,
     ) -> None:
         self.client = client
+        self.bandwidth = bandwidth
+        self.trace = trace or NullTrace()
+        self.plan = Plan()
+        self.sender: StepSender | None = None
+        self._marks: list[float] = []  # backward's per-layer end times, for the trace
+        self.rank = rank
+        self.progress = progress
+        self._latest: dict[str, Any] = {}  # what the progress callback shows
         self.data_dir = data_dir
         self.slowdown = slowdown
         self.max_steps = max_steps
-        self.bandwidth = bandwidth
-        self.trace = trace or NullTrace()
         # Set by `run` from the server's hello (what `step` works with):
         self.report = WorkerReport()
         self.model: Sequential | None = None
         self.rule_side = WorkerSide()  # what the rule needs besides gradients (VSGD: samples)
         self.version = 0  # the version of the parameters in self.model (the last pull's)
-        self.plan = Plan()
-        self.sender: StepSender | None = None
-        self._marks: list[float] = []  # backward's per-layer end times, for the trace
 
     def run(self) -> WorkerReport:
         """Train until the epoch budget from the config ends or the server says stop."""
         start = time.monotonic()
         try:
-            hello = self.client.hello({"role": "worker", "pid": os.getpid()})
+            hello = self.client.hello(self.hello_info())
         except ServerError as exc:
             if exc.code != "stopping":
                 raise
@@ -106,20 +116,34 @@ class Worker:
         tick = time.monotonic()
         self.report.stopped_by_server = self._pull(since=None)
         self.report.comm_s += time.monotonic() - tick
+        total = int(config["epochs"]) * len(shard.y_train)
         try:
-            for _epoch in range(int(config["epochs"])):
-                if self.report.stopped_by_server or self._budget_spent():
-                    break
-                batch_size = int(config["batch_size"])
-                for xb, yb in iterate_batches(shard.x_train, shard.y_train, batch_size, rng):
-                    if not self.step(xb, yb) or self._budget_spent():
-                        break
+            self._epochs(config, shard, rng, total)
         finally:
             self.sender.close()
             self.trace.close()
         self.report.push_bytes = self.client.bytes_sent
+        self.report.finished = self.report.samples >= total
         self.report.wall_s = time.monotonic() - start
         return self.report
+
+    def _epochs(self, config: dict[str, Any], shard: Dataset, rng: Any, total: int) -> None:
+        for _epoch in range(int(config["epochs"])):
+            if self.report.stopped_by_server or self._budget_spent():
+                break
+            batches = iterate_batches(shard.x_train, shard.y_train, int(config["batch_size"]), rng)
+            for xb, yb in batches:
+                if not self.step(xb, yb) or self._budget_spent():
+                    break
+                if self.progress is not None:
+                    self.progress(self.report.samples, total, self._latest)
+
+    def hello_info(self) -> dict[str, Any]:
+        """hello's `info`: role and pid (shown in stats), and the rank asked for, if any."""
+        info: dict[str, Any] = {"role": "worker", "pid": os.getpid()}
+        if self.rank is not None:
+            info["rank"] = self.rank
+        return info
 
     def step(self, xb: np.ndarray, yb: np.ndarray) -> bool:
         """One batch xb (B, C, H, W), yb (B,): gradients, push, pull. False: the server stopped.
@@ -127,18 +151,15 @@ class Worker:
         The gradients are taken at the parameters of the last pull, version `self.version`
         (the push's `base`); the rule's worker side adds what it needs to the push.
         """
-        report, trace = self.report, self.trace
-        step_start = trace.now()
+        report, step_start = self.report, self.trace.now()
         tick = time.monotonic()
         self.sender.start_step(base=self.version)
-        with trace.span("forward", COMPUTE):
+        with self.trace.span("forward", COMPUTE):
             logits = self.model.forward(xb, train=True)  # (B, K)
-            _, dlogits = softmax_cross_entropy(logits, yb)
-        self._marks = [trace.now()]
-        # Backward; under a wait-free plan the grad hook hands each layer to the sender.
-        self.model.backward(dlogits)
-        compute = time.monotonic() - tick
-        self._slow_down(compute=compute)
+            loss, dlogits = softmax_cross_entropy(logits, yb)
+        self._marks = [self.trace.now()]
+        self.model.backward(dlogits)  # a wait-free plan's sender pushes layers meanwhile
+        self._slow_down(compute=time.monotonic() - tick)
 
         tick = time.monotonic()
         # Still the parameters of the last pull (set only by _pull below): VSGD's samples are
@@ -153,16 +174,13 @@ class Worker:
             report.stopped_by_server = True
             return False
         report.staleness.append(int(pushed.staleness))
+        self._latest.update(train_loss=float(loss), updates=int(pushed.version))
         report.steps += 1
         report.samples += len(xb)
-        if pushed.pull is not None:
-            self.apply_pull(pushed.pull)
-            stopped = pushed.pull.stop
-        else:
-            stopped = self._pull(since=self.version)
+        self.apply_pull(pushed.pull)
         report.comm_s += time.monotonic() - tick
-        trace.complete("step", STEP, step_start, trace.now(), args={"step": report.steps - 1})
-        if pushed.stop or stopped:
+        self.trace.complete("step", STEP, step_start, self.trace.now(), args={"step": report.steps})
+        if pushed.stop or pushed.pull.stop:
             report.stopped_by_server = True
         return not report.stopped_by_server
 
@@ -175,6 +193,12 @@ class Worker:
         self.report = WorkerReport(rank=rank, slowdown=slowdown)
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
+        self._plan_link_trace(config)
+        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
+        return shard, np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
+
+    def _plan_link_trace(self, config: dict[str, Any]) -> None:
+        """From hello's config: the plan and its sender, the link's token buckets, trace hooks."""
         self.plan = plan_from_hello(config)
         shapes = {name: a.shape for name, a in self.model.params.items()}
         self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
@@ -184,8 +208,6 @@ class Worker:
         self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
         self.client.link = Link.from_option(self.report.bandwidth)
-        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
-        return shard, np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
 
     def _pull(self, since: int | None) -> bool:
         """Fetch the parameters changed since version `since` into the model; the stop flag."""

@@ -75,8 +75,8 @@ def test_fused_pull_half_is_held_by_ssp_like_a_pull():
 def test_a_retried_fused_push_is_applied_once_and_gets_the_parameters():
     params = make_params()
     with running_server("asgd", params=params, lr=0.5) as server:
-        with PSClient(server.endpoint, worker_id="w") as ps, RawPeer(server.endpoint) as raw:
-            ps.hello()
+        with RawPeer(server.endpoint) as raw:
+            raw.request({"op": "hello", "worker": "w"})
             push = {"op": "push", "worker": "w", "seq": 0, "base": 0, "pull_since": 0, "rid": 1}
             first = raw.request(push, _grads())
             again = raw.request({**push, "rid": 2}, _grads())

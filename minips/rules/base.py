@@ -1,4 +1,5 @@
-"""The rule interface: a push as a rule sees it, what a rule decides, the base class.
+"""The rule interface: a push as a rule sees it, what a rule decides, the base class, and
+the simplest rule, ASGD, that most others build on.
 
 A rule never acts on the server: it reads the parameter store and the worker registry it
 was attached to, and returns an `Outcome` (updates to apply, pushes to answer or drop)
@@ -175,6 +176,18 @@ class Rule:
 
     def on_stop(self) -> Outcome:
         return Outcome()
+
+
+class ASGD(Rule):
+    """Asynchronous SGD (Hogwild-style PS): every push is applied at once.
+
+    w <- w - lr * g(w_base)        with tau = t - base unbounded
+    """
+
+    name = "asgd"
+
+    def on_push(self, push: Push) -> Outcome:
+        return Outcome.apply(push)
 
 
 def option_default(cls: type[Rule], key: str) -> Any:
