@@ -49,10 +49,12 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
 
         config = config_class.from_options(options)
         if quiet:
-            summary = run_local(config, out, eval_interval)
+            summary = run_local(config, out, eval_interval, announce=click.echo)
         else:
             with ProgressBar() as bar:
-                summary = run_local(config, out, eval_interval, progress=bar.update)
+                summary = run_local(
+                    config, out, eval_interval, progress=bar.update, announce=click.echo
+                )
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "
