@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from test_web_support import quiet_env, require_browser, wait_for
 
+from minips.cli import cli
 from minips.config import RunConfig
 from minips.errors import ConfigError
 from minips.launch import run_local
@@ -147,3 +149,17 @@ def test_interrupting_the_launcher_closes_the_headless_browser(tmp_path):
     assert not list(tmp_path.glob("minips-chromium-*"))
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing at all is left in the run's process group
+
+
+@pytest.mark.parametrize("guide", ["docs/classroom.md", "examples/07_browser_class.md"])
+def test_classroom_commands_name_real_options(guide):
+    from test_examples import _commands_in
+
+    commands = _commands_in((Path(__file__).resolve().parents[1] / guide).read_text())
+    assert any(words[0] == "run" and "--browser" in words for words in commands)
+    for words in commands:
+        command = cli.get_command(click.Context(cli), words[0])
+        assert command is not None, f"{guide}: no command minips {words[0]}"
+        known = {opt for param in command.params for opt in param.opts}
+        unknown = [w for w in words[1:] if w.startswith("--") and w not in known]
+        assert not unknown, f"{guide}: minips {words[0]} has no option {unknown}"

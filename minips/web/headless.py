@@ -11,6 +11,7 @@ so no browser process outlives the run.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,22 +73,34 @@ def main(argv: list[str] | None = None) -> None:
     if binary is None:
         raise SystemExit("error: chromium not found (Debian: apt-get install chromium)")
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    with tempfile.TemporaryDirectory(prefix="minips-chromium-") as profile:
-        command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
-        chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    profile = Path(tempfile.mkdtemp(prefix="minips-chromium-"))
+    command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
+    chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    try:
+        port = devtools_port(profile, chromium)
+        for _ in range(args.tabs):
+            open_tab(port, args.url)
+        print(f"opened {args.tabs} tab(s) at {args.url}", flush=True)
+        chromium.wait()
+    finally:
+        chromium.terminate()
         try:
-            port = devtools_port(Path(profile), chromium)
-            for _ in range(args.tabs):
-                open_tab(port, args.url)
-            print(f"opened {args.tabs} tab(s) at {args.url}", flush=True)
+            chromium.wait(10)
+        except subprocess.TimeoutExpired:
+            chromium.kill()
             chromium.wait()
-        finally:
-            chromium.terminate()
-            try:
-                chromium.wait(10)
-            except subprocess.TimeoutExpired:
-                chromium.kill()
-                chromium.wait()
+        remove_profile(profile)
+
+
+def remove_profile(profile: Path, attempts: int = 20) -> None:
+    """Remove Chromium's profile directory; its helper processes may still be writing in
+    it for a moment after the main process exited, so try again before giving up."""
+    for _ in range(attempts):
+        shutil.rmtree(profile, ignore_errors=True)
+        if not profile.exists():
+            return
+        time.sleep(0.1)
+    print(f"warning: could not remove {profile}", file=sys.stderr)
 
 
 if __name__ == "__main__":
