@@ -43,9 +43,10 @@ def latest_eval(path: Path) -> dict[str, Any]:
 def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None:
     """A worker report for `rank` from the server's final stats (None: it never came).
 
-    For workers that write no report of their own (browser slots): steps are the pushes
-    the server counted from that rank, over every worker that held it (a closed tab's and
-    its replacement's), and the agent is the one the worker named in its hello.
+    For workers that write no report of their own (browser slots, or a worker that
+    failed): steps are the pushes the server accepted from that rank (a push that arrived
+    after the run stopped counts, though not applied), over every worker that held it (a
+    closed tab's and its replacement's); the agent is the one named in its hello.
     """
     rows = [w for w in stats.get("workers", []) if w.get("rank") == rank and not w.get("observer")]
     if not rows:
