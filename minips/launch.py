@@ -175,7 +175,8 @@ def _start_browser_slots(
     if announce is not None:
         announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
     if config.browser_headless:
-        cluster.start("chromium", headless_argv(url, config.browser))
+        profile = out / "logs" / "chromium-profile"
+        cluster.start("chromium", headless_argv(url, config.browser, profile))
 
 
 def _watch(

@@ -3,9 +3,11 @@
 What `minips run --browser N --browser-headless` starts to fill its browser slots without
 anyone at a keyboard (tests, benchmarks, CI). Headless Chromium takes one URL on its command
 line, so it starts on about:blank with a DevTools endpoint on loopback and each tab is opened
-through that endpoint's HTTP interface (`PUT /json/new?URL`). The profile lives in a
-temporary directory, removed at exit; SIGTERM (the launcher's stop) closes Chromium first,
-so no browser process outlives the run.
+through that endpoint's HTTP interface (`PUT /json/new?URL`). SIGTERM (the launcher's
+stop) closes Chromium first, so no browser process outlives the run. Chromium's profile is
+`--profile DIR` (`minips run`: RUN_DIR/logs/chromium-profile), emptied before Chromium
+starts and removed at exit; should this process be killed before it could remove it (a
+launcher out of patience), it is left where the next run clears it, not in /tmp.
 """
 
 from __future__ import annotations
@@ -64,23 +66,16 @@ def _stop_on_sigterm(_signum: int, _frame: object) -> NoReturn:
     raise SystemExit(0)  # unwinds through the `finally` that closes Chromium
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url", help="the worker page, e.g. http://127.0.0.1:8080/")
-    parser.add_argument("--tabs", type=int, default=1, help="how many pages (workers) to open")
-    args = parser.parse_args(argv)
-    binary = find_chromium()
-    if binary is None:
-        raise SystemExit("error: chromium not found (Debian: apt-get install chromium)")
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    profile = Path(tempfile.mkdtemp(prefix="minips-chromium-"))
+def run_tabs(binary: str, url: str, tabs: int, profile: Path) -> None:
+    """Start Chromium with `profile`, open `tabs` pages at `url`, wait until Chromium exits
+    (or SIGTERM arrives); Chromium is closed and the profile removed either way."""
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
     chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     try:
         port = devtools_port(profile, chromium)
-        for _ in range(args.tabs):
-            open_tab(port, args.url)
-        print(f"opened {args.tabs} tab(s) at {args.url}", flush=True)
+        for _ in range(tabs):
+            open_tab(port, url)
+        print(f"opened {tabs} tab(s) at {url}", flush=True)
         chromium.wait()
     finally:
         chromium.terminate()
@@ -90,6 +85,25 @@ def main(argv: list[str] | None = None) -> None:
             chromium.kill()
             chromium.wait()
         remove_profile(profile)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", help="the worker page, e.g. http://127.0.0.1:8080/")
+    parser.add_argument("--tabs", type=int, default=1, help="how many pages (workers) to open")
+    parser.add_argument("--profile", type=Path, help="Chromium's profile directory (a new one)")
+    args = parser.parse_args(argv)
+    binary = find_chromium()
+    if binary is None:
+        raise SystemExit("error: chromium not found (Debian: apt-get install chromium)")
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    if args.profile is None:
+        profile = Path(tempfile.mkdtemp(prefix="minips-chromium-"))
+    else:
+        profile = args.profile
+        remove_profile(profile)  # a killed earlier run's leftovers
+        profile.mkdir(parents=True)
+    run_tabs(binary, args.url, args.tabs, profile)
 
 
 def remove_profile(profile: Path, attempts: int = 20) -> None:

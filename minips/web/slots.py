@@ -46,9 +46,11 @@ def gateway_argv(endpoint: str, listen: str, url_file: Path, data_dir: str | Non
     return argv + (["--data-dir", data_dir] if data_dir else [])
 
 
-def headless_argv(url: str, tabs: int) -> list[str]:
-    """The command that opens `tabs` worker pages at `url` in a headless Chromium."""
-    return [sys.executable, "-m", "minips.web.headless", url, "--tabs", str(tabs)]
+def headless_argv(url: str, tabs: int, profile: Path) -> list[str]:
+    """The command that opens `tabs` worker pages at `url` in a headless Chromium whose
+    profile directory is `profile` (removed when it exits)."""
+    argv = [sys.executable, "-m", "minips.web.headless", url, "--tabs", str(tabs)]
+    return argv + ["--profile", str(profile)]
 
 
 def browsers_pending(stats: dict[str, Any] | None, slots: int) -> bool:
