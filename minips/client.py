@@ -33,6 +33,7 @@ The wire format is docs/protocol.md; this class is one implementation of it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -43,7 +44,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips import wire
+from minips import auth, wire
+from minips.address import normalize_connect
 from minips.codecs import Encoder, Gradient, Spec
 from minips.errors import MinipsError
 from minips.wire import DEFAULT_LIMITS, Limits, Message
@@ -87,12 +89,17 @@ class PushReply:
     version: the server's version after handling the push. applied: the gradient went into
     an applied update (False: only queued, `last=False` under ssgd, or the server is
     stopping). staleness: tau = t - base when it was applied. stop: the server is stopping.
+    pull: with `push(..., pull_since=v)`, the pull half (then `version` is the pull's).
     """
 
     version: int
     applied: bool
     staleness: int
     stop: bool
+    pull: PullReply | None = None  # a fused push + pull: the parameters, as a pull's reply
+
+
+_NO_PULL = object()  # push() without its pull half
 
 
 class PSClient:
@@ -112,10 +119,12 @@ class PSClient:
         retries: int = 3,
         worker_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        keys: auth.ClientKeys | None = None,
     ) -> None:
         if timeout <= 0 or retries < 0:
             raise ValueError("timeout must be > 0 and retries >= 0")
-        self.address = address
+        self.address = normalize_connect(address)  # AddressError now, not a silent hang
+        self.keys = keys
         self.timeout = timeout
         self.retries = retries
         self.worker_id = worker_id or uuid.uuid4().hex
@@ -127,6 +136,9 @@ class PSClient:
         self._seq = 0
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
+        # One routing id for the client's lifetime, kept across Lazy Pirate reconnections:
+        # without CURVE it is what binds this worker id to us (docs/protocol.md 15).
+        self.routing_id = b"\x01" + os.urandom(15)
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
@@ -166,6 +178,7 @@ class PSClient:
         last: bool = True,
         codecs: Mapping[str, Spec] | None = None,
         samples: int | None = None,
+        pull_since: Any = _NO_PULL,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
 
@@ -177,6 +190,8 @@ class PSClient:
         samples: training examples behind this push (summed in the server's stats).
         Encoding happens once: retries resend the same bytes, and codec state (top-k's
         residual) counts the push as sent even if it finally fails (ServerUnavailable).
+        pull_since: also pull, in the same round trip, the parameters changed since this
+        version (None: all); the reply's `pull` holds them (one round trip per step).
         Do not modify the arrays while the call runs (they are sent without copying).
         Under ssgd the reply comes when the barrier completes.
         """
@@ -197,8 +212,14 @@ class PSClient:
             }
             if samples is not None:
                 header["samples"] = samples
-            h = self._worker_request(header, parts).header
-        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"])
+            if pull_since is not _NO_PULL:
+                header["pull_since"] = pull_since
+            message = self._worker_request(header, parts)
+        h = message.header
+        pulled = None
+        if "param_versions" in h:
+            pulled = PullReply(h["version"], message.arrays, h["param_versions"], h["stop"])
+        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
 
     @property
     def bytes_sent(self) -> dict[str, int]:
@@ -209,10 +230,17 @@ class PSClient:
         """Heartbeat for long computations; returns the `stop` flag."""
         return self._worker_request({"op": "ping", "worker": self.worker_id}).header["stop"]
 
-    def bye(self) -> None:
-        """Leave the run (barriers stop waiting for this worker)."""
+    def bye(self, finished: bool = True) -> None:
+        """Leave the run (barriers stop waiting for this worker).
+
+        finished: False when leaving before the shard's epochs are done, so another worker
+        may take over the rank (docs/protocol.md 5.6).
+        """
+        header: dict[str, Any] = {"op": "bye", "worker": self.worker_id}
+        if not finished:
+            header["finished"] = False
         try:
-            self._request({"op": "bye", "worker": self.worker_id})
+            self._request(header)
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":
@@ -239,7 +267,7 @@ class PSClient:
             if self._socket is not None:
                 self._socket.close(linger=0)
                 self._socket = None
-            self._context.term()
+            self._context.destroy(linger=0)  # never blocks
 
     def __enter__(self) -> PSClient:
         return self
@@ -269,6 +297,9 @@ class PSClient:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
+            sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            if self.keys is not None:
+                auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
             self._socket = sock
         return self._socket

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from minips import guard
 from minips.errors import ConfigError
 from minips.wire import Message, ProtocolError
 
@@ -35,17 +36,19 @@ class Control:
         server = self.server
         if server.stopping:
             raise ProtocolError("the server is stopping", "stopping")
-        worker_id = request.header["worker"]
+        worker_id, info = request.header["worker"], request.header.get("info", {})
+        guard.check_info(info)
         old = server.registry.by_id.get(worker_id)
-        worker = server.registry.register(worker_id, request.header.get("info", {}))
+        if old is not None and old.alive:
+            guard.check_owner(old, envelope.origin)
+        worker = server.registry.register(worker_id, info, envelope.origin)
         worker.bytes_in += request.nbytes
         if old is not None and old.alive:
             self.retire(old, "re-registered")
         world_size = server.registry.current_world_size()
         config = {**server.config, "rank": worker.rank, "world_size": world_size}
         config.setdefault("rule", server.rule.describe())
-        role = "observer" if worker.observer else f"worker (rank {worker.rank})"
-        log.info("%s registered as %s", worker_id, role)
+        log.info("%s registered", describe(worker))
         header = {
             "op": "hello",
             "worker": worker_id,
@@ -60,7 +63,7 @@ class Control:
 
     def ping(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(request)
+        worker = server.sender(envelope, request)
         header = {"op": "ping", "version": server.store.version, "stop": server.stopping}
         server.reply(envelope, header, worker=worker)
 
@@ -69,17 +72,28 @@ class Control:
 
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(request)
-        worker.finished = True
-        self.retire(worker, "said bye")
+        worker = server.sender(envelope, request)
+        worker.finished = request.header.get("finished", True) and not worker.observer
+        self.retire(worker, "said bye" if worker.finished or worker.observer else "left unfinished")
         server.reply(envelope, {"op": "bye"}, worker=worker)
+        self.stop_if_all_finished()
+
+    def stop_if_all_finished(self) -> None:
+        """A run with a fixed world size ends once every rank's shard is finished (each
+        worker said `bye` after its epochs): the server stops by itself (docs/protocol.md 5.6)."""
+        if not self.server.stopping and self.server.registry.all_finished():
+            log.info("every worker finished its epochs: stopping")
+            self.server.finished_by_workers = True
+            self.begin_stop()
 
     def stop(self, envelope: Envelope, request: Message) -> None:
+        guard.require_operator(envelope.origin, self.server.options.keys)
         self.begin_stop()
         self.server.reply(envelope, {"op": "stop"})
 
     def checkpoint(self, envelope: Envelope, request: Message) -> None:
         server = self.server
+        guard.require_operator(envelope.origin, server.options.keys)
         if server.options.checkpoint_path is None:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
         path = self.save_checkpoint()
@@ -92,15 +106,14 @@ class Control:
         """Declare workers dead that have sent nothing for the heartbeat timeout."""
         for worker in self.server.registry.silent(now, self.server.options.heartbeat_timeout):
             silent = now - worker.last_seen
-            log.warning("worker %s (rank %d) silent for %.1f s: declared dead",
-                        worker.worker_id, worker.rank, silent)  # fmt: skip
+            log.warning("%s silent for %.1f s: declared dead", describe(worker), silent)
             self.retire(worker, "heartbeat timeout")
 
     def retire(self, worker: WorkerState, why: str) -> None:
         """Take a worker out of the live set (bye, death, replaced) and tell the rule."""
         worker.alive = False
         worker.held_pull = None
-        log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
+        log.info("%s left: %s", describe(worker), why)
         if not worker.observer:
             self.server.carry_out(self.server.rule.on_worker_left(worker))
             self.server.release_pulls()
@@ -119,7 +132,7 @@ class Control:
         if self.server.options.checkpoint_path is None:
             raise ConfigError("no checkpoint path configured")
         meta = {"rule": self.server.rule.name, "updates": self.server.telemetry.counters.updates,
-                "time": time.time()}  # fmt: skip
+                "time": time.time(), "spec": self.server.config.get("model")}  # fmt: skip
         path = self.server.store.save(self.server.options.checkpoint_path, meta)
         log.info("checkpoint at version %d -> %s", self.server.store.version, path)
         return path
@@ -137,3 +150,10 @@ class Control:
             **self.server.telemetry.counters.summary(),
             "workers": [w.row(now) for w in self.server.registry.by_id.values()],
         }
+
+
+def describe(worker: WorkerState) -> str:
+    """ "worker ab12 (rank 1)" or "observer cd34" (an observer holds no rank), for logs."""
+    if worker.observer:
+        return f"observer {worker.worker_id}"
+    return f"worker {worker.worker_id} (rank {worker.rank})"

@@ -19,6 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import MinipsError
@@ -63,13 +65,15 @@ def run_local(
     eval_interval: float = 2.0,
     progress: ProgressFn | None = None,
     startup_timeout: float = 60.0,
+    on_start: Callable[[str], None] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
-    With `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
-    gateway is started too and `announce(line)` is told the URL to open. The run directory's
-    files are described in minips.runlog.
+    The run directory's files are described in minips.runlog. on_start(endpoint): called
+    once every process is started (`minips run --dashboard` starts its page there). With
+    `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
+    gateway is started too and `announce(line)` is told the URL to open.
     """
     out = Path(out_dir)
     config = _prepare_run_dir(config, out)
@@ -78,6 +82,8 @@ def run_local(
     cluster = _Cluster(out / "logs", env)
     try:
         endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout, announce)
+        if on_start is not None:
+            on_start(endpoint)
         total = 0  # the progress bar's length; loading the data for it only when shown
         if progress is not None:
             total = config.epochs * _train_size(config)
@@ -100,11 +106,22 @@ def run_local(
     return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
 
 
+def local_endpoint(out: Path) -> str:
+    """The server's address for a run on this machine: an ipc:// socket in the run directory
+    where ZeroMQ has ipc (an exchange of LeNet-5's 1.72 MB each way takes ~0.6x the time
+    of tcp loopback: BENCHMARKS.md, "wire"), else a free tcp port on loopback."""
+    path = (out / "server.sock").resolve()
+    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
+        return f"ipc://{path}"
+    return "tcp://127.0.0.1:*"
+
+
 def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     """Check the config (before anything is written), clear old outputs, write config.json.
 
-    Returns the config as run: a free port unless a bind address was chosen (two runs side
-    by side do not collide), the checkpoint in the run directory unless one was chosen.
+    Returns the config as run: a local endpoint of its own unless a bind address was chosen
+    (two runs side by side do not collide), the checkpoint in the run directory unless one
+    was chosen.
     """
     config.validate()
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -112,7 +129,7 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
         (out / stale).unlink(missing_ok=True)
     config = replace(
         config,
-        bind="tcp://127.0.0.1:*" if config.bind == RunConfig.bind else config.bind,
+        bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
         checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
     )
     (out / "config.json").write_text(config.to_json())
@@ -285,7 +302,9 @@ class _Cluster:
     def check_alive(self, name: str) -> None:
         code = self.procs[name].poll()
         if code is not None:
-            raise MinipsError(f"{name} exited with code {code}: {self._last_line(name)}")
+            # Its last line is usually its own "error: ..." line: not "error: ... error:".
+            last = self._last_line(name).removeprefix("error: ")
+            raise MinipsError(f"{name} exited with code {code}: {last}")
 
     def wait_for_file(self, path: Path, name: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout

@@ -43,24 +43,36 @@ class SGD:
         # One velocity buffer per parameter, created lazily so a layer never updated costs nothing.
         self.velocity: dict[str, np.ndarray] = {}
 
-    def step_one(self, name: str, grad: np.ndarray, scale: float = 1.0) -> None:
-        """Apply one gradient (same shape as params[name]) to one parameter, in place."""
+    def step_one(
+        self, name: str, grad: np.ndarray, scale: float = 1.0, out: np.ndarray | None = None
+    ) -> None:
+        """Apply one gradient (same shape as params[name]) to one parameter.
+
+        In place by default. With `out` (an array of the parameter's shape and dtype), the
+        new values are written there and params[name] is left as it was: the server uses
+        this to publish each version as a new, never-changed array (no copy per pull).
+        """
         weight = self.params[name]
         if self.weight_decay:
             grad = grad + self.weight_decay * weight
         if not self.momentum:
-            # Multiply the scalars first so the array is touched once.
-            weight -= np.asarray(self.lr * scale, dtype=weight.dtype) * grad
-            return
-        velocity = self.velocity.get(name)
-        if velocity is None:
-            velocity = self.velocity[name] = np.zeros_like(weight)
-        velocity *= self.momentum
-        if scale == 1.0:
-            velocity += grad
+            # The scalars multiplied first, so the array is touched once.
+            step, factor = grad, np.asarray(self.lr * scale, dtype=weight.dtype)
         else:
-            velocity += np.asarray(scale, dtype=weight.dtype) * grad
-        weight -= np.asarray(self.lr, dtype=weight.dtype) * velocity
+            velocity = self.velocity.get(name)
+            if velocity is None:
+                velocity = self.velocity[name] = np.zeros_like(weight)
+            velocity *= self.momentum
+            if scale == 1.0:
+                velocity += grad
+            else:
+                velocity += np.asarray(scale, dtype=weight.dtype) * grad
+            step, factor = velocity, np.asarray(self.lr, dtype=weight.dtype)
+        if out is None:
+            weight -= factor * step
+        else:  # out = weight - factor * step, with no temporary array
+            np.multiply(step, -factor, out=out)
+            out += weight
 
     def step(self, grads: dict[str, np.ndarray], scale: float | dict[str, float] = 1.0) -> None:
         """Apply a dict of gradients; `scale` is one factor or one per parameter name."""

@@ -15,19 +15,28 @@ from typing import TYPE_CHECKING, Any
 from minips.wire import ProtocolError
 
 if TYPE_CHECKING:
+    from minips.guard import Origin
     from minips.rules import Push
 
 log = logging.getLogger("minips.server")
 
 SEQ_WINDOW = 64  # answered pushes remembered per worker, for retries (docs/protocol.md 8)
+MAX_OBSERVERS = 32  # live observers at once (docs/protocol.md 10)
+OBSERVER_EXPIRY = 3  # an observer silent this many heartbeat timeouts is forgotten
+MAX_REGISTERED = 1024  # worker ids remembered, live or not (docs/protocol.md 10)
 
 
 @dataclass(eq=False)
 class HeldPull:
-    """A pull the server answers later: where the reply goes, and the puller's `since`."""
+    """A pull the server answers later: where the reply goes, and the puller's `since`.
+
+    push_reply: for the pull half of a fused push + pull, the push's answer, sent together
+    with the parameters in one reply.
+    """
 
     reply_to: Any  # the server loop's Envelope
     since: int | None
+    push_reply: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)
@@ -39,7 +48,7 @@ class WorkerState:
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
     alive: bool = True
-    finished: bool = False  # left with `bye`: its rank (and so its shard) is done, not free
+    finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
@@ -53,6 +62,13 @@ class WorkerState:
     answered: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)  # seq->reply
     held_pushes: dict[int, Push] = field(default_factory=dict)  # seq -> push, reply held
     held_pull: HeldPull | None = None
+    origin: Origin | None = None  # who said hello: its routing id and CURVE key
+
+    def continue_seq(self, old: WorkerState) -> None:
+        """Take over `old`'s push bookkeeping: the same client said hello again (after
+        being declared dead, say), so a retry of a push it already sent is still answered
+        from `answered`, never applied twice."""
+        self.highest_seq, self.answered = old.highest_seq, old.answered
 
     @property
     def waiting(self) -> bool:
@@ -142,7 +158,7 @@ class WorkerRegistry:
             )
         return worker
 
-    def register(self, worker_id: str, info: dict[str, Any]) -> WorkerState:
+    def register(self, worker_id: str, info: dict[str, Any], origin: Origin) -> WorkerState:
         """A fresh state for a worker saying hello, entered in the registry.
 
         An observer (info["role"] == "observer") gets rank = world size: it holds no rank.
@@ -154,15 +170,25 @@ class WorkerRegistry:
         below world_size is free. Clock: a (re)joining worker starts no further behind than
         the slowest live one, so a newcomer does not hold back every ssp pull with its
         zero clock. The caller retires a live previous registration of the same id.
+        The same client (same routing id, same key) keeps its push `seq` bookkeeping.
+        Bounded: MAX_OBSERVERS live observers, MAX_REGISTERED ids (the oldest ones that are
+        neither live nor finished are forgotten first); error `full` beyond.
         """
         now = time.monotonic()
         if info.get("role") == "observer":
+            if len(self.observers()) >= MAX_OBSERVERS:
+                raise ProtocolError(f"{MAX_OBSERVERS} observers are connected already", "full")
             rank = self.current_world_size()
             worker = WorkerState(worker_id, rank, info, last_seen=now, observer=True)
         else:
             worker = self._new_worker(worker_id, info, now)
             if not self._first_hello:
                 self._first_hello = now
+        old = self.by_id.get(worker_id)
+        if old is not None and old.origin == origin:
+            worker.continue_seq(old)
+        worker.origin = origin
+        self._make_room(worker_id)
         self.by_id[worker_id] = worker
         self.update_assembly(now)
         return worker
@@ -173,8 +199,11 @@ class WorkerRegistry:
             old = None
         others = [w for w in self.live() if w is not old]
         taken = {w.rank for w in others}
-        taken |= {w.rank for w in self.by_id.values() if w.finished and w is not old}
-        if old is not None and old.rank not in taken:
+        finished = {w.rank for w in self.by_id.values() if w.finished and w is not old}
+        taken |= finished
+        if info.get("rank") is not None:
+            rank = self.requested_rank(info["rank"], others, finished)
+        elif old is not None and old.rank not in taken:
             rank = old.rank
         else:
             rank = next(r for r in range(len(taken) + 1) if r not in taken)
@@ -182,6 +211,49 @@ class WorkerRegistry:
             raise ProtocolError(f"all {self.world_size} worker ranks are taken", "full")
         clock = max(old.clock if old else 0, min((w.clock for w in others), default=0))
         return WorkerState(worker_id, rank, info, last_seen=now, clock=clock)
+
+    def _make_room(self, worker_id: str) -> None:
+        """Forget the oldest forgettable ids (dead, not finished) to stay within the cap."""
+        if worker_id in self.by_id or len(self.by_id) < MAX_REGISTERED:
+            return
+        for old_id, old in self.by_id.items():
+            if not old.alive and not old.finished:
+                del self.by_id[old_id]
+                return
+        raise ProtocolError(f"{MAX_REGISTERED} workers are registered already", "full")
+
+    def requested_rank(self, rank: Any, others: list[WorkerState], finished: set[int]) -> int:
+        """The rank a hello's `info.rank` asks for, if free (docs/protocol.md 5.1).
+
+        A restarted worker takes over a shard this way: the rank of a worker declared dead
+        or that left unfinished (`bye` with `finished: false`). ProtocolError `bad_field`
+        for a rank that is not a uint, `full` for one outside 0..world_size-1, held by a
+        live worker, or whose shard is finished.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ProtocolError(f"info.rank must be a uint, got {rank!r}", "bad_field")
+        if self.world_size is not None and rank >= self.world_size:
+            raise ProtocolError(
+                f"rank {rank} requested, the run has ranks 0..{self.world_size - 1}", "full"
+            )
+        holder = next((w for w in others if w.rank == rank), None)
+        if holder is not None:
+            raise ProtocolError(
+                f"rank {rank} is held by live worker {holder.worker_id} (a silent worker's "
+                f"rank is freed {self.grace:g} s after its last request)",
+                "full",
+            )
+        if rank in finished:
+            raise ProtocolError(f"rank {rank} has finished its shard (its worker said bye)", "full")
+        return rank
+
+    def all_finished(self) -> bool:
+        """True once every rank 0..world_size-1 was finished by a worker that said `bye`
+        (with a fixed world size, and no worker live any more)."""
+        if self.world_size is None or self.live():
+            return False
+        finished = {w.rank for w in self.by_id.values() if w.finished and not w.observer}
+        return finished >= set(range(self.world_size))
 
     def update_assembly(self, now: float) -> None:
         """End the assembly once world_size workers came or the grace ran out."""
@@ -200,5 +272,8 @@ class WorkerRegistry:
             self.assembling = False
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
-        """Live workers with nothing held that have sent nothing for `timeout` seconds."""
-        return [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
+        """Live workers with nothing held that have sent nothing for `timeout` seconds, and
+        observers silent for OBSERVER_EXPIRY heartbeat timeouts (they hold nothing)."""
+        workers = [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
+        expiry = OBSERVER_EXPIRY * timeout
+        return workers + [w for w in self.observers() if now - w.last_seen > expiry]

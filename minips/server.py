@@ -29,7 +29,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from minips import wire
+from minips import address, auth, guard, wire
+from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
 from minips.optim import SGD
@@ -40,8 +41,6 @@ from minips.telemetry import Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
 log = logging.getLogger("minips.server")
-
-EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific extras)
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,9 @@ class ServerOptions:
     limits: Limits = DEFAULT_LIMITS
     stop_grace: float = 5.0
     poll_interval: float = 0.05
+    keys: auth.ServerKeys | None = None  # CURVE: the server's pair, allowed and operator keys
+    clip_norm: float = 0.0  # clip each push's gradients to this global L2 norm (0: never)
+    send_hwm: int = 32  # replies queued per connection before ZeroMQ drops (docs/protocol.md 10)
 
 
 @dataclass(eq=False)
@@ -75,6 +77,7 @@ class Envelope:
 
     routing: list[Any]
     rid: int | None = None
+    origin: guard.Origin = guard.Origin(b"")  # who sent it: routing id, CURVE key
 
 
 def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
@@ -85,18 +88,9 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     split = 1
     while split < len(frames) - 1 and len(frames[split]) == 0:
         split += 1
-    return Envelope(routing=frames[:split]), frames[split:]
-
-
-def decode_gradients(message: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A push's arrays as (float32 gradients by parameter name, extras by "extra/..." name)."""
-    grads, extras = {}, {}
-    for name, array in message.arrays.items():
-        if name.startswith(EXTRA_PREFIX):
-            extras[name] = array
-        else:
-            grads[name] = wire.to_float32(array, message.codecs[name])
-    return grads, extras
+    key = auth.sender_key(frames[0]) if isinstance(frames[0], zmq.Frame) else None
+    origin = guard.Origin(bytes(frames[0]), key)
+    return Envelope(routing=frames[:split], origin=origin), frames[split:]
 
 
 class ParameterServer:
@@ -138,6 +132,7 @@ class ParameterServer:
         self.stopping = False  # replies carry `stop`; pushes are no longer applied
         self._stop_requested = False  # set from a signal handler or another thread
         self._stop_deadline = 0.0
+        self.finished_by_workers = False  # stopped because every rank finished its shard
         if options.resume:
             meta = self.store.load(options.resume)
             log.info("resumed from %s at version %d (%s)", options.resume, self.store.version, meta)
@@ -153,17 +148,28 @@ class ParameterServer:
             "checkpoint": control.checkpoint,
         }
         self._context = zmq.Context()
-        self.socket = self._context.socket(zmq.ROUTER)
-        # ZeroMQ's own fence sits above the decoder's limits, so a merely oversized frame
-        # still gets an error reply instead of a silent disconnect.
-        limits = options.limits
-        self.socket.setsockopt(
-            zmq.MAXMSGSIZE, 2 * max(limits.max_frame_bytes, limits.max_header_bytes)
-        )
-        self.socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
-        self.socket.bind(options.bind)
-        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._gatekeeper = None
+        self.socket = self._open_socket(options)
+        self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
+        if options.keys is None and not address.is_loopback(self.endpoint):
+            log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
+                        "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
         log.info("serving %d parameters on %s, rule %s", len(params), self.endpoint, rule.name)
+
+    def _open_socket(self, options: ServerOptions) -> zmq.Socket:
+        """The ROUTER socket, its memory bounded before anything is buffered (and CURVE)."""
+        socket = self._context.socket(zmq.ROUTER)
+        limits = options.limits
+        # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
+        # buffering it, and queues at most send_hwm replies for a client that does not read.
+        socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
+        socket.setsockopt(zmq.SNDHWM, options.send_hwm)
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
+        socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
+        if options.keys is not None:
+            self._gatekeeper = auth.start_gatekeeper(self._context, options.keys)
+            auth.make_curve_server(socket, options.keys)
+        return socket
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -240,13 +246,15 @@ class ParameterServer:
     def close(self) -> None:
         """Close the socket and the ZeroMQ context."""
         self.socket.close()
+        if self._gatekeeper is not None:
+            self._gatekeeper.stop()
         self._context.term()
 
     # ---------------------------------------------------------------------------- handlers
 
     def handle_push(self, envelope: Envelope, request: Message) -> None:
         """Accept a push once (retries get the same answer), then let the rule decide."""
-        worker, header = self.sender(request), request.header
+        worker, header = self.sender(envelope, request), request.header
         if worker.observer:
             raise ProtocolError("an observer cannot push", "observer")
         seq = header["seq"]
@@ -255,7 +263,12 @@ class ParameterServer:
             worker.held_pushes[seq].reply_to = envelope
             return
         if seen == "answered":  # a retry of an answered push: same answer, applied once
-            self.reply(envelope, worker.answered[seq], worker=worker)
+            if "pull_since" in header:  # and the pull half afresh
+                self.hold_pull(
+                    worker, HeldPull(envelope, header["pull_since"], worker.answered[seq])
+                )
+            else:
+                self.reply(envelope, worker.answered[seq], worker=worker)
             return
         if seen == "stale":
             raise ProtocolError(
@@ -264,12 +277,15 @@ class ParameterServer:
             )
         grads, extras = decode_gradients(request)
         self.store.check_push(header["base"], grads)
+        grads = guard.clip_gradients(grads, self.options.clip_norm)
+        guard.check_stays_finite(self.store, grads)
         push = Push(worker, seq, header["base"], header.get("last", True), grads, extras)
         push.reply_to, push.staleness = envelope, self.store.version - push.base
+        push.fused, push.pull_since = "pull_since" in header, header.get("pull_since")
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         push.worker.accept(push)
-        self.telemetry.count_push(push, request.arrays)
+        self.telemetry.count_push(push, request)
         if self.stopping:
             self.answer_push(push, applied=False)
             return
@@ -283,16 +299,22 @@ class ParameterServer:
             self.control.begin_stop()  # now, not on the loop's next turn: later messages see it
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
-        worker = self.sender(request)
-        worker.held_pull = HeldPull(envelope, request.header.get("since"))
-        if worker.observer:  # an observer never waits for a rule
-            self.answer_pull(worker)
-        else:
-            self.release_pulls()
+        worker = self.sender(envelope, request)
+        self.hold_pull(worker, HeldPull(envelope, request.header.get("since")))
 
-    def sender(self, request: Message) -> WorkerState:
-        """The live worker a request comes from, its heartbeat and traffic recorded."""
+    def hold_pull(self, worker: WorkerState, pull: HeldPull) -> None:
+        """Answer a pull now if the rule allows it (an observer's always), else hold it."""
+        worker.held_pull = pull
+        if worker.observer or self.stopping:
+            self.answer_pull(worker)
+        elif not self.registry.assembling and self.rule.may_answer_pull(worker):
+            self.answer_pull(worker)
+
+    def sender(self, envelope: Envelope, request: Message) -> WorkerState:
+        """The live worker a request comes from (`not_owner` when another client registered
+        it), its heartbeat and traffic recorded."""
         worker = self.registry.live_worker(request.header["worker"])
+        guard.check_owner(worker, envelope.origin)
         worker.last_seen = time.monotonic()
         worker.bytes_in += request.nbytes
         return worker
@@ -339,7 +361,10 @@ class ParameterServer:
         header = {"op": "push", "version": version, "seq": push.seq, "applied": applied,
                   "staleness": staleness, "stop": self.stopping}  # fmt: skip
         push.worker.remember_answer(push.seq, header)
-        self.reply(push.reply_to, header, worker=push.worker)
+        if push.fused:  # the parameters go with the answer, when the rule lets them
+            self.hold_pull(push.worker, HeldPull(push.reply_to, push.pull_since, header))
+        else:
+            self.reply(push.reply_to, header, worker=push.worker)
 
     # ------------------------------------------------------------------------------ pulls
 
@@ -362,6 +387,9 @@ class ParameterServer:
         names = self.store.changed_since(held.since)
         header = {"op": "pull", "version": self.store.version,
                   "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
+        if held.push_reply is not None:  # a fused push + pull: one reply for both
+            header = {**held.push_reply, "version": self.store.version, "stop": self.stopping,
+                      "param_versions": self.store.param_versions}  # fmt: skip
         arrays = {name: self.store.snapshot(name) for name in names}
         self.reply(held.reply_to, header, arrays, worker=worker)
         if not worker.observer:

@@ -42,9 +42,10 @@ class ParameterStore:
         self.optimizer = optimizer
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
-        # name -> (version, read-only copy). Pull replies are sent with copy=False, so the
-        # frames must never be the live arrays, which the next update changes in place.
-        self._snapshots: dict[str, tuple[int, np.ndarray]] = {}
+        # Pull replies are sent with copy=False, so a sent array must never change: every
+        # version of a parameter is a new array, published read-only (see `apply`).
+        for name, array in params.items():
+            params[name] = _published(array.copy())
 
     def check_push(self, base: int, grads: dict[str, np.ndarray]) -> None:
         """Check a push's `base` and decoded gradients against the parameters.
@@ -79,11 +80,15 @@ class ParameterStore:
         """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
         Returns the new version t.
 
-        Callers validate everything first: this is the only place parameters change.
+        Callers validate everything first: this is the only place parameters change. Each
+        new version is written into a new array that replaces the old one in `params`, so
+        an array once handed to a pull reply is never modified (no copy per pull).
         """
         self.version += 1
         for name, grad, scale in steps:
-            self.optimizer.step_one(name, grad, scale)
+            fresh = np.empty_like(self.params[name])
+            self.optimizer.step_one(name, grad, scale, out=fresh)
+            self.params[name] = _published(fresh)
             self.param_versions[name] = self.version
         return self.version
 
@@ -94,13 +99,8 @@ class ParameterStore:
         return [name for name, v in self.param_versions.items() if v > since]
 
     def snapshot(self, name: str) -> np.ndarray:
-        """A read-only copy of the parameter at the current version, shared by all pulls."""
-        cached = self._snapshots.get(name)
-        if cached is None or cached[0] != self.param_versions[name]:
-            copy = self.params[name].copy()
-            copy.flags.writeable = False
-            cached = self._snapshots[name] = (self.param_versions[name], copy)
-        return cached[1]
+        """The parameter at the current version: a read-only array that never changes."""
+        return self.params[name]
 
     # -------------------------------------------------------------------------- checkpoints
 
@@ -142,6 +142,7 @@ class ParameterStore:
                 contents = {key: data[key] for key in data.files}
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read checkpoint {path}: {exc}") from None
+        contents = _from_model_file(contents)
         names = [key[len("param/") :] for key in contents if key.startswith("param/")]
         if sorted(names) != sorted(self.params):
             raise ShapeError(
@@ -155,11 +156,33 @@ class ParameterStore:
                     f"the model has {param.shape}"
                 )
         for name, param in self.params.items():
-            param[...] = contents[f"param/{name}"]
+            self.params[name] = _published(contents[f"param/{name}"].astype(param.dtype))
             self.param_versions[name] = int(contents[f"param_version/{name}"])
         self.version = int(contents["version"])
         self.optimizer.load_state_dict(
             {k[len("optim/") :]: v for k, v in contents.items() if k.startswith("optim/")}
         )
-        self._snapshots.clear()
         return json.loads(str(contents["meta"]))
+
+
+def _published(array: np.ndarray) -> np.ndarray:
+    """Mark a parameter version read-only: it may be in flight in a pull reply."""
+    array.flags.writeable = False
+    return array
+
+
+def _from_model_file(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A file of `Sequential.save` (parameters by bare name, "__minips__" metadata) as the
+    arrays of a checkpoint at version 0 without optimizer state; a checkpoint unchanged.
+
+    So an older model file can start a distributed run; `minips train --save` itself now
+    writes checkpoints (docs/architecture.md).
+    """
+    if any(key.startswith("param/") for key in contents) or "version" in contents:
+        return contents
+    meta = contents.pop("__minips__", np.array("{}"))
+    converted: dict[str, np.ndarray] = {"meta": meta, "version": np.array(0, np.int64)}
+    for name, array in contents.items():
+        converted[f"param/{name}"] = array
+        converted[f"param_version/{name}"] = np.array(0, np.int64)
+    return converted

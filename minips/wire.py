@@ -66,10 +66,11 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "base": ("uint", True),
         "last": ("bool", False),
         "samples": ("uint", False),
+        "pull_since": ("uint?", False),  # present: a fused push + pull (protocol.md 5.3)
     },
     "ping": {"worker": _WORKER},
     "stats": {},
-    "bye": {"worker": _WORKER},
+    "bye": {"worker": _WORKER, "finished": ("bool", False)},
     "stop": {},
     "checkpoint": {},
 }
@@ -89,6 +90,7 @@ REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "applied": ("bool", True),
         "staleness": ("uint", True),
         "stop": ("bool", True),
+        "param_versions": ("map", False),  # the pull half of a fused push + pull
     },
     "ping": {"version": ("uint", True), "stop": ("bool", True)},
     "stats": {"stats": ("map", True)},
@@ -252,9 +254,17 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             "frame_count",
         )
     message = Message(header=header, nbytes=total)
+    _decode_arrays(message, descriptors, buffers[1:], limits)
+    return message
+
+
+def _decode_arrays(
+    message: Message, descriptors: list[Any], frames: list[memoryview], limits: Limits
+) -> None:
+    """Check each descriptor against its frame; add the frames to `message` as arrays."""
     previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
-    for index, (desc, buf) in enumerate(zip(descriptors, buffers[1:], strict=True)):
-        name, dtype, shape, codec = _check_descriptor(desc, index)
+    for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
+        name, dtype, shape, codec = _check_descriptor(desc, index, limits)
         part = _check_part(desc, name, codec, message, previous, limits)
         previous = (name, part)
         if buf.nbytes > limits.max_frame_bytes:
@@ -278,7 +288,6 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
             message.parts.setdefault(name, {})[part] = array
     if previous is not None:
         _check_complete(message, previous[0])
-    return message
 
 
 def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -390,14 +399,23 @@ def _unpack_header(buf: memoryview, limits: Limits) -> dict[str, Any]:
     return header
 
 
-def _check_descriptor(desc: Any, index: int) -> tuple[str, np.dtype, tuple[int, ...], str]:
+def _check_descriptor(
+    desc: Any, index: int, limits: Limits
+) -> tuple[str, np.dtype, tuple[int, ...], str]:
     if not isinstance(desc, dict):
         raise ProtocolError(f"arrays[{index}] must be a map", "bad_field")
+    missing = [key for key in ("name", "dtype", "shape", "codec") if key not in desc]
+    if missing:
+        raise ProtocolError(f"arrays[{index}] lacks {', '.join(missing)}", "bad_field")
     name, dtype_name, shape, codec = (desc.get(k) for k in ("name", "dtype", "shape", "codec"))
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"arrays[{index}].name must be a non-empty string", "bad_field")
+    if len(name) > MAX_NAME_CHARS:
         raise ProtocolError(
-            f"arrays[{index}].name must be a string of 1..{MAX_NAME_CHARS} characters", "bad_field"
+            f"arrays[{index}].name exceeds the limit of {MAX_NAME_CHARS} characters", "too_large"
         )
+    if not all(isinstance(v, str) or v is None for v in (dtype_name, codec, desc.get("part"))):
+        raise ProtocolError(f"array {name!r}: dtype, codec and part must be strings", "bad_field")
     if dtype_name not in DTYPES:
         raise ProtocolError(
             f"array {name!r}: dtype {str(dtype_name)[:20]!r} not allowed "
@@ -420,11 +438,7 @@ def _check_descriptor(desc: Any, index: int) -> tuple[str, np.dtype, tuple[int, 
     if dtype_name not in allowed:
         what = codec if part is None else f"{codec}/{part}"
         raise ProtocolError(f"array {name!r}: codec {what!r} cannot carry {dtype_name}", "dtype")
-    if not _is_shape(shape):
-        raise ProtocolError(
-            f"array {name!r}: shape must be a list of at most {MAX_NDIM} non-negative integers",
-            "shape",
-        )
+    _check_shape(shape, f"array {name!r}: shape", limits)
     return name, DTYPES[dtype_name], tuple(shape), codec
 
 
@@ -451,11 +465,7 @@ def _check_part(
     if part is None:
         return None
     of = desc.get("of")
-    if not _is_shape(of):
-        raise ProtocolError(
-            f"array {name!r}: `of` must be a list of at most {MAX_NDIM} non-negative integers",
-            "shape",
-        )
+    _check_shape(of, f"array {name!r}: `of`", limits)
     if math.prod(of) * 4 > limits.max_frame_bytes:
         raise ProtocolError(
             f"array {name!r}: dense shape {of} exceeds the frame limit of "
@@ -483,8 +493,21 @@ def _check_complete(message: Message, name: str) -> None:
         raise ProtocolError(f"array {name!r}: codec {codec} lacks part(s) {missing}", "bad_field")
 
 
-def _is_shape(shape: Any) -> bool:
-    return isinstance(shape, list) and len(shape) <= MAX_NDIM and all(_is_uint(d) for d in shape)
+def _check_shape(shape: Any, what: str, limits: Limits) -> None:
+    """A shape is a list (else `bad_field`) of at most MAX_NDIM non-negative integers (else
+    `too_large` / `shape`), none above the frame limit, even with a zero elsewhere
+    (`too_large`: [0, 2^63] describes no bytes but no array either)."""
+    if not isinstance(shape, list):
+        raise ProtocolError(f"{what} must be a list", "bad_field")
+    if len(shape) > MAX_NDIM:
+        raise ProtocolError(f"{what} has more than {MAX_NDIM} dimensions", "too_large")
+    if not all(_is_uint(d) for d in shape):
+        raise ProtocolError(f"{what} must hold non-negative integers", "shape")
+    if any(d > limits.max_frame_bytes for d in shape):
+        raise ProtocolError(
+            f"{what} has a dimension above the frame limit of {limits.max_frame_bytes}",
+            "too_large",
+        )
 
 
 def _check_fields(
@@ -498,7 +521,12 @@ def _check_fields(
             if required:
                 raise ProtocolError(f"{op} {kind} lacks field {name!r}", "bad_field")
             continue
-        if not _CHECKS[type_name](header[name]):
+        value = header[name]
+        if type_name == "str" and isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+            raise ProtocolError(
+                f"{op} {kind} field {name!r} exceeds {MAX_NAME_CHARS} characters", "too_large"
+            )
+        if not _CHECKS[type_name](value):
             raise ProtocolError(
                 f"{op} {kind} field {name!r} must be {_KIND_TEXT[type_name]}", "bad_field"
             )

@@ -85,12 +85,13 @@ def test_ssgd_held_push_retried_from_a_new_socket_is_answered_there():
     params = make_params()
     before = _copy(params)
     with running_server("ssgd", params=params, lr=1.0) as server:
-        with RawPeer(server.endpoint) as old, PSClient(server.endpoint) as other:
+        old = RawPeer(server.endpoint, routing_id=b"\x01worker-a")
+        with old, PSClient(server.endpoint) as other:
             _hello(old, "a")
             other.hello()
             grads_a = _full("fc.b", 1.0)
             assert send_then_fence(old, _push("a", 0, 0, rid=1), grads_a) is None  # held
-            with RawPeer(server.endpoint) as new:
+            with RawPeer(server.endpoint, routing_id=b"\x01worker-a") as new:
                 # The worker timed out and reconnected: same worker, same seq, new rid.
                 assert send_then_fence(new, _push("a", 0, 0, rid=2), grads_a) is None
                 other_reply = other.push(_full("fc.b", 3.0), base=0)  # completes the round
@@ -142,7 +143,6 @@ def test_ssp_late_joiner_starts_at_the_slowest_clock_and_a_rejoiner_keeps_a_high
             PSClient(endpoint, worker_id="a") as a,
             PSClient(endpoint, worker_id="b") as b,
             RawPeer(endpoint) as a_raw,
-            RawPeer(endpoint) as b_raw,
             PSClient(endpoint) as operator,
         ):
             a.hello()
@@ -156,12 +156,12 @@ def test_ssp_late_joiner_starts_at_the_slowest_clock_and_a_rejoiner_keeps_a_high
                 _hello(late, "late")
                 assert worker_rows(operator)["late"]["clock"] == 3  # the slowest live, not 0
                 # So it holds nobody back: b (clock 3) and itself may pull at once.
-                assert send_then_fence(b_raw, _pull("b", rid=21)) is not None
+                assert b.pull().version == 8  # not held (a held pull would time out)
                 assert send_then_fence(late, _pull("late", rid=22)) is not None
                 assert late.request({"op": "bye", "worker": "late"}).op == "bye"
             # a leaves at clock 5 and comes back: it keeps 5 (higher than the slowest, 3)...
             a.bye()
-            a.hello()
+            _hello(a_raw, "a")  # the raw peer is "a" now (a live id answers to who said hello)
             assert worker_rows(operator)["a"]["clock"] == 5
             # ...so it is still 2 > 1 clocks ahead of b: its pull is held until b steps.
             assert send_then_fence(a_raw, _pull("a", rid=23)) is None

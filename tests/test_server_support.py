@@ -53,10 +53,14 @@ def running_server(rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=
 class RawPeer:
     """A bare DEALER socket speaking frames directly (for malformed and hand-built input)."""
 
-    def __init__(self, address: str, req: bool = False) -> None:
+    def __init__(self, address: str, req: bool = False, routing_id: bytes | None = None) -> None:
+        """routing_id: a fixed one (a reconnecting worker keeps its own: the server binds a
+        live worker id to it, docs/protocol.md 15)."""
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.REQ if req else zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.socket.setsockopt(zmq.ROUTING_ID, routing_id)
         self.socket.connect(address)
 
     def send(self, frames) -> None:

@@ -1,6 +1,6 @@
 """Wire benchmark: minips push+pull round trip vs a raw pyzmq exchange of the same bytes.
 
-    python tools/bench_wire.py [--repeats 300] [--torch]
+    python tools/bench_wire.py [--repeats 300] [--transport tcp|ipc|both] [--torch]
 
 Both servers run in their own process on TCP loopback, in the same run:
 - minips: a ParameterServer (asgd, SGD) holding a LeNet-5-sized model (431,080 float32,
@@ -10,6 +10,8 @@ Both servers run in their own process on TCP loopback, in the same run:
   (one small header + 8 array frames each way, copy=False), doing no work at all; and
   the same raw exchange with minips's numpy work added (finite check, SGD step, copies),
   to tell the price of the update from the price of the protocol.
+- step: minips's fused exchange, one round trip (push with `pull_since`), against the
+  same raw two-round-trip exchange (push + ack, pull + data).
 - tiny: minips `ping` vs a raw one-frame echo (fixed overhead per request).
 The two are timed in alternating blocks of 25 round trips, so load drift on the machine
 hits both alike.
@@ -25,6 +27,7 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -47,19 +50,26 @@ def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
     return {n: rng.standard_normal(s).astype(np.float32) * 1e-3 for n, s in LENET5.items()}
 
 
-def _minips_server(queue) -> None:
+def _address(transport: str) -> str:
+    if transport == "ipc":
+        return f"ipc://{tempfile.mkdtemp(prefix='minips-bench-')}/server.sock"
+    return "tcp://127.0.0.1:*"
+
+
+def _minips_server(queue, transport: str = "tcp") -> None:
     from minips.optim import SGD
     from minips.rules import make_rule
     from minips.server import ParameterServer, ServerOptions
 
     params = _tensors()
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), ServerOptions())
+    options = ServerOptions(bind=_address(transport))
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), options)
     queue.put(server.endpoint)
     server.run()
     server.close()
 
 
-def _raw_server(queue, work: bool = False) -> None:
+def _raw_server(queue, work: bool = False, transport: str = "tcp") -> None:
     """A ROUTER answering with pre-built frames; with `work`, it also does minips's numpy
     work (finiteness check, SGD step on each gradient, a copy of each parameter per pull),
     which separates the cost of the update from the cost of the protocol."""
@@ -68,7 +78,7 @@ def _raw_server(queue, work: bool = False) -> None:
     big = [b"h" * 200, *(memoryview(a.reshape(-1)).cast("B") for a in params.values())]
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
-    sock.bind("tcp://127.0.0.1:*")
+    sock.bind(_address(transport))
     queue.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     while True:
         routing, *frames = sock.recv_multipart(copy=False)
@@ -140,6 +150,11 @@ class MinipsPeer:
         assert len(reply.params) == len(LENET5)
         self.version = reply.version
 
+    def step(self) -> None:
+        reply = self.client.push(self.grads, base=self.version, pull_since=self.version)
+        assert len(reply.pull.params) == len(LENET5)
+        self.version = reply.version
+
     def tiny(self) -> None:
         self.client.ping()
 
@@ -207,27 +222,27 @@ def bench_torch(repeats: int) -> float | None:
     return median
 
 
+def bench_transport(transport: str, repeats: int) -> dict[str, float]:
+    """Median ms of every exchange over one transport, all interleaved in one run."""
+    started = [_start(_raw_server, False, transport), _start(_raw_server, True, transport),
+               _start(_minips_server, transport)]  # fmt: skip
+    raw, work, ps = (RawPeer(started[0][1]), RawPeer(started[1][1]), MinipsPeer(started[2][1]))
+    fns = {"step": ps.step, "minips": ps.round_trip, "raw": raw.round_trip, "work": work.round_trip}
+    full = _interleaved(fns, repeats)
+    tiny = _interleaved({"minips_tiny": ps.tiny, "raw_tiny": raw.tiny}, repeats * 3)
+    for peer in (ps, raw, work):
+        peer.close()
+    for proc, _ in started:
+        proc.join(timeout=30)
+    return {**full, **tiny}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--transport", choices=("tcp", "ipc", "both"), default="both")
     parser.add_argument("--torch", action="store_true", help="also time torch.distributed.rpc")
     args = parser.parse_args()
-
-    procs_and_endpoints = [_start(_raw_server), _start(_raw_server, True), _start(_minips_server)]
-    raw, work, ps = (
-        RawPeer(procs_and_endpoints[0][1]),
-        RawPeer(procs_and_endpoints[1][1]),
-        MinipsPeer(procs_and_endpoints[2][1]),
-    )
-    full = _interleaved(
-        {"minips": ps.round_trip, "raw": raw.round_trip, "work": work.round_trip}, args.repeats
-    )
-    tiny = _interleaved({"minips": ps.tiny, "raw": raw.tiny}, args.repeats * 3)
-    for peer in (ps, raw, work):
-        peer.close()
-    for proc, _ in procs_and_endpoints:
-        proc.join(timeout=30)
-    ps_full, raw_full, ps_tiny, raw_tiny = full["minips"], full["raw"], tiny["minips"], tiny["raw"]
 
     n_params = sum(int(np.prod(s)) for s in LENET5.values())
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
@@ -235,12 +250,19 @@ def main() -> None:
           f"libzmq {zmq.zmq_version()}")  # fmt: skip
     print(f"payload: {n_params} float32 = {n_params * 4 / 1e6:.2f} MB each way, "
           f"{args.repeats} round trips, median")  # fmt: skip
-    print(f"push+pull  minips {ps_full:7.3f} ms   raw {raw_full:7.3f} ms   "
-          f"ratio {ps_full / raw_full:.2f}")  # fmt: skip
-    print(f"raw + the same numpy work (finite check, SGD step, pull copy) {full['work']:7.3f} ms"
-          f"   minips/that {ps_full / full['work']:.2f}")  # fmt: skip
-    print(f"tiny       minips {ps_tiny:7.3f} ms   raw {raw_tiny:7.3f} ms   "
-          f"ratio {ps_tiny / raw_tiny:.2f}")  # fmt: skip
+    transports = ("tcp", "ipc") if args.transport == "both" else (args.transport,)
+    for transport in transports:
+        t = bench_transport(transport, args.repeats)
+        raw = t["raw"]
+        print(f"[{transport}] raw push+ack, pull+data (no work)      {raw:7.3f} ms")
+        print(f"[{transport}] raw + minips's numpy work                {t['work']:7.3f} ms"
+              f"   ratio {t['work'] / raw:.2f}")  # fmt: skip
+        print(f"[{transport}] minips step (fused, one round trip)      {t['step']:7.3f} ms"
+              f"   ratio {t['step'] / raw:.2f}")  # fmt: skip
+        print(f"[{transport}] minips push + pull (two round trips)     {t['minips']:7.3f} ms"
+              f"   ratio {t['minips'] / raw:.2f}")  # fmt: skip
+        print(f"[{transport}] tiny: minips ping {t['minips_tiny']:7.3f} ms, raw echo "
+              f"{t['raw_tiny']:7.3f} ms, ratio {t['minips_tiny'] / t['raw_tiny']:.2f}")  # fmt: skip
     if args.torch:
         torch_ms = bench_torch(args.repeats)
         if torch_ms is None:

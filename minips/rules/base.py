@@ -1,4 +1,5 @@
-"""The rule interface: a push as a rule sees it, what a rule decides, the base class.
+"""The rule interface: a push as a rule sees it, what a rule decides, the base class, and
+the simplest rule, ASGD, that most others build on.
 
 A rule never acts on the server: it reads the parameter store and the worker registry it
 was attached to, and returns an `Outcome` (updates to apply, pushes to answer or drop)
@@ -36,6 +37,8 @@ class Push:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # "extra/<key>" -> array
     staleness: int = 0
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
+    fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
+    pull_since: int | None = None
 
 
 @dataclass(eq=False)
@@ -173,6 +176,18 @@ class Rule:
 
     def on_stop(self) -> Outcome:
         return Outcome()
+
+
+class ASGD(Rule):
+    """Asynchronous SGD (Hogwild-style PS): every push is applied at once.
+
+    w <- w - lr * g(w_base)        with tau = t - base unbounded
+    """
+
+    name = "asgd"
+
+    def on_push(self, push: Push) -> Outcome:
+        return Outcome.apply(push)
 
 
 def option_default(cls: type[Rule], key: str) -> Any:

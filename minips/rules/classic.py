@@ -1,4 +1,4 @@
-"""The classic rules: asynchronous (asgd), bounded staleness (ssp), synchronous (ssgd)."""
+"""The classic rules beside asgd (in base.py): bounded staleness (ssp), synchronous (ssgd)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, option_default
+from minips.rules.base import ASGD, Outcome, Push, Rule, RuleOption, Update, option_default
 
 if TYPE_CHECKING:
     from minips.registry import WorkerState
-
-
-class ASGD(Rule):
-    """Asynchronous SGD (Hogwild-style PS): every push is applied at once.
-
-    w <- w - lr * g(w_base)        with tau = t - base unbounded
-    """
-
-    name = "asgd"
-
-    def on_push(self, push: Push) -> Outcome:
-        return Outcome.apply(push)
 
 
 class SSP(ASGD):

@@ -1,0 +1,65 @@
+"""Addresses are checked before any socket sees them; bind errors are one line with the fix."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from minips.address import AddressError, bind, is_loopback, normalize_bind, normalize_connect
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("127.0.0.1:5555", "tcp://127.0.0.1:5555"),
+        ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5555"),
+        ("localhost:80", "tcp://localhost:80"),
+        ("[::1]:5555", "tcp://[::1]:5555"),
+        ("ipc:///tmp/minips.sock", "ipc:///tmp/minips.sock"),
+    ],
+)
+def test_connect_addresses_are_normalized(given, expected):
+    assert normalize_connect(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ("127.0.0.1", "needs a host and a port"),
+        ("udp://127.0.0.1:5", "transport must be"),
+        ("127.0.0.1:0", "not a port number"),
+        ("127.0.0.1:70000", "not a port number"),
+        ("127.0.0.1:*", "not a port number"),  # a client cannot connect to "any port"
+        ("tcp://no-such-host.invalid:5555", "cannot resolve host 'no-such-host.invalid'"),
+    ],
+)
+def test_bad_connect_addresses_are_one_line_errors(given, words):
+    with pytest.raises(AddressError, match=words) as info:
+        normalize_connect(given)
+    assert "\n" not in str(info.value)
+
+
+def test_bind_accepts_wildcards():
+    assert normalize_bind("127.0.0.1:*") == "tcp://127.0.0.1:*"
+    assert normalize_bind("*:5555") == "tcp://*:5555"
+
+
+def test_loopback_is_recognised():
+    assert is_loopback("tcp://127.0.0.1:5") and is_loopback("tcp://[::1]:5")
+    assert is_loopback("ipc:///tmp/x") and is_loopback("tcp://localhost:5")
+    assert not is_loopback("tcp://*:5") and not is_loopback("tcp://0.0.0.0:5")
+
+
+def test_bind_errors_say_what_to_do():
+    context = zmq.Context()
+    first, second = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+    try:
+        endpoint = bind(first, "tcp://127.0.0.1:*")
+        with pytest.raises(AddressError, match="already in use.*another port"):
+            bind(second, endpoint)
+        with pytest.raises(AddressError, match="not an address of this machine"):
+            bind(second, "tcp://192.0.2.1:5555")  # TEST-NET-1: never local
+    finally:
+        first.close(0)
+        second.close(0)
+        context.term()

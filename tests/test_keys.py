@@ -1,0 +1,70 @@
+"""`minips keys` and minips.auth: key files, the allow-list, the sender's key on each frame."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from minips import auth
+
+
+def test_keys_command_writes_a_key_directory(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "minips", "keys", str(tmp_path / "k")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    server = auth.load_server_keys(tmp_path / "k")
+    worker = auth.load_client_keys(tmp_path / "k", "worker")
+    operator = auth.load_client_keys(tmp_path / "k", "operator")
+    assert worker.server_public == server.pair.public
+    assert {worker.pair.public, operator.pair.public} == server.allowed
+    assert server.operators == {operator.pair.public}
+    assert (tmp_path / "k" / "worker.key_secret").stat().st_mode & 0o077 == 0
+    again = subprocess.run([sys.executable, "-m", "minips", "keys", str(tmp_path / "k")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 2 and again.stderr.startswith("error: key files already exist")
+
+
+def test_missing_keys_are_one_line_errors(tmp_path):
+    with pytest.raises(auth.AuthError, match="no secret key file"):
+        auth.load_server_keys(tmp_path)
+    auth.make_keys(tmp_path, clients=("w1",), operators=())
+    with pytest.raises(auth.AuthError, match="no secret key file .*operator.key_secret"):
+        auth.load_client_keys(tmp_path, "operator")
+
+
+def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
+    auth.make_keys(tmp_path, clients=("worker", "operator", "banned"))
+    (tmp_path / "allowed" / "banned.key").unlink()
+    keys = auth.load_server_keys(tmp_path)
+    context = zmq.Context()
+    gatekeeper = auth.start_gatekeeper(context, keys)
+    sockets = []
+    try:
+        server = context.socket(zmq.ROUTER)
+        sockets.append(server)
+        auth.make_curve_server(server, keys)
+        server.bind("tcp://127.0.0.1:*")
+        endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+
+        def client(name: str | None) -> zmq.Socket:
+            sock = context.socket(zmq.DEALER)
+            sockets.append(sock)
+            if name is not None:
+                auth.make_curve_client(sock, auth.load_client_keys(tmp_path, name))
+            sock.connect(endpoint)
+            sock.send(name.encode() if name else b"plain")
+            return sock
+
+        client("banned"), client(None), client("worker")
+        frames = server.recv_multipart(copy=False)
+        assert frames[-1].bytes == b"worker"  # the only one that got through
+        assert auth.sender_key(frames[-1]) == auth.load_pair(tmp_path / "worker.key").public
+        assert not server.poll(300)  # the banned key and the plain client sent nothing
+    finally:
+        for sock in sockets:
+            sock.close(0)
+        gatekeeper.stop()
+        context.term()
