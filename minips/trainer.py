@@ -74,7 +74,7 @@ def train(
     model = build_model(config.model, seed=config.seed)
     params = model.params  # one dict: the store and the optimizer must share it
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
-    store = ParameterStore(params, optimizer)  # the checkpoint format of the server
+    store = ParameterStore(params, optimizer, in_place=True)  # the server's checkpoint format
     if config.resume:
         store.load(config.resume)
     rng = np.random.default_rng(config.seed)
