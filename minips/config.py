@@ -209,6 +209,16 @@ class RunConfig(ConfigBase):
                            server_option="world_size")
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
                                   to_workers=True, parse=_comma_floats, format=_comma_text)
+    # browser workers (`minips run` only; `minips web` serves a separate server)
+    browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
+                           "the worker page and waits for that many browsers to open it "
+                           "(docs/classroom.md).", commands=("run",), minimum=0)
+    browser_headless: bool = setting(False, "Fill the --browser slots with tabs of a headless "
+                                     "chromium started here (tests, benchmarks).",
+                                     commands=("run",))
+    listen: str = setting("127.0.0.1:8080", "HOST:PORT of the worker page with --browser "
+                          "(0.0.0.0:8080: other machines join; port 0: any free one).",
+                          commands=("run",))
     # the server's optimizer and update rule
     lr: float = setting(0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True,
                         minimum=0, min_open=True)
@@ -265,6 +275,7 @@ class RunConfig(ConfigBase):
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
         make_rule(self.rule, **self.rule_options)  # a bad rule option: one line, now
+        _check_browser_slots(self)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
@@ -300,6 +311,21 @@ class RunConfig(ConfigBase):
             for one in text if isinstance(text, list) else [text]:
                 args += [flag, one]
         return args
+
+
+def _check_browser_slots(config: RunConfig) -> None:
+    """ConfigError when --browser, --browser-headless and --listen cannot make a run."""
+    if config.browser > config.workers:
+        raise ConfigError(
+            f"--browser {config.browser} is more than --workers {config.workers} "
+            "(--workers counts every worker, the browser slots included)"
+        )
+    if config.browser_headless and not config.browser:
+        raise ConfigError("--browser-headless needs --browser N (the slots it fills)")
+    if config.browser:
+        from minips.web.slots import check_browser_options
+
+        check_browser_options(config.listen, config.browser_headless)
 
 
 def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:

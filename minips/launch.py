@@ -113,11 +113,14 @@ def run_local(
     progress: ProgressFn | None = None,
     startup_timeout: float = 60.0,
     on_start: Callable[[str], None] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
     The run directory's files are described in minips.runlog. on_start(endpoint): called
-    once every process is started (`minips run --dashboard` starts its page there).
+    once every process is started (`minips run --dashboard` starts its page there). With
+    `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
+    gateway is started too and `announce(line)` is told the URL to open.
     """
     out = Path(out_dir)
     config = _prepare_run_dir(config, out)
@@ -125,8 +128,9 @@ def run_local(
         if server_host is not None:  # tcp on the shaped link (ipc would go around it)
             config = replace(config, bind=f"tcp://{server_host}:*")
         return _run_cluster(
-            config, out, eval_interval, progress, startup_timeout, server_prefix, on_start
-        )
+            config, out, eval_interval, progress, startup_timeout, server_prefix, on_start,
+            announce,
+        )  # fmt: skip
 
 
 def _run_cluster(
@@ -137,12 +141,15 @@ def _run_cluster(
     startup_timeout: float,
     server_prefix: list[str],
     on_start: Callable[[str], None] | None,
+    announce: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     t0 = time.monotonic()
     env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
     cluster = _Cluster(out / "logs", env)
     try:
-        endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout, server_prefix)
+        endpoint = _start(
+            cluster, config, out, t0, eval_interval, startup_timeout, server_prefix, announce
+        )
         if on_start is not None:
             on_start(endpoint)
         total = 0  # the progress bar's length; loading the data for it only when shown
@@ -152,7 +159,9 @@ def _run_cluster(
         # Short timeouts: the server may exit (sample budget spent) while a stats request is
         # in flight, and the launcher must notice that at once rather than after retries.
         with PSClient(endpoint, timeout=1.0, retries=0) as operator:
-            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress)
+            wall = _watch(
+                cluster, operator, t0, total, out / "eval.jsonl", progress, config.browser
+            )
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
@@ -239,8 +248,10 @@ def _start(
     eval_interval: float,
     startup_timeout: float,
     server_prefix: list[str] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> str:
-    """Start the server, then the evaluator, then the workers; return the server's address.
+    """Start the server, the evaluator, any browser slots, the NumPy workers; return the
+    server's address.
 
     server_prefix (--netem: `ip netns exec NS`) runs the server, and the evaluator beside
     it, in the server's namespace: the evaluator's pulls then do not cross the shaped link,
@@ -263,7 +274,9 @@ def _start(
                          "--interval", repr(eval_interval), "--t0", repr(t0)],
     )  # fmt: skip
     cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
-    for index in range(config.workers):
+    if config.browser:  # before the NumPy workers: the slots' tabs take longest to say hello
+        _start_browser_slots(cluster, config, endpoint, out, startup_timeout, announce)
+    for index in range(config.workers - config.browser):
         # The server gives ranks in the order hellos arrive, so a process is named by its
         # start order until its rank is known; the worker fills {rank} in its report path.
         trace = ["--trace", config.trace] if config.trace and index == 0 else []
@@ -275,6 +288,27 @@ def _start(
     return endpoint
 
 
+def _start_browser_slots(
+    cluster: _Cluster,
+    config: RunConfig,
+    endpoint: str,
+    out: Path,
+    startup_timeout: float,
+    announce: Callable[[str], None] | None,
+) -> None:
+    """Start the gateway (`minips web`), announce its URL, open headless tabs if asked."""
+    from minips.web.slots import gateway_argv, headless_argv, student_url
+
+    url_file = out / "web-url"
+    cluster.start("gateway", gateway_argv(endpoint, config.listen, url_file, config.data_dir))
+    url = cluster.wait_for_file(url_file, "gateway", startup_timeout)
+    if announce is not None:
+        announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
+    if config.browser_headless:
+        profile = out / "logs" / "chromium-profile"
+        cluster.start("chromium", headless_argv(url, config.browser, profile))
+
+
 def _watch(
     cluster: _Cluster,
     operator: PSClient,
@@ -282,6 +316,7 @@ def _watch(
     total: int,
     eval_log: Path,
     progress: ProgressFn | None,
+    browser_slots: int = 0,
 ) -> float:
     """Follow the run until the workers are done; stop the server; return the training time.
 
@@ -290,7 +325,8 @@ def _watch(
     """
     wall: float | None = None  # set once the run is over: the stop, or the last worker
     silent_since: float | None = None
-    while cluster.running("worker"):
+    stats: dict[str, Any] | None = None
+    while _training(cluster, stats, browser_slots):
         if cluster.exited("server"):
             if cluster.code("server") != 0:
                 cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
@@ -320,6 +356,15 @@ def _watch(
         if not cluster.exited("server"):
             _stop_server(operator, cluster)  # the evaluator then tests the final model
     return wall
+
+
+def _training(cluster: _Cluster, stats: dict[str, Any] | None, browser_slots: int) -> bool:
+    """A NumPy worker runs, or a browser slot trains (as the server's latest stats say)."""
+    from minips.web.slots import browsers_pending
+
+    if cluster.running("worker"):
+        return True
+    return not cluster.exited("server") and browsers_pending(stats, browser_slots)
 
 
 def _stop_server(operator: PSClient, cluster: _Cluster, attempts: int = 10) -> None:

@@ -3,7 +3,9 @@
 RUN_DIR/config.json     the run's configuration (RunConfig.to_json)
 RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats)
 RUN_DIR/eval.jsonl      the evaluator's records
-RUN_DIR/worker-R.json   each worker's report (R: its rank)
+RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is made from
+                        the server's final stats, as a browser writes no file)
+RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
 RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
@@ -20,7 +22,14 @@ from minips.errors import MinipsError, RunDirError
 from minips.metrics import MetricsLog, merge_logs, read_metrics
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
-RUN_OUTPUTS = ("endpoint", "updates.jsonl", "eval.jsonl", "metrics.jsonl", "summary.json")
+RUN_OUTPUTS = (
+    "endpoint",
+    "web-url",
+    "updates.jsonl",
+    "eval.jsonl",
+    "metrics.jsonl",
+    "summary.json",
+)
 
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
@@ -68,6 +77,26 @@ def bytes_by_layer(by_param: dict[str, dict[str, int]]) -> dict[str, dict[str, i
     return layers
 
 
+def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """A worker report for `rank` from the server's final stats (None: it never came).
+
+    For workers that write no report of their own (browser slots, or a worker that
+    failed): steps are the pushes the server accepted from that rank (a push that arrived
+    after the run stopped counts, though not applied), over every worker that held it (a
+    closed tab's and its replacement's); the agent is the one named in its hello.
+    """
+    rows = [w for w in stats.get("workers", []) if w.get("rank") == rank and not w.get("observer")]
+    if not rows:
+        return None
+    return {
+        "rank": rank,
+        "agent": (rows[-1].get("info") or {}).get("agent", "numpy"),
+        "steps": sum(w["pushes"] for w in rows),
+        "samples": sum(w["samples"] for w in rows),
+        "from_server_stats": True,
+    }
+
+
 def write_results(
     out: Path, rule: str, workers: int, wall: float, exit_codes: dict[str, int | None]
 ) -> dict[str, Any]:
@@ -76,16 +105,21 @@ def write_results(
     server_final = next((r for r in records if r.get("event") == "server"), {})
     records = [r for r in records if r.get("event") != "server"]
     reports = []
+    stats = server_final.get("stats", {})
     for rank in range(workers):
         path = out / f"worker-{rank}.json"
         if path.exists():
             reports.append(json.loads(path.read_text()))
-            records.append({"event": "worker", "time": round(wall, 4), **reports[-1]})
+        elif report := report_from_stats(stats, rank):
+            path.write_text(json.dumps(report) + "\n")
+            reports.append(report)
+        else:
+            continue
+        records.append({"event": "worker", "time": round(wall, 4), **reports[-1]})
     records.sort(key=lambda record: record.get("time", 0.0))
     evals = [r for r in records if r["event"] == "eval"]
     if not evals:
         raise MinipsError(f"the run produced no evaluation; see {out / 'logs'}")
-    stats = server_final.get("stats", {})
     summary = {
         "accuracy": evals[-1]["accuracy"],
         "loss": evals[-1]["loss"],

@@ -106,13 +106,12 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         resume = Path(config.resume) if config.resume else None
         claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
         with _RunDashboard(dashboard_listen if dashboard else None, Path(out)) as page:
+            hooks = {"on_start": page.start, "announce": click.echo}
             if quiet:
-                summary = run_local(config, out, eval_interval, on_start=page.start)
+                summary = run_local(config, out, eval_interval, **hooks)
             else:
                 with ProgressBar() as bar:
-                    summary = run_local(
-                        config, out, eval_interval, progress=bar.update, on_start=page.start
-                    )
+                    summary = run_local(config, out, eval_interval, progress=bar.update, **hooks)
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "

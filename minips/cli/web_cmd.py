@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 
 import click
@@ -50,6 +51,8 @@ def web(
     gateway = Gateway(connect, host, port, data_dir)
 
     def announce() -> None:
+        # SIGTERM (a launcher's stop) ends serving as Ctrl-C does: exit code 0, not -15.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, gateway.stop)
         click.echo(f"minips web gateway: open {gateway.url} (relaying to {connect})")
         if url_file:
             tmp = Path(url_file + ".tmp")

@@ -197,7 +197,7 @@ async function train(options) {
       const pushHeader = { op: "push", worker: workerId, seq: seq++, base: version, last: true,
         samples: batch.y.length };
       const pushed = (await workerRequest(pushHeader, arrays)).header;
-      if (pushed.stop && !pushed.applied) break; // arrived after the run stopped: not counted
+      if (pushed.stop && !pushed.applied) break outer; // arrived after the run stopped: not counted
       status.staleness.push(pushed.staleness);
       reply = await workerRequest({ op: "pull", worker: workerId, since: version });
       applyParams(reply);
