@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 
+from minips import auth
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import MinipsError
@@ -83,7 +84,8 @@ def run_local(
             total = min(total, config.max_samples) if config.max_samples else total
         # Short timeouts: the server may exit (sample budget spent) while a stats request is
         # in flight, and the launcher must notice that at once rather than after retries.
-        with PSClient(endpoint, timeout=1.0, retries=0) as operator:
+        operator_keys = auth.load_client_keys(config.keys, auth.OPERATOR) if config.keys else None
+        with PSClient(endpoint, timeout=1.0, retries=0, keys=operator_keys) as operator:
             wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress)
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
@@ -122,9 +124,27 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
         config,
         bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
         checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
+        keys=_run_keys(config, out),
     )
     (out / "config.json").write_text(config.to_json())
     return config
+
+
+def _run_keys(config: RunConfig, out: Path) -> str | None:
+    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
+    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
+    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
+    if not (config.auth or config.keys):
+        return None
+    directory = Path(config.keys or out / "keys")
+    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
+        auth.make_keys(directory)
+    return str(directory)
+
+
+def _client_key_args(config: RunConfig) -> list[str]:
+    """The `--keys` option of the run's workers and evaluator (none without keys)."""
+    return ["--keys", config.keys, "--key-name", auth.WORKER] if config.keys else []
 
 
 def _start(
@@ -148,7 +168,7 @@ def _start(
     cluster.start(
         "evaluator",
         base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-                "--interval", repr(eval_interval), "--t0", repr(t0)],
+                "--interval", repr(eval_interval), "--t0", repr(t0), *_client_key_args(config)],
     )  # fmt: skip
     cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
     for index in range(config.workers):
@@ -157,7 +177,7 @@ def _start(
         cluster.start(
             f"worker.{index}",
             base + ["worker", "--connect", endpoint, "--report", str(out / "worker-{rank}.json"),
-                    "--quiet"],
+                    "--quiet", *_client_key_args(config)],
         )  # fmt: skip
     return endpoint
 

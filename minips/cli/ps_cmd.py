@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from minips.cli.progress import ProgressBar
 from minips.config import RunConfig, config_options
+
+if TYPE_CHECKING:
+    from minips.auth import ClientKeys
 
 
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
@@ -115,6 +119,25 @@ run = run_command()
 server = server_command()
 
 
+def client_key_options(command: Callable) -> Callable:
+    """`--keys DIR` and `--key-name NAME`: a client's CURVE keys (docs/protocol.md 15)."""
+    command = click.option(
+        "--key-name", default="worker", show_default=True,
+        help="This client's key pair in --keys: NAME.key_secret.",
+    )(command)  # fmt: skip
+    return click.option(
+        "--keys", type=click.Path(file_okay=False),
+        help="Key directory (minips keys) with server.key and this client's key pair.",
+    )(command)  # fmt: skip
+
+
+def client_keys(directory: str | None, name: str) -> ClientKeys | None:
+    """A client's CURVE keys from a key directory (None: no directory, no CURVE)."""
+    from minips.auth import load_client_keys
+
+    return load_client_keys(directory, name) if directory else None
+
+
 @click.command()
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
 @click.option("--slowdown", type=click.FloatRange(min=1), default=None,
@@ -126,6 +149,7 @@ server = server_command()
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
 @click.option("--quiet", is_flag=True)
+@client_key_options
 def worker(
     connect: str,
     slowdown: float | None,
@@ -134,6 +158,8 @@ def worker(
     timeout: float,
     report: str | None,
     quiet: bool,
+    keys: str | None,
+    key_name: str,
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
     from minips.client import PSClient
@@ -142,7 +168,7 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.worker import Worker, write_report
 
-    with PSClient(connect, timeout=timeout) as client:
+    with PSClient(connect, timeout=timeout, keys=client_keys(keys, key_name)) as client:
         result = Worker(client, data_dir, slowdown, max_steps).run()
         client.bye()
     if report:
@@ -159,8 +185,15 @@ def worker(
 @click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--t0", type=float, default=None, hidden=True)
+@client_key_options
 def evaluate(
-    connect: str, metrics_path: str, interval: float, data_dir: str | None, t0: float | None
+    connect: str,
+    metrics_path: str,
+    interval: float,
+    data_dir: str | None,
+    t0: float | None,
+    keys: str | None,
+    key_name: str,
 ) -> None:
     """Pull the model now and then and test it, until the server stops."""
     from minips.client import PSClient
@@ -171,7 +204,7 @@ def evaluate(
     from minips.metrics import MetricsLog
 
     with (
-        PSClient(connect, timeout=30.0, retries=2) as client,
+        PSClient(connect, timeout=30.0, retries=2, keys=client_keys(keys, key_name)) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
         run_evaluator(client, metrics, interval, data_dir)
