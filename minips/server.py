@@ -58,7 +58,7 @@ class ServerOptions:
 
     bind: str = "tcp://127.0.0.1:*"
     world_size: int | None = None
-    heartbeat_timeout: float = 10.0
+    heartbeat_timeout: float = 30.0  # > a client's reply timeout (10 s): docs/protocol.md 7
     checkpoint_path: str | Path | None = None
     checkpoint_every: int = 0
     resume: str | Path | None = None

@@ -105,8 +105,8 @@ def test_clip_norm_is_an_option_that_reaches_the_server(tmp_path):
     assert "--clip-norm" in CliRunner().invoke(server_command(), ["--help"]).output
     # A live server built from it: a huge gradient moves the parameters by lr * 0.5 at most.
     lr = 0.1
-    config = RunConfig(model="mlp", dataset="synthetic", lr=lr, momentum=0.0, clip_norm=0.5, workers=1,
-                       bind="tcp://127.0.0.1:*")  # fmt: skip
+    config = RunConfig(model="mlp", dataset="synthetic", lr=lr, momentum=0.0, clip_norm=0.5,
+                       workers=1, bind="tcp://127.0.0.1:*")  # fmt: skip
     server = make_server(config)
     before = {name: value.copy() for name, value in server.store.params.items()}
     loop = threading.Thread(target=server.run, daemon=True)

@@ -144,8 +144,9 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
               help="Make each step take F times its compute time.")  # fmt: skip
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, help="Seconds to wait for each reply.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds to wait for each reply (keep it under the "
+              "server's heartbeat timeout, 30 s by default).")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
 @click.option("--quiet", is_flag=True)
@@ -204,7 +205,7 @@ def evaluate(
     from minips.metrics import MetricsLog
 
     with (
-        PSClient(connect, timeout=30.0, retries=2, keys=client_keys(keys, key_name)) as client,
+        PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
         run_evaluator(client, metrics, interval, data_dir)
