@@ -213,6 +213,9 @@ class RunConfig(ConfigBase):
     checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
                                     "updates (0: at the end).", minimum=0,
                                     server_option="checkpoint_every")
+    checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
+                                         "the model changed (0: never by time).", minimum=0,
+                                         server_option="checkpoint_interval")
     resume: str | None = setting(None, "Start from this checkpoint.", server_option="resume",
                                  cli_type=click.Path(dir_okay=False, exists=True))
     clip_norm: float = setting(ServerOptions.clip_norm, "Clip each push's gradients to this "

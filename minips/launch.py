@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from minips import auth
+from minips import auth, recovery
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import MinipsError
@@ -86,7 +86,7 @@ def run_local(
         # in flight, and the launcher must notice that at once rather than after retries.
         operator_keys = auth.load_client_keys(config.keys, auth.OPERATOR) if config.keys else None
         with PSClient(endpoint, timeout=1.0, retries=0, keys=operator_keys) as operator:
-            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress)
+            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress, config, out)
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
@@ -96,7 +96,8 @@ def run_local(
             report = json.loads(report_path.read_text())
             cluster.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
         cluster.kill_all()
-    return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
+    restarts = [restart.record() for restart in cluster.restarts]
+    return write_results(out, config.rule, config.workers, wall, cluster.exit_codes, restarts)
 
 
 def local_endpoint(out: Path) -> str:
@@ -120,6 +121,7 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for stale in RUN_OUTPUTS:
         (out / stale).unlink(missing_ok=True)
+    recovery.clear_restart_logs(out)
     config = replace(
         config,
         bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
@@ -157,11 +159,7 @@ def _start(
 ) -> str:
     """Start the server, then the evaluator, then the workers; return the server's address."""
     base = [sys.executable, "-m", "minips"]
-    cluster.start(
-        "server",
-        base + ["server", *config.server_args(), "--endpoint-file", str(out / "endpoint"),
-                "--updates-log", str(out / "updates.jsonl"), "--t0", repr(t0)],
-    )  # fmt: skip
+    start_server(cluster, config, out, t0)
     endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
     # The evaluator first: registered before any worker trains, it sees the first and
     # (the server waits for observers when stopping) the final parameters.
@@ -182,6 +180,35 @@ def _start(
     return endpoint
 
 
+def start_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -> None:
+    """Start the run's server process (again, after a crash: `config` then resumes)."""
+    generation = len(cluster.restarts)
+    name = "server" if generation == 0 else f"server-{generation}"
+    cluster.start(
+        "server",
+        [sys.executable, "-m", "minips", "server", *config.server_args(),
+         "--endpoint-file", str(out / "endpoint"),
+         "--updates-log", str(recovery.updates_log(out, generation)), "--t0", repr(t0)],
+        log_name=name,
+    )  # fmt: skip
+
+
+def restart_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -> bool:
+    """After the server died: start a new one on the same address from the last checkpoint
+    (minips.recovery). False when that is not possible (no checkpoint, too many restarts)."""
+    checkpoint = Path(config.checkpoint)
+    if len(cluster.restarts) >= recovery.MAX_RESTARTS or not checkpoint.exists():
+        return False
+    dead_log = recovery.updates_log(out, len(cluster.restarts))
+    restart = recovery.describe_restart(checkpoint, dead_log, cluster.code("server"))
+    cluster.restarts.append(restart)
+    endpoint = (out / "endpoint").read_text().strip()
+    (out / "endpoint").unlink()
+    start_server(cluster, replace(config, resume=str(checkpoint), bind=endpoint), out, t0)
+    cluster.wait_for_file(out / "endpoint", "server", timeout=60)
+    return True
+
+
 def _watch(
     cluster: _Cluster,
     operator: PSClient,
@@ -189,6 +216,8 @@ def _watch(
     total: int,
     eval_log: Path,
     progress: ProgressFn | None,
+    config: RunConfig,
+    out: Path,
 ) -> float:
     """Follow the run until the workers are done; stop the server; return the training time.
 
@@ -200,6 +229,8 @@ def _watch(
     while cluster.running("worker"):
         if cluster.exited("server"):
             if cluster.code("server") != 0:
+                if wall is None and restart_server(cluster, config, out, t0):
+                    continue  # a crash mid-run: a new server from the last checkpoint
                 cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
             wall = wall if wall is not None else time.monotonic() - t0
             if time.monotonic() - t0 - wall > 10:
@@ -256,9 +287,10 @@ class _Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
         self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
+        self.restarts: list[recovery.Restart] = []  # the server's, after crashes
 
-    def start(self, name: str, argv: list[str]) -> None:
-        with open(self.logs / f"{name}.log", "w") as log:
+    def start(self, name: str, argv: list[str], log_name: str | None = None) -> None:
+        with open(self.logs / f"{log_name or name}.log", "w") as log:
             self.procs[name] = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
             )

@@ -1,7 +1,8 @@
 """The run directory of `minips run`: where each process writes, and the merged results.
 
 RUN_DIR/config.json     the run's configuration (RunConfig.to_json)
-RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats)
+RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats);
+                        updates-N.jsonl: those of the Nth server restarted after a crash
 RUN_DIR/eval.jsonl      the evaluator's records
 RUN_DIR/worker-R.json   each worker's report (R: its rank)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
@@ -32,10 +33,20 @@ def latest_eval(path: Path) -> dict[str, Any]:
 
 
 def write_results(
-    out: Path, rule: str, workers: int, wall: float, exit_codes: dict[str, int | None]
+    out: Path,
+    rule: str,
+    workers: int,
+    wall: float,
+    exit_codes: dict[str, int | None],
+    restarts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Merge the processes' records into metrics.jsonl, write summary.json; return it."""
-    records = merge_logs([out / "updates.jsonl", out / "eval.jsonl"])
+    """Merge the processes' records into metrics.jsonl, write summary.json; return it.
+
+    restarts: the server's restarts after crashes (minips.recovery.Restart records).
+    """
+    from minips.recovery import update_logs
+
+    records = merge_logs([*update_logs(out), out / "eval.jsonl"])
     server_final = next((r for r in records if r.get("event") == "server"), {})
     records = [r for r in records if r.get("event") != "server"]
     reports = []
@@ -63,6 +74,9 @@ def write_results(
         "rule": rule,
         "workers": workers,
         "exit_codes": exit_codes,
+        "restarts": len(restarts or []),
+        "updates_lost": sum(restart["updates_lost"] for restart in restarts or []),
+        "restart_log": restarts or [],
     }
     with MetricsLog(out / "metrics.jsonl") as metrics:
         for record in records:

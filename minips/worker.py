@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, ServerError
+from minips.client import PSClient, PushReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.rules import WorkerSide, worker_side
@@ -118,7 +118,10 @@ class Worker:
         # exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
         report.extra_bytes += sum(values.nbytes for values in extra.values())
-        pushed = self.client.push(self.model.grads, base=self.version, extra=extra, samples=len(xb))
+        pushed = self._push_or_rewind(extra, samples=len(xb))
+        if pushed is None:  # the server went back to a checkpoint: pulled again, step lost
+            report.comm_s += time.monotonic() - tick
+            return True
         if pushed.stop and not pushed.applied:
             # It arrived after the run stopped: not trained on, so not counted.
             report.comm_s += time.monotonic() - tick
@@ -132,6 +135,20 @@ class Worker:
         if pushed.stop or stopped:
             report.stopped_by_server = True
         return not report.stopped_by_server
+
+    def _push_or_rewind(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
+        """Push this step's gradients; None when the server answers `bad_base`: it restarted
+        from a checkpoint older than our parameters (docs/protocol.md 7), so pull them all
+        again and go on from there (the gradient, of a version it forgot, is dropped)."""
+        try:
+            return self.client.push(
+                self.model.grads, base=self.version, extra=extra, samples=samples
+            )
+        except ServerError as exc:
+            if exc.code != "bad_base":
+                raise
+        self._pull(since=None)
+        return None
 
     def _join(self, hello: dict[str, Any]) -> tuple[Dataset, np.random.Generator]:
         """Set up from hello's reply (report, model, rule side); the shard and its shuffler."""
