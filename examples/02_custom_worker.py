@@ -55,7 +55,10 @@ def train(ps: PSClient, max_steps: int) -> None:
             )
         if pushed.stop:
             break
-    ps.bye()
+    # This loop runs a number of steps, not its shard's epochs: `finished=False` says so.
+    # (A plain `bye()` means "my shard is done"; once every rank is done the server ends
+    # the run by itself: docs/protocol.md 5.6.)
+    ps.bye(finished=False)
 
 
 def free_port() -> int:

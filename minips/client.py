@@ -234,10 +234,17 @@ class PSClient:
         """Heartbeat for long computations; returns the `stop` flag."""
         return self._worker_request({"op": "ping", "worker": self.worker_id}).header["stop"]
 
-    def bye(self) -> None:
-        """Leave the run (barriers stop waiting for this worker)."""
+    def bye(self, finished: bool = True) -> None:
+        """Leave the run (barriers stop waiting for this worker).
+
+        finished: False when leaving before the shard's epochs are done, so another worker
+        may take over the rank (docs/protocol.md 5.6).
+        """
+        header: dict[str, Any] = {"op": "bye", "worker": self.worker_id}
+        if not finished:
+            header["finished"] = False
         try:
-            self._request({"op": "bye", "worker": self.worker_id})
+            self._request(header)
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":

@@ -27,7 +27,9 @@ from typing import Any, TypeVar
 import click
 
 from minips.auth import ServerKeys, load_server_keys
+from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
+from minips.nn.zoo import MODEL_NAMES
 from minips.rules import RULES, RuleOption, make_rule
 from minips.server import ServerOptions
 
@@ -175,13 +177,14 @@ class RunConfig(ConfigBase):
 
     # fmt: off
     # what the worker trains: model, data, epochs, batch size, seed
-    model: str = setting("lenet5", "Model from the zoo.", commands=TRAIN_RUN_SERVER,
-                         to_workers=True)
-    dataset: str = setting("sample", "Dataset name (minips data list).",
-                           commands=TRAIN_RUN_SERVER, to_workers=True)
-    data_dir: str | None = setting(None, "Directory with the dataset's IDX files.",
-                                   commands=TRAIN_RUN_SERVER, to_workers=True,
-                                   cli_type=click.Path(file_okay=False))
+    model: str = setting("lenet5", "Model from the zoo (minips.nn).",
+                         commands=TRAIN_RUN_SERVER, to_workers=True, choices=MODEL_NAMES)
+    dataset: str = setting("sample", "Dataset (where each is found: minips data list).",
+                           commands=TRAIN_RUN_SERVER,
+                           to_workers=True, choices=DATASET_NAMES)
+    data_dir: str | None = setting(None, "Directory with the dataset's IDX files (only "
+                                   "there when given).", commands=TRAIN_RUN_SERVER,
+                                   to_workers=True, cli_type=click.Path(file_okay=False))
     epochs: int = setting(5, "Passes over the training data (a worker: over its shard).",
                           commands=TRAIN_RUN_SERVER, to_workers=True, minimum=1)
     batch_size: int = setting(64, "Samples per gradient.", commands=TRAIN_RUN_SERVER,
@@ -216,7 +219,9 @@ class RunConfig(ConfigBase):
     checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
                                          "the model changed (0: never by time).", minimum=0,
                                          server_option="checkpoint_interval")
-    resume: str | None = setting(None, "Start from this checkpoint.", server_option="resume",
+    resume: str | None = setting(None, "Start from this checkpoint (a server's, or "
+                                 "`minips train --save`'s).", server_option="resume",
+                                 commands=TRAIN_RUN_SERVER,
                                  cli_type=click.Path(dir_okay=False, exists=True))
     clip_norm: float = setting(ServerOptions.clip_norm, "Clip each push's gradients to this "
                                "global L2 norm (0: never).", minimum=0,

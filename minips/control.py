@@ -48,8 +48,7 @@ class Control:
         world_size = server.registry.current_world_size()
         config = {**server.config, "rank": worker.rank, "world_size": world_size}
         config.setdefault("rule", server.rule.describe())
-        role = "observer" if worker.observer else f"worker (rank {worker.rank})"
-        log.info("%s registered as %s", worker_id, role)
+        log.info("%s registered", describe(worker))
         header = {
             "op": "hello",
             "worker": worker_id,
@@ -74,9 +73,18 @@ class Control:
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
         worker = server.sender(envelope, request)
-        worker.finished = True
-        self.retire(worker, "said bye")
+        worker.finished = request.header.get("finished", True) and not worker.observer
+        self.retire(worker, "said bye" if worker.finished or worker.observer else "left unfinished")
         server.reply(envelope, {"op": "bye"}, worker=worker)
+        self.stop_if_all_finished()
+
+    def stop_if_all_finished(self) -> None:
+        """A run with a fixed world size ends once every rank's shard is finished (each
+        worker said `bye` after its epochs): the server stops by itself (docs/protocol.md 5.6)."""
+        if not self.server.stopping and self.server.registry.all_finished():
+            log.info("every worker finished its epochs: stopping")
+            self.server.finished_by_workers = True
+            self.begin_stop()
 
     def stop(self, envelope: Envelope, request: Message) -> None:
         guard.require_operator(envelope.origin, self.server.options.keys)
@@ -98,15 +106,14 @@ class Control:
         """Declare workers dead that have sent nothing for the heartbeat timeout."""
         for worker in self.server.registry.silent(now, self.server.options.heartbeat_timeout):
             silent = now - worker.last_seen
-            log.warning("worker %s (rank %d) silent for %.1f s: declared dead",
-                        worker.worker_id, worker.rank, silent)  # fmt: skip
+            log.warning("%s silent for %.1f s: declared dead", describe(worker), silent)
             self.retire(worker, "heartbeat timeout")
 
     def retire(self, worker: WorkerState, why: str) -> None:
         """Take a worker out of the live set (bye, death, replaced) and tell the rule."""
         worker.alive = False
         worker.held_pull = None
-        log.info("worker %s (rank %d) left: %s", worker.worker_id, worker.rank, why)
+        log.info("%s left: %s", describe(worker), why)
         if not worker.observer:
             self.server.carry_out(self.server.rule.on_worker_left(worker))
             self.server.release_pulls()
@@ -126,7 +133,8 @@ class Control:
             raise ConfigError("no checkpoint path configured")
         counters = self.server.telemetry.counters
         meta = {"rule": self.server.rule.name, "updates": counters.updates,
-                "samples": counters.samples, "time": time.time()}  # fmt: skip
+                "samples": counters.samples, "time": time.time(),
+                "spec": self.server.config.get("model")}  # fmt: skip
         path = self.server.store.save(self.server.options.checkpoint_path, meta)
         log.info("checkpoint at version %d -> %s", self.server.store.version, path)
         return path
@@ -144,3 +152,10 @@ class Control:
             **self.server.telemetry.counters.summary(),
             "workers": [w.row(now) for w in self.server.registry.by_id.values()],
         }
+
+
+def describe(worker: WorkerState) -> str:
+    """ "worker ab12 (rank 1)" or "observer cd34" (an observer holds no rank), for logs."""
+    if worker.observer:
+        return f"observer {worker.worker_id}"
+    return f"worker {worker.worker_id} (rank {worker.rank})"

@@ -66,10 +66,12 @@ def run_local(
     eval_interval: float = 2.0,
     progress: ProgressFn | None = None,
     startup_timeout: float = 60.0,
+    on_start: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
-    The run directory's files are described in minips.runlog.
+    The run directory's files are described in minips.runlog. on_start(endpoint): called
+    once every process is started (`minips run --dashboard` starts its page there).
     """
     out = Path(out_dir)
     config = _prepare_run_dir(config, out)
@@ -78,6 +80,8 @@ def run_local(
     cluster = _Cluster(out / "logs", env)
     try:
         endpoint = _start(cluster, config, out, t0, eval_interval, startup_timeout)
+        if on_start is not None:
+            on_start(endpoint)
         total = 0  # the progress bar's length; loading the data for it only when shown
         if progress is not None:
             total = config.epochs * _train_size(config)
@@ -309,7 +313,9 @@ class _Cluster:
     def check_alive(self, name: str) -> None:
         code = self.procs[name].poll()
         if code is not None:
-            raise MinipsError(f"{name} exited with code {code}: {self._last_line(name)}")
+            # Its last line is usually its own "error: ..." line: not "error: ... error:".
+            last = self._last_line(name).removeprefix("error: ")
+            raise MinipsError(f"{name} exited with code {code}: {last}")
 
     def wait_for_file(self, path: Path, name: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout

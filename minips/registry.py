@@ -48,7 +48,7 @@ class WorkerState:
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
     alive: bool = True
-    finished: bool = False  # left with `bye`: its rank (and so its shard) is done, not free
+    finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
@@ -199,8 +199,11 @@ class WorkerRegistry:
             old = None
         others = [w for w in self.live() if w is not old]
         taken = {w.rank for w in others}
-        taken |= {w.rank for w in self.by_id.values() if w.finished and w is not old}
-        if old is not None and old.rank not in taken:
+        finished = {w.rank for w in self.by_id.values() if w.finished and w is not old}
+        taken |= finished
+        if info.get("rank") is not None:
+            rank = self.requested_rank(info["rank"], others, finished)
+        elif old is not None and old.rank not in taken:
             rank = old.rank
         else:
             rank = next(r for r in range(len(taken) + 1) if r not in taken)
@@ -218,6 +221,39 @@ class WorkerRegistry:
                 del self.by_id[old_id]
                 return
         raise ProtocolError(f"{MAX_REGISTERED} workers are registered already", "full")
+
+    def requested_rank(self, rank: Any, others: list[WorkerState], finished: set[int]) -> int:
+        """The rank a hello's `info.rank` asks for, if free (docs/protocol.md 5.1).
+
+        A restarted worker takes over a shard this way: the rank of a worker declared dead
+        or that left unfinished (`bye` with `finished: false`). ProtocolError `bad_field`
+        for a rank that is not a uint, `full` for one outside 0..world_size-1, held by a
+        live worker, or whose shard is finished.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ProtocolError(f"info.rank must be a uint, got {rank!r}", "bad_field")
+        if self.world_size is not None and rank >= self.world_size:
+            raise ProtocolError(
+                f"rank {rank} requested, the run has ranks 0..{self.world_size - 1}", "full"
+            )
+        holder = next((w for w in others if w.rank == rank), None)
+        if holder is not None:
+            raise ProtocolError(
+                f"rank {rank} is held by live worker {holder.worker_id} (a silent worker's "
+                f"rank is freed {self.grace:g} s after its last request)",
+                "full",
+            )
+        if rank in finished:
+            raise ProtocolError(f"rank {rank} has finished its shard (its worker said bye)", "full")
+        return rank
+
+    def all_finished(self) -> bool:
+        """True once every rank 0..world_size-1 was finished by a worker that said `bye`
+        (with a fixed world size, and no worker live any more)."""
+        if self.world_size is None or self.live():
+            return False
+        finished = {w.rank for w in self.by_id.values() if w.finished and not w.observer}
+        return finished >= set(range(self.world_size))
 
     def update_assembly(self, now: float) -> None:
         """End the assembly once world_size workers came or the grace ran out."""

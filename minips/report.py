@@ -57,7 +57,7 @@ def load_run(path: str | Path) -> Run:
     """
     root = Path(path)
     if root.is_file():
-        raise RunDirError(f"{root}: a file; give the run directory that holds it")
+        return load_train_metrics(root)
     if not root.is_dir():
         raise RunDirError(f"{root}: no such run directory")
     try:
@@ -81,6 +81,27 @@ def load_run(path: str | Path) -> Run:
     )
     summary = {key: value for key, value in summary.items() if key != "event"}
     return Run(root, config, summary, records, complete)
+
+
+def load_train_metrics(path: Path) -> Run:
+    """`minips train --metrics FILE` as a Run of one worker (rule "train"), so the
+    single-process baseline is reported and plotted beside distributed runs.
+
+    RunDirError for any other file (a run's own files are read through its directory).
+    """
+    try:
+        records = read_metrics(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        records = []
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    if summary is None or "config" not in summary:
+        raise RunDirError(
+            f"{path}: a file that is not `minips train --metrics` output; "
+            "give a run directory (`minips run --out DIR`) or a train metrics file"
+        )
+    config = {**summary["config"], "rule": "train", "workers": 1}
+    summary = {key: value for key, value in summary.items() if key not in ("event", "config")}
+    return Run(path, config, {**summary, "rule": "train", "workers": 1}, records, True)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -231,6 +252,9 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     if not summary and evals:  # an interrupted run: what the logs can tell
         summary = {"accuracy": evals[-1].get("accuracy"), "loss": evals[-1].get("loss"),
                    "updates": len(updates), "samples": evals[-1].get("samples")}  # fmt: skip
+        times = [r["time"] for r in run.records if isinstance(r.get("time"), (int, float))]
+        if times:
+            summary["logged_s"] = max(times)  # the last record: a lower bound of the wall time
     result: dict[str, Any] = {
         "run": run.name,
         "path": str(run.path),
@@ -300,6 +324,19 @@ def _num(value: Any, spec: str = ".2f") -> str:
     return format(value, spec) if isinstance(value, float) else str(value)
 
 
+def plural(count: Any, noun: str) -> str:
+    """ "1 worker", "4 workers" ("? workers" when the count is unknown)."""
+    return f"{count if count is not None else '?'} {noun}{'' if count == 1 else 's'}"
+
+
+def _wall_text(wall: float | None, logged: float | None) -> str:
+    """ "wall 12.30 s"; for an interrupted run "logged 8.31 s" (its last record) or nothing
+    known: "wall unknown"."""
+    if wall is not None:
+        return f"wall {wall:.2f} s"
+    return f"logged {logged:.2f} s" if logged is not None else "wall unknown"
+
+
 def _staleness_row(name: str, slow: str, steps: Any, dist: dict[str, Any], scale: Any) -> str:
     hist = dist.get("histogram") or {}
     bins = " ".join(f"{label}:{count}" for label, count in hist.items() if count)
@@ -317,7 +354,7 @@ def format_report(report: dict[str, Any]) -> str:
     if not report["complete"]:
         lines.append("  INCOMPLETE: no metrics.jsonl (interrupted?); read from the partial logs")
     lines.append(
-        f"  {cfg.get('rule')}, {cfg.get('workers')} workers"
+        f"  {cfg.get('rule')}, {plural(cfg.get('workers'), 'worker')}"
         + (f" (hetero {','.join(f'{f:g}' for f in cfg['hetero'])})" if cfg.get("hetero") else "")
         + f", {cfg.get('model')} on {cfg.get('dataset')}, "
         + (
@@ -331,7 +368,7 @@ def format_report(report: dict[str, Any]) -> str:
     rate = f" ({samples / wall:.0f}/s)" if wall and samples else ""
     lines.append(
         f"  accuracy {_num(s.get('accuracy'), '.4f')}  loss {_num(s.get('loss'), '.4f')}"
-        f"  wall {_num(wall, '.2f')} s  samples {_num(samples)}{rate}"
+        f"  {_wall_text(wall, s.get('logged_s'))}  samples {_num(samples)}{rate}"
         f"  updates {_num(s.get('updates'))}"
     )
     lines.append(

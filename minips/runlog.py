@@ -17,11 +17,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-from minips.errors import MinipsError
+from minips.errors import MinipsError, RunDirError
 from minips.metrics import MetricsLog, merge_logs, read_metrics
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = ("endpoint", "updates.jsonl", "eval.jsonl", "metrics.jsonl", "summary.json")
+
+
+# Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
+# reusing a run directory with `minips run --force` removes first.
+RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "worker-*.json", "logs/*.log")
+
+
+def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
+    """Make `out` a fresh run directory: RunDirError if it already holds files, unless
+    `force`, which removes a previous run's files (RUN_FILES; `keep`, a checkpoint to resume
+    from, stays) so no old report or log is mixed into the new run."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RunDirError(f"--out {out}: a file, not a directory")
+    if not force:
+        if any(out.iterdir()):
+            raise RunDirError(
+                f"--out {out} already holds files (a previous run?); "
+                "choose a new directory or add --force to replace that run"
+            )
+        return
+    kept = keep.resolve() if keep is not None else None
+    for pattern in RUN_FILES:
+        for path in out.glob(pattern):
+            if path.is_file() and path.resolve() != kept:
+                path.unlink()
 
 
 def latest_eval(path: Path) -> dict[str, Any]:

@@ -134,6 +134,7 @@ class ParameterServer:
         self.stopping = False  # replies carry `stop`; pushes are no longer applied
         self._stop_requested = False  # set from a signal handler or another thread
         self._stop_deadline = 0.0
+        self.finished_by_workers = False  # stopped because every rank finished its shard
         if options.resume:
             self.resume(options.resume)
         self._checkpointed = (time.monotonic(), self.store.version)  # when, at which version

@@ -25,10 +25,16 @@ class ParameterStore:
     """Named float32 parameters updated in place by an SGD optimizer, with versions.
 
     params: name -> array (float32, C-contiguous), in model order; the very dict the
-    optimizer was built on (`SGD(params, ...)`), because SGD updates those arrays in place.
+    optimizer was built on (`SGD(params, ...)`). On the server (`in_place` False) every
+    version of a parameter is a new read-only array that replaces the old one in `params`:
+    a pull reply can send it without a copy. `in_place` True keeps the caller's arrays and
+    changes them in place: the single-process trainer, whose model computes with them,
+    uses the store only for its checkpoint format.
     """
 
-    def __init__(self, params: dict[str, np.ndarray], optimizer: SGD) -> None:
+    def __init__(
+        self, params: dict[str, np.ndarray], optimizer: SGD, in_place: bool = False
+    ) -> None:
         if not params:
             raise ConfigError("the parameter server needs at least one parameter")
         for name, array in params.items():
@@ -40,12 +46,14 @@ class ParameterStore:
             raise ConfigError("the optimizer must be built on the same params dict")
         self.params = params
         self.optimizer = optimizer
+        self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `apply`).
-        for name, array in params.items():
-            params[name] = _published(array.copy())
+        if not in_place:
+            for name, array in params.items():
+                params[name] = _published(array.copy())
 
     def check_push(self, base: int, grads: dict[str, np.ndarray]) -> None:
         """Check a push's `base` and decoded gradients against the parameters.
@@ -86,9 +94,12 @@ class ParameterStore:
         """
         self.version += 1
         for name, grad, scale in steps:
-            fresh = np.empty_like(self.params[name])
-            self.optimizer.step_one(name, grad, scale, out=fresh)
-            self.params[name] = _published(fresh)
+            if self.in_place:
+                self.optimizer.step_one(name, grad, scale)
+            else:
+                fresh = np.empty_like(self.params[name])
+                self.optimizer.step_one(name, grad, scale, out=fresh)
+                self.params[name] = _published(fresh)
             self.param_versions[name] = self.version
         return self.version
 
@@ -142,6 +153,7 @@ class ParameterStore:
                 contents = {key: data[key] for key in data.files}
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read checkpoint {path}: {exc}") from None
+        contents = _from_model_file(contents)
         names = [key[len("param/") :] for key in contents if key.startswith("param/")]
         if sorted(names) != sorted(self.params):
             raise ShapeError(
@@ -155,7 +167,11 @@ class ParameterStore:
                     f"the model has {param.shape}"
                 )
         for name, param in self.params.items():
-            self.params[name] = _published(contents[f"param/{name}"].astype(param.dtype))
+            saved = contents[f"param/{name}"]
+            if self.in_place:
+                param[...] = saved
+            else:
+                self.params[name] = _published(saved.astype(param.dtype))
             self.param_versions[name] = int(contents[f"param_version/{name}"])
         self.version = int(contents["version"])
         self.optimizer.load_state_dict(
@@ -168,3 +184,20 @@ def _published(array: np.ndarray) -> np.ndarray:
     """Mark a parameter version read-only: it may be in flight in a pull reply."""
     array.flags.writeable = False
     return array
+
+
+def _from_model_file(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A file of `Sequential.save` (parameters by bare name, "__minips__" metadata) as the
+    arrays of a checkpoint at version 0 without optimizer state; a checkpoint unchanged.
+
+    So an older model file can start a distributed run; `minips train --save` itself now
+    writes checkpoints (docs/architecture.md).
+    """
+    if any(key.startswith("param/") for key in contents) or "version" in contents:
+        return contents
+    meta = contents.pop("__minips__", np.array("{}"))
+    converted: dict[str, np.ndarray] = {"meta": meta, "version": np.array(0, np.int64)}
+    for name, array in contents.items():
+        converted[f"param/{name}"] = array
+        converted[f"param_version/{name}"] = np.array(0, np.int64)
+    return converted

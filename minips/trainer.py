@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from minips.errors import ConfigError
 from minips.metrics import MetricsLog, ProgressFn
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.optim import SGD
+from minips.store import ParameterStore
 
 
 @dataclass
@@ -56,16 +58,25 @@ def train(
     metrics: MetricsLog | None = None,
     progress: ProgressFn | None = None,
     dataset: Dataset | None = None,
+    save: str | Path | None = None,
 ) -> tuple[Sequential, TrainResult]:
     """Train `config.model` on `config.dataset`; returns the model and the final result.
 
     `dataset` may be passed in (tests use synthetic data) instead of loading by name.
+    `config.resume`: start from a checkpoint (a server's, or one saved here). `save`: write
+    the final parameters and optimizer state as a checkpoint, the server's format
+    (minips.store), its version the number of steps taken, so `minips run --resume` can
+    continue from it.
     """
     config.validate()
     metrics = metrics if metrics is not None else MetricsLog(None)
     data = dataset if dataset is not None else load_dataset(config.dataset, config.data_dir)
     model = build_model(config.model, seed=config.seed)
-    optimizer = SGD(model.params, config.lr, config.momentum, config.weight_decay)
+    params = model.params  # one dict: the store and the optimizer must share it
+    optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
+    store = ParameterStore(params, optimizer, in_place=True)  # the server's checkpoint format
+    if config.resume:
+        store.load(config.resume)
     rng = np.random.default_rng(config.seed)
 
     total = config.epochs * len(data.x_train)
@@ -105,4 +116,16 @@ def train(
     wall = time.monotonic() - start
     result = TrainResult(latest["accuracy"], latest["loss"], wall, samples, steps)
     metrics.write("summary", **asdict(result), config=asdict(config))
+    if save is not None:
+        save_checkpoint(store, save, steps, model.spec)
     return model, result
+
+
+def save_checkpoint(
+    store: ParameterStore, path: str | Path, steps: int, spec: dict | None = None
+) -> Path:
+    """Write the trained parameters as a server checkpoint: every step counted as one
+    update, so version and parameter versions advance by `steps`."""
+    store.version += steps
+    store.param_versions = dict.fromkeys(store.params, store.version)
+    return store.save(path, {"trainer": "minips train", "updates": steps, "spec": spec})

@@ -70,7 +70,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "ping": {"worker": _WORKER},
     "stats": {},
-    "bye": {"worker": _WORKER},
+    "bye": {"worker": _WORKER, "finished": ("bool", False)},
     "stop": {},
     "checkpoint": {},
 }

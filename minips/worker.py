@@ -20,6 +20,7 @@ import numpy as np
 
 from minips.client import PSClient, PushReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
+from minips.metrics import ProgressFn
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.rules import WorkerSide, worker_side
 
@@ -38,6 +39,7 @@ class WorkerReport:
     comm_s: float = 0.0  # push + pull, including time waiting on the rule (ssgd, ssp)
     wall_s: float = 0.0
     stopped_by_server: bool = False
+    finished: bool = False  # every epoch of its shard trained (its `bye` says so)
     extra_bytes: int = 0  # rule extras sent with the pushes (VSGD samples)
     staleness: list[int] = field(default_factory=list)  # clock staleness of each push
 
@@ -56,6 +58,9 @@ class Worker:
     data_dir: this machine's copy of the dataset (default: the config's). slowdown: make
     each step take F times its compute time (default: the config's `hetero[rank]`).
     max_steps: stop after this many steps (default: the config's epochs bound it).
+    rank: ask the server for this rank (a restarted worker taking over a shard), in
+    hello's `info` (docs/protocol.md 5.1). progress: called after every step with the
+    samples done, the shard's samples over all epochs, and {"train_loss", "updates"}.
     """
 
     def __init__(
@@ -64,8 +69,13 @@ class Worker:
         data_dir: str | None = None,
         slowdown: float | None = None,
         max_steps: int | None = None,
+        rank: int | None = None,
+        progress: ProgressFn | None = None,
     ) -> None:
         self.client = client
+        self.rank = rank
+        self.progress = progress
+        self._latest: dict[str, Any] = {}  # what the progress callback shows
         self.data_dir = data_dir
         self.slowdown = slowdown
         self.max_steps = max_steps
@@ -79,7 +89,7 @@ class Worker:
         """Train until the epoch budget from the config ends or the server says stop."""
         start = time.monotonic()
         try:
-            hello = self.client.hello({"role": "worker", "pid": os.getpid()})
+            hello = self.client.hello(self.hello_info())
         except ServerError as exc:
             if exc.code != "stopping":
                 raise
@@ -90,6 +100,7 @@ class Worker:
         tick = time.monotonic()
         self.report.stopped_by_server = self._pull(since=None)
         self.report.comm_s += time.monotonic() - tick
+        total = int(config["epochs"]) * len(shard.y_train)
         for _epoch in range(int(config["epochs"])):
             if self.report.stopped_by_server or self._budget_spent():
                 break
@@ -97,8 +108,18 @@ class Worker:
             for xb, yb in batches:
                 if not self.step(xb, yb) or self._budget_spent():
                     break
+                if self.progress is not None:
+                    self.progress(self.report.samples, total, self._latest)
+        self.report.finished = self.report.samples >= total
         self.report.wall_s = time.monotonic() - start
         return self.report
+
+    def hello_info(self) -> dict[str, Any]:
+        """hello's `info`: role and pid (shown in stats), and the rank asked for, if any."""
+        info: dict[str, Any] = {"role": "worker", "pid": os.getpid()}
+        if self.rank is not None:
+            info["rank"] = self.rank
+        return info
 
     def step(self, xb: np.ndarray, yb: np.ndarray) -> bool:
         """One batch xb (B, C, H, W), yb (B,): gradients, push, pull. False: the server stopped.
@@ -109,7 +130,7 @@ class Worker:
         report = self.report
         tick = time.monotonic()
         logits = self.model.forward(xb, train=True)  # (B, K)
-        _, dlogits = softmax_cross_entropy(logits, yb)
+        loss, dlogits = softmax_cross_entropy(logits, yb)
         self.model.backward(dlogits)
         self._slow_down(compute=time.monotonic() - tick)
 
@@ -128,6 +149,7 @@ class Worker:
             report.stopped_by_server = True
             return False
         report.staleness.append(int(pushed.staleness))
+        self._latest.update(train_loss=float(loss), updates=int(pushed.version))
         report.steps += 1
         report.samples += len(xb)
         stopped = self._pull(since=self.version)

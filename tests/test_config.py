@@ -21,7 +21,14 @@ from minips.rules import RULES
 from minips.server import ServerOptions
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
-RUN_OWN = ("out", "eval_interval", "quiet")  # `minips run`'s options that are not the config's
+RUN_OWN = (
+    "out",
+    "eval_interval",
+    "force",
+    "dashboard",
+    "dashboard_listen",
+    "quiet",
+)  # `minips run`'s options that are not the config's
 SERVER_OWN = ("endpoint_file", "updates_log", "t0", "verbose")
 
 
@@ -144,7 +151,7 @@ def test_train_takes_the_training_fields_and_its_own():
     names = [f for f in TrainConfig.__dataclass_fields__]
     assert names == [
         "model", "dataset", "data_dir", "epochs", "batch_size", "seed", "lr", "momentum",
-        "weight_decay", "eval_every",
+        "weight_decay", "resume", "eval_every",
     ]  # fmt: skip
     assert TrainConfig().lr == RunConfig().lr
     with pytest.raises(ConfigError, match="eval every must be >= 0"):

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.data import IDX_FILES, SAMPLE_DIR, write_idx
+from minips.data import IDX_FILES, write_idx
 from minips.data.synthetic import make_synthetic
 
 FILENAMES = [f"{stem}.gz" for stem in IDX_FILES.values()]
@@ -35,7 +35,7 @@ def test_list_shows_where_each_dataset_is(tmp_path, isolated_env):
     assert result.exit_code == 0, result.output
     rows = dict(line.split(None, 1) for line in result.output.splitlines())
     assert rows == {
-        "sample": str(SAMPLE_DIR),
+        "sample": "not found",  # an explicit --data-dir is the only place looked in
         "fashion-mnist": "not found",
         "mnist": str(data_dir / "mnist"),
         "synthetic": "generated from the seed",

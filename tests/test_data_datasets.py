@@ -39,26 +39,29 @@ def places(tmp_path):
     return roots
 
 
-def lookup(name, places, **kw):
-    return find_dataset(
-        name, places["data_dir"], system_dir=places["system"], cache_dir=places["cache"], **kw
-    )
+def lookup(name, places, data_dir=False, **kw):
+    """find_dataset with the fixture's roots; `data_dir`: pass places["data_dir"] too."""
+    given = places["data_dir"] if data_dir else None
+    return find_dataset(name, given, system_dir=places["system"], cache_dir=places["cache"], **kw)
 
 
-def load(name, places, seed=0):
-    return load_dataset(
-        name, places["data_dir"], seed, system_dir=places["system"], cache_dir=places["cache"]
-    )
+def load(name, places, seed=0, data_dir=False):
+    given = places["data_dir"] if data_dir else None
+    return load_dataset(name, given, seed, system_dir=places["system"], cache_dir=places["cache"])
 
 
-def test_lookup_order_data_dir_then_system_then_cache(places):
+def test_lookup_order_data_dir_alone_else_system_then_cache(places):
     write_fake_dataset(places["data_dir"] / "mnist", n_train=30)
     write_fake_dataset(places["system"] / "mnist", n_train=40)
     write_fake_dataset(places["cache"] / "mnist", n_train=50)
-    assert lookup("mnist", places) == str(places["data_dir"] / "mnist")
-    assert len(load("mnist", places).y_train) == 30
+    assert lookup("mnist", places, data_dir=True) == str(places["data_dir"] / "mnist")
+    assert len(load("mnist", places, data_dir=True).y_train) == 30
 
     (places["data_dir"] / "mnist" / "t10k-labels-idx1-ubyte.gz").unlink()  # now incomplete
+    # An explicit data_dir is authoritative: no silent fallback to other data.
+    assert lookup("mnist", places, data_dir=True) is None
+    with pytest.raises(DataError, match="is the only place looked in"):
+        load("mnist", places, data_dir=True)
     assert lookup("mnist", places) == str(places["system"] / "mnist")
     assert len(load("mnist", places).y_train) == 40
 
@@ -69,8 +72,9 @@ def test_lookup_order_data_dir_then_system_then_cache(places):
 
 def test_data_dir_may_hold_the_files_directly(places):
     write_fake_dataset(places["data_dir"], n_train=30)
-    assert lookup("fashion-mnist", places) == str(places["data_dir"])
+    assert lookup("fashion-mnist", places, data_dir=True) == str(places["data_dir"])
     # ... but a bare directory of files is never mistaken for the bundled sample.
+    assert lookup("sample", places, data_dir=True) is None
     assert lookup("sample", places) == str(SAMPLE_DIR)
 
 
@@ -105,7 +109,7 @@ def test_missing_dataset_says_where_it_looked_and_what_to_do(places, name, hint)
     message = str(exc.value)
     assert "\n" not in message
     assert f"dataset {name!r} not found" in message and hint in message
-    for root in places.values():
+    for root in (places["system"], places["cache"]):
         assert str(root / name) in message
 
 
@@ -115,6 +119,8 @@ def test_missing_message_names_the_missing_files_of_an_incomplete_set(places):
     with pytest.raises(DataError) as exc:
         load("mnist", places)
     assert f"{places['cache'] / 'mnist'} (missing t10k-images-idx3-ubyte[.gz])" in str(exc.value)
+    with pytest.raises(DataError) as exc:
+        load("mnist", places, data_dir=True)
     assert f"{places['data_dir']} (no IDX files)" in str(exc.value)
 
 
@@ -131,7 +137,7 @@ def test_corrupt_file_in_dataset_dir_is_a_one_line_error(places):
     path = directory / "train-images-idx3-ubyte.gz"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: corrupt gzip stream"):
-        load("mnist", places)
+        load("mnist", places, data_dir=True)
 
 
 @pytest.mark.parametrize(
@@ -150,7 +156,7 @@ def test_wrong_dimensions_or_labels(places, role, array, fragment):
     write_fake_dataset(directory, n_train=40, n_test=20)
     write_idx(directory / f"{IDX_FILES[role]}.gz", array)
     with pytest.raises(DataError) as exc:
-        load("mnist", places)
+        load("mnist", places, data_dir=True)
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
 
 

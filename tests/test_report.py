@@ -147,7 +147,7 @@ def test_missing_and_non_run_directories_are_one_line_errors(tmp_path):
     with pytest.raises(RunDirError, match="not a run directory"):
         load_run(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("")
-    with pytest.raises(RunDirError, match="a file; give the run directory"):
+    with pytest.raises(RunDirError, match="not `minips train --metrics` output; give a run dir"):
         load_run(tmp_path / "metrics.jsonl")
     (tmp_path / "metrics.jsonl").write_text("{not json\n")
     with pytest.raises(RunDirError, match="not valid JSON"):

@@ -124,7 +124,7 @@ def test_named_rule_options_reach_the_rule():
         # The options exactly as `minips run` parses them from the command line.
         args = ["--rule", rule, "--model", "mlp", "--dataset", "synthetic", *flags]
         values = run_command().make_context("run", args).params
-        for own in ("out", "eval_interval", "quiet"):
+        for own in ("out", "eval_interval", "force", "dashboard", "dashboard_listen", "quiet"):
             values.pop(own)
         return RunConfig.from_options(values).rule_options
 

@@ -81,8 +81,8 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "resnet999"], "unknown model"),
-        (["--dataset", "imagenet"], "unknown dataset"),
+        (["--model", "resnet999"], "--model"),
+        (["--dataset", "imagenet"], "--dataset"),
         (["--dataset", "mnist", "--data-dir", "/nonexistent/minips"], "mnist"),
         (["--epochs", "0"], "--epochs"),
         (["--lr", "-1"], "--lr"),

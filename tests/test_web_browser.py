@@ -15,7 +15,7 @@ from test_web_support import Chromium, quiet_env, require_browser, server_proces
 
 from minips.client import PSClient
 from minips.data import load_dataset
-from minips.nn import build_model
+from minips.nn import build_model, load_model
 
 pytestmark = pytest.mark.slow
 # As tests/test_launch.py: 2000 training examples, so a shard of 1000 is 16 steps of 64.
@@ -51,12 +51,28 @@ def _done(browser, session):
     return status if status.get("state") == "done" else None
 
 
+def _final_stats(updates_log) -> dict:
+    """The server's last `stats` (written to --updates-log as it exits: a server whose
+    workers all finished their epochs ends the run by itself, docs/protocol.md 5.6)."""
+    records = [json.loads(line) for line in updates_log.read_text().splitlines()]
+    return next(r["stats"] for r in records if r["event"] == "server")
+
+
+def _checkpoint_accuracy(path) -> float:
+    """Test accuracy of the mlp parameters in a server checkpoint, computed with NumPy."""
+    return _accuracy(load_model(path).params)
+
+
 def _server_accuracy(endpoint: str) -> float:
     """Test accuracy of the server's current mlp parameters, computed with NumPy."""
     with PSClient(endpoint) as observer:
         observer.hello({"role": "observer"})
         params = observer.pull().params
         observer.bye()
+    return _accuracy(params)
+
+
+def _accuracy(params) -> float:
     model = build_model("mlp")
     model.set_params(params, strict=True)
     data = load_dataset("synthetic")
@@ -64,7 +80,9 @@ def _server_accuracy(endpoint: str) -> float:
 
 
 def test_two_browser_workers_train_the_model(tmp_path, browser, gateway_for):
+    log, checkpoint = tmp_path / "updates.jsonl", tmp_path / "final.npz"
     args = ["--workers", "2", "--rule", "asgd", "--epochs", "2", *TRAIN]
+    args += ["--updates-log", str(log), "--checkpoint", str(checkpoint)]
     with server_process(tmp_path, *args) as endpoint:
         before = _server_accuracy(endpoint)
         gateway = gateway_for(endpoint)
@@ -72,9 +90,7 @@ def test_two_browser_workers_train_the_model(tmp_path, browser, gateway_for):
         finals = [
             wait_for(lambda s=s: _done(browser, s), 120, "a page to finish") for s in sessions
         ]
-        after = _server_accuracy(endpoint)
-        with PSClient(endpoint) as ps:
-            stats = ps.stats()
+    stats, after = _final_stats(log), _checkpoint_accuracy(checkpoint)
     assert sorted(f["rank"] for f in finals) == [0, 1]
     # 2 epochs of a 1000-example shard in batches of 64: 32 steps each, all applied.
     assert [f["steps"] for f in finals] == [32, 32]
@@ -86,7 +102,8 @@ def test_two_browser_workers_train_the_model(tmp_path, browser, gateway_for):
 
 
 def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, gateway_for):
-    args = ["--workers", "2", "--rule", "dasgd", "--epochs", "2", *TRAIN]
+    log = tmp_path / "updates.jsonl"
+    args = ["--workers", "2", "--rule", "dasgd", "--epochs", "2", *TRAIN, "--updates-log", str(log)]
     with server_process(tmp_path, *args) as endpoint:
         gateway = gateway_for(endpoint)
         report = tmp_path / "numpy-worker.json"
@@ -98,8 +115,7 @@ def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, 
         _, session = browser.open(gateway.url)
         final = wait_for(lambda: _done(browser, session), 120, "the browser page to finish")
         assert numpy_worker.wait(120) == 0
-        with PSClient(endpoint) as ps:
-            stats = ps.stats()
+    stats = _final_stats(log)
     numpy_report = json.loads(report.read_text())
     assert {final["rank"], numpy_report["rank"]} == {0, 1}
     assert final["steps"] == numpy_report["steps"] == 32  # 2 epochs x 16 batches

@@ -31,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                "Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."),
     "worker": ("minips.cli.ps_cmd:worker",
                "Train here for the server at --connect (everything else comes from it)."),
-    "evaluate": ("minips.cli.ps_cmd:evaluate", None),  # started by `minips run`
+    "evaluate": ("minips.cli.ps_cmd:evaluate",
+                 "Test the model of the server at --connect every few seconds, until it stops."),
     "data": ("minips.cli.data_cmd:data", "List and download datasets."),
     "report": ("minips.cli.report_cmd:report",
                "Summarise run directories: accuracy, time, traffic, staleness per worker."),
@@ -71,6 +72,34 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def click_error_line(exc: click.exceptions.ClickException) -> str:
+    """A click error as one line naming what was wrong: the option, or the environment
+    variable when the value came from one (MINIPS_RUN_WORKERS=abc names that variable),
+    then where to read the command's help."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    param = getattr(exc, "param", None)
+    named = isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter)
+    if named and param is not None and ctx is not None:
+        message = f"{_param_name(ctx, param)}: {' '.join(exc.message.split())}"
+    if ctx is not None and isinstance(exc, click.UsageError):
+        message += f" (see '{ctx.command_path} --help')"
+    return message
+
+
+def _param_name(ctx: click.Context, param: click.Parameter) -> str:
+    """ "--workers", "RUN_DIR", or "MINIPS_RUN_WORKERS" for a value read from the environment."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if source is click.core.ParameterSource.ENVIRONMENT:
+        if isinstance(param.envvar, str):
+            return param.envvar
+        if ctx.auto_envvar_prefix and param.name:
+            return f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
 @click.group(
     cls=LazyGroup,
     table=COMMANDS,
@@ -78,7 +107,12 @@ class LazyGroup(click.Group):
 )
 @click.version_option(__version__, prog_name="minips")
 def cli() -> None:
-    """minips: a small parameter server for distributed deep learning."""
+    """minips: a small parameter server for distributed deep learning.
+
+    Every option can also be given as an environment variable MINIPS_<COMMAND>_<OPTION>,
+    e.g. MINIPS_RUN_WORKERS=4 for `minips run --workers 4`. Datasets are looked up in
+    --data-dir, then /usr/share/datasets, then $MINIPS_DATA (default ~/.cache/minips).
+    """
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.exceptions.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {click_error_line(exc)}", err=True)
         sys.exit(exc.exit_code)
     except MinipsError as exc:
         click.echo(f"error: {exc}", err=True)

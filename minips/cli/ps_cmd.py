@@ -18,6 +18,34 @@ import click
 
 from minips.cli.progress import ProgressBar
 from minips.config import RunConfig, config_options
+from minips.report import plural
+
+DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
+
+
+class _RunDashboard:
+    """`minips run --dashboard`: the live page (minips.dashboard) from the moment the
+    processes are started until the run ends. `listen` None: no page."""
+
+    def __init__(self, listen: str | None, out: Path) -> None:
+        self.listen, self.out = listen, out
+        self._stop: Any = None
+
+    def __enter__(self) -> _RunDashboard:
+        return self
+
+    def start(self, endpoint: str) -> None:
+        if self.listen is None:
+            return
+        from minips.dashboard import start_dashboard
+
+        url, self._stop = start_dashboard(endpoint, self.out / "eval.jsonl", self.listen)
+        click.echo(f"dashboard: {url}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop()
+
 
 if TYPE_CHECKING:
     from minips.auth import ClientKeys
@@ -31,7 +59,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     @click.option(
         "--out",
         type=click.Path(file_okay=False),
-        default="runs/latest",
+        default=DEFAULT_OUT,
         show_default=True,
         help="Run directory.",
     )
@@ -42,21 +70,54 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         show_default=True,
         help="Seconds between evaluations of the model.",
     )
+    @click.option(
+        "--force",
+        is_flag=True,
+        help="Reuse --out even if it holds a previous run (its files are removed).",
+    )
+    @click.option(
+        "--dashboard",
+        is_flag=True,
+        help="Serve a live page of the run (its URL is printed) while it trains.",
+    )
+    @click.option(
+        "--dashboard-listen",
+        default="127.0.0.1:8050",
+        show_default=True,
+        help="HOST:PORT of the --dashboard page (port 0: any free port).",
+    )
     @click.option("--quiet", is_flag=True, help="No progress bar.")  # fmt: skip
-    def run(out: str, eval_interval: float, quiet: bool, **options: Any) -> None:
+    def run(
+        out: str,
+        eval_interval: float,
+        force: bool,
+        dashboard: bool,
+        dashboard_listen: str,
+        quiet: bool,
+        **options: Any,
+    ) -> None:
         """Run a server, N workers and an evaluator on this machine, as processes.
 
         With no options: lenet5 on the bundled sample with 2 asgd workers.
-        Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz.
+        Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz. OUT must be
+        new or empty (the default, runs/latest, is replaced by each run; --force replaces
+        another).
         """
         from minips.launch import run_local
+        from minips.runlog import claim_run_dir
 
         config = config_class.from_options(options)
-        if quiet:
-            summary = run_local(config, out, eval_interval)
-        else:
-            with ProgressBar() as bar:
-                summary = run_local(config, out, eval_interval, progress=bar.update)
+        config.validate()  # before anything is removed
+        resume = Path(config.resume) if config.resume else None
+        claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
+        with _RunDashboard(dashboard_listen if dashboard else None, Path(out)) as page:
+            if quiet:
+                summary = run_local(config, out, eval_interval, on_start=page.start)
+            else:
+                with ProgressBar() as bar:
+                    summary = run_local(
+                        config, out, eval_interval, progress=bar.update, on_start=page.start
+                    )
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "
@@ -103,7 +164,8 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
 
             ps = make_server(config, on_update=on_update)
             click.echo(
-                f"minips server on {ps.endpoint}, rule {config.rule}, {config.workers} workers"
+                f"minips server on {ps.endpoint}, rule {config.rule}, "
+                f"{plural(config.workers, 'worker')}"
             )
             if endpoint_file:
                 tmp = Path(endpoint_file + ".tmp")
@@ -111,8 +173,23 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
                 tmp.replace(endpoint_file)  # atomic: the launcher never reads half an address
             ps.serve_forever()
             updates.write("server", stats=ps.stats())
+        click.echo(server_summary(ps))
 
     return server
+
+
+def server_summary(ps: Any) -> str:
+    """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
+    stats = ps.stats()
+    why = " (every worker finished its epochs)" if ps.finished_by_workers else ""
+    line = (
+        f"server stopped{why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
+        f"from {plural(len([w for w in stats['workers'] if not w['observer']]), 'worker')} "
+        f"in {stats['uptime']:.1f} s, version {stats['version']}"
+    )
+    if ps.options.checkpoint_path:
+        line += f"; checkpoint {ps.options.checkpoint_path}"
+    return line
 
 
 run = run_command()
@@ -142,20 +219,35 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
 @click.option("--slowdown", type=click.FloatRange(min=1), default=None,
               help="Make each step take F times its compute time.")  # fmt: skip
-@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="This machine's copy of the dataset (default: the server's --data-dir).",
+)
 @click.option("--max-steps", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Take over this rank's shard (a worker that died or left unfinished).",
+)
+@click.option("--worker-id", default=None,
+              help="This worker's name for the server; a restart with the same id gets its "
+              "rank back at once.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds to wait for each reply (keep it under the "
               "server's heartbeat timeout, 30 s by default).")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
-@click.option("--quiet", is_flag=True)
+@click.option("--quiet", is_flag=True, help="No progress and no final JSON line.")
 @client_key_options
 def worker(
     connect: str,
     slowdown: float | None,
     data_dir: str | None,
     max_steps: int | None,
+    rank: int | None,
+    worker_id: str | None,
     timeout: float,
     report: str | None,
     quiet: bool,
@@ -167,24 +259,67 @@ def worker(
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from minips.worker import Worker, write_report
+    from minips.worker import write_report
 
-    with PSClient(connect, timeout=timeout, keys=client_keys(keys, key_name)) as client:
-        result = Worker(client, data_dir, slowdown, max_steps).run()
-        client.bye()
+    with PSClient(
+        connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
+    ) as client:
+        result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet)
     if report:
         # A worker that arrived after the run ended has no rank: "worker-late.json".
-        rank = str(result.rank) if result.rank >= 0 else "late"
-        write_report(result, report.replace("{rank}", rank))
+        where = str(result.rank) if result.rank >= 0 else "late"
+        write_report(result, report.replace("{rank}", where))
     if not quiet:
         click.echo(json.dumps(result.summary()))
 
 
-@click.command(hidden=True)
-@click.option("--connect", required=True)
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), required=True)
-@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True)
-@click.option("--data-dir", type=click.Path(file_okay=False))
+def _train_worker(
+    client: Any,
+    data_dir: str | None,
+    slowdown: float | None,
+    max_steps: int | None,
+    rank: int | None,
+    quiet: bool,
+) -> Any:
+    """Run a Worker on `client`, then say bye: `finished: false` when its epochs are not
+    done (--max-steps, Ctrl-C), so a restarted worker may take over its rank."""
+    from minips.worker import Worker
+
+    with ProgressBar(label="worker") as bar:
+        progress = None if quiet else bar.update
+        trainer = Worker(client, data_dir, slowdown, max_steps, rank=rank, progress=progress)
+        try:
+            result = trainer.run()
+        except KeyboardInterrupt:
+            if client.rank is not None:
+                client.bye(finished=False)
+            raise
+    if client.rank is not None:
+        client.bye(finished=result.finished)
+    return result
+
+
+@click.command()
+@click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
+@click.option(
+    "--metrics",
+    "metrics_path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="JSONL of `eval` records (time, samples, accuracy, loss, updates).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=2.0,
+    show_default=True,
+    help="Seconds between two tests.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="This machine's copy of the dataset (default: the server's --data-dir).",
+)
 @click.option("--t0", type=float, default=None, hidden=True)
 @client_key_options
 def evaluate(
@@ -196,7 +331,12 @@ def evaluate(
     keys: str | None,
     key_name: str,
 ) -> None:
-    """Pull the model now and then and test it, until the server stops."""
+    """Test the model of the server at --connect every few seconds, until it stops.
+
+    A read-only observer (it never pushes and holds no rank): it pulls the parameters,
+    tests them on the dataset's test set and appends an `eval` record to --metrics, the
+    last one (`final: true`) on the final parameters when the server stops.
+    """
     from minips.client import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).

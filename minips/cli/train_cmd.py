@@ -15,7 +15,12 @@ from minips.config import TrainConfig, config_options
 @click.option(
     "--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Write JSONL here."
 )
-@click.option("--save", "save_path", type=click.Path(dir_okay=False), help="Save the model (.npz).")
+@click.option(
+    "--save",
+    "save_path",
+    type=click.Path(dir_okay=False),
+    help="Save the model as a checkpoint (.npz; `minips run --resume` takes it).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(metrics_path: str | None, save_path: str | None, quiet: bool, **options: Any) -> None:
     """Train a model in one process (the baseline for distributed runs).
@@ -28,12 +33,10 @@ def train(metrics_path: str | None, save_path: str | None, quiet: bool, **option
     config = TrainConfig.from_options(options)
     with MetricsLog(metrics_path) as metrics:
         if quiet:
-            trained, result = run_training(config, metrics)
+            _, result = run_training(config, metrics, save=save_path)
         else:
             with ProgressBar() as bar:
-                trained, result = run_training(config, metrics, progress=bar.update)
-    if save_path:
-        trained.save(save_path)
+                _, result = run_training(config, metrics, progress=bar.update, save=save_path)
     click.echo(
         f"trained {result.samples} samples in {result.wall_s:.1f} s "
         f"({result.samples / max(result.wall_s, 1e-9):.0f} samples/s)"

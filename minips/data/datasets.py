@@ -2,7 +2,7 @@
 
 Look-up order for the IDX files of a dataset called NAME (first complete set wins):
 
-1. ``data_dir/NAME`` then ``data_dir`` itself (``--data-dir DIR``);
+1. ``data_dir/NAME`` then ``data_dir`` itself (``--data-dir DIR``): when given, only there;
 2. the system directory ``/usr/share/datasets/NAME`` (Debian's ``dataset-fashion-mnist``
    installs ``/usr/share/datasets/fashion-mnist``); override with ``$MINIPS_SYSTEM_DATA``;
 3. the user cache ``$MINIPS_DATA/NAME`` or ``~/.cache/minips/NAME`` (``minips data download``);
@@ -176,10 +176,13 @@ def candidate_dirs(
     """The directories searched for ``name``'s files, in look-up order (see module doc)."""
     dirs = []
     if data_dir is not None:
+        # An explicit directory is the only place looked in: data found elsewhere would be
+        # trained on without the user knowing. A bare --data-dir full of Fashion-MNIST
+        # files must not pass for "sample".
         dirs.append(Path(data_dir) / name)
-        # A bare --data-dir full of Fashion-MNIST files must not pass for "sample".
         if name != "sample":
             dirs.append(Path(data_dir))
+        return dirs
     dirs.append(Path(system_dir if system_dir is not None else default_system_dir()) / name)
     dirs.append(Path(cache_dir if cache_dir is not None else default_cache_dir()) / name)
     if name == "sample":
@@ -275,7 +278,10 @@ def load_dataset(
             raw = tuple(read_idx(paths[role]) for role in IDX_FILES)
             return _assemble(name, raw, seed, source=str(directory))
     looked = ", ".join(_describe(d) for d in dirs)
-    raise DataError(f"dataset {name!r} not found (looked in {looked}); {_INSTALL_HINTS[name]}")
+    hint = _INSTALL_HINTS[name]
+    if data_dir is not None:
+        hint = f"--data-dir {data_dir} is the only place looked in; fix it or leave it out"
+    raise DataError(f"dataset {name!r} not found (looked in {looked}); {hint}")
 
 
 def iterate_batches(

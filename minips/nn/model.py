@@ -17,6 +17,8 @@ from minips.nn.base import Layer
 # Key of the JSON metadata entry inside a saved .npz (parameter names never start with "__").
 META_KEY = "__minips__"
 FILE_FORMAT = 1
+# A checkpoint (minips.store) keeps each parameter as "param/<name>" and its JSON as "meta".
+CHECKPOINT_PARAM, CHECKPOINT_META = "param/", "meta"
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,16 @@ class Sequential:
             np.savez(f, **arrays, **{META_KEY: np.array(meta)})
 
     def load(self, path: str | Path) -> None:
-        """Read parameters saved by `save` into this model.
+        """Read parameters saved by `save`, or a checkpoint (a server's, `minips train
+        --save`'s: minips.store), into this model.
 
         Raises DataError (unreadable file, wrong or missing names) or ShapeError (a parameter
         of the wrong shape), with a one-line message; the model is unchanged on error.
         """
         arrays = read_npz(path)
+        if any(key.startswith(CHECKPOINT_PARAM) for key in arrays):
+            arrays = {k[len(CHECKPOINT_PARAM) :]: v for k, v in arrays.items()
+                      if k.startswith(CHECKPOINT_PARAM)}  # fmt: skip
         arrays.pop(META_KEY, None)
         params = self.params
         unknown = sorted(set(arrays) - set(params))
@@ -217,7 +223,8 @@ class Sequential:
 
         DataError (one line) when the file is missing, unreadable or has no minips metadata.
         """
-        meta = read_npz(path).get(META_KEY)
+        arrays = read_npz(path)
+        meta = arrays.get(META_KEY, arrays.get(CHECKPOINT_META))
         try:
             return json.loads(str(meta))["spec"]
         except (ValueError, KeyError, TypeError):

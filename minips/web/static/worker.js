@@ -215,8 +215,11 @@ async function train(options) {
     }
   }
   report({ accuracy: accuracy(model, test), state: "finishing" });
+  // Stopped before its shard's epochs were done (maxSteps, a stop): `finished: false`
+  // frees its rank for a replacement (docs/protocol.md 5.6).
+  const finished = status.samples >= config.epochs * labels.length;
   try {
-    await conn.request({ op: "bye", worker: workerId });
+    await conn.request({ op: "bye", worker: workerId, ...(finished ? {} : { finished: false }) });
   } catch (err) {
     if (err.code !== "unknown_worker") throw err; // already gone: nothing to leave
   }
