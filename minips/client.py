@@ -168,6 +168,10 @@ class PSClient:
             header["info"] = info
         reply = self._request(header).header
         self.rank, self.config = reply["rank"], reply["config"]
+        if self.timeout >= reply["heartbeat_timeout"]:  # docs/protocol.md 7
+            log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
+                        "a lost reply gets this worker declared dead before it retries",
+                        self.timeout, reply["heartbeat_timeout"])  # fmt: skip
         self._hello_info = dict(info or {})
         keys = ("rank", "world_size", "config", "version", "heartbeat_timeout")
         return {key: reply[key] for key in keys}
@@ -290,17 +294,26 @@ class PSClient:
     def _worker_request(
         self, header: dict[str, Any], parts: list[wire.WirePart] | None = None
     ) -> Message:
-        """A request that needs registration: re-register once if the server forgot us."""
-        try:
-            return self._request(header, parts)
-        except ServerError as exc:
-            if exc.code != "unknown_worker" or self._hello_info is None:
-                raise
+        """A request that needs registration: re-register whenever the server forgot us.
+
+        Each lost reply can get us declared dead again (a heartbeat shorter than our timeout),
+        so this may repeat, at most `retries` times; a push keeps its `seq` throughout, and
+        the server answers a retry of an applied push from memory (exactly once).
+        """
+        forgotten = 0
+        while True:
+            try:
+                return self._request(header, parts)
+            except ServerError as exc:
+                if exc.code != "unknown_worker" or self._hello_info is None:
+                    raise
+                if forgotten == self.retries:
+                    raise
+            forgotten += 1
             log.warning(
                 "server does not know worker %s any more: saying hello again", self.worker_id
             )
             self.hello(self._hello_info)
-            return self._request(header, parts)
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
 from typing import Any, TypeVar
 
 import click
 
+from minips.auth import ServerKeys, load_server_keys
 from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
@@ -239,10 +240,23 @@ class RunConfig(ConfigBase):
     checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
                                     "updates (0: at the end).", minimum=0,
                                     server_option="checkpoint_every")
+    checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
+                                         "the model changed (0: never by time).", minimum=0,
+                                         server_option="checkpoint_interval")
     resume: str | None = setting(None, "Start from this checkpoint (a server's, or "
                                  "`minips train --save`'s).", server_option="resume",
                                  commands=TRAIN_RUN_SERVER,
                                  cli_type=click.Path(dir_okay=False, exists=True))
+    clip_norm: float = setting(ServerOptions.clip_norm, "Clip each push's gradients to this "
+                               "global L2 norm (0: never).", minimum=0,
+                               server_option="clip_norm")
+    # authentication (docs/protocol.md 15)
+    keys: str | None = setting(None, "CURVE key directory (minips keys): only its allowed "
+                               "keys may connect; stop and checkpoint need an operator key.",
+                               cli_type=click.Path(file_okay=False))
+    auth: bool = setting(False, "Authenticate and encrypt this run's own connections with "
+                         "CURVE (keys made in RUN_DIR/keys unless --keys is given).",
+                         commands=("run",))
     # `minips server` only (`minips run` picks a free port and RUN_DIR/checkpoint.npz)
     bind: str = setting("tcp://127.0.0.1:5555", "Listen address (tcp://0.0.0.0:5555 accepts "
                         "other machines).", commands=("server",), server_option="bind")
@@ -294,7 +308,12 @@ class RunConfig(ConfigBase):
     def server_options(self) -> ServerOptions:
         """The ServerOptions this run's server is built with."""
         chosen = {_setting(f).server_option: getattr(self, f.name) for f in fields(self)}
-        return ServerOptions(**{key: value for key, value in chosen.items() if key})
+        options = ServerOptions(**{key: value for key, value in chosen.items() if key})
+        return replace(options, keys=self.server_keys())
+
+    def server_keys(self) -> ServerKeys | None:
+        """The server's CURVE keys from the `keys` directory (None: no authentication)."""
+        return load_server_keys(self.keys) if self.keys else None
 
     def server_args(self) -> list[str]:
         """The `minips server` options that rebuild this config (for the server process)."""

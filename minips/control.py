@@ -131,8 +131,10 @@ class Control:
         """Write a checkpoint to the checkpoint path now (ConfigError without one)."""
         if self.server.options.checkpoint_path is None:
             raise ConfigError("no checkpoint path configured")
-        meta = {"rule": self.server.rule.name, "updates": self.server.telemetry.counters.updates,
-                "time": time.time(), "spec": self.server.config.get("model")}  # fmt: skip
+        counters = self.server.telemetry.counters
+        meta = {"rule": self.server.rule.name, "updates": counters.updates,
+                "samples": counters.samples, "time": time.time(),
+                "spec": self.server.config.get("model")}  # fmt: skip
         path = self.server.store.save(self.server.options.checkpoint_path, meta)
         log.info("checkpoint at version %d -> %s", self.server.store.version, path)
         return path

@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from minips import auth, recovery
 from minips.client import PSClient, ServerUnavailable
 from minips.config import RunConfig
 from minips.errors import ConfigError, MinipsError
@@ -158,10 +159,9 @@ def _run_cluster(
             total = min(total, config.max_samples) if config.max_samples else total
         # Short timeouts: the server may exit (sample budget spent) while a stats request is
         # in flight, and the launcher must notice that at once rather than after retries.
-        with PSClient(endpoint, timeout=1.0, retries=0) as operator:
-            wall = _watch(
-                cluster, operator, t0, total, out / "eval.jsonl", progress, config.browser
-            )
+        operator_keys = auth.load_client_keys(config.keys, auth.OPERATOR) if config.keys else None
+        with PSClient(endpoint, timeout=1.0, retries=0, keys=operator_keys) as operator:
+            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress, config, out)
         cluster.wait("evaluator", timeout=120)
         cluster.wait("server", timeout=60)
     finally:
@@ -171,7 +171,8 @@ def _run_cluster(
             report = json.loads(report_path.read_text())
             cluster.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
         cluster.kill_all()
-    return write_results(out, config.rule, config.workers, wall, cluster.exit_codes)
+    restarts = [restart.record() for restart in cluster.restarts]
+    return write_results(out, config.rule, config.workers, wall, cluster.exit_codes, restarts)
 
 
 @contextlib.contextmanager
@@ -220,10 +221,12 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for stale in RUN_OUTPUTS:
         (out / stale).unlink(missing_ok=True)
+    recovery.clear_restart_logs(out)
     config = replace(
         config,
         bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
         checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
+        keys=_run_keys(config, out),
     )
     (out / "config.json").write_text(config.to_json())
     (out / "plan.json").unlink(missing_ok=True)
@@ -238,6 +241,23 @@ def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
         (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
         config = replace(config, plan=str(out / "plan.json"))
     return config
+
+
+def _run_keys(config: RunConfig, out: Path) -> str | None:
+    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
+    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
+    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
+    if not (config.auth or config.keys):
+        return None
+    directory = Path(config.keys or out / "keys")
+    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
+        auth.make_keys(directory)
+    return str(directory)
+
+
+def _client_key_args(config: RunConfig) -> list[str]:
+    """The `--keys` option of the run's workers and evaluator (none without keys)."""
+    return ["--keys", config.keys, "--key-name", auth.WORKER] if config.keys else []
 
 
 def _start(
@@ -258,20 +278,15 @@ def _start(
     whose rate is the workers'.
     """
     base = [sys.executable, "-m", "minips"]
-    prefix = server_prefix or []
-    cluster.start(
-        "server",
-        prefix + base + ["server", *config.server_args(), "--endpoint-file",
-                         str(out / "endpoint"), "--updates-log", str(out / "updates.jsonl"),
-                         "--t0", repr(t0)],
-    )  # fmt: skip
+    start_server(cluster, config, out, t0, server_prefix or [])
     endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
     # The evaluator first: registered before any worker trains, it sees the first and
     # (the server waits for observers when stopping) the final parameters.
     cluster.start(
         "evaluator",
-        prefix + base + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-                         "--interval", repr(eval_interval), "--t0", repr(t0)],
+        (server_prefix or []) + base
+        + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
+           "--interval", repr(eval_interval), "--t0", repr(t0), *_client_key_args(config)],
     )  # fmt: skip
     cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
     if config.browser:  # before the NumPy workers: the slots' tabs take longest to say hello
@@ -283,7 +298,7 @@ def _start(
         cluster.start(
             f"worker.{index}",
             base + ["worker", "--connect", endpoint, "--report", str(out / "worker-{rank}.json"),
-                    "--quiet", *trace],
+                    "--quiet", *trace, *_client_key_args(config)],
         )  # fmt: skip
     return endpoint
 
@@ -309,6 +324,39 @@ def _start_browser_slots(
         cluster.start("chromium", headless_argv(url, config.browser, profile))
 
 
+def start_server(
+    cluster: _Cluster, config: RunConfig, out: Path, t0: float, prefix: list[str] | None = None
+) -> None:
+    """Start the run's server process (again, after a crash: `config` then resumes).
+
+    prefix (--netem: `ip netns exec NS`) runs it behind the shaped link."""
+    generation = len(cluster.restarts)
+    name = "server" if generation == 0 else f"server-{generation}"
+    cluster.start(
+        "server",
+        [*(prefix or []), sys.executable, "-m", "minips", "server", *config.server_args(),
+         "--endpoint-file", str(out / "endpoint"),
+         "--updates-log", str(recovery.updates_log(out, generation)), "--t0", repr(t0)],
+        log_name=name,
+    )  # fmt: skip
+
+
+def restart_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -> bool:
+    """After the server died: start a new one on the same address from the last checkpoint
+    (minips.recovery). False when that is not possible (no checkpoint, too many restarts)."""
+    checkpoint = Path(config.checkpoint)
+    if len(cluster.restarts) >= recovery.MAX_RESTARTS or not checkpoint.exists():
+        return False
+    dead_log = recovery.updates_log(out, len(cluster.restarts))
+    restart = recovery.describe_restart(checkpoint, dead_log, cluster.code("server"))
+    cluster.restarts.append(restart)
+    endpoint = (out / "endpoint").read_text().strip()
+    (out / "endpoint").unlink()
+    start_server(cluster, replace(config, resume=str(checkpoint), bind=endpoint), out, t0)
+    cluster.wait_for_file(out / "endpoint", "server", timeout=60)
+    return True
+
+
 def _watch(
     cluster: _Cluster,
     operator: PSClient,
@@ -316,7 +364,8 @@ def _watch(
     total: int,
     eval_log: Path,
     progress: ProgressFn | None,
-    browser_slots: int = 0,
+    config: RunConfig,
+    out: Path,
 ) -> float:
     """Follow the run until the workers are done; stop the server; return the training time.
 
@@ -326,9 +375,11 @@ def _watch(
     wall: float | None = None  # set once the run is over: the stop, or the last worker
     silent_since: float | None = None
     stats: dict[str, Any] | None = None
-    while _training(cluster, stats, browser_slots):
+    while _training(cluster, stats, config.browser):
         if cluster.exited("server"):
             if cluster.code("server") != 0:
+                if wall is None and restart_server(cluster, config, out, t0):
+                    continue  # a crash mid-run: a new server from the last checkpoint
                 cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
             wall = wall if wall is not None else time.monotonic() - t0
             if time.monotonic() - t0 - wall > 10:
@@ -394,9 +445,10 @@ class _Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
         self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
+        self.restarts: list[recovery.Restart] = []  # the server's, after crashes
 
-    def start(self, name: str, argv: list[str]) -> None:
-        with open(self.logs / f"{name}.log", "w") as log:
+    def start(self, name: str, argv: list[str], log_name: str | None = None) -> None:
+        with open(self.logs / f"{log_name or name}.log", "w") as log:
             self.procs[name] = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
             )

@@ -1,7 +1,8 @@
 """The run directory of `minips run`: where each process writes, and the merged results.
 
 RUN_DIR/config.json     the run's configuration (RunConfig.to_json)
-RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats)
+RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats);
+                        updates-N.jsonl: those of the Nth server restarted after a crash
 RUN_DIR/eval.jsonl      the evaluator's records
 RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is made from
                         the server's final stats, as a browser writes no file)
@@ -98,10 +99,20 @@ def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None
 
 
 def write_results(
-    out: Path, rule: str, workers: int, wall: float, exit_codes: dict[str, int | None]
+    out: Path,
+    rule: str,
+    workers: int,
+    wall: float,
+    exit_codes: dict[str, int | None],
+    restarts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Merge the processes' records into metrics.jsonl, write summary.json; return it."""
-    records = merge_logs([out / "updates.jsonl", out / "eval.jsonl"])
+    """Merge the processes' records into metrics.jsonl, write summary.json; return it.
+
+    restarts: the server's restarts after crashes (minips.recovery.Restart records).
+    """
+    from minips.recovery import update_logs
+
+    records = merge_logs([*update_logs(out), out / "eval.jsonl"])
     server_final = next((r for r in records if r.get("event") == "server"), {})
     records = [r for r in records if r.get("event") != "server"]
     reports = []
@@ -137,6 +148,9 @@ def write_results(
         "rule": rule,
         "workers": workers,
         "exit_codes": exit_codes,
+        "restarts": len(restarts or []),
+        "updates_lost": sum(restart["updates_lost"] for restart in restarts or []),
+        "restart_log": restarts or [],
     }
     with MetricsLog(out / "metrics.jsonl") as metrics:
         for record in records:

@@ -51,18 +51,20 @@ class ServerOptions:
 
     bind: the address to listen on ("tcp://127.0.0.1:*" picks a free port). world_size:
     ranks 0..world_size-1 (None: no limit). heartbeat_timeout: seconds of silence before a
-    worker is declared dead. checkpoint_path / checkpoint_every: a checkpoint every N
-    updates (0: only at shutdown). resume: a checkpoint to start from. max_samples: stop
-    once pushes reported this many training samples in total (0: no limit). stop_grace:
-    seconds a stopping server waits for clients to leave. poll_interval: seconds between
-    looks at the clock when idle.
+    worker is declared dead. checkpoint_path / checkpoint_every / checkpoint_interval: a
+    checkpoint every N updates and every S seconds when the version moved (0: only at
+    shutdown). resume: a checkpoint to start from (its update and sample counts too).
+    max_samples: stop once pushes reported this many training samples in total (0: no
+    limit). stop_grace: seconds a stopping server waits for clients to leave.
+    poll_interval: seconds between looks at the clock when idle.
     """
 
     bind: str = "tcp://127.0.0.1:*"
     world_size: int | None = None
-    heartbeat_timeout: float = 10.0
+    heartbeat_timeout: float = 30.0  # > a client's reply timeout (10 s): docs/protocol.md 7
     checkpoint_path: str | Path | None = None
     checkpoint_every: int = 0
+    checkpoint_interval: float = 0.0  # also checkpoint every this many seconds (0: never)
     resume: str | Path | None = None
     max_samples: int = 0
     limits: Limits = DEFAULT_LIMITS
@@ -146,8 +148,8 @@ class ParameterServer:
         self._stop_deadline = 0.0
         self.finished_by_workers = False  # stopped because every rank finished its shard
         if options.resume:
-            meta = self.store.load(options.resume)
-            log.info("resumed from %s at version %d (%s)", options.resume, self.store.version, meta)
+            self.resume(options.resume)
+        self._checkpointed = (time.monotonic(), self.store.version)  # when, at which version
         self.pulls: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
         self.control = control = Control(self)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
@@ -222,8 +224,27 @@ class ParameterServer:
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
             self.send_error(envelope, error, body)
 
+    def resume(self, path: str | Path) -> None:
+        """Start from a checkpoint: parameters, versions, optimizer state, and the update and
+        sample counts (a sample budget goes on where the checkpoint left it)."""
+        meta = self.store.load(path)
+        counters = self.telemetry.counters
+        counters.updates, counters.samples = meta.get("updates", 0), meta.get("samples", 0)
+        log.info("resumed from %s at version %d (%s)", path, self.store.version, meta)
+
+    def checkpoint_if_due(self, now: float) -> None:
+        """The time-based checkpoint: every `checkpoint_interval` seconds, if anything changed
+        (written atomically: a crash leaves the previous one, docs/protocol.md 7)."""
+        interval, (last, version) = self.options.checkpoint_interval, self._checkpointed
+        if not (interval and self.options.checkpoint_path) or now - last < interval:
+            return
+        if self.store.version != version:
+            self.control.save_checkpoint()
+        self._checkpointed = (now, self.store.version)
+
     def on_tick(self, now: float) -> None:
-        """Timers: dead workers, the end of the assembly, the rule's own timers."""
+        """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints."""
+        self.checkpoint_if_due(now)
         self.control.check_liveness(now)
         if self.registry.assembling:
             self.registry.update_assembly(now)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, PullReply, ServerError
+from minips.client import PSClient, PullReply, PushReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.metrics import ProgressFn
 from minips.netlimit import Link
@@ -167,7 +167,10 @@ class Worker:
         extra = self.rule_side.extras(self.model.params, self.model.grads)
         report.extra_bytes += sum(values.nbytes for values in extra.values())
         # The step's last push also pulls (the fused exchange: one round trip).
-        pushed = self.sender.finish(extra, samples=len(xb), pull_since=self.version)
+        pushed = self._push_or_rewind(extra, samples=len(xb))
+        if pushed is None:  # the server went back to a checkpoint: pulled again, step lost
+            report.comm_s += time.monotonic() - tick
+            return True
         if pushed.stop and not pushed.applied:
             # It arrived after the run stopped: not trained on, so not counted.
             report.comm_s += time.monotonic() - tick
@@ -183,6 +186,18 @@ class Worker:
         if pushed.stop or pushed.pull.stop:
             report.stopped_by_server = True
         return not report.stopped_by_server
+
+    def _push_or_rewind(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
+        """Push this step's gradients; None when the server answers `bad_base`: it restarted
+        from a checkpoint older than our parameters (docs/protocol.md 7), so pull them all
+        again and go on from there (the gradient, of a version it forgot, is dropped)."""
+        try:
+            return self.sender.finish(extra, samples=samples, pull_since=self.version)
+        except ServerError as exc:
+            if exc.code != "bad_base":
+                raise
+        self._pull(since=None)
+        return None
 
     def _join(self, hello: dict[str, Any]) -> tuple[Dataset, np.random.Generator]:
         """Set up from hello's reply (report, model, rule side); the shard and its shuffler."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -44,6 +45,10 @@ class _RunDashboard:
     def __exit__(self, *exc: object) -> None:
         if self._stop is not None:
             self._stop()
+
+
+if TYPE_CHECKING:
+    from minips.auth import ClientKeys
 
 
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
@@ -190,6 +195,25 @@ run = run_command()
 server = server_command()
 
 
+def client_key_options(command: Callable) -> Callable:
+    """`--keys DIR` and `--key-name NAME`: a client's CURVE keys (docs/protocol.md 15)."""
+    command = click.option(
+        "--key-name", default="worker", show_default=True,
+        help="This client's key pair in --keys: NAME.key_secret.",
+    )(command)  # fmt: skip
+    return click.option(
+        "--keys", type=click.Path(file_okay=False),
+        help="Key directory (minips keys) with server.key and this client's key pair.",
+    )(command)  # fmt: skip
+
+
+def client_keys(directory: str | None, name: str) -> ClientKeys | None:
+    """A client's CURVE keys from a key directory (None: no directory, no CURVE)."""
+    from minips.auth import load_client_keys
+
+    return load_client_keys(directory, name) if directory else None
+
+
 @click.command()
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
 @click.option("--slowdown", type=click.FloatRange(min=1), default=None,
@@ -209,8 +233,9 @@ server = server_command()
 @click.option("--worker-id", default=None,
               help="This worker's name for the server; a restart with the same id gets its "
               "rank back at once.")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, help="Seconds to wait for each reply.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds to wait for each reply (keep it under the "
+              "server's heartbeat timeout, 30 s by default).")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
 @click.option(
@@ -224,6 +249,7 @@ server = server_command()
     help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.",
 )
 @click.option("--quiet", is_flag=True, help="No progress and no final JSON line.")
+@client_key_options
 def worker(
     connect: str,
     slowdown: float | None,
@@ -236,6 +262,8 @@ def worker(
     bandwidth: str | None,
     trace: str | None,
     quiet: bool,
+    keys: str | None,
+    key_name: str,
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
     from minips.client import PSClient
@@ -248,7 +276,9 @@ def worker(
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
-    with PSClient(connect, timeout=timeout, worker_id=worker_id) as client:
+    with PSClient(
+        connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
+    ) as client:
         extras = {"bandwidth": bandwidth, "trace": open_trace(trace)}
         result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
@@ -311,8 +341,15 @@ def _train_worker(
     help="This machine's copy of the dataset (default: the server's --data-dir).",
 )
 @click.option("--t0", type=float, default=None, hidden=True)
+@client_key_options
 def evaluate(
-    connect: str, metrics_path: str, interval: float, data_dir: str | None, t0: float | None
+    connect: str,
+    metrics_path: str,
+    interval: float,
+    data_dir: str | None,
+    t0: float | None,
+    keys: str | None,
+    key_name: str,
 ) -> None:
     """Test the model of the server at --connect every few seconds, until it stops.
 
@@ -328,7 +365,7 @@ def evaluate(
     from minips.metrics import MetricsLog
 
     with (
-        PSClient(connect, timeout=30.0, retries=2) as client,
+        PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
         run_evaluator(client, metrics, interval, data_dir)

@@ -1,0 +1,93 @@
+"""Exactly once across death (issue 10): with a heartbeat timeout shorter than the clients'
+reply timeout, lost replies and workers declared dead while they compute or wait for a
+retry, every acknowledged push is applied exactly once. Counted with 32 concurrent clients.
+
+How the count works: the model is one float32 vector `count` of 32 zeros, plain SGD with
+lr = 1, so a push of gradient -e_i (one-hot at i) adds exactly 1 to count[i]. Client i
+pushes only -e_i, so after the run count[i] is how many of client i's pushes the server
+applied, which must equal how many pushes client i saw acknowledged (`applied` replies).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+from test_server_support import running_server
+
+from minips.client import PSClient
+
+CLIENTS = 32
+PUSHES = 12
+HEARTBEAT = 0.3  # the server's: shorter than the clients' reply timeout below
+CLIENT_TIMEOUT = 0.6
+LOST_REPLY = 0.1  # share of push replies the "network" loses (remembered, never delivered)
+
+
+def _losing_push_replies(server, rng: random.Random, lost: list[int]) -> None:
+    """Make the server lose some push replies after answering them (as a network would):
+    the push is applied and its reply remembered, but the client never sees it."""
+    reply = server.reply
+
+    def maybe_lose(envelope, header, arrays=None, worker=None):
+        if header.get("op") == "push" and rng.random() < LOST_REPLY:
+            lost.append(header["seq"])
+            return
+        reply(envelope, header, arrays, worker=worker)
+
+    server.reply = maybe_lose
+
+
+def _client(endpoint: str, index: int, acked: list[int], errors: list[BaseException]) -> None:
+    """Push -e_index PUSHES times, sometimes pausing past the heartbeat (declared dead)."""
+    pause = random.Random(index)
+    gradient = np.zeros(CLIENTS, np.float32)
+    gradient[index] = -1.0
+    try:
+        with PSClient(endpoint, timeout=CLIENT_TIMEOUT, retries=6, worker_id=f"w{index}") as ps:
+            ps.hello({"role": "worker"})
+            version = ps.pull().version
+            for _ in range(PUSHES):
+                if pause.random() < 0.2:
+                    time.sleep(HEARTBEAT * 2)  # computing: silent past the heartbeat
+                reply = ps.push({"count": gradient}, base=version)
+                acked[index] += reply.applied
+                version = reply.version
+            ps.bye()
+    except BaseException as exc:  # reported by the main thread
+        errors.append(exc)
+
+
+def test_every_acknowledged_push_is_applied_exactly_once_across_deaths():
+    params = {"count": np.zeros(CLIENTS, np.float32)}
+    deaths: list[str] = []
+    with running_server(params=params, lr=1.0, heartbeat_timeout=HEARTBEAT) as server:
+        lost: list[int] = []
+        _losing_push_replies(server, random.Random(0), lost)
+        retire = server.control.retire
+
+        def counting_retire(worker, why):
+            deaths.append(why)
+            retire(worker, why)
+
+        server.control.retire = counting_retire
+        acked, errors = [0] * CLIENTS, []
+        threads = [
+            threading.Thread(target=_client, args=(server.endpoint, i, acked, errors))
+            for i in range(CLIENTS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        applied = server.store.params["count"].copy()
+        updates = server.telemetry.counters.updates
+    assert not errors, errors[0]
+    assert acked == [PUSHES] * CLIENTS  # every push was acknowledged in the end
+    assert applied.tolist() == [float(PUSHES)] * CLIENTS  # ... and applied exactly once
+    assert updates == CLIENTS * PUSHES
+    # The hidden conditions really happened: replies were lost and workers declared dead.
+    assert len(lost) >= 10
+    assert deaths.count("heartbeat timeout") >= 10
