@@ -31,11 +31,11 @@ def _losing_push_replies(server, rng: random.Random, lost: list[int]) -> None:
     the push is applied and its reply remembered, but the client never sees it."""
     reply = server.reply
 
-    def maybe_lose(envelope, header, arrays=None, worker=None):
+    def maybe_lose(envelope, header, arrays=None, worker=None, parts=None):
         if header.get("op") == "push" and rng.random() < LOST_REPLY:
             lost.append(header["seq"])
             return
-        reply(envelope, header, arrays, worker=worker)
+        reply(envelope, header, arrays, worker=worker, parts=parts)
 
     server.reply = maybe_lose
 
