@@ -226,7 +226,8 @@ class RunConfig(ConfigBase):
     momentum: float = setting(0.9, "Momentum of the (server's) SGD.", commands=TRAIN_RUN_SERVER,
                               minimum=0, maximum=1, max_open=True)
     weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
-    rule: str = setting("asgd", f"Update rule: {', '.join(RULES)} (docs/algorithms.md).")
+    rule: str = setting("asgd", f"Update rule: {', '.join(RULES)} (docs/algorithms.md), "
+                                "or FILE.py:CLASS / MODULE:CLASS of your own.")
     rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
                                            flag="--rule-option", multiple=True,
                                            parse=_rule_option_pairs, format=_rule_option_texts)

@@ -81,3 +81,13 @@ def test_lab_guide_commands_and_options_exist(guide):
         for word in words[1:]:
             if word.startswith("--"):
                 assert word in known, f"{guide}: minips {words[0]} has no option {word}"
+
+
+def test_new_rule_runs_in_minips_run_and_scales_by_gamma_to_the_tau():
+    out = run_example("03_new_rule.py", "--fast", "--gamma", "0.7")
+    assert re.search(r"test accuracy (\S+)", out)
+    rows = re.findall(r"rule (\S+)  tau (\d+)  scale (\S+)", out)
+    assert {rule for rule, _, _ in rows} == {"damped"}  # the server ran the example's rule
+    assert any(int(tau) > 0 for _, tau, _ in rows), out  # 3 workers: some pushes are stale
+    for _, tau, scale in rows:
+        assert float(scale) == pytest.approx(0.7 ** int(tau), abs=1e-4)

@@ -11,12 +11,18 @@ the server loop carries out:
 
 classic.py: asgd, ssp, ssgd. delay.py: dasgd (clock staleness), vsgd (value staleness),
 dcasgd (delay compensation). A rule's options are declared once (`options`), and the CLI
-flags are derived from them. Register a new class in RULES below; docs/algorithms.md has
-the math of every rule and the papers they come from.
+flags are derived from them. Register a new class in RULES below, or, without touching
+minips, name it on the command line as `--rule MODULE:CLASS` (a dotted module on the path,
+or a .py file: `--rule my_rules.py:Damped`, examples/03_new_rule.py). docs/algorithms.md
+has the math of every rule and the papers they come from.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
@@ -28,13 +34,51 @@ RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (ASGD, SSGD, SSP, DASGD
 
 
 def make_rule(name: str, **options: Any) -> Rule:
-    """Build a rule by name: make_rule("ssp", staleness=2). ConfigError on unknown names."""
-    if name not in RULES:
-        raise ConfigError(f"unknown update rule {name!r} (known: {', '.join(RULES)})")
+    """Build a rule by name: make_rule("ssp", staleness=2), or from outside minips as
+    "MODULE:CLASS" (see rule_class). ConfigError on unknown names."""
+    cls = rule_class(name)
     try:
-        return RULES[name](**options)
+        return cls(**options)
     except TypeError as exc:
         raise ConfigError(f"bad options for rule {name!r}: {exc}") from None
+
+
+def rule_class(name: str) -> type[Rule]:
+    """A registered rule's class, or "MODULE:CLASS": a Rule subclass in a dotted module on
+    sys.path ("my_rules:Damped") or in a .py file ("examples/03_new_rule.py:Damped").
+
+    The spec (not the class) is what travels: `minips run` passes `--rule MODULE:CLASS`
+    to the server process, which imports it there. A rule loaded this way has the default
+    worker side (no extras in pushes): workers know only the registered rules.
+    """
+    if name in RULES:
+        return RULES[name]
+    module_name, sep, class_name = name.rpartition(":")
+    if not sep or not module_name or not class_name:
+        raise ConfigError(
+            f"unknown update rule {name!r} (known: {', '.join(RULES)}, or MODULE:CLASS)"
+        )
+    cls = getattr(_import_rule_module(module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Rule)):
+        raise ConfigError(f"rule {name!r}: {module_name} has no Rule subclass {class_name}")
+    return cls
+
+
+def _import_rule_module(module_name: str) -> Any:
+    """The module of a MODULE:CLASS rule: a .py file by path, else a dotted import."""
+    try:
+        if not module_name.endswith(".py"):
+            return importlib.import_module(module_name)
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise ConfigError(f"rule file {module_name} not found")
+        spec = importlib.util.spec_from_file_location(f"minips_rule_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[spec.name] = module  # type: ignore[union-attr]  (dataclasses need it)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    except (ImportError, SyntaxError) as exc:
+        raise ConfigError(f"cannot import rule module {module_name}: {exc}") from None
 
 
 def worker_side(described: dict[str, Any]) -> WorkerSide:
@@ -45,5 +89,5 @@ def worker_side(described: dict[str, Any]) -> WorkerSide:
 
 __all__ = [
     "ASGD", "DASGD", "DCASGD", "RULES", "SSGD", "SSP", "VSGD", "Outcome", "Push", "Rule",
-    "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule", "worker_side",
+    "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule", "rule_class", "worker_side",
 ]  # fmt: skip
