@@ -91,3 +91,20 @@ def test_new_rule_runs_in_minips_run_and_scales_by_gamma_to_the_tau():
     assert any(int(tau) > 0 for _, tau, _ in rows), out  # 3 workers: some pushes are stale
     for _, tau, scale in rows:
         assert float(scale) == pytest.approx(0.7 ** int(tau), abs=1e-4)
+
+
+def test_hetero_experiment_shows_the_slow_worker_stale_and_damped_by_dasgd(tmp_path):
+    png = tmp_path / "hetero.png"
+    out = run_example("04_hetero_experiment.py", "--fast", "--png", str(png))
+    runs = dict(re.findall(r"^(asgd|dasgd): (.*?)(?=^\w+:|\Z)", out, flags=re.M | re.S))
+    assert set(runs) == {"asgd", "dasgd"}, out
+
+    def workers(text: str) -> dict[float, tuple[float, float]]:
+        rows = re.findall(r"\((\S+)x slower\): .*staleness mean (\S+) .*mean scale (\S+)", text)
+        return {float(slow): (float(tau), float(scale)) for slow, tau, scale in rows}
+
+    asgd, dasgd = workers(runs["asgd"]), workers(runs["dasgd"])
+    assert asgd[8.0][0] > asgd[1.0][0], out  # the 8x slower worker's pushes are the stalest
+    assert {scale for _, scale in asgd.values()} == {1.0}  # asgd applies everything at 1
+    assert dasgd[8.0][1] < 1.0 and dasgd[8.0][1] < dasgd[1.0][1], out  # dasgd damps it most
+    assert f"plot: {png}" in out and png.stat().st_size > 10_000
