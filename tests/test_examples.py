@@ -108,3 +108,20 @@ def test_hetero_experiment_shows_the_slow_worker_stale_and_damped_by_dasgd(tmp_p
     assert {scale for _, scale in asgd.values()} == {1.0}  # asgd applies everything at 1
     assert dasgd[8.0][1] < 1.0 and dasgd[8.0][1] < dasgd[1.0][1], out  # dasgd damps it most
     assert f"plot: {png}" in out and png.stat().st_size > 10_000
+
+
+def test_layer_plans_print_the_table_and_auto_sends_fewer_bytes_than_dense():
+    out = run_example("06_layer_plans.py", "--fast", timeout=180)
+    assert re.search(r"^fc1\.w +800x500 .* topk 1% .* delta 5% fp16", out, flags=re.M), out
+    assert "choice: per-layer codecs above, wait-free sending" in out
+    runs = {
+        plan: (int(steps), float(up.replace(",", "")), float(down.replace(",", "")))
+        for plan, steps, up, down in re.findall(
+            r"(dense|auto): (\d+) steps .* per step up (\S+) B, down (\S+) B", out
+        )
+    }
+    assert set(runs) == {"dense", "auto"}, out
+    predicted_up = int(re.search(r"predicted up (\S+) B", out).group(1).replace(",", ""))
+    assert runs["dense"][1] == pytest.approx(1_724_320, rel=0.01)  # LeNet-5, float32
+    assert runs["auto"][1] == pytest.approx(predicted_up, rel=0.05)  # the plan, as counted
+    assert runs["auto"][1] < runs["dense"][1] / 20 and runs["auto"][2] < runs["dense"][2] / 2

@@ -1,0 +1,74 @@
+"""Layer-aware plans: each tensor gets its own codec, chosen for the link by a cost model.
+
+The planner (minips/planner.py; docs/algorithms.md, "The cost model") measures each
+layer's forward and backward here, counts the exact bytes of each encoding, and, when the
+dense traffic would take more than half the compute time on the link, compresses the
+biggest tensor one rung at a time (fp16, sufficient factors, top-k, delta pulls). This
+script prints its table for LeNet-5 on a slow link, then trains twice on that link (a token
+bucket per worker, `--bandwidth`): all dense, and `--plan auto`; it prints the bytes per
+step each way that the server counted. The same by hand:
+
+    minips plan --model lenet5 --workers 2 --bandwidth 50mbit --per-worker
+    minips run --plan auto --bandwidth 50mbit --out runs/auto
+    minips run --bandwidth 50mbit --out runs/dense && minips report runs/dense runs/auto
+
+    python examples/06_layer_plans.py          (--fast: fewer samples, for the tests)
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from minips.config import RunConfig
+from minips.launch import run_local
+from minips.netlimit import parse_rate
+from minips.nn import build_model
+from minips.planner import format_table, make_plan
+
+LINK = "50mbit"  # each worker's own link (--bandwidth): 6.25 MB/s
+WORKERS = 2
+
+
+def train(plan: str, max_samples: int, out: Path) -> dict:
+    """LeNet-5 on the bundled sample over the slow link; returns the run's summary.json."""
+    config = RunConfig(model="lenet5", dataset="sample", workers=WORKERS, plan=plan,
+                       bandwidth=LINK, max_samples=max_samples)  # fmt: skip
+    # The evaluator's pulls count in the server's bytes too: one at the end, not every 2 s.
+    return run_local(config, out, eval_interval=600.0)
+
+
+def per_step(summary: dict) -> tuple[float, float]:
+    """Array bytes up and down per worker step, as the server counted them. Down includes
+    a few whole-model pulls the plan does not cover: each worker's first (nothing to take
+    a delta from yet) and the evaluator's; a short run shows them, a long one hides them."""
+    steps = summary["worker_steps"]
+    return summary["bytes_up"] / steps, summary["bytes_down"] / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="1,280 samples a run (tests)")
+    args = parser.parse_args()
+    # 1. The plan, as `minips plan --per-worker` prints it: per parameter, its options'
+    #    bytes (dense, fp16, sf, topk) and the chosen push and pull encodings.
+    report = make_plan(build_model("lenet5"), 64, WORKERS, parse_rate(LINK), shared=False)
+    print(format_table(report))
+    # 2. The same choice made by `--plan auto` inside a run, against all dense.
+    max_samples = 1280 if args.fast else 12800
+    with tempfile.TemporaryDirectory() as tmp:
+        for plan in ("dense", "auto"):
+            summary = train(plan, max_samples, Path(tmp) / plan)
+            up, down = per_step(summary)
+            print(f"{plan:>5}: {summary['worker_steps']} steps in {summary['wall_s']:.1f} s, "
+                  f"per step up {up:,.0f} B, down {down:,.0f} B, "
+                  f"test accuracy {summary['accuracy']:.3f}")  # fmt: skip
+            chosen = Path(tmp) / plan / "plan.json"  # the run directory keeps auto's choice
+            if chosen.exists():
+                predicted = json.loads(chosen.read_text())["predicted"]
+                print(f"       planner predicted up {predicted['up_bytes_per_step']:,} B, "
+                      f"down {predicted['down_bytes_per_step']:,} B per step")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
