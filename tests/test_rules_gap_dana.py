@@ -5,17 +5,20 @@ The hand computations repeat the rules' float32 operations in the same order (lr
 and 1 - decay**k are Python floats cast once), so parameters compare bit for bit.
 """
 
+import json
 import threading
 
 import numpy as np
 import pytest
 from test_server_support import make_params, running_server
 
+from minips.cli import main
 from minips.client import PSClient
 from minips.config import RunConfig
 from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.launch import make_server
+from minips.metrics import read_metrics
 from minips.nn import build_model
 from minips.rules import make_rule
 from minips.trainer import evaluate
@@ -292,3 +295,36 @@ def test_two_workers_converge_over_sockets(rule, momentum, options):
     if rule != "dana":  # the gap was measured on (nearly) every push
         measured = [r for r in records if r["value_staleness"]]
         assert len(measured) >= len(records) - 2
+
+
+def test_minips_run_dana_gap_from_the_cli(tmp_path, capsys):
+    main(
+        ["run", "--rule", "dana-gap", "--rule-option", "momentum=0.5", "--momentum", "0",
+         "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--epochs", "2",
+         "--out", str(tmp_path), "--quiet", "--eval-interval", "0.5"]
+    )  # fmt: skip
+    assert "test accuracy" in capsys.readouterr().out
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rule"] == "dana-gap" and config["rule_options"] == {"momentum": 0.5}
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    updates = [r for r in records if r["event"] == "update"]
+    assert updates and all(r["rule"] == "dana-gap" for r in updates)
+    assert records[-1]["accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rule", "dana", "--gap-decay", "0.9"], "--gap-decay only applies to --rule gap"),
+        (
+            ["--rule", "gap", "--dana-momentum", "0.5"],
+            "--dana-momentum only applies to --rule dana",
+        ),
+    ],
+)
+def test_gap_and_dana_flags_belong_to_their_rule(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--out", str(tmp_path), "--quiet", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
