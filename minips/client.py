@@ -87,12 +87,17 @@ class PushReply:
     version: the server's version after handling the push. applied: the gradient went into
     an applied update (False: only queued, `last=False` under ssgd, or the server is
     stopping). staleness: tau = t - base when it was applied. stop: the server is stopping.
+    pull: with `push(..., pull_since=v)`, the pull half (then `version` is the pull's).
     """
 
     version: int
     applied: bool
     staleness: int
     stop: bool
+    pull: PullReply | None = None  # a fused push + pull: the parameters, as a pull's reply
+
+
+_NO_PULL = object()  # push() without its pull half
 
 
 class PSClient:
@@ -166,6 +171,7 @@ class PSClient:
         last: bool = True,
         codecs: Mapping[str, Spec] | None = None,
         samples: int | None = None,
+        pull_since: Any = _NO_PULL,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
 
@@ -177,6 +183,8 @@ class PSClient:
         samples: training examples behind this push (summed in the server's stats).
         Encoding happens once: retries resend the same bytes, and codec state (top-k's
         residual) counts the push as sent even if it finally fails (ServerUnavailable).
+        pull_since: also pull, in the same round trip, the parameters changed since this
+        version (None: all); the reply's `pull` holds them (one round trip per step).
         Do not modify the arrays while the call runs (they are sent without copying).
         Under ssgd the reply comes when the barrier completes.
         """
@@ -197,8 +205,14 @@ class PSClient:
             }
             if samples is not None:
                 header["samples"] = samples
-            h = self._worker_request(header, parts).header
-        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"])
+            if pull_since is not _NO_PULL:
+                header["pull_since"] = pull_since
+            message = self._worker_request(header, parts)
+        h = message.header
+        pulled = None
+        if "param_versions" in h:
+            pulled = PullReply(h["version"], message.arrays, h["param_versions"], h["stop"])
+        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
 
     @property
     def bytes_sent(self) -> dict[str, int]:

@@ -24,10 +24,15 @@ SEQ_WINDOW = 64  # answered pushes remembered per worker, for retries (docs/prot
 
 @dataclass(eq=False)
 class HeldPull:
-    """A pull the server answers later: where the reply goes, and the puller's `since`."""
+    """A pull the server answers later: where the reply goes, and the puller's `since`.
+
+    push_reply: for the pull half of a fused push + pull, the push's answer, sent together
+    with the parameters in one reply.
+    """
 
     reply_to: Any  # the server loop's Envelope
     since: int | None
+    push_reply: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)

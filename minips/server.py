@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from minips import wire
+from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
 from minips.optim import SGD
@@ -40,8 +41,6 @@ from minips.telemetry import Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
 log = logging.getLogger("minips.server")
-
-EXTRA_PREFIX = "extra/"  # push arrays that are not gradients (rule-specific extras)
 
 
 @dataclass(frozen=True)
@@ -86,17 +85,6 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     while split < len(frames) - 1 and len(frames[split]) == 0:
         split += 1
     return Envelope(routing=frames[:split]), frames[split:]
-
-
-def decode_gradients(message: Message) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A push's arrays as (float32 gradients by parameter name, extras by "extra/..." name)."""
-    grads, extras = {}, {}
-    for name, array in message.arrays.items():
-        if name.startswith(EXTRA_PREFIX):
-            extras[name] = array
-        else:
-            grads[name] = wire.to_float32(array, message.codecs[name])
-    return grads, extras
 
 
 class ParameterServer:
@@ -255,7 +243,12 @@ class ParameterServer:
             worker.held_pushes[seq].reply_to = envelope
             return
         if seen == "answered":  # a retry of an answered push: same answer, applied once
-            self.reply(envelope, worker.answered[seq], worker=worker)
+            if "pull_since" in header:  # and the pull half afresh
+                self.hold_pull(
+                    worker, HeldPull(envelope, header["pull_since"], worker.answered[seq])
+                )
+            else:
+                self.reply(envelope, worker.answered[seq], worker=worker)
             return
         if seen == "stale":
             raise ProtocolError(
@@ -266,10 +259,11 @@ class ParameterServer:
         self.store.check_push(header["base"], grads)
         push = Push(worker, seq, header["base"], header.get("last", True), grads, extras)
         push.reply_to, push.staleness = envelope, self.store.version - push.base
+        push.fused, push.pull_since = "pull_since" in header, header.get("pull_since")
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         push.worker.accept(push)
-        self.telemetry.count_push(push, request.arrays)
+        self.telemetry.count_push(push, request)
         if self.stopping:
             self.answer_push(push, applied=False)
             return
@@ -284,11 +278,15 @@ class ParameterServer:
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.sender(request)
-        worker.held_pull = HeldPull(envelope, request.header.get("since"))
-        if worker.observer:  # an observer never waits for a rule
+        self.hold_pull(worker, HeldPull(envelope, request.header.get("since")))
+
+    def hold_pull(self, worker: WorkerState, pull: HeldPull) -> None:
+        """Answer a pull now if the rule allows it (an observer's always), else hold it."""
+        worker.held_pull = pull
+        if worker.observer or self.stopping:
             self.answer_pull(worker)
-        else:
-            self.release_pulls()
+        elif not self.registry.assembling and self.rule.may_answer_pull(worker):
+            self.answer_pull(worker)
 
     def sender(self, request: Message) -> WorkerState:
         """The live worker a request comes from, its heartbeat and traffic recorded."""
@@ -339,7 +337,10 @@ class ParameterServer:
         header = {"op": "push", "version": version, "seq": push.seq, "applied": applied,
                   "staleness": staleness, "stop": self.stopping}  # fmt: skip
         push.worker.remember_answer(push.seq, header)
-        self.reply(push.reply_to, header, worker=push.worker)
+        if push.fused:  # the parameters go with the answer, when the rule lets them
+            self.hold_pull(push.worker, HeldPull(push.reply_to, push.pull_since, header))
+        else:
+            self.reply(push.reply_to, header, worker=push.worker)
 
     # ------------------------------------------------------------------------------ pulls
 
@@ -362,6 +363,9 @@ class ParameterServer:
         names = self.store.changed_since(held.since)
         header = {"op": "pull", "version": self.store.version,
                   "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
+        if held.push_reply is not None:  # a fused push + pull: one reply for both
+            header = {**held.push_reply, "version": self.store.version, "stop": self.stopping,
+                      "param_versions": self.store.param_versions}  # fmt: skip
         arrays = {name: self.store.snapshot(name) for name in names}
         self.reply(held.reply_to, header, arrays, worker=worker)
         if not worker.observer:

@@ -11,10 +11,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     from minips.rules import Push
+    from minips.wire import Message
 
 log = logging.getLogger("minips.server")
 
@@ -85,11 +84,14 @@ class Telemetry:
         self.counters = Counters()
         self.on_update = on_update
 
-    def count_push(self, push: Push, arrays: dict[str, np.ndarray]) -> None:
-        """Count an accepted push's array bytes: gradients and extras apart."""
-        extra = sum(array.nbytes for array in push.extra.values())
-        self.counters.extra_bytes_in += extra
-        self.counters.grad_bytes_in += sum(array.nbytes for array in arrays.values()) - extra
+    def count_push(self, push: Push, message: Message) -> None:
+        """Count an accepted push's array bytes as sent: gradients and extras apart."""
+        for name in message.codecs:
+            nbytes = sum(frame.nbytes for frame in message.frames_of(name))
+            if name in push.extra:
+                self.counters.extra_bytes_in += nbytes
+            else:
+                self.counters.grad_bytes_in += nbytes
 
     def update(self, record: UpdateRecord) -> None:
         """Count an applied update (or a dropped push) and report it."""

@@ -66,6 +66,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "base": ("uint", True),
         "last": ("bool", False),
         "samples": ("uint", False),
+        "pull_since": ("uint?", False),  # present: a fused push + pull (protocol.md 5.3)
     },
     "ping": {"worker": _WORKER},
     "stats": {},
@@ -89,6 +90,7 @@ REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "applied": ("bool", True),
         "staleness": ("uint", True),
         "stop": ("bool", True),
+        "param_versions": ("map", False),  # the pull half of a fused push + pull
     },
     "ping": {"version": ("uint", True), "stop": ("bool", True)},
     "stats": {"stats": ("map", True)},

@@ -36,6 +36,8 @@ class Push:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # "extra/<key>" -> array
     staleness: int = 0
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
+    fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
+    pull_since: int | None = None
 
 
 @dataclass(eq=False)
