@@ -366,7 +366,10 @@ class ParameterServer:
         if held.push_reply is not None:  # a fused push + pull: one reply for both
             header = {**held.push_reply, "version": self.store.version, "stop": self.stopping,
                       "param_versions": self.store.param_versions}  # fmt: skip
-        arrays = {name: self.store.snapshot(name) for name in names}
+        # DANA's look-ahead; None (every other rule, and every observer): the parameters
+        arrays = None if worker.observer else self.rule.pull_values(worker, names)
+        if arrays is None:
+            arrays = {name: self.store.snapshot(name) for name in names}
         self.reply(held.reply_to, header, arrays, worker=worker)
         if not worker.observer:
             self.rule.on_pulled(worker)

@@ -217,6 +217,21 @@ def test_dana_keeps_one_momentum_per_worker_and_sends_the_look_ahead():
                     np.testing.assert_array_equal(sent[n], _look_ahead(w3, total, lr, gamma)[n])
 
 
+def test_dana_sends_the_look_ahead_in_a_fused_push_and_pull_too():
+    lr, gamma = 0.5, 0.75
+    params = make_params()
+    g1 = _grads(1)
+    with running_server("dana", params=params, lr=lr, rule_options={"momentum": gamma}) as server:
+        with PSClient(server.endpoint) as a:
+            a.hello()
+            w0 = _copy(a.pull().params)
+            reply = a.push(g1, base=0, pull_since=0)
+    assert reply.applied and reply.pull.version == 1
+    w1 = _sgd(w0, g1, lr)
+    for n in w1:
+        np.testing.assert_array_equal(reply.pull.params[n], _look_ahead(w1, g1, lr, gamma)[n])
+
+
 def test_dana_gap_measures_the_gap_from_the_look_ahead_it_sent():
     lr, gamma, decay = 0.5, 0.5, 0.75
     params = make_params()
