@@ -465,7 +465,12 @@ class ParameterServer:
         """The arrays of a pull reply: changed parameters dense, or as the plan says."""
         if self.pulls is not None:
             return self.pulls.parts(worker, since)
-        return [wire.WirePart(n, self.store.snapshot(n)) for n in self.store.changed_since(since)]
+        names = self.store.changed_since(since)
+        # DANA's look-ahead; None (every other rule, and every observer): the parameters
+        values = None if worker.observer else self.rule.pull_values(worker, names)
+        if values is None:
+            values = {name: self.store.snapshot(name) for name in names}
+        return [wire.WirePart(name, array) for name, array in values.items()]
 
     @property
     def workers(self) -> dict[str, WorkerState]:

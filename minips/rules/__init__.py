@@ -10,11 +10,13 @@ the server loop carries out:
             return Outcome.apply(push, scale=self.factor(push.staleness))   # lr * f(tau)
 
 classic.py: asgd, ssp, ssgd. delay.py: dasgd (clock staleness), vsgd (value staleness),
-dcasgd (delay compensation). A rule's options are declared once (`options`), and the CLI
-flags are derived from them. Register a new class in RULES below, or, without touching
-minips, name it on the command line as `--rule MODULE:CLASS` (a dotted module on the path,
-or a .py file: `--rule my_rules.py:Damped`, examples/03_new_rule.py). docs/algorithms.md
-has the math of every rule and the papers they come from.
+dcasgd (delay compensation). gap.py: gap (Gap-Aware, value staleness per coordinate).
+dana.py: dana (DANA-Zero: gradients at the momentum look-ahead), dana-gap (both). A rule's
+options are declared once (`options`), and the CLI flags are derived from them. Register
+a new class in RULES below, or, without touching minips, name it on the command line as
+`--rule MODULE:CLASS` (a dotted module on the path, or a .py file: `--rule
+my_rules.py:Damped`, examples/03_new_rule.py). docs/algorithms.md has the math of every
+rule and the papers they come from.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ from typing import Any
 from minips.errors import ConfigError
 from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, WorkerSide, layer_of
 from minips.rules.classic import ASGD, SSGD, SSP
+from minips.rules.dana import DANA, DANAGap
 from minips.rules.delay import DASGD, DCASGD, VSGD
+from minips.rules.gap import GapAware
 
-RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (ASGD, SSGD, SSP, DASGD, VSGD, DCASGD)}
+RULES: dict[str, type[Rule]] = {
+    cls.name: cls for cls in (ASGD, SSGD, SSP, DASGD, VSGD, DCASGD, GapAware, DANA, DANAGap)
+}
 
 
 def make_rule(name: str, **options: Any) -> Rule:
@@ -88,6 +94,7 @@ def worker_side(described: dict[str, Any]) -> WorkerSide:
 
 
 __all__ = [
-    "ASGD", "DASGD", "DCASGD", "RULES", "SSGD", "SSP", "VSGD", "Outcome", "Push", "Rule",
-    "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule", "rule_class", "worker_side",
+    "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "GapAware", "SSGD", "SSP", "VSGD",
+    "Outcome", "Push", "Rule", "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule",
+    "rule_class", "worker_side",
 ]  # fmt: skip

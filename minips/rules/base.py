@@ -125,6 +125,8 @@ class Rule:
         check_push(push)         raise ProtocolError(..., "rule") to refuse a push untouched
         on_push(push)            -> Outcome: apply now, or hold the push for later
         may_answer_pull(worker)  False holds the pull; asked again after every event
+        pull_values(worker, names) -> the values a worker's pull reply carries (DANA: the
+                                 look-ahead); None: the current parameters
         on_pulled(worker)        a pull reply was sent (DC-ASGD keeps w_bak here)
         after_update(update)     an update of this rule's was just applied (VSGD measures it)
         on_worker_left(worker)   -> Outcome: bye or declared dead; leave any barrier
@@ -161,6 +163,13 @@ class Rule:
 
     def may_answer_pull(self, worker: WorkerState) -> bool:
         return True
+
+    def pull_values(self, worker: WorkerState, names: list[str]) -> dict[str, np.ndarray] | None:
+        """What a worker's pull reply carries for `names` (changed since its `since`) instead
+        of the current parameters: fresh or read-only float32 arrays that are never changed
+        afterwards (they are sent without copying). None: the parameters (the default).
+        Not asked for an observer's pull, which always gets the parameters."""
+        return None
 
     def on_pulled(self, worker: WorkerState) -> None:
         pass

@@ -1,0 +1,169 @@
+"""DANA (Hakimi, Barkai, Gabel, Schuster, arXiv 1907.11612): gradients at the look-ahead.
+
+With momentum, a gradient that arrives tau updates late was computed on parameters that
+the momentum has since carried further. DANA sends each worker, instead of the current
+parameters, an estimate of where they will be when its gradient arrives, so the gradient
+is computed (nearly) where it will be applied. DANA-GA adds Gap-Aware's penalty for what
+the estimate missed (the GA paper evaluates this combination).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from minips.errors import ConfigError
+from minips.rules.base import (
+    Outcome,
+    Push,
+    RuleOption,
+    Update,
+    _is_number,
+    _option,
+    option_default,
+)
+from minips.rules.classic import ASGD
+from minips.rules.gap import GapAware, GapPenalty, PulledValues
+
+if TYPE_CHECKING:
+    from minips.registry import WorkerRegistry, WorkerState
+    from minips.store import ParameterStore
+
+
+class DANA(ASGD):
+    """DANA-Zero (Hakimi et al., arXiv 1907.11612, the master-side variant): one momentum
+    vector per worker on the server, and each worker sent the look-ahead.
+
+    On a push of g by worker i (gamma: --dana-momentum, eta: the server's lr):
+
+        v_i   <- gamma * v_i + g                       (v_i = 0 before i's first push)
+        w     <- w - eta * v_i
+        pull reply to worker i:  w_hat = w - eta * gamma * sum_j v_j      (all live workers)
+
+    Each worker's next update will add gamma * v_j on top of its new gradient, so w_hat is
+    where w will be once every worker has pushed once more: about when i's gradient lands.
+    The worker computes its gradient at w_hat as it would at any pulled values (nothing
+    extra on the wire; docs/protocol.md §6.5); an observer's pull (the evaluator) gets w.
+
+    The momentum is the rule's, per worker, so the server's own SGD must have none: run
+    it with --momentum 0 (a ConfigError otherwise); weight decay, if any, is added by the
+    server's SGD outside the momentum. Costs: one model-sized velocity per worker plus their
+    running sum on the server; one look-ahead computed per pull (no shared snapshot). A
+    worker that leaves takes its momentum out of the sum.
+    """
+
+    name = "dana"
+    options = (
+        RuleOption("momentum", "--dana-momentum", float, 0.9,
+                   "dana: momentum gamma, one buffer per worker (server --momentum 0).",
+                   minimum=0, maximum=1, max_open=True),
+    )  # fmt: skip
+
+    def __init__(self, momentum: float | None = None) -> None:
+        momentum = option_default(DANA, "momentum") if momentum is None else momentum
+        _option("dana", "momentum", momentum, _is_number(momentum) and 0 <= momentum < 1,
+                "in [0, 1)")  # fmt: skip
+        self.momentum = float(momentum)
+        self._velocity: dict[str, dict[str, np.ndarray]] = {}  # worker -> name -> v_i
+        self._sum: dict[str, np.ndarray] = {}  # name -> sum_j v_j
+
+    def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
+        if store.optimizer.momentum:
+            raise ConfigError(
+                f"rule {self.name} keeps one momentum per worker (--dana-momentum); run the"
+                f" server with --momentum 0, not {store.optimizer.momentum:g}"
+            )
+        super().attach(store, registry)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "momentum": self.momentum}
+
+    def gradient(self, push: Push) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+        """The gradient that enters v_i (DANA: as pushed), and per-layer telemetry."""
+        return push.grads, None
+
+    def on_push(self, push: Push) -> Outcome:
+        grads, telemetry = self.gradient(push)
+        velocity = self._velocity.setdefault(push.worker.worker_id, {})
+        gamma = np.float32(self.momentum)
+        for name, grad in grads.items():
+            old = velocity.get(name)
+            if old is None:  # i's first push of this parameter: v_i = g
+                velocity[name] = new = grad.copy()
+                total = self._sum.get(name)
+                self._sum[name] = new.copy() if total is None else total + new
+            else:
+                velocity[name] = new = gamma * old + grad
+                self._sum[name] = self._sum[name] + (new - old)  # sum_j v_j, kept as it changes
+        steps = [(name, velocity[name], 1.0) for name in grads]  # the server's SGD: w -= lr v_i
+        return Outcome(
+            updates=[Update([push], steps, value_staleness=telemetry)], answers=[(push, True)]
+        )
+
+    def pull_values(self, worker: WorkerState, names: list[str]) -> dict[str, np.ndarray]:
+        """w_hat = w - float32(eta * gamma) * sum_j v_j for each name (fresh arrays)."""
+        ahead = np.float32(self.store.optimizer.lr * self.momentum)
+        params = self.store.params
+        return {
+            name: params[name] - ahead * self._sum[name]
+            if name in self._sum
+            else self.store.snapshot(name)
+            for name in names
+        }
+
+    def on_worker_left(self, worker: WorkerState) -> Outcome:
+        for name, velocity in self._velocity.pop(worker.worker_id, {}).items():
+            self._sum[name] = self._sum[name] - velocity  # it will not be applied again
+        return Outcome()
+
+
+class DANAGap(DANA):
+    """DANA-GA: DANA-Zero with Gap-Aware's penalty (Barkai, Hakimi, Schuster, ICLR 2020, §6).
+
+    As DANA, but each gradient is divided by its Gap before it enters v_i:
+
+        G  = 1 + |w - w_hat_then| / C                (elementwise; GapPenalty has C)
+        v_i <- gamma * v_i + g / G;   w <- w - eta * v_i
+
+    w_hat_then is the look-ahead the worker was sent (and computed at), kept by reference
+    per worker, so the gap is what the look-ahead missed, not the clock delay. Options:
+    momentum (DANA's) and decay (Gap-Aware's), with --rule-option KEY=VALUE (the flags
+    --dana-momentum and --gap-decay belong to dana and gap).
+    """
+
+    name = "dana-gap"
+    options = ()  # each CLI flag has one owner rule; see the docstring
+
+    def __init__(self, momentum: float | None = None, decay: float | None = None) -> None:
+        super().__init__(momentum)
+        decay = option_default(GapAware, "decay") if decay is None else decay
+        _option("dana-gap", "decay", decay, _is_number(decay) and 0 <= decay < 1, "in [0, 1)")
+        self.decay = float(decay)
+        self.penalty = GapPenalty(self.decay)
+        self.pulled = PulledValues()
+        self._before: dict[str, np.ndarray] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "momentum": self.momentum, "decay": self.decay}
+
+    def pull_values(self, worker: WorkerState, names: list[str]) -> dict[str, np.ndarray]:
+        values = super().pull_values(worker, names)
+        self.pulled.record(worker.worker_id, self.store.version, values)
+        return values
+
+    def gradient(self, push: Push) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+        params = self.store.params
+        self._before = {name: params[name].copy() for name in push.grads}
+        then = self.pulled.at(push.worker.worker_id, push.base)
+        if then is None:
+            return push.grads, None  # no reference point: plain DANA
+        return self.penalty.penalize(push.grads, self._before, then)
+
+    def after_update(self, update: Update) -> None:
+        for name, before in self._before.items():
+            self.penalty.record_move(name, self.store.params[name] - before)
+
+    def on_worker_left(self, worker: WorkerState) -> Outcome:
+        self.pulled.forget(worker.worker_id)
+        return super().on_worker_left(worker)
