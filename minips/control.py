@@ -30,6 +30,7 @@ class Control:
 
     def __init__(self, server: ParameterServer) -> None:
         self.server = server
+        self._checkpointed = (time.monotonic(), server.store.version)  # when, at which version
 
     def hello(self, envelope: Envelope, request: Message) -> None:
         """Register (or re-register) a worker or observer; reply with the run's config."""
@@ -101,6 +102,25 @@ class Control:
         server.reply(envelope, header)
 
     # ------------------------------------------------------------------ leaving, stopping
+
+    def resume(self, path: str | Path) -> None:
+        """Start from a checkpoint: parameters, versions, optimizer state, and the update and
+        sample counts (a sample budget goes on where the checkpoint left it)."""
+        meta = self.server.store.load(path)
+        counters = self.server.telemetry.counters
+        counters.updates, counters.samples = meta.get("updates", 0), meta.get("samples", 0)
+        self._checkpointed = (time.monotonic(), self.server.store.version)
+        log.info("resumed from %s at version %d (%s)", path, self.server.store.version, meta)
+
+    def checkpoint_if_due(self, now: float) -> None:
+        """The time-based checkpoint: every `checkpoint_interval` seconds, if anything changed
+        (written atomically: a crash leaves the previous one, docs/protocol.md 7)."""
+        interval, (last, version) = self.server.options.checkpoint_interval, self._checkpointed
+        if not (interval and self.server.options.checkpoint_path) or now - last < interval:
+            return
+        if self.server.store.version != version:
+            self.save_checkpoint()
+        self._checkpointed = (now, self.server.store.version)
 
     def check_liveness(self, now: float) -> None:
         """Declare workers dead that have sent nothing for the heartbeat timeout."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from minips.wire import ProtocolError
 
@@ -95,6 +97,30 @@ class WorkerState:
         self.highest_seq = max(self.highest_seq, push.seq)
         self.pushes += 1
         self.extra_bytes_in += sum(array.nbytes for array in push.extra.values())
+
+    def assemble_step(self, push: Push, version: int) -> Push | None:
+        """A step sent in several pushes reaches the rule as ONE push, with its `last` one.
+
+        A `last: false` push (a layer sent while backward still ran: wait-free sending) is
+        kept (None: the caller answers it `applied: false`); the step's `last` push takes in
+        the kept gradients (summed per parameter) and the oldest base, so t advances once
+        per step and the step's clock staleness is that of its oldest gradient, measured at
+        `version` (docs/protocol.md 5.3).
+        """
+        kept = self.partial_step
+        if not push.last:
+            if kept is None:
+                own = {name: np.array(grad, np.float32) for name, grad in push.grads.items()}
+                self.partial_step = replace(push, grads=own)
+            else:
+                _add_gradients(kept, push)
+            return None
+        if kept is not None:
+            self.partial_step = None
+            _add_gradients(kept, push)
+            push.grads, push.base = kept.grads, kept.base
+            push.staleness = version - push.base
+        return push
 
     def remember_answer(self, seq: int, header: dict[str, Any]) -> None:
         """Keep a push's reply for retries (the last SEQ_WINDOW of them)."""
@@ -278,3 +304,13 @@ class WorkerRegistry:
         workers = [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
         expiry = OBSERVER_EXPIRY * timeout
         return workers + [w for w in self.observers() if now - w.last_seen > expiry]
+
+
+def _add_gradients(into: Push, push: Push) -> None:
+    """Sum `push`'s gradients into `into`'s (own float32 copies); keep the older base."""
+    for name, grad in push.grads.items():
+        if name in into.grads:
+            into.grads[name] += grad
+        else:
+            into.grads[name] = np.array(grad, np.float32)
+    into.base = min(into.base, push.base)

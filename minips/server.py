@@ -21,7 +21,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +97,24 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     return Envelope(routing=frames[:split], origin=origin), frames[split:]
 
 
-def _add_gradients(into: Push, push: Push) -> None:
-    """Sum `push`'s gradients into `into`'s (own float32 copies); keep the older base."""
-    for name, grad in push.grads.items():
-        if name in into.grads:
-            into.grads[name] += grad
-        else:
-            into.grads[name] = np.array(grad, np.float32)
-    into.base = min(into.base, push.base)
+def open_router(
+    context: zmq.Context, options: ServerOptions
+) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
+    """The server's ROUTER socket, its memory bounded before anything is buffered, and
+    (with keys) CURVE and the thread that checks every client's key."""
+    socket = context.socket(zmq.ROUTER)
+    limits = options.limits
+    # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
+    # buffering it, and queues at most send_hwm replies for a client that does not read.
+    socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
+    socket.setsockopt(zmq.SNDHWM, options.send_hwm)
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
+    socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
+    gatekeeper = None
+    if options.keys is not None:
+        gatekeeper = auth.start_gatekeeper(context, options.keys)
+        auth.make_curve_server(socket, options.keys)
+    return socket, gatekeeper
 
 
 class ParameterServer:
@@ -147,11 +157,10 @@ class ParameterServer:
         self._stop_requested = False  # set from a signal handler or another thread
         self._stop_deadline = 0.0
         self.finished_by_workers = False  # stopped because every rank finished its shard
-        if options.resume:
-            self.resume(options.resume)
-        self._checkpointed = (time.monotonic(), self.store.version)  # when, at which version
         self.pulls: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
         self.control = control = Control(self)
+        if options.resume:
+            control.resume(options.resume)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
             "push": self.handle_push,  # below: where gradients become updates
             "pull": self.handle_pull,
@@ -163,28 +172,12 @@ class ParameterServer:
             "checkpoint": control.checkpoint,
         }
         self._context = zmq.Context()
-        self._gatekeeper = None
-        self.socket = self._open_socket(options)
+        self.socket, self._gatekeeper = open_router(self._context, options)
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
         log.info("serving %d parameters on %s, rule %s", len(params), self.endpoint, rule.name)
-
-    def _open_socket(self, options: ServerOptions) -> zmq.Socket:
-        """The ROUTER socket, its memory bounded before anything is buffered (and CURVE)."""
-        socket = self._context.socket(zmq.ROUTER)
-        limits = options.limits
-        # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
-        # buffering it, and queues at most send_hwm replies for a client that does not read.
-        socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
-        socket.setsockopt(zmq.SNDHWM, options.send_hwm)
-        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
-        socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
-        if options.keys is not None:
-            self._gatekeeper = auth.start_gatekeeper(self._context, options.keys)
-            auth.make_curve_server(socket, options.keys)
-        return socket
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -224,27 +217,9 @@ class ParameterServer:
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
             self.send_error(envelope, error, body)
 
-    def resume(self, path: str | Path) -> None:
-        """Start from a checkpoint: parameters, versions, optimizer state, and the update and
-        sample counts (a sample budget goes on where the checkpoint left it)."""
-        meta = self.store.load(path)
-        counters = self.telemetry.counters
-        counters.updates, counters.samples = meta.get("updates", 0), meta.get("samples", 0)
-        log.info("resumed from %s at version %d (%s)", path, self.store.version, meta)
-
-    def checkpoint_if_due(self, now: float) -> None:
-        """The time-based checkpoint: every `checkpoint_interval` seconds, if anything changed
-        (written atomically: a crash leaves the previous one, docs/protocol.md 7)."""
-        interval, (last, version) = self.options.checkpoint_interval, self._checkpointed
-        if not (interval and self.options.checkpoint_path) or now - last < interval:
-            return
-        if self.store.version != version:
-            self.control.save_checkpoint()
-        self._checkpointed = (now, self.store.version)
-
     def on_tick(self, now: float) -> None:
         """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints."""
-        self.checkpoint_if_due(now)
+        self.control.checkpoint_if_due(now)
         self.control.check_liveness(now)
         if self.registry.assembling:
             self.registry.update_assembly(now)
@@ -327,37 +302,15 @@ class ParameterServer:
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
-        step = self.assemble_step(push)
-        if step is not None:
+        step = worker.assemble_step(push, self.store.version)
+        if step is None:  # a layer of a step sent in several pushes: kept for its last one
+            self.answer_push(push, applied=False)
+        else:
             self.carry_out(self.rule.on_push(step))
         max_samples = self.options.max_samples
         if max_samples and self.telemetry.counters.samples >= max_samples:
             log.info("sample budget of %d reached: stopping", max_samples)
             self.control.begin_stop()  # now, not on the loop's next turn: later messages see it
-
-    def assemble_step(self, push: Push) -> Push | None:
-        """A step sent in several pushes reaches the rule as ONE push, with its `last` one.
-
-        A `last: false` push (a layer sent while backward still ran: wait-free sending) is
-        decoded and kept, and answered `applied: false`; the step's `last` push takes in the
-        kept gradients (summed per parameter) and the oldest base, so t advances once per
-        step and the step's clock staleness is that of its oldest gradient (protocol.md 5.3).
-        """
-        worker, kept = push.worker, push.worker.partial_step
-        if not push.last:
-            if kept is None:
-                own = {name: np.array(grad, np.float32) for name, grad in push.grads.items()}
-                worker.partial_step = replace(push, grads=own)
-            else:
-                _add_gradients(kept, push)
-            self.answer_push(push, applied=False)
-            return None
-        if kept is not None:
-            worker.partial_step = None
-            _add_gradients(kept, push)
-            push.grads, push.base = kept.grads, kept.base
-            push.staleness = self.store.version - push.base
-        return push
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.sender(envelope, request)
