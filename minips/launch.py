@@ -128,10 +128,13 @@ def run_local(
     with _server_link(config) as (server_prefix, server_host):
         if server_host is not None:  # tcp on the shaped link (ipc would go around it)
             config = replace(config, bind=f"tcp://{server_host}:*")
-        return _run_cluster(
-            config, out, eval_interval, progress, startup_timeout, server_prefix, on_start,
-            announce,
-        )  # fmt: skip
+        try:
+            return _run_cluster(
+                config, out, eval_interval, progress, startup_timeout, server_prefix, on_start,
+                announce,
+            )  # fmt: skip
+        finally:
+            (out / "server.sock").unlink(missing_ok=True)  # local_endpoint's ipc socket file
 
 
 def _run_cluster(
@@ -278,7 +281,8 @@ def _start(
     whose rate is the workers'.
     """
     base = [sys.executable, "-m", "minips"]
-    start_server(cluster, config, out, t0, server_prefix or [])
+    cluster.server_prefix = server_prefix or []  # a restarted server runs behind it too
+    start_server(cluster, config, out, t0, cluster.server_prefix)
     endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
     # The evaluator first: registered before any worker trains, it sees the first and
     # (the server waits for observers when stopping) the final parameters.
@@ -352,7 +356,8 @@ def restart_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -
     cluster.restarts.append(restart)
     endpoint = (out / "endpoint").read_text().strip()
     (out / "endpoint").unlink()
-    start_server(cluster, replace(config, resume=str(checkpoint), bind=endpoint), out, t0)
+    resumed = replace(config, resume=str(checkpoint), bind=endpoint)
+    start_server(cluster, resumed, out, t0, cluster.server_prefix)
     cluster.wait_for_file(out / "endpoint", "server", timeout=60)
     return True
 
@@ -442,6 +447,7 @@ class _Cluster:
     def __init__(self, logs: Path, env: dict[str, str]) -> None:
         self.logs = logs
         self.env = env
+        self.server_prefix: list[str] = []  # --netem: the command prefix of the server
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int | None] = {}
         self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
