@@ -6,23 +6,20 @@ and 1 - decay**k are Python floats cast once), so parameters compare bit for bit
 """
 
 import json
-import threading
 
 import numpy as np
 import pytest
-from test_server_support import make_params, running_server
+from test_server_support import make_params, running_server, train_two_workers
 
 from minips.cli import main
 from minips.client import PSClient
 from minips.config import RunConfig
 from minips.data import load_dataset
 from minips.errors import ConfigError
-from minips.launch import make_server
 from minips.metrics import read_metrics
 from minips.nn import build_model
 from minips.rules import make_rule
 from minips.trainer import evaluate
-from minips.worker import Worker
 
 F32 = np.float32
 
@@ -277,30 +274,9 @@ FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05}
 def test_two_workers_converge_over_sockets(rule, momentum, options):
     spec = RunConfig(epochs=1, workers=2, rule=rule, rule_options=options, momentum=momentum,
                      bind="tcp://127.0.0.1:*", **FAST)  # fmt: skip
-    records = []
-    server = make_server(spec, on_update=records.append)
-    loop = threading.Thread(target=server.run, daemon=True)
-    loop.start()
-    reports = []
-
-    def work(slowdown):
-        with PSClient(server.endpoint, timeout=30) as client:
-            reports.append(Worker(client, slowdown=slowdown).run())
-            client.bye()
-
-    try:
-        workers = [threading.Thread(target=work, args=(factor,)) for factor in (None, 1.5)]
-        for thread in workers:
-            thread.start()
-        for thread in workers:
-            thread.join(timeout=120)
-        stats = server.stats()
-    finally:
-        server.request_stop()
-        loop.join(timeout=10)
-        server.close()
+    params, records, reports, stats = train_two_workers(spec)
     model = build_model("mlp", seed=0)
-    model.set_params(server.store.params)
+    model.set_params(params)
     data = load_dataset("synthetic")
     accuracy, _ = evaluate(model, data.x_test, data.y_test)
     assert accuracy >= 0.9

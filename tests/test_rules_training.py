@@ -1,20 +1,17 @@
 """The new rules train for real: workers over sockets, and `minips run` from the CLI."""
 
 import json
-import threading
 
 import pytest
+from test_server_support import train_two_workers
 
 from minips.cli import main
 from minips.cli.ps_cmd import run_command
-from minips.client import PSClient
 from minips.config import RunConfig
 from minips.data import load_dataset
-from minips.launch import make_server
 from minips.metrics import read_metrics
 from minips.nn import build_model
 from minips.trainer import evaluate
-from minips.worker import Worker
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
 
@@ -33,31 +30,10 @@ def test_two_workers_converge_with_each_new_rule(rule, options):
     spec = RunConfig(
         epochs=1, workers=2, rule=rule, rule_options=options, bind="tcp://127.0.0.1:*", **FAST
     )
-    records = []
-    server = make_server(spec, on_update=records.append)
-    loop = threading.Thread(target=server.run, daemon=True)
-    loop.start()
-    reports = []
-
-    def work(slowdown):
-        with PSClient(server.endpoint, timeout=30) as client:
-            reports.append(Worker(client, slowdown=slowdown).run())
-            client.bye()
-
-    try:
-        workers = [threading.Thread(target=work, args=(factor,)) for factor in (None, 1.5)]
-        for thread in workers:
-            thread.start()
-        for thread in workers:
-            thread.join(timeout=120)
-        stats = server.stats()
-    finally:
-        server.request_stop()
-        loop.join(timeout=10)
-        server.close()
+    params, records, reports, stats = train_two_workers(spec)
 
     model = build_model("mlp", seed=0)
-    model.set_params(server.store.params)
+    model.set_params(params)
     data = load_dataset("synthetic")
     accuracy, _ = evaluate(model, data.x_test, data.y_test)
     assert accuracy >= 0.9

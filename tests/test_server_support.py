@@ -116,3 +116,36 @@ def send_then_fence(peer: RawPeer, header, arrays=None) -> wire.Message | None:
 def worker_rows(client) -> dict[str, dict]:
     """The `stats` reply's per-worker rows, by worker id (client: a PSClient)."""
     return {row["worker"]: row for row in client.stats()["workers"]}
+
+
+def train_two_workers(spec):
+    """A server built from the RunConfig `spec` (in a thread) and two real `Worker` loops
+    over sockets, the second slowed 1.5x, run until both finished. Returns the final
+    (parameters, update records, worker reports, stats)."""
+    from minips.client import PSClient
+    from minips.launch import make_server
+    from minips.worker import Worker
+
+    records = []
+    server = make_server(spec, on_update=records.append)
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    reports = []
+
+    def work(slowdown):
+        with PSClient(server.endpoint, timeout=30) as client:
+            reports.append(Worker(client, slowdown=slowdown).run())
+            client.bye()
+
+    try:
+        workers = [threading.Thread(target=work, args=(factor,)) for factor in (None, 1.5)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join(timeout=120)
+        stats = server.stats()
+    finally:
+        server.request_stop()
+        loop.join(timeout=10)
+        server.close()
+    return server.store.params, records, reports, stats
