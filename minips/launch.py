@@ -205,8 +205,9 @@ def _server_link(config: RunConfig) -> Iterator[tuple[list[str], str | None]]:
 
 def local_endpoint(out: Path) -> str:
     """The server's address for a run on this machine: an ipc:// socket in the run directory
-    where ZeroMQ has ipc (an exchange of LeNet-5's 1.72 MB each way takes ~0.6x the time
-    of tcp loopback: BENCHMARKS.md, "wire"), else a free tcp port on loopback."""
+    where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
+    time of tcp loopback: BENCHMARKS.md, "wire, after the reshaping"), else a free tcp port
+    on loopback."""
     path = (out / "server.sock").resolve()
     if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
         return f"ipc://{path}"
