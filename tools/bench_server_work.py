@@ -1,0 +1,85 @@
+"""The server's own work for one step, in-process: no peer, no network, no client.
+
+A ParameterServer (asgd, plain SGD) holding LeNet-5-sized tensors is handed prebuilt request
+frames directly (`serve`), one push of all gradients and then a pull (`pushpull`), or one
+fused push with `pull_since` (`fused`); the figure is the median time of that call over 300
+steps after 30 warm-up steps. Replies go to a ROUTER socket with no peer (ZeroMQ drops
+them), so what is timed is decoding, checks, the update and encoding the reply.
+
+    python tools/bench_server_work.py pushpull|fused
+    PYTHONPATH=<a checkout of an older commit> python tools/bench_server_work.py pushpull
+
+The second form times an older version of minips (one from before `ServerOptions`, whose
+handler was `_handle` and which had no fused exchange, works too).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_wire import _tensors  # noqa: E402
+
+from minips import server as server_module  # noqa: E402
+from minips import wire  # noqa: E402
+from minips.optim import SGD  # noqa: E402
+from minips.rules import make_rule  # noqa: E402
+
+NEW = hasattr(server_module, "ServerOptions")
+
+
+def _server():
+    params = _tensors()
+    cls = server_module.ParameterServer
+    if NEW:
+        server = cls(params, make_rule("asgd"), SGD(params, lr=1e-6), server_module.ServerOptions())
+        return server, server.serve
+    server = cls(params, make_rule("asgd"), SGD(params, lr=1e-6), {})
+    return server, server._handle
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "pushpull"
+    if mode == "fused" and not NEW:
+        raise SystemExit("this version has no fused exchange")
+    server, serve = _server()
+    grads, rid = _tensors(1), [0]
+
+    def frames(header, arrays=None):
+        rid[0] += 1
+        body = wire.encode({**header, "rid": rid[0]}, arrays)
+        return [zmq.Frame(b"\x00abcd")] + [zmq.Frame(bytes(f)) for f in body]
+
+    serve(frames({"op": "hello", "worker": "w"}))
+    state = {"version": 0, "seq": 0}
+
+    def step() -> float:
+        version = state["version"]
+        header = {"op": "push", "worker": "w", "seq": state["seq"], "base": version}
+        if mode == "fused":
+            header["pull_since"] = version
+        request = frames(header, grads)
+        state["seq"] += 1
+        tick = time.perf_counter()
+        serve(request)
+        if mode != "fused":
+            serve(frames({"op": "pull", "worker": "w", "since": version}))
+        elapsed = time.perf_counter() - tick
+        state["version"] = server.store.version
+        return elapsed
+
+    for _ in range(30):
+        step()
+    times = [step() for _ in range(300)]
+    label = "current" if NEW else "old"
+    print(f"{label} {mode}: {statistics.median(times) * 1e3:.3f} ms (median of 300)")
+    server.close()
+
+
+if __name__ == "__main__":
+    main()
