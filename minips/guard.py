@@ -5,7 +5,8 @@
     check_owner(worker, origin)      a live worker id answers only to who registered it
     require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (CURVE)
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
-    check_stays_finite(store, grads) refuse a push whose step would overflow a parameter
+    check_stays_finite(store, grads, sq_norms)
+                                     refuse a push whose step would overflow a parameter
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
 section 9: an error changes nothing).
@@ -13,13 +14,14 @@ section 9: an error changes nothing).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
-from minips.wire import ProtocolError, all_finite
+from minips.wire import ProtocolError, all_finite, sum_of_squares
 
 if TYPE_CHECKING:
     from minips.auth import ServerKeys
@@ -103,7 +105,11 @@ def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, n
     return {name: g * factor for name, g in grads.items()}
 
 
-def check_stays_finite(store: ParameterStore, grads: dict[str, np.ndarray]) -> None:
+def check_stays_finite(
+    store: ParameterStore,
+    grads: dict[str, np.ndarray],
+    sq_norms: dict[str, float] | None = None,
+) -> None:
     """`nonfinite` when applying `grads` as one full step would make a parameter non-finite.
 
     The step is the optimizer's (minips.optim.SGD): v' = m v + (g + wd w), w' = w - lr v'
@@ -111,14 +117,17 @@ def check_stays_finite(store: ParameterStore, grads: dict[str, np.ndarray]) -> N
     a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||)
     (L2 norms, one BLAS dot each), so when that bound is below float32's maximum no entry
     can overflow; only past it is the step computed into temporaries and checked exactly.
-    Nothing is changed either way.
+    sq_norms: name -> ||g||^2 already known (wire.decode_request computes it while checking
+    that the gradient is finite); an upper bound is enough, so a gradient clipped since
+    may keep its norm from before. Nothing is changed either way.
     """
-    opt = store.optimizer
+    opt, known = store.optimizer, sq_norms or {}
     with np.errstate(over="ignore", invalid="ignore"):
         for name, grad in grads.items():
             weight = store.params[name]
             velocity = opt.velocity.get(name) if opt.momentum else None
-            norm_w, norm_g = _norm(weight), _norm(grad)
+            norm_g = math.sqrt(known[name]) if name in known else _norm(grad)
+            norm_w = math.sqrt(store.sq_norm(name))
             norm_v = _norm(velocity) if velocity is not None else 0.0
             bound = norm_w + opt.lr * (opt.momentum * norm_v + norm_g + opt.weight_decay * norm_w)
             if bound < FLOAT32_SAFE:
@@ -136,6 +145,5 @@ FLOAT32_SAFE = 1e38  # below float32's largest finite value, 3.4e38, with room f
 
 
 def _norm(array: np.ndarray) -> float:
-    """The L2 norm in float64 (inf when it overflows), one BLAS pass."""
-    flat = array.reshape(-1)
-    return float(np.sqrt(np.dot(flat, flat).astype(np.float64)))
+    """The L2 norm (inf when it overflows), one BLAS pass."""
+    return math.sqrt(sum_of_squares(array))

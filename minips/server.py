@@ -287,7 +287,7 @@ class ParameterServer:
         grads, extras = decode_gradients(request)
         self.store.check_push(header["base"], grads)
         grads = guard.clip_gradients(grads, self.options.clip_norm)
-        guard.check_stays_finite(self.store, grads)
+        guard.check_stays_finite(self.store, grads, request.sq_norms)
         push = Push(worker, seq, header["base"], header.get("last", True), grads, extras)
         push.reply_to, push.staleness = envelope, self.store.version - push.base
         push.fused, push.pull_since = "pull_since" in header, header.get("pull_since")

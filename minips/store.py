@@ -16,7 +16,7 @@ import numpy as np
 
 from minips.errors import ConfigError, DataError, ShapeError
 from minips.optim import SGD
-from minips.wire import ProtocolError
+from minips.wire import ProtocolError, sum_of_squares
 
 CHECKPOINT_FORMAT = 1
 
@@ -49,6 +49,9 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
+        # ||w||^2 of each current version, for the server's overflow check (minips.guard):
+        # computed right after the new version is written, while it is still in cache.
+        self._sq_norms: dict[str, tuple[np.ndarray, float]] = {}  # name -> (version, x.x)
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `apply`).
         if not in_place:
@@ -100,6 +103,7 @@ class ParameterStore:
                 fresh = np.empty_like(self.params[name])
                 self.optimizer.step_one(name, grad, scale, out=fresh)
                 self.params[name] = _published(fresh)
+                self._sq_norms[name] = (fresh, sum_of_squares(fresh))
             self.param_versions[name] = self.version
         return self.version
 
@@ -108,6 +112,13 @@ class ParameterStore:
         if since is None or since > self.version:
             return list(self.params)
         return [name for name, v in self.param_versions.items() if v > since]
+
+    def sq_norm(self, name: str) -> float:
+        """||w||^2 of parameter `name` at the current version (inf when it overflows)."""
+        array, cached = self.params[name], self._sq_norms.get(name)
+        if self.in_place or cached is None or cached[0] is not array:  # in place: may change
+            return sum_of_squares(array)
+        return cached[1]
 
     def snapshot(self, name: str) -> np.ndarray:
         """The parameter at the current version: a read-only array that never changes."""

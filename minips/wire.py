@@ -137,6 +137,9 @@ class Message:
     parts: name -> {part: array} of each multi-part tensor ("topk", "sf", ...), as sent.
     dense_shapes: name -> the `of` shape of each multi-part tensor.
     codecs: name -> codec of every tensor, in the order they were sent.
+    sq_norms: name -> sum of squares (float64) of each float32 single-frame array of a push,
+    computed by the finiteness check (decode_request) so the server's overflow check and
+    --clip-norm need not read the gradient again.
     """
 
     header: dict[str, Any]
@@ -145,6 +148,7 @@ class Message:
     nbytes: int = 0  # all frames together, for traffic accounting
     parts: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     dense_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    sq_norms: dict[str, float] = field(default_factory=dict)
 
     @property
     def op(self) -> str:
@@ -302,7 +306,13 @@ def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
             if message.codecs[name] in PULL_ONLY_CODECS:
                 raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
             for array in message.frames_of(name):
-                if array.dtype.kind == "f" and not all_finite(array):
+                if array.dtype.kind != "f":
+                    continue
+                sq_norm = sum_of_squares(array) if array.dtype == np.float32 else np.inf
+                if math.isfinite(sq_norm):  # then every element is finite: one pass
+                    if name in message.arrays:
+                        message.sq_norms[name] = sq_norm
+                elif not bool(np.isfinite(array).all()):
                     raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")
     return message
 
@@ -339,18 +349,21 @@ def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
     return array
 
 
-def all_finite(array: np.ndarray) -> bool:
-    """True when no element is NaN or +-Inf.
+def sum_of_squares(array: np.ndarray) -> float:
+    """x.x of a float32 array (BLAS sdot) as a Python float: one pass, no temporary.
 
-    Fast path for float32: the dot product x.x is finite exactly when every x_i is, unless
-    finite values overflow it (then every element is checked). One BLAS pass, no
-    temporary: 0.02 ms for LeNet-5's fc1 gradient against 0.03 ms for np.isfinite().all().
+    Finite exactly when every x_i is, unless finite values overflow it (inf: then look at
+    the elements). 0.02 ms for LeNet-5's fc1 gradient against 0.03 ms for np.isfinite().all().
     """
-    if array.dtype == np.float32 and array.size:
-        flat = array.reshape(-1)
-        with np.errstate(over="ignore", invalid="ignore"):
-            if np.isfinite(np.dot(flat, flat)):
-                return True
+    flat = array.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.dot(flat, flat))
+
+
+def all_finite(array: np.ndarray) -> bool:
+    """True when no element is NaN or +-Inf (float32: `sum_of_squares` first, one pass)."""
+    if array.dtype == np.float32 and array.size and math.isfinite(sum_of_squares(array)):
+        return True
     return bool(np.isfinite(array).all())
 
 

@@ -108,3 +108,17 @@ def test_logs_merge_in_time_order_and_records_are_copied_as_written(tmp_path):
     merged = merge_logs([tmp_path / "u.jsonl", tmp_path / "missing.jsonl", tmp_path / "e.jsonl"])
     # by time; a tie keeps the order of the files given
     assert merged == [updates[0], evals[0], evals[1], updates[1]]
+
+
+def test_the_stores_cached_norm_follows_every_new_version(tmp_path):
+    """The overflow check reads ||w||^2 from the store: it must be the current version's."""
+    from minips.store import ParameterStore
+
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    store = ParameterStore(params, SGD(params, lr=0.5))
+    store.save(tmp_path / "start.npz")
+    for _ in range(2):
+        store.apply([("w", np.ones((2, 3), np.float32), 1.0)])
+        assert store.sq_norm("w") == pytest.approx(float((store.params["w"] ** 2).sum()))
+    store.load(tmp_path / "start.npz")  # a new array under the same name: not the cached one
+    assert store.sq_norm("w") == pytest.approx(55.0)

@@ -200,8 +200,15 @@ def test_nonfinite_push_rejected(bad, dtype):
 
 def test_large_finite_values_pass_although_their_sum_overflows():
     grad = np.full(4, np.finfo(np.float32).max, np.float32)
-    decode_request(_push_frames({"g": grad}))
+    message = decode_request(_push_frames({"g": grad}))
+    assert "g" not in message.sq_norms  # inf is no norm to reuse: the server computes its own
     assert wire.all_finite(np.full(10, 6e4, np.float16))
+
+
+def test_a_push_records_each_float32_gradients_squared_norm_for_the_server():
+    grad = np.arange(-3, 5, dtype=np.float32)
+    message = decode_request(_push_frames({"g": grad, "h": np.ones(3, np.float32)}))
+    assert message.sq_norms == {"g": float(grad @ grad), "h": 3.0}
 
 
 @pytest.mark.parametrize(
