@@ -124,14 +124,14 @@ def check_stays_finite(
     opt, known = store.optimizer, sq_norms or {}
     with np.errstate(over="ignore", invalid="ignore"):
         for name, grad in grads.items():
-            weight = store.params[name]
-            velocity = opt.velocity.get(name) if opt.momentum else None
             norm_g = math.sqrt(known[name]) if name in known else _norm(grad)
-            norm_w = math.sqrt(store.sq_norm(name))
-            norm_v = _norm(velocity) if velocity is not None else 0.0
+            sq_w, sq_v = store.sq_norms(name)  # cached by the store for each version
+            norm_w, norm_v = math.sqrt(sq_w), math.sqrt(sq_v)
             bound = norm_w + opt.lr * (opt.momentum * norm_v + norm_g + opt.weight_decay * norm_w)
             if bound < FLOAT32_SAFE:
                 continue
+            weight = store.params[name]
+            velocity = opt.velocity.get(name) if opt.momentum else None
             step = grad + opt.weight_decay * weight if opt.weight_decay else grad
             if velocity is not None:
                 step = opt.momentum * velocity + step

@@ -49,9 +49,9 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
-        # ||w||^2 of each current version, for the server's overflow check (minips.guard):
-        # computed right after the new version is written, while it is still in cache.
-        self._sq_norms: dict[str, tuple[np.ndarray, float]] = {}  # name -> (version, x.x)
+        # ||w||^2 and ||v||^2 (momentum) of each current version, for the server's overflow
+        # check (minips.guard): computed right after the version is written, while in cache.
+        self._sq_norms: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, w.w, v.v)
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `apply`).
         if not in_place:
@@ -103,7 +103,9 @@ class ParameterStore:
                 fresh = np.empty_like(self.params[name])
                 self.optimizer.step_one(name, grad, scale, out=fresh)
                 self.params[name] = _published(fresh)
-                self._sq_norms[name] = (fresh, sum_of_squares(fresh))
+                velocity = self.optimizer.velocity.get(name)
+                sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
+                self._sq_norms[name] = (fresh, sum_of_squares(fresh), sq_v)
             self.param_versions[name] = self.version
         return self.version
 
@@ -113,12 +115,15 @@ class ParameterStore:
             return list(self.params)
         return [name for name, v in self.param_versions.items() if v > since]
 
-    def sq_norm(self, name: str) -> float:
-        """||w||^2 of parameter `name` at the current version (inf when it overflows)."""
+    def sq_norms(self, name: str) -> tuple[float, float]:
+        """(||w||^2, ||v||^2) of parameter `name` and its momentum buffer at the current
+        version (inf when one overflows; v is 0 without momentum)."""
         array, cached = self.params[name], self._sq_norms.get(name)
         if self.in_place or cached is None or cached[0] is not array:  # in place: may change
-            return sum_of_squares(array)
-        return cached[1]
+            velocity = self.optimizer.velocity.get(name)
+            sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
+            return sum_of_squares(array), sq_v
+        return cached[1], cached[2]
 
     def snapshot(self, name: str) -> np.ndarray:
         """The parameter at the current version: a read-only array that never changes."""

@@ -115,10 +115,14 @@ def test_the_stores_cached_norm_follows_every_new_version(tmp_path):
     from minips.store import ParameterStore
 
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    store = ParameterStore(params, SGD(params, lr=0.5))
+    store = ParameterStore(params, SGD(params, lr=0.5, momentum=0.5))
     store.save(tmp_path / "start.npz")
     for _ in range(2):
         store.apply([("w", np.ones((2, 3), np.float32), 1.0)])
-        assert store.sq_norm("w") == pytest.approx(float((store.params["w"] ** 2).sum()))
-    store.load(tmp_path / "start.npz")  # a new array under the same name: not the cached one
-    assert store.sq_norm("w") == pytest.approx(55.0)
+        velocity = store.optimizer.velocity["w"]
+        assert store.sq_norms("w") == pytest.approx(
+            (float((store.params["w"] ** 2).sum()), float((velocity**2).sum()))
+        )
+    store.load(tmp_path / "start.npz")  # new arrays under the same names: not the cached ones
+    velocity = store.optimizer.velocity["w"]
+    assert store.sq_norms("w") == pytest.approx((55.0, float((velocity**2).sum())))
