@@ -33,12 +33,11 @@ from minips import address, auth, guard, wire
 from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
-from minips.optim import SGD
 from minips.plan import Plan
 from minips.pulls import PullEncoder
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
 from minips.rules import Outcome, Push, Rule, Update
-from minips.store import ParameterStore
+from minips.store import SGD, ParameterStore
 from minips.telemetry import Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
