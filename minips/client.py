@@ -332,10 +332,18 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
+    def _abandon(self, op: str, attempt: int) -> None:
+        """No reply in time: the socket may hold a half-sent request or an unwanted late
+        reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
+        log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
+                    self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         for attempt in range(1 + self.retries):
-            self._rid += 1
-            rid = self._rid
+            rid = self._rid = self._rid + 1
             sock = self._connect()
             frames = wire.encode_parts({**header, "rid": rid}, parts)
             if self.link is not None:  # the request crosses the (emulated) link first
@@ -357,11 +365,7 @@ class PSClient:
                 if message.op == "error":
                     raise ServerError(message.header["reason"], message.header["code"])
                 return message
-            log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", header["op"],
-                        self.address, self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
-            # The socket may hold a half-sent request or an unwanted late reply: start afresh.
-            sock.close(linger=0)
-            self._socket = None
+            self._abandon(header["op"], attempt)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"
