@@ -2,9 +2,10 @@
 
 Handlers of the requests that carry no gradients (hello, ping, stats, bye, stop,
 checkpoint): each takes the request's envelope and decoded message, changes the registry or
-the server's run state, and replies through the server. Also: declaring silent workers
-dead, workers leaving, stopping, checkpoints and the `stats` map. The push/pull path, where
-gradients become updates, is in minips/server.py.
+the server's run state, and replies through the server. Also: the answer to a retried push
+(from memory: applied once), declaring silent workers dead, workers leaving, the sample
+budget, stopping (and `serve_forever`'s signals), checkpoints and the `stats` map. The
+push/pull path, where gradients become updates, is in minips/server.py.
 """
 
 from __future__ import annotations

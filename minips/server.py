@@ -128,7 +128,7 @@ class ParameterServer:
     after every applied update and dropped push. `server.endpoint` is the bound address;
     `run()` serves until a `stop` request or `request_stop()`; then `close()`.
     `serve_forever()` does all of this with SIGINT/SIGTERM handlers, for the CLI.
-    The worker table is `registry.by_id`, the `stats` map `control.stats()`.
+    The worker table is `registry.by_id`.
     """
 
     def __init__(
@@ -354,6 +354,10 @@ class ParameterServer:
         """Send pulls by `plan` (fp16, delta, priority order; minips.pulls) from now on."""
         encoder = PullEncoder(self.store, plan)
         self.pulls = None if encoder.plain else encoder
+
+    def stats(self) -> dict[str, Any]:
+        """The `stats` reply: counters, versions, staleness and the worker table."""
+        return self.control.stats()
 
     # ---------------------------------------------------------------------------- sending
 

@@ -146,7 +146,7 @@ def test_worker_round_trip_over_transport(transport, tmp_path):
                 assert model[name].dtype == np.float32
             assert ps.ping() is False
             ps.bye()
-            assert server.control.stats()["live_workers"] == 0
+            assert server.stats()["live_workers"] == 0
 
 
 def test_hello_reply_fields():

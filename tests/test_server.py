@@ -185,7 +185,7 @@ def test_bad_messages_get_errors_and_change_nothing():
                 assert got == velocity, label
                 # ...and the server still serves.
                 assert peer.request({"op": "ping", "worker": "w"}).header["stop"] is False
-            assert server.control.stats()["errors"] == len(BAD_MESSAGES)
+            assert server.stats()["errors"] == len(BAD_MESSAGES)
             assert peer.request(
                 {"op": "push", "worker": "w", "seq": 2, "base": 1}, _grads()
             ).header["applied"]

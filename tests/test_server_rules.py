@@ -273,4 +273,4 @@ def test_ssgd_starts_without_a_worker_that_never_comes():
             alone.hello()
             reply = alone.push(_grads(1.0), base=0)  # released after the assembly grace
             assert reply.applied and reply.version == 1
-            assert server.control.stats()["live_workers"] == 1
+            assert server.stats()["live_workers"] == 1

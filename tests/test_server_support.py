@@ -143,7 +143,7 @@ def train_two_workers(spec):
             thread.start()
         for thread in workers:
             thread.join(timeout=120)
-        stats = server.control.stats()
+        stats = server.stats()
     finally:
         server.request_stop()
         loop.join(timeout=10)

@@ -128,7 +128,7 @@ def test_websocket_relays_to_the_server_as_an_ordinary_worker():
             ws.send(pack_frames([msgpack.packb({"v": 1, "op": "fly", "rid": 9})]))
             error = msgpack.unpackb(unpack_frames(ws.recv(timeout=10))[0])
             assert error["op"] == "error" and error["code"] == "unknown_op"
-        assert server.control.stats()["workers"][0]["info"] == {"a": 1}
+        assert server.stats()["workers"][0]["info"] == {"a": 1}
 
 
 def test_bad_framing_closes_only_that_websocket():

@@ -107,7 +107,7 @@ def _loop_run(
             try:
                 _run_student(function, ps, oracle, steps)
             finally:
-                stats = observer.control.stats()
+                stats = observer.stats()
                 observer.bye()
     return ps, oracle, stats
 
