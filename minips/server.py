@@ -365,13 +365,15 @@ class ParameterServer:
         self,
         envelope: Envelope,
         header: dict[str, Any],
+        arrays: dict[str, np.ndarray] | None = None,
         worker: WorkerState | None = None,
         parts: list[wire.WirePart] | None = None,
     ) -> None:
-        """Send a reply (with the request's rid and the array `parts`) and count its bytes."""
+        """Send a reply (with the request's rid) and count its bytes (arrays, or parts)."""
         if envelope.rid is not None:
             header = {**header, "rid": envelope.rid}
-        nbytes = self._send(envelope.routing, wire.encode_parts(header, parts or []))
+        frames = wire.encode_parts(header, parts) if parts else wire.encode(header, arrays)
+        nbytes = self._send(envelope.routing, frames)
         if worker is not None:
             worker.bytes_out += nbytes
 
