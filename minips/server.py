@@ -237,15 +237,15 @@ class ParameterServer:
         worker, header = self.registry.sender(request, envelope.origin), request.header
         if worker.observer:
             raise ProtocolError("an observer cannot push", "observer")
-        if worker.seen_push(header["seq"]) != "new":
+        seq, base = header["seq"], header["base"]
+        if worker.seen_push(seq) != "new":
             self.control.answer_retry(worker, envelope, header)
             return
         grads, extras = dense_gradients(request) or decode_gradients(request)
-        self.store.check_push(header["base"], grads)
+        self.store.check_push(base, grads)
         grads = guard.clip_gradients(grads, self.options.clip_norm)
         guard.check_stays_finite(self.store, grads)
-        base = header["base"]
-        push = Push(worker, header["seq"], base, header.get("last", True), grads, extras,
+        push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
                     fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
         self.rule.check_push(push)
