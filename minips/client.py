@@ -47,6 +47,7 @@ import zmq
 from minips import auth, wire
 from minips.address import normalize_connect
 from minips.codecs import Encoder, Gradient, Spec
+from minips.codecs.base import dense_float32
 from minips.errors import MinipsError
 from minips.netlimit import Link, frames_nbytes
 from minips.wire import DEFAULT_LIMITS, Limits, Message
@@ -153,6 +154,7 @@ class PSClient:
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
+        self._coded = False  # a push gave codecs: from then on every push goes through encoder
         # --bandwidth: a token bucket per direction (minips.netlimit), None = unlimited.
         self.link: Link | None = None
 
@@ -212,25 +214,23 @@ class PSClient:
         Under ssgd the reply comes when the barrier completes.
         """
         with self._lock:
-            parts = self.encoder.encode(grads, codecs)
-            for key, array in (extra or {}).items():
-                name = f"extra/{key}"
-                parts.append(wire.WirePart(name, array))
-                self.encoder.bytes_sent[name] = self.encoder.bytes_sent.get(name, 0) + array.nbytes
-            seq = self._seq
-            self._seq += 1  # the next push is a new one, even if this one fails
-            header = {
-                "op": "push",
-                "worker": self.worker_id,
-                "seq": seq,
-                "base": base,
-                "last": last,
-            }
+            plain = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
+            if codecs or self._coded:  # codec state (top-k's residual) is the encoder's
+                self._coded, coded = True, self.encoder.encode(grads, codecs)  # counts bytes
+            else:  # the default: each gradient as its float32 array (docs/protocol.md 4)
+                coded = []
+                plain = [wire.WirePart(n, dense_float32(g)) for n, g in grads.items()] + plain
+            sent = self.encoder.bytes_sent  # array bytes per parameter and extra
+            for part in plain:
+                sent[part.name] = sent.get(part.name, 0) + part.array.nbytes
+            seq, self._seq = self._seq, self._seq + 1  # the next push is new even if this fails
+            header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base,
+                      "last": last}  # fmt: skip
             if samples is not None:
                 header["samples"] = samples
             if pull_since is not _NO_PULL:
                 header["pull_since"] = pull_since
-            message = self._worker_request(header, parts)
+            message = self._worker_request(header, coded + plain)
         h = message.header
         pulled = _pull_reply(message) if "param_versions" in h else None
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
@@ -332,10 +332,18 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
+    def _abandon(self, op: str, attempt: int) -> None:
+        """No reply in time: the socket may hold a half-sent request or an unwanted late
+        reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
+        log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
+                    self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         for attempt in range(1 + self.retries):
-            self._rid += 1
-            rid = self._rid
+            rid = self._rid = self._rid + 1
             sock = self._connect()
             frames = wire.encode_parts({**header, "rid": rid}, parts)
             if self.link is not None:  # the request crosses the (emulated) link first
@@ -357,17 +365,7 @@ class PSClient:
                 if message.op == "error":
                     raise ServerError(message.header["reason"], message.header["code"])
                 return message
-            log.warning(
-                "no reply to %s from %s in %.1f s (attempt %d of %d)",
-                header["op"],
-                self.address,
-                self.timeout,
-                attempt + 1,
-                1 + self.retries,
-            )
-            # The socket may hold a half-sent request or an unwanted late reply: start afresh.
-            sock.close(linger=0)
-            self._socket = None
+            self._abandon(header["op"], attempt)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"

@@ -2,20 +2,23 @@
 
 Handlers of the requests that carry no gradients (hello, ping, stats, bye, stop,
 checkpoint): each takes the request's envelope and decoded message, changes the registry or
-the server's run state, and replies through the server. Also: declaring silent workers
-dead, workers leaving, stopping, checkpoints and the `stats` map. The push/pull path, where
-gradients become updates, is in minips/server.py.
+the server's run state, and replies through the server. Also: the answer to a retried push
+(from memory: applied once), declaring silent workers dead, workers leaving, the sample
+budget, stopping (and `serve_forever`'s signals), checkpoints and the `stats` map. The
+push/pull path, where gradients become updates, is in minips/server.py.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips import guard
 from minips.errors import ConfigError
+from minips.registry import HeldPull
 from minips.wire import Message, ProtocolError
 
 if TYPE_CHECKING:
@@ -31,6 +34,26 @@ class Control:
     def __init__(self, server: ParameterServer) -> None:
         self.server = server
         self._checkpointed = (time.monotonic(), server.store.version)  # when, at which version
+        self.stop_requested = False  # set from a signal handler or another thread
+        self._stop_deadline = 0.0  # when a stopping server stops waiting for clients
+
+    def answer_retry(self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]) -> None:
+        """A push whose `seq` is not new: a retry (after a lost reply, from a new socket) is
+        answered as the first attempt was or will be, and applied once (docs/protocol.md 8);
+        a push older than the worker's last one is `stale_seq`."""
+        seq, seen = header["seq"], worker.seen_push(header["seq"])
+        if seen == "held":  # still waiting (at a barrier, say): the answer goes to the retry
+            worker.held_pushes[seq].reply_to = envelope
+        elif seen == "answered" and "pull_since" in header:  # same answer, the pull afresh
+            pull = HeldPull(envelope, header["pull_since"], worker.answered[seq])
+            self.server.hold_pull(worker, pull)
+        elif seen == "answered":
+            self.server.reply(envelope, worker.answered[seq], worker=worker)
+        else:
+            raise ProtocolError(
+                f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
+                "stale_seq",
+            )
 
     def hello(self, envelope: Envelope, request: Message) -> None:
         """Register (or re-register) a worker or observer; reply with the run's config."""
@@ -64,7 +87,7 @@ class Control:
 
     def ping(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(envelope, request)
+        worker = server.registry.sender(request, envelope.origin)
         header = {"op": "ping", "version": server.store.version, "stop": server.stopping}
         server.reply(envelope, header, worker=worker)
 
@@ -73,7 +96,7 @@ class Control:
 
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
-        worker = server.sender(envelope, request)
+        worker = server.registry.sender(request, envelope.origin)
         worker.finished = request.header.get("finished", True) and not worker.observer
         self.retire(worker, "said bye" if worker.finished or worker.observer else "left unfinished")
         server.reply(envelope, {"op": "bye"}, worker=worker)
@@ -85,6 +108,14 @@ class Control:
         if not self.server.stopping and self.server.registry.all_finished():
             log.info("every worker finished its epochs: stopping")
             self.server.finished_by_workers = True
+            self.begin_stop()
+
+    def stop_if_budget_spent(self) -> None:
+        """With --max-samples, stop once the pushes reported that many samples in total; now,
+        not on the loop's next turn, so the messages after this one see it."""
+        budget = self.server.options.max_samples
+        if budget and self.server.telemetry.counters.samples >= budget:
+            log.info("sample budget of %d reached: stopping", budget)
             self.begin_stop()
 
     def stop(self, envelope: Envelope, request: Message) -> None:
@@ -122,6 +153,12 @@ class Control:
             self.save_checkpoint()
         self._checkpointed = (now, self.server.store.version)
 
+    def checkpoint_every_n(self, version: int) -> None:
+        """The update-count checkpoint: at every `checkpoint_every`-th version."""
+        every = self.server.options.checkpoint_every
+        if self.server.options.checkpoint_path and every and version % every == 0:
+            self.save_checkpoint()
+
     def check_liveness(self, now: float) -> None:
         """Declare workers dead that have sent nothing for the heartbeat timeout."""
         for worker in self.server.registry.silent(now, self.server.options.heartbeat_timeout):
@@ -141,11 +178,35 @@ class Control:
     def begin_stop(self) -> None:
         """Stop: answer everything held, flag every later reply, refuse new hellos."""
         server = self.server
-        server.stopping = server._stop_requested = True
-        server._stop_deadline = time.monotonic() + self.server.options.stop_grace
+        server.stopping = self.stop_requested = True
+        self._stop_deadline = time.monotonic() + self.server.options.stop_grace
         log.info("stopping: answering held requests, waiting for workers to leave")
         self.server.carry_out(self.server.rule.on_stop())
         self.server.release_pulls()
+
+    def finished(self) -> bool:
+        """True once a stopping server's clients have left, or its grace ran out. Observers
+        are waited for too, so an evaluator sees the final parameters."""
+        connected = self.server.registry.live() or self.server.registry.observers()
+        return self.server.stopping and (not connected or time.monotonic() > self._stop_deadline)
+
+    def serve_forever(self) -> None:
+        """The server's `run()` with SIGINT/SIGTERM handlers (a second signal cuts the
+        grace), then `close()`."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("signal %d: stopping", signum)
+            if self.stop_requested:
+                self._stop_deadline = 0.0
+            self.stop_requested = True
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.server.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.server.close()
 
     def save_checkpoint(self) -> Path:
         """Write a checkpoint to the checkpoint path now (ConfigError without one)."""

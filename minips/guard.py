@@ -112,7 +112,7 @@ def check_stays_finite(
 ) -> None:
     """`nonfinite` when applying `grads` as one full step would make a parameter non-finite.
 
-    The step is the optimizer's (minips.optim.SGD): v' = m v + (g + wd w), w' = w - lr v'
+    The step is the optimizer's (minips.store.SGD): v' = m v + (g + wd w), w' = w - lr v'
     (v' = g + wd w without momentum). Finite gradients can still overflow: 3e38 twice makes
     a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||)
     (L2 norms, one BLAS dot each), so when that bound is below float32's maximum no entry

@@ -29,12 +29,12 @@ from minips.errors import ConfigError, MinipsError
 from minips.metrics import ProgressFn
 from minips.netlimit import parse_rate
 from minips.nn import build_model
-from minips.optim import SGD
 from minips.plan import Plan, load_plan
 from minips.planner import make_plan
 from minips.rules import make_rule
 from minips.runlog import RUN_OUTPUTS, latest_eval, write_results
 from minips.server import ParameterServer
+from minips.store import SGD
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minips import guard
 from minips.wire import ProtocolError
 
 if TYPE_CHECKING:
     from minips.guard import Origin
     from minips.rules import Push
+    from minips.wire import Message
 
 log = logging.getLogger("minips.server")
 
@@ -175,6 +177,15 @@ class WorkerRegistry:
         if self.world_size is not None:
             return self.world_size
         return max((w.rank + 1 for w in self.live()), default=0)
+
+    def sender(self, request: Message, origin: Origin) -> WorkerState:
+        """The live worker a request comes from (`not_owner` when another client registered
+        it), its heartbeat and traffic recorded."""
+        worker = self.live_worker(request.header["worker"])
+        guard.check_owner(worker, origin)
+        worker.last_seen = time.monotonic()
+        worker.bytes_in += request.nbytes
+        return worker
 
     def live_worker(self, worker_id: str) -> WorkerState:
         """The live worker with this id, or ProtocolError `unknown_worker`."""

@@ -18,7 +18,6 @@ docs/protocol.md is the normative description of the behaviour.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,12 +32,11 @@ from minips import address, auth, guard, wire
 from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
-from minips.optim import SGD
 from minips.plan import Plan
 from minips.pulls import PullEncoder
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
 from minips.rules import Outcome, Push, Rule, Update
-from minips.store import ParameterStore
+from minips.store import SGD, ParameterStore
 from minips.telemetry import Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
@@ -73,6 +71,10 @@ class ServerOptions:
     keys: auth.ServerKeys | None = None  # CURVE: the server's pair, allowed and operator keys
     clip_norm: float = 0.0  # clip each push's gradients to this global L2 norm (0: never)
     send_hwm: int = 32  # replies queued per connection before ZeroMQ drops (docs/protocol.md 10)
+
+    def __post_init__(self) -> None:
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
 
 
 @dataclass(eq=False)
@@ -123,11 +125,10 @@ class ParameterServer:
     params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer`
     was built on. options: ServerOptions. config (msgpack-able map): sent to every worker
     in `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called
-    after every applied update and dropped push.
-
-    Use: `server.endpoint` is the bound address; `server.run()` serves until stopped (a
-    `stop` request or `request_stop()`); `server.close()`. `serve_forever()` does all of
-    this with SIGINT/SIGTERM handlers, for the CLI.
+    after every applied update and dropped push. `server.endpoint` is the bound address;
+    `run()` serves until a `stop` request or `request_stop()`; then `close()`.
+    `serve_forever()` does all of this with SIGINT/SIGTERM handlers, for the CLI.
+    The worker table is `registry.by_id`.
     """
 
     def __init__(
@@ -141,36 +142,24 @@ class ParameterServer:
         on_update: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.options = options = options or ServerOptions()
-        if options.world_size is not None and options.world_size < 1:
-            raise ConfigError(f"world_size must be >= 1, got {options.world_size}")
-        self.config = dict(config or {})
-        try:
-            msgpack.packb(self.config)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"server config must be msgpack-serialisable: {exc}") from None
+        self.config = hello_config(config)
         self.store = ParameterStore(params, optimizer)
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
         self.telemetry = Telemetry(on_update)
         self.stopping = False  # replies carry `stop`; pushes are no longer applied
-        self._stop_requested = False  # set from a signal handler or another thread
-        self._stop_deadline = 0.0
         self.finished_by_workers = False  # stopped because every rank finished its shard
         self.pulls: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
         self.control = control = Control(self)
         if options.resume:
             control.resume(options.resume)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
-            "push": self.handle_push,  # below: where gradients become updates
-            "pull": self.handle_pull,
-            "hello": control.hello,  # minips/control.py: membership and operator requests
-            "ping": control.ping,
-            "stats": control.stats_request,
-            "bye": control.bye,
-            "stop": control.stop,
-            "checkpoint": control.checkpoint,
-        }
+            "push": self.handle_push, "pull": self.handle_pull,  # below: gradients -> updates
+            # minips/control.py: membership and operator requests
+            "hello": control.hello, "ping": control.ping, "stats": control.stats_request,
+            "bye": control.bye, "stop": control.stop, "checkpoint": control.checkpoint,
+        }  # fmt: skip
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options)
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
@@ -185,8 +174,8 @@ class ParameterServer:
         """Serve until a `stop` (request or `request_stop()`) has drained; then checkpoint."""
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
-        while not self._finished():
-            if self._stop_requested and not self.stopping:
+        while not self.control.finished():
+            if self.control.stop_requested and not self.stopping:
                 self.control.begin_stop()
             if poller.poll(self.options.poll_interval * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
@@ -226,31 +215,13 @@ class ParameterServer:
             self.release_pulls()
         self.carry_out(self.rule.on_tick(now))
 
-    def _finished(self) -> bool:
-        # Observers are waited for too, so an evaluator sees the final parameters.
-        connected = self.registry.live() or self.registry.observers()
-        return self.stopping and (not connected or time.monotonic() > self._stop_deadline)
-
     def serve_forever(self) -> None:
         """`run()` with SIGINT/SIGTERM handlers (a second signal cuts the grace), then close."""
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("signal %d: stopping", signum)
-            if self._stop_requested:
-                self._stop_deadline = 0.0
-            self.request_stop()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            self.run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self.close()
+        self.control.serve_forever()
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
-        self._stop_requested = True
+        self.control.stop_requested = True
 
     def close(self) -> None:
         """Close the socket and the ZeroMQ context."""
@@ -262,38 +233,24 @@ class ParameterServer:
     # ---------------------------------------------------------------------------- handlers
 
     def handle_push(self, envelope: Envelope, request: Message) -> None:
-        """Accept a push once (retries get the same answer), then let the rule decide."""
-        worker, header = self.sender(envelope, request), request.header
+        """Accept a push once (a retry is answered from memory), then let the rule decide."""
+        worker, header = self.registry.sender(request, envelope.origin), request.header
         if worker.observer:
             raise ProtocolError("an observer cannot push", "observer")
-        seq = header["seq"]
-        seen = worker.seen_push(seq)
-        if seen == "held":  # a retry of a held push: the answer goes to the retry
-            worker.held_pushes[seq].reply_to = envelope
+        seq, base = header["seq"], header["base"]
+        if worker.seen_push(seq) != "new":
+            self.control.answer_retry(worker, envelope, header)
             return
-        if seen == "answered":  # a retry of an answered push: same answer, applied once
-            if "pull_since" in header:  # and the pull half afresh
-                self.hold_pull(
-                    worker, HeldPull(envelope, header["pull_since"], worker.answered[seq])
-                )
-            else:
-                self.reply(envelope, worker.answered[seq], worker=worker)
-            return
-        if seen == "stale":
-            raise ProtocolError(
-                f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
-                "stale_seq",
-            )
-        grads, extras = decode_gradients(request)
-        self.store.check_push(header["base"], grads)
+        grads, extras = dense_gradients(request) or decode_gradients(request)
+        self.store.check_push(base, grads)
         grads = guard.clip_gradients(grads, self.options.clip_norm)
-        guard.check_stays_finite(self.store, grads, request.sq_norms)
-        push = Push(worker, seq, header["base"], header.get("last", True), grads, extras)
-        push.reply_to, push.staleness = envelope, self.store.version - push.base
-        push.fused, push.pull_since = "pull_since" in header, header.get("pull_since")
+        guard.check_stays_finite(self.store, grads, request.sq_norms)  # pre-clip: an upper bound
+        push = Push(worker, seq, base, header.get("last", True), grads, extras,
+                    staleness=self.store.version - base, reply_to=envelope,
+                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
-        push.worker.accept(push)
+        worker.accept(push)
         self.telemetry.count_push(push, request)
         self.telemetry.counters.worker_steps += push.last  # with its bytes: per-step figures
         if self.stopping:
@@ -302,18 +259,16 @@ class ParameterServer:
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
-        step = worker.assemble_step(push, self.store.version)
-        if step is None:  # a layer of a step sent in several pushes: kept for its last one
+        if push.last and worker.partial_step is None:  # a step in one push (the default)
+            self.carry_out(self.rule.on_push(push))
+        elif (step := worker.assemble_step(push, self.store.version)) is not None:
+            self.carry_out(self.rule.on_push(step))  # a step sent layer by layer, now whole
+        else:  # a layer of a step sent in several pushes: kept for its last one
             self.answer_push(push, applied=False)
-        else:
-            self.carry_out(self.rule.on_push(step))
-        max_samples = self.options.max_samples
-        if max_samples and self.telemetry.counters.samples >= max_samples:
-            log.info("sample budget of %d reached: stopping", max_samples)
-            self.control.begin_stop()  # now, not on the loop's next turn: later messages see it
+        self.control.stop_if_budget_spent()
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
-        worker = self.sender(envelope, request)
+        worker = self.registry.sender(request, envelope.origin)
         self.hold_pull(worker, HeldPull(envelope, request.header.get("since")))
 
     def hold_pull(self, worker: WorkerState, pull: HeldPull) -> None:
@@ -324,15 +279,6 @@ class ParameterServer:
         elif not self.registry.assembling and self.rule.may_answer_pull(worker):
             self.answer_pull(worker)
 
-    def sender(self, envelope: Envelope, request: Message) -> WorkerState:
-        """The live worker a request comes from (`not_owner` when another client registered
-        it), its heartbeat and traffic recorded."""
-        worker = self.registry.live_worker(request.header["worker"])
-        guard.check_owner(worker, envelope.origin)
-        worker.last_seen = time.monotonic()
-        worker.bytes_in += request.nbytes
-        return worker
-
     # --------------------------------------------------------------- carrying out a rule
 
     def carry_out(self, outcome: Outcome) -> None:
@@ -340,9 +286,7 @@ class ParameterServer:
         for update in outcome.updates:
             self.apply(update)
         for push in outcome.drops:
-            record = UpdateRecord(self.store.version, self.rule.name, [push.worker.rank],
-                                  [push.staleness], 0.0, [], dropped=True)  # fmt: skip
-            self.telemetry.update(record)
+            self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
             push.worker.dropped += 1
             self.answer_push(push, applied=False)
         for push, applied in outcome.answers:
@@ -356,17 +300,8 @@ class ParameterServer:
             push.staleness = self.store.version - push.base  # tau, t just before the update
         version = self.store.apply(update.steps)
         self.rule.after_update(update)
-        scales = {name: float(scale) for name, _, scale in update.steps}
-        distinct = set(scales.values())
-        self.telemetry.update(UpdateRecord(
-            version, self.rule.name, [p.worker.rank for p in update.pushes],
-            [p.staleness for p in update.pushes],
-            distinct.pop() if len(distinct) == 1 else scales,
-            [name for name, _, _ in update.steps], value_staleness=update.value_staleness,
-        ))  # fmt: skip
-        every = self.options.checkpoint_every
-        if self.options.checkpoint_path and every and version % every == 0:
-            self.control.save_checkpoint()
+        self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
+        self.control.checkpoint_every_n(version)
 
     def answer_push(self, push: Push, applied: bool) -> None:
         """Send (and remember, for retries) the reply to an accepted push."""
@@ -395,15 +330,21 @@ class ParameterServer:
                 self.answer_pull(worker)
 
     def answer_pull(self, worker: WorkerState) -> None:
-        """Send the parameters changed since the puller's `since`, from shared snapshots."""
+        """Send the parameters changed since the puller's `since`: the current ones, a
+        rule's own values (DANA's look-ahead), or encoded by a plan (minips.pulls)."""
         held, worker.held_pull = worker.held_pull, None
         worker.pulls += 1
-        parts = self.pull_parts(worker, held.since)
-        header = {"op": "pull", "version": self.store.version,
+        if self.pulls is not None:
+            parts = self.pulls.parts(worker, held.since)
+        else:
+            names = self.store.changed_since(held.since)
+            values = None if worker.observer else self.rule.pull_values(worker, names)
+            if values is None:  # every rule but DANA: the parameters, as they are
+                values = {name: self.store.snapshot(name) for name in names}
+            parts = [wire.WirePart(name, array) for name, array in values.items()]
+        # A fused push + pull: the push's answer, then the pull reply's fields (one reply).
+        header = {**(held.push_reply or {"op": "pull"}), "version": self.store.version,
                   "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
-        if held.push_reply is not None:  # a fused push + pull: one reply for both
-            header = {**held.push_reply, "version": self.store.version, "stop": self.stopping,
-                      "param_versions": self.store.param_versions}  # fmt: skip
         self.reply(held.reply_to, header, worker=worker, parts=parts)
         if not worker.observer:
             self.telemetry.count_pull(parts)
@@ -413,22 +354,6 @@ class ParameterServer:
         """Send pulls by `plan` (fp16, delta, priority order; minips.pulls) from now on."""
         encoder = PullEncoder(self.store, plan)
         self.pulls = None if encoder.plain else encoder
-
-    def pull_parts(self, worker: WorkerState, since: int | None) -> list[wire.WirePart]:
-        """The arrays of a pull reply: changed parameters dense, or as the plan says."""
-        if self.pulls is not None:
-            return self.pulls.parts(worker, since)
-        names = self.store.changed_since(since)
-        # DANA's look-ahead; None (every other rule, and every observer): the parameters
-        values = None if worker.observer else self.rule.pull_values(worker, names)
-        if values is None:
-            values = {name: self.store.snapshot(name) for name in names}
-        return [wire.WirePart(name, array) for name, array in values.items()]
-
-    @property
-    def workers(self) -> dict[str, WorkerState]:
-        """Every worker ever registered, by worker id (dead ones have alive=False)."""
-        return self.registry.by_id
 
     def stats(self) -> dict[str, Any]:
         """The `stats` reply: counters, versions, staleness and the worker table."""
@@ -463,3 +388,25 @@ class ParameterServer:
         nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.telemetry.counters.bytes_out += nbytes
         return nbytes
+
+
+def hello_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of the config sent in `hello`; ConfigError unless msgpack can send it."""
+    config = dict(config or {})
+    try:
+        msgpack.packb(config)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"server config must be msgpack-serialisable: {exc}") from None
+    return config
+
+
+def dense_gradients(request: Message) -> tuple[dict[str, np.ndarray], dict] | None:
+    """A push's gradients when it holds only dense float32 gradients (the default, no
+    extras): the received arrays themselves. None: minips.codecs decodes it."""
+    arrays = request.arrays
+    if len(arrays) != len(request.codecs) or any(
+        request.codecs[name] != "dense" or array.dtype != np.float32 or name.startswith("extra/")
+        for name, array in arrays.items()
+    ):
+        return None
+    return dict(arrays), {}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from minips.rules import Push
+    from minips.rules import Push, Update
     from minips.wire import Message, WirePart
 
 log = logging.getLogger("minips.server")
@@ -36,6 +36,22 @@ class UpdateRecord:
     value_staleness: dict[str, float] | None = None
     # A push the rule refused to apply (DASGD cutoff): version unchanged, params [], scale 0.
     dropped: bool = False
+
+    @classmethod
+    def applied(cls, update: Update, version: int, rule: str) -> UpdateRecord:
+        """The record of an applied update (its scale one number when all steps share it)."""
+        scales = {name: float(scale) for name, _, scale in update.steps}
+        distinct = set(scales.values())
+        return cls(version, rule, [p.worker.rank for p in update.pushes],
+                   [p.staleness for p in update.pushes],
+                   distinct.pop() if len(distinct) == 1 else scales,
+                   [name for name, _, _ in update.steps],
+                   value_staleness=update.value_staleness)  # fmt: skip
+
+    @classmethod
+    def drop(cls, push: Push, version: int, rule: str) -> UpdateRecord:
+        """The record of a push the rule dropped (t did not advance)."""
+        return cls(version, rule, [push.worker.rank], [push.staleness], 0.0, [], dropped=True)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,8 +23,7 @@ from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
 from minips.metrics import MetricsLog, ProgressFn
 from minips.nn import Sequential, build_model, softmax_cross_entropy
-from minips.optim import SGD
-from minips.store import ParameterStore
+from minips.store import SGD, ParameterStore
 
 
 @dataclass

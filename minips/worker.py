@@ -25,7 +25,7 @@ from minips.netlimit import Link
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.plan import Plan, plan_from_hello
 from minips.rules import WorkerSide, worker_side
-from minips.trace import COMPUTE, RECV, STEP, NullTrace, Trace
+from minips.trace import COMPUTE, RECV, SEND, STEP, NullTrace, Trace
 from minips.transmit import StepSender
 
 
@@ -120,7 +120,8 @@ class Worker:
         try:
             self._epochs(config, shard, rng, total)
         finally:
-            self.sender.close()
+            if self.sender is not None:
+                self.sender.close()
             self.trace.close()
         self.report.push_bytes = self.client.bytes_sent
         self.report.finished = self.report.samples >= total
@@ -151,48 +152,50 @@ class Worker:
         The gradients are taken at the parameters of the last pull, version `self.version`
         (the push's `base`); the rule's worker side adds what it needs to the push.
         """
-        report, step_start = self.report, self.trace.now()
-        tick = time.monotonic()
-        self.sender.start_step(base=self.version)
+        report, start, tick = self.report, self.trace.now(), time.monotonic()
+        if self.sender is not None:  # a plan's sender may push layers during backward
+            self.sender.start_step(base=self.version)
         with self.trace.span("forward", COMPUTE):
             logits = self.model.forward(xb, train=True)  # (B, K)
             loss, dlogits = softmax_cross_entropy(logits, yb)
         self._marks = [self.trace.now()]
-        self.model.backward(dlogits)  # a wait-free plan's sender pushes layers meanwhile
+        self.model.backward(dlogits)
         self._slow_down(compute=time.monotonic() - tick)
 
         tick = time.monotonic()
-        # Still the parameters of the last pull (set only by _pull below): VSGD's samples are
-        # exactly the values the gradient was computed at.
+        # Still the parameters of the last pull (set only by apply_pull below): VSGD's
+        # samples are exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
         report.extra_bytes += sum(values.nbytes for values in extra.values())
-        # The step's last push also pulls (the fused exchange: one round trip).
-        pushed = self._push_or_rewind(extra, samples=len(xb))
-        if pushed is None:  # the server went back to a checkpoint: pulled again, step lost
-            report.comm_s += time.monotonic() - tick
-            return True
-        if pushed.stop and not pushed.applied:
-            # It arrived after the run stopped: not trained on, so not counted.
-            report.comm_s += time.monotonic() - tick
-            report.stopped_by_server = True
-            return False
-        report.staleness.append(int(pushed.staleness))
-        self._latest.update(train_loss=float(loss), updates=int(pushed.version))
-        report.steps += 1
-        report.samples += len(xb)
-        self.apply_pull(pushed.pull)
+        pushed = self.push(extra, samples=len(xb))  # None: the server went back in time
+        if pushed is not None and (pushed.applied or not pushed.stop):  # else: not trained on
+            report.staleness.append(int(pushed.staleness))
+            self._latest.update(train_loss=float(loss), updates=int(pushed.version))
+            report.steps, report.samples = report.steps + 1, report.samples + len(xb)
+            self.apply_pull(pushed.pull)
+            self.trace.complete("step", STEP, start, self.trace.now(), args={"step": report.steps})
         report.comm_s += time.monotonic() - tick
-        self.trace.complete("step", STEP, step_start, self.trace.now(), args={"step": report.steps})
-        if pushed.stop or pushed.pull.stop:
+        if pushed is not None and (pushed.stop or pushed.pull.stop):
             report.stopped_by_server = True
         return not report.stopped_by_server
 
-    def _push_or_rewind(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
-        """Push this step's gradients; None when the server answers `bad_base`: it restarted
-        from a checkpoint older than our parameters (docs/protocol.md 7), so pull them all
-        again and go on from there (the gradient, of a version it forgot, is dropped)."""
+    def push(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
+        """Push this step's gradients and pull in the same round trip (the fused exchange).
+
+        The plain plan (every gradient dense, every step, no sender thread): all of them in
+        one push, straight through the client. Otherwise the plan's StepSender (codecs,
+        push intervals, wait-free; minips/transmit.py) sends what is left of the step.
+        None when the server answers `bad_base`: it restarted from a checkpoint older than
+        our parameters (docs/protocol.md 7), so pull them all again and go on from there
+        (the gradient, of a version it forgot, is dropped).
+        """
         try:
-            return self.sender.finish(extra, samples=samples, pull_since=self.version)
+            if self.sender is not None:
+                return self.sender.finish(extra, samples=samples, pull_since=self.version)
+            grads, version = self.model.grads, self.version  # base and pull_since
+            args = {"params": list(grads), "pull_since": version}
+            with self.trace.span("last push+pull", SEND, args=args):
+                return self.client.push(grads, version, extra, samples=samples, pull_since=version)
         except ServerError as exc:
             if exc.code != "bad_base":
                 raise
@@ -217,10 +220,14 @@ class Worker:
         self.plan = plan_from_hello(config)
         shapes = {name: a.shape for name, a in self.model.params.items()}
         self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
-        self.sender = StepSender(self.client, self.model, self.plan, self.trace)
+        plain = not self.plan.wait_free and all(
+            p.push == "dense" and p.every == 1 for p in self.plan.params.values()
+        )
         if self.trace.enabled:
             self.model.add_grad_hook(self._trace_layer)
-        self.model.add_grad_hook(self.sender.layer_ready)
+        if not plain:  # else Worker.push sends the step's gradients itself
+            self.sender = StepSender(self.client, self.model, self.plan, self.trace)
+            self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
         self.client.link = Link.from_option(self.report.bandwidth)
 

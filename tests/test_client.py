@@ -116,13 +116,13 @@ def test_a_worker_declared_dead_registers_again_transparently():
             ps.hello({"role": "test"})
             other.hello()
             deadline = time.monotonic() + 10
-            while server.workers["w"].alive:  # silent past the timeout: declared dead
+            while server.registry.by_id["w"].alive:  # silent past the timeout: declared dead
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             reply = ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
             assert reply.applied
-            assert server.workers["w"].alive and ps.rank == 0
-            assert server.workers["w"].info == {"role": "test"}
+            assert server.registry.by_id["w"].alive and ps.rank == 0
+            assert server.registry.by_id["w"].info == {"role": "test"}
             ps.bye()
             ps.bye()  # a second bye (a retry whose reply was lost) is harmless
 

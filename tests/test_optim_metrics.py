@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minips.metrics import MetricsLog, merge_logs, read_metrics
-from minips.optim import SGD
+from minips.store import SGD
 
 
 def test_plain_sgd_step_is_w_minus_lr_grad():

@@ -13,9 +13,9 @@ from test_server_support import SHAPES, RawPeer, make_params, packb, running_ser
 from minips import wire
 from minips.client import PSClient, ServerError
 from minips.errors import ConfigError, ShapeError
-from minips.optim import SGD
 from minips.rules import make_rule
 from minips.server import ParameterServer, ServerOptions
+from minips.store import SGD
 
 
 def _grads(value=1.0):
@@ -319,7 +319,7 @@ def test_constructor_validates():
 SERVE_FOREVER = """
 import sys
 import numpy as np
-from minips.optim import SGD
+from minips.store import SGD
 from minips.rules import make_rule
 from minips.server import ParameterServer, ServerOptions
 params = {"fc.b": np.zeros(4, np.float32)}

@@ -46,7 +46,7 @@ def test_ssgd_applies_exactly_the_mean_as_one_update():
             a.hello()
             b.hello()
             thread, result = _in_thread(a.push, _grads(1.0), base=0)
-            _wait_until(lambda: server.workers["a"].held_pushes)
+            _wait_until(lambda: server.registry.by_id["a"].held_pushes)
             assert server.store.version == 0  # held at the barrier, nothing applied
             reply_b = b.push(_grads(3.0), base=0)
             thread.join(timeout=10)
@@ -69,7 +69,7 @@ def test_ssgd_partial_pushes_accumulate_until_the_last():
             queued = a.push({"fc.w": np.full((3, 4), 2.0, np.float32)}, base=0, last=False)
             assert not queued.applied and queued.version == 0
             thread, _ = _in_thread(a.push, {"fc.b": np.full(4, 4.0, np.float32)}, base=0)
-            _wait_until(lambda: server.workers["a"].held_pushes)
+            _wait_until(lambda: server.registry.by_id["a"].held_pushes)
             b.push({"fc.w": np.full((3, 4), 4.0, np.float32)}, base=0)  # b sends no fc.b
             thread.join(timeout=10)
     np.testing.assert_array_equal(params["fc.w"], before["fc.w"] - 3.0)  # mean of 2 and 4
@@ -84,7 +84,7 @@ def test_ssgd_barrier_completes_when_a_worker_leaves():
             a.hello()
             b.hello()
             thread, result = _in_thread(a.push, _grads(1.0), base=0)
-            _wait_until(lambda: server.workers["a"].held_pushes)
+            _wait_until(lambda: server.registry.by_id["a"].held_pushes)
             b.bye()
             thread.join(timeout=10)
             assert result["value"].applied and result["value"].version == 1
@@ -100,7 +100,7 @@ def test_ssp_holds_a_pull_until_the_slowest_catches_up():
             assert fast.pull().version == 1  # 1 clock ahead of the slowest: allowed
             fast.push(_grads(0.1), base=1)
             thread, result = _in_thread(fast.pull)  # 2 clocks ahead: held
-            _wait_until(lambda: server.workers["fast"].held_pull is not None)
+            _wait_until(lambda: server.registry.by_id["fast"].held_pull is not None)
             assert "value" not in result
             slow.push(_grads(0.1), base=0)  # the slowest advances, the pull is released
             thread.join(timeout=10)
@@ -172,7 +172,7 @@ def test_a_killed_worker_does_not_stall_the_ssgd_barrier():
         try:
             with PSClient(server.endpoint, worker_id="a", timeout=5.0) as a:
                 a.hello()
-                _wait_until(lambda: "victim" in server.workers)
+                _wait_until(lambda: "victim" in server.registry.by_id)
                 first = a.push({"fc.b": np.full(4, 1.0, np.float32)}, base=0)
                 assert victim.stdout.readline().split() == ["pushed", "1"]
                 assert first.version == 1
@@ -257,7 +257,7 @@ def test_ssgd_waits_for_world_size_workers_before_the_first_round():
         with PSClient(server.endpoint, worker_id="early") as early:
             early.hello()
             thread, result = _in_thread(early.push, {"fc.b": np.full(4, 1.0, np.float32)}, base=0)
-            _wait_until(lambda: server.workers["early"].held_pushes)
+            _wait_until(lambda: server.registry.by_id["early"].held_pushes)
             with PSClient(server.endpoint) as late:
                 late.hello()  # the first round now waits for this worker's push too
                 assert server.store.version == 0

@@ -10,9 +10,9 @@ import numpy as np
 import zmq
 
 from minips import wire
-from minips.optim import SGD
 from minips.rules import make_rule
 from minips.server import ParameterServer, ServerOptions
+from minips.store import SGD
 
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
 

@@ -32,9 +32,9 @@ import zmq  # noqa: E402
 from minips import wire  # noqa: E402
 from minips.client import PSClient  # noqa: E402
 from minips.nn import lenet5  # noqa: E402
-from minips.optim import SGD  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server import ParameterServer, ServerOptions  # noqa: E402
+from minips.store import SGD  # noqa: E402
 
 MB = 1 << 20
 

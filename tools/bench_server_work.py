@@ -27,7 +27,11 @@ from bench_wire import _tensors  # noqa: E402
 
 from minips import server as server_module  # noqa: E402
 from minips import wire  # noqa: E402
-from minips.optim import SGD  # noqa: E402
+
+try:  # SGD moved into minips.store; an older checkout (PYTHONPATH) has minips.optim
+    from minips.store import SGD  # noqa: E402
+except ImportError:
+    from minips.optim import SGD  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 
 NEW = hasattr(server_module, "ServerOptions")

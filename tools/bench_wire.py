@@ -57,9 +57,9 @@ def _address(transport: str) -> str:
 
 
 def _minips_server(queue, transport: str = "tcp") -> None:
-    from minips.optim import SGD
     from minips.rules import make_rule
     from minips.server import ParameterServer, ServerOptions
+    from minips.store import SGD
 
     params = _tensors()
     options = ServerOptions(bind=_address(transport))

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from minips.optim import SGD
 from minips.rules import make_rule
 from minips.server import ParameterServer, ServerOptions
+from minips.store import SGD
 
 
 @contextlib.contextmanager
