@@ -16,14 +16,21 @@ The cost model (docs/algorithms.md, "The transmission cost model", with its sour
    move the tensor (and direction) with the most bytes one rung down its ladder, from the
    most faithful encoding to the most compressed:
      biases                    dense (tiny; their gradients are sums, not worth a codec)
-     weights < SMALL entries   dense -> fp16 (halves the bytes, rounding 2^-11 relative)
+     conv weights, and weights < SMALL entries
+                               dense -> fp16 (halves the bytes, rounding 2^-11 relative)
      fc weights, B(in+out) < in*out (Poseidon's rule)
                                dense -> fp16 -> sf (float16 factors) -> topk
      other weights             dense -> fp16 -> topk
-     pulls of weights          dense -> fp16 -> delta (>= SMALL entries)
+     pulls of weights          dense -> fp16 -> delta (fc and other non-conv, >= SMALL)
    top-k keeps TOPK_RATIO of the entries (error feedback), delta pulls DELTA_RATIO. Like
    PowerSGD's rule of thumb (compress only where compression pays), tensors below SMALL
-   entries are never sparsified: their bytes are a rounding error of the step.
+   entries are never sparsified: their bytes are a rounding error of the step. Conv
+   weights are never sparsified either way: each is shared by every position of the
+   image, so each entry moves the whole layer's output; on LeNet-5 top-k 1 % up and
+   delta 5 % down on conv2 cost 2.5 points of accuracy against fp16 both ways, which
+   costs 91 KB a step more (2.6 % of the dense step's bytes; docs/algorithms.md). When
+   the ladders run out the plan is what remains: the budget then stays exceeded (the
+   predicted step says by how much).
 4. With a limited link the plan is wait-free: a sender thread pushes each layer as soon as
    backward produced it. The predicted step simulates that one sender.
 
@@ -165,22 +172,31 @@ def encode_ms(spec: Spec, shape: tuple[int, ...], batch_size: int, repeats: int 
     return min(times[1:]) * 1e3
 
 
+def _sparsifiable(shape: tuple[int, ...], kind: str) -> bool:
+    """Whether a weight may go below fp16 (top-k up, delta down): a big fc matrix only.
+
+    Conv weights never do (measured: sparsifying conv2 cost LeNet-5 2.5 points, see
+    docs/algorithms.md); tensors below SMALL entries never do (the indices cost more than
+    the saved values are worth).
+    """
+    return kind != "conv" and math.prod(shape) >= SMALL
+
+
 def _push_ladder(shape: tuple[int, ...], kind: str, batch_size: int) -> list[Spec]:
-    n = math.prod(shape)
     if len(shape) == 1:
         return ["dense"]
-    if n < SMALL:
+    if not _sparsifiable(shape, kind):
         return ["dense", "fp16"]
     ladder: list[Spec] = ["dense", "fp16"]
-    if kind == "fc" and len(shape) == 2 and batch_size * (shape[0] + shape[1]) < n:
+    if kind == "fc" and len(shape) == 2 and batch_size * (shape[0] + shape[1]) < math.prod(shape):
         ladder.append(SF16)  # Poseidon's rule: the factors are smaller than the matrix
     return [*ladder, TOPK]
 
 
-def _pull_ladder(shape: tuple[int, ...]) -> list[Spec]:
+def _pull_ladder(shape: tuple[int, ...], kind: str) -> list[Spec]:
     if len(shape) == 1:
         return ["dense"]
-    return ["dense", "fp16"] if math.prod(shape) < SMALL else ["dense", "fp16", DELTA]
+    return ["dense", "fp16", DELTA] if _sparsifiable(shape, kind) else ["dense", "fp16"]
 
 
 @dataclass
@@ -273,8 +289,9 @@ def make_plan(
     for name, param in model.params.items():
         layer = name.rsplit(".", 1)[0]
         shape = tuple(param.shape)
-        ladder = _push_ladder(shape, kinds.get(layer, ""), batch_size)
-        choices.append(ParamChoice(name, layer, shape, ladder, _pull_ladder(shape)))
+        kind = kinds.get(layer, "")
+        ladder = _push_ladder(shape, kind, batch_size)
+        choices.append(ParamChoice(name, layer, shape, ladder, _pull_ladder(shape, kind)))
     compute = sum(t.forward_ms + t.backward_ms for t in layers)
     if per_worker is not None:
         _descend(choices, batch_size, per_worker, budget_ms=BUDGET * compute)

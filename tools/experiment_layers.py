@@ -13,6 +13,9 @@ tc-shaped veth; root only), or with `--per-worker` each worker's token bucket
     dense       everything dense both ways (today's default)
     auto        the planner's choice for the link (minips.planner), wait-free sending
     auto-serial the same codecs without the sender thread (one push per step)
+    auto-RATE   the plan auto chooses for a shared link of RATE (e.g. auto-100mbit), run on
+                the given link: at `unlimited` it measures the plan's accuracy cheaply
+                (under ssgd accuracy does not depend on the link)
     fp16        every weight fp16 both ways
     sf-fc       fc1's weight as float16 sufficient factors (the rest dense)
     topk-fc     fc weights top-k 1 % (the rest dense)
@@ -54,6 +57,8 @@ def plan_file(config: RunConfig, plan: str, directory: Path) -> str:
         return plan
     if plan == "auto-serial":
         chosen = replace(resolve_plan(replace(config, plan="auto")), wait_free=False)
+    elif plan.startswith("auto-"):  # auto-RATE: the plan auto chooses for a shared RATE
+        chosen = resolve_plan(replace(config, plan="auto", netem=plan[5:], bandwidth=None))
     else:
         chosen = FIXED_PLANS[plan]
     path = directory / f"plan-{plan}.json"
