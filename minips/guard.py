@@ -115,8 +115,9 @@ def check_stays_finite(
     The step is the optimizer's (minips.store.SGD): v' = m v + (g + wd w), w' = w - lr v'
     (v' = g + wd w without momentum). Finite gradients can still overflow: 3e38 twice makes
     a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||)
-    (L2 norms, one BLAS dot each), so when that bound is below float32's maximum no entry
-    can overflow; only past it is the step computed into temporaries and checked exactly.
+    (L2 norms, or upper bounds of them: the store carries bounds on ||w|| and ||v|| from
+    update to update), so when that is below float32's maximum no entry can overflow;
+    only past it is the step computed into temporaries and checked exactly.
     sq_norms: name -> ||g||^2 already known (wire.decode_request computes it while checking
     that the gradient is finite); an upper bound is enough, so a gradient clipped since
     may keep its norm from before. Nothing is changed either way.
@@ -125,8 +126,7 @@ def check_stays_finite(
     with np.errstate(over="ignore", invalid="ignore"):
         for name, grad in grads.items():
             norm_g = math.sqrt(known[name]) if name in known else _norm(grad)
-            sq_w, sq_v = store.sq_norms(name)  # cached by the store for each version
-            norm_w, norm_v = math.sqrt(sq_w), math.sqrt(sq_v)
+            norm_w, norm_v = store.norm_bounds(name)  # carried by the store, no pass
             bound = norm_w + opt.lr * (opt.momentum * norm_v + norm_g + opt.weight_decay * norm_w)
             if bound < FLOAT32_SAFE:
                 continue

@@ -121,6 +121,7 @@ class WorkerState:
             self.partial_step = None
             _add_gradients(kept, push)
             push.grads, push.base = kept.grads, kept.base
+            push.sq_norms = {}  # they measured this push's arrays, not the step's sums
             push.staleness = version - push.base
         return push
 

@@ -247,7 +247,8 @@ class ParameterServer:
         guard.check_stays_finite(self.store, grads, request.sq_norms)  # pre-clip: an upper bound
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
+                    fused="pull_since" in header, pull_since=header.get("pull_since"),
+                    sq_norms=request.sq_norms)  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)
@@ -298,7 +299,7 @@ class ParameterServer:
         """One update: t += 1, every step through the optimizer; telemetry, checkpoints."""
         for push in update.pushes:
             push.staleness = self.store.version - push.base  # tau, t just before the update
-        version = self.store.apply(update.steps)
+        version = self.store.apply(update.steps, update.known_sq_norms())
         self.rule.after_update(update)
         self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
         self.control.checkpoint_every_n(version)

@@ -10,6 +10,7 @@ trainer.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,9 @@ from minips.errors import ConfigError, DataError, ShapeError
 from minips.wire import ProtocolError, sum_of_squares
 
 CHECKPOINT_FORMAT = 1
+# Carried norm bounds only grow (the triangle inequality); past this they are recomputed
+# exactly, far below float32's 3.4e38 where the overflow check needs them tight.
+RETIGHTEN = 1e30
 
 
 class ParameterStore:
@@ -51,9 +55,10 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
-        # ||w||^2 and ||v||^2 (momentum) of each current version, for the server's overflow
-        # check (minips.guard): computed right after the version is written, while in cache.
-        self._sq_norms: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, w.w, v.v)
+        # Upper bounds on ||w|| and ||v|| (momentum) of each current version, for the
+        # server's overflow check (minips.guard), carried from step to step by
+        # SGD.norm_bounds_after: no pass over the parameters per update (see `apply`).
+        self._bounds: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, |w|, |v|)
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `apply`).
         if not in_place:
@@ -89,25 +94,33 @@ class ParameterStore:
                     "dtype",
                 )
 
-    def apply(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
+    def apply(
+        self,
+        steps: list[tuple[str, np.ndarray, float]],
+        grad_sq_norms: dict[str, float] | None = None,
+    ) -> int:
         """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
         Returns the new version t.
 
         Callers validate everything first: this is the only place parameters change. Each
         new version is written into a new array that replaces the old one in `params`, so
         an array once handed to a pull reply is never modified (no copy per pull).
+        grad_sq_norms: name -> an upper bound on ||grad||^2 where the caller knows one (a
+        push's own arrays: the wire's finiteness check computed it); the others take a pass.
         """
         self.version += 1
+        known = grad_sq_norms or {}
         for name, grad, scale in steps:
             if self.in_place:
                 self.optimizer.step_one(name, grad, scale)
             else:
+                norm_w, norm_v = self.norm_bounds(name)  # of the version being replaced
                 fresh = np.empty_like(self.params[name])
                 self.optimizer.step_one(name, grad, scale, out=fresh)
                 self.params[name] = _published(fresh)
-                velocity = self.optimizer.velocity.get(name)
-                sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
-                self._sq_norms[name] = (fresh, sum_of_squares(fresh), sq_v)
+                norm_g = math.sqrt(known[name] if name in known else sum_of_squares(grad))
+                bounds = self.optimizer.norm_bounds_after(norm_w, norm_v, norm_g, scale)
+                self._bounds[name] = (fresh, *bounds)
             self.param_versions[name] = self.version
         return self.version
 
@@ -117,14 +130,18 @@ class ParameterStore:
             return list(self.params)
         return [name for name, v in self.param_versions.items() if v > since]
 
-    def sq_norms(self, name: str) -> tuple[float, float]:
-        """(||w||^2, ||v||^2) of parameter `name` and its momentum buffer at the current
-        version (inf when one overflows; v is 0 without momentum)."""
-        array, cached = self.params[name], self._sq_norms.get(name)
-        if self.in_place or cached is None or cached[0] is not array:  # in place: may change
+    def norm_bounds(self, name: str) -> tuple[float, float]:
+        """Upper bounds on ||w|| and ||v|| (its momentum buffer; 0 without) of parameter
+        `name` at the current version: exact after a checkpoint load or when the carried
+        bounds grew past RETIGHTEN, else carried from the last update (inf: overflowed)."""
+        array, cached = self.params[name], self._bounds.get(name)
+        if self.in_place or cached is None or cached[0] is not array or cached[1] > RETIGHTEN:
             velocity = self.optimizer.velocity.get(name)
             sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
-            return sum_of_squares(array), sq_v
+            bounds = math.sqrt(sum_of_squares(array)), math.sqrt(sq_v)
+            if not self.in_place:
+                self._bounds[name] = (array, *bounds)
+            return bounds
         return cached[1], cached[2]
 
     def snapshot(self, name: str) -> np.ndarray:
@@ -265,6 +282,23 @@ class SGD:
         else:  # out = weight - factor * step, with no temporary array
             np.multiply(step, -factor, out=out)
             out += weight
+
+    def norm_bounds_after(
+        self, norm_w: float, norm_v: float, norm_g: float, scale: float = 1.0
+    ) -> tuple[float, float]:
+        """Upper bounds on ||w'|| and ||v'|| after `step_one`, from bounds on ||w||, ||v||
+        and ||grad|| before it: the triangle inequality on step_one's formula,
+
+            ||scale (grad + wd w)|| <= |scale| (||grad|| + wd ||w||)
+            ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
+
+        so the server's overflow check needs no pass over the parameters (minips.guard).
+        """
+        step = abs(scale) * (norm_g + self.weight_decay * norm_w)
+        if self.momentum:
+            norm_v = self.momentum * norm_v + step
+            step = norm_v
+        return norm_w + self.lr * step, norm_v
 
     def step(self, grads: dict[str, np.ndarray], scale: float | dict[str, float] = 1.0) -> None:
         """Apply a dict of gradients; `scale` is one factor or one per parameter name."""
