@@ -32,6 +32,7 @@ from minips import address, auth, guard, wire
 from minips.codecs import decode_gradients
 from minips.control import Control
 from minips.errors import ConfigError
+from minips.inflow import InflowGuard, InflowLimits
 from minips.plan import Plan
 from minips.pulls import PullEncoder
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
@@ -162,6 +163,8 @@ class ParameterServer:
         }  # fmt: skip
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options)
+        # messages still arriving: bounded per connection (minips/inflow.py)
+        self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
@@ -177,12 +180,13 @@ class ParameterServer:
         while not self.control.finished():
             if self.control.stop_requested and not self.stopping:
                 self.control.begin_stop()
-            if poller.poll(self.options.poll_interval * 1000):
+            if poller.poll(self.inflow.wait(self.options.poll_interval) * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
                     try:
                         frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    self.inflow.delivered(frames)
                     self.serve(frames)
             self.on_tick(time.monotonic())
         if self.options.checkpoint_path:
@@ -207,7 +211,9 @@ class ParameterServer:
             self.send_error(envelope, error, body)
 
     def on_tick(self, now: float) -> None:
-        """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints."""
+        """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
+        connections holding too much of a message still arriving (minips/inflow.py)."""
+        self.inflow.check(now)
         self.control.checkpoint_if_due(now)
         self.control.check_liveness(now)
         if self.registry.assembling:
@@ -225,6 +231,7 @@ class ParameterServer:
 
     def close(self) -> None:
         """Close the socket and the ZeroMQ context."""
+        self.inflow.close()
         self.socket.close()
         if self._gatekeeper is not None:
             self._gatekeeper.stop()

@@ -1,0 +1,235 @@
+"""Server memory under hostile clients (issue 10): it stays under docs/protocol.md 10's bounds.
+
+Each test starts a real `minips server` process, reads its resident memory (VmRSS, and the
+peak VmHWM, from /proc/PID/status) when idle, attacks it from raw TCP sockets that speak
+ZMTP by hand (section 1), and checks the growth against the bound the document states (the
+numbers are read from its table) and that an honest client is still served. Linux only, as
+the bound is (minips/inflow.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minips import wire
+from minips.client import PSClient
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
+MiB = 1 << 20
+FDS = 10_000 + 500  # the connection test's sockets, and the server's
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the bound is Linux's")
+
+
+def documented(row: str) -> float:
+    """The number in docs/protocol.md 10's memory table on the row starting with `row`."""
+    section = DOC.read_text().split("## 10. Limits")[1].split("\n## ")[0]
+    line = re.search(rf"^\| {re.escape(row)}[^|]*\| ([\d,.]+)", section, re.M)
+    assert line, f"docs/protocol.md 10 has no row {row!r}"
+    return float(line.group(1).replace(",", ""))
+
+
+def raise_fd_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process, in MiB."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+@contextlib.contextmanager
+def minips_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A `minips server` (LeNet-5, asgd) on a free loopback port: (process, endpoint)."""
+    endpoint_file, log = tmp_path / "endpoint", tmp_path / "server.log"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "minips", "server", "--bind", "tcp://127.0.0.1:*",
+               "--dataset", "synthetic", "--workers", "1",
+               "--endpoint-file", str(endpoint_file)]  # fmt: skip
+    with open(log, "w") as errors:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, env=env,
+                                preexec_fn=raise_fd_limit)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not endpoint_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        endpoint = endpoint_file.read_text().strip()
+        with PSClient(endpoint, timeout=20) as client:
+            client.stats()  # serving, and its memory as it will be at rest
+        yield proc, endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------ ZMTP 3.0 by hand
+
+
+def frame_header(size: int, more: bool = False, command: bool = False) -> bytes:
+    """ZMTP 3.0 frame header: flags (MORE 1, LONG 2, COMMAND 4), then a 1 or 8-byte size."""
+    flags = (1 if more else 0) | (4 if command else 0)
+    if size <= 255:
+        return bytes([flags, size])
+    return bytes([flags | 2]) + size.to_bytes(8, "big")
+
+
+GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
+READY_BODY = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+HANDSHAKE = GREETING + frame_header(len(READY_BODY), command=True) + READY_BODY
+
+
+def recv_exactly(peer: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = peer.recv(size - len(data))
+        assert chunk, "the server closed the connection during the handshake"
+        data += chunk
+    return data
+
+
+def zmtp_peer(port: int) -> socket.socket:
+    """A TCP connection that has done a DEALER's handshake: greeting and READY each way.
+
+    (The server's READY is read before any message is sent: a message that overtakes it
+    is a protocol error and ZeroMQ drops the connection.)"""
+    peer = socket.create_connection(("127.0.0.1", port))
+    peer.sendall(HANDSHAKE)
+    recv_exactly(peer, len(GREETING))
+    flags, size = recv_exactly(peer, 2)
+    if flags & 2:  # a long command frame
+        size = int.from_bytes(bytes([size]) + recv_exactly(peer, 7), "big")
+    assert recv_exactly(peer, size).startswith(b"\x05READY")
+    return peer
+
+
+def zmtp_message(frames: list) -> bytes:
+    """One multipart message on the wire."""
+    out = []
+    for index, frame in enumerate(frames):
+        out += [frame_header(len(frame), more=index < len(frames) - 1), bytes(frame)]
+    return b"".join(out)
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def served(endpoint: str) -> bool:
+    """An honest client still gets an answer."""
+    with PSClient(endpoint, timeout=20, retries=0) as client:
+        return client.stats()["version"] >= 0
+
+
+# ------------------------------------------------------------------------ the tests
+
+
+def test_a_1_gb_message_is_cut_off_within_the_per_connection_bound(tmp_path):
+    frame = bytearray(60 * MiB)  # each frame under the 64 MiB frame limit, 17 of them
+    descs = [{"name": f"p{i}", "dtype": "float32", "shape": [len(frame) // 4]} for i in range(17)]
+    head = wire.encode({"op": "push", "worker": "big", "seq": 0, "base": 0, "arrays": descs})[0]
+    with minips_server(tmp_path) as (server, endpoint):
+        idle, _ = memory_mib(server.pid)
+        attacker = zmtp_peer(port_of(endpoint))
+        sent = 0
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):  # what a client sees
+            attacker.sendall(frame_header(len(head), more=True) + head)
+            for index in range(17):
+                attacker.sendall(frame_header(len(frame), more=index < 16))
+                attacker.sendall(frame)
+                sent += len(frame)
+        attacker.close()
+        assert served(endpoint)
+        _, peak = memory_mib(server.pid)
+    held = documented("held for one connection")
+    on_top = documented("what arrives between two checks")
+    print(f"idle {idle:.0f} MiB, peak {peak:.0f} MiB, cut after {sent / MiB:.0f} MiB sent")
+    assert sent < 1000 * MiB  # cut off before the message was whole
+    assert peak - idle <= held + on_top, (idle, peak)
+
+
+def test_a_client_that_never_reads_costs_at_most_one_connections_worst_case(tmp_path):
+    grad = np.full((800, 500), 1e-9, np.float32)  # fc1.w: each push makes a new version
+    push = {"op": "push", "worker": "noread", "base": 0}
+    pull = wire.encode({"op": "pull", "worker": "noread"})  # all 431,080 parameters
+    with minips_server(tmp_path) as (server, endpoint):
+        idle, _ = memory_mib(server.pid)
+        attacker = zmtp_peer(port_of(endpoint))
+        attacker.sendall(zmtp_message(wire.encode({"op": "hello", "worker": "noread"})))
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # may be cut
+            for seq in range(1000):  # each pull reply a fresh 1.64 MiB snapshot, never read
+                attacker.sendall(zmtp_message(wire.encode({**push, "seq": seq}, {"fc1.w": grad})))
+                attacker.sendall(zmtp_message(pull))
+        with PSClient(endpoint, timeout=30, retries=0) as honest:  # behind the 2,000
+            honest.hello({"role": "observer"})
+            stats = honest.stats()
+        _, peak = memory_mib(server.pid)
+        attacker.close()
+    rows = ("held for one connection", "what arrives between two checks", "replies queued")
+    worst = sum(documented(row) for row in rows)
+    print(f"idle {idle:.0f} MiB, peak {peak:.0f} MiB, {stats['updates']} pushes applied")
+    assert stats["updates"] >= 100  # it did get its pull replies made
+    assert peak - idle <= worst, (idle, peak)
+
+
+def connect_many(port: int, count: int, in_flight: int = 4096) -> list[socket.socket]:
+    """`count` connections that each complete ZMTP's handshake, `in_flight` connects at a
+    time (a burst of SYNs beyond the listen backlog would wait for retransmissions)."""
+    selector, peers, pending = selectors.DefaultSelector(), [], 0
+    deadline = time.monotonic() + 45
+    while len(peers) < count and time.monotonic() < deadline:
+        while pending < in_flight and len(peers) + pending < count:
+            peer = socket.socket()
+            peer.setblocking(False)
+            peer.connect_ex(("127.0.0.1", port))
+            selector.register(peer, selectors.EVENT_WRITE)
+            pending += 1
+        for key, _ in selector.select(timeout=1):
+            selector.unregister(key.fileobj)
+            pending -= 1
+            with contextlib.suppress(OSError):  # a refused one is not counted
+                key.fileobj.send(HANDSHAKE)
+                peers.append(key.fileobj)
+    selector.close()
+    return peers
+
+
+def test_ten_thousand_connections_cost_a_bounded_amount(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < FDS:
+        pytest.skip(f"needs {FDS} file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        with minips_server(tmp_path) as (server, endpoint):
+            with PSClient(endpoint, timeout=20, retries=0) as honest:
+                honest.hello({"role": "observer"})  # connected before the flood
+                idle, _ = memory_mib(server.pid)
+                peers = connect_many(port_of(endpoint), 10_000)
+                time.sleep(1)  # the server reads the last handshakes and cuts
+                assert honest.stats()["version"] == 0  # served during the flood
+                _, peak = memory_mib(server.pid)
+                for peer in peers:
+                    peer.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    most = documented("TCP connections at once")
+    each = documented("one connection, idle")
+    print(f"{len(peers)} connections; idle {idle:.0f} MiB, peak {peak:.0f} MiB")
+    assert len(peers) == 10_000
+    assert peak - idle <= most * each / 1024, (idle, peak)
