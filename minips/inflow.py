@@ -96,6 +96,19 @@ def watch_supported() -> bool:
     return len(info) >= TCPI_BYTES_RECEIVED + 8
 
 
+def watch_events(router: zmq.Socket) -> zmq.Socket:
+    """A socket that receives `router`'s connection events (ZeroMQ's socket monitor).
+
+    Its queue is unbounded: a flood of connections must not drop the very events that tell
+    the guard about them (ZeroMQ drops monitor events past a full queue)."""
+    address = f"inproc://minips.inflow.{id(router):x}"
+    router.monitor(address, WATCHED)
+    events = router.context.socket(zmq.PAIR)
+    events.setsockopt(zmq.RCVHWM, 0)
+    events.connect(address)
+    return events
+
+
 @contextlib.contextmanager
 def borrowed(fd: int) -> Iterator[pysocket.socket]:
     """ZeroMQ's own fd as a Python socket, for a moment: detached after, so never closed.
@@ -159,7 +172,8 @@ class InflowGuard:
         self.connections: dict[int, Connection] = {}
         self.cuts = 0
         self._next_sweep = 0.0
-        self._monitor = router.get_monitor_socket(WATCHED) if self.enabled else None
+        self._router = router
+        self._monitor = watch_events(router) if self.enabled else None
         if not self.enabled:
             log.warning("no TCP_INFO or ZMQ_SRCFD here: messages still arriving are unbounded")
 
@@ -199,6 +213,7 @@ class InflowGuard:
     def close(self) -> None:
         """Stop watching (before the socket and its context are closed)."""
         if self._monitor is not None:
+            self._router.disable_monitor()
             self._monitor.close(linger=0)
             self._monitor = None
 
