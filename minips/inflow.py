@@ -23,9 +23,10 @@ reply (docs/protocol.md section 10). Connections are learned from a socket monit
 (EVENT_ACCEPTED carries the new fd); past `max_connections`, a new one is cut at once.
 
 The guard never closes ZeroMQ's fd: it borrows it as a Python socket only to read TCP_INFO
-and to shut the connection down, and detaches it after. The bound holds at each check: what
-arrives between two (one turn of the loop, at most a poll interval of 50 ms) comes on top,
-and docs/protocol.md section 10 states that overshoot as measured. Without TCP_INFO or ZMQ_SRCFD
+and to shut the connection down, and detaches it after. The bound holds at each check; what
+arrives between two comes on top. The loop checks at least every poll interval (50 ms), and
+every FAST_CHECK while a connection holds more than 1/16 of its bound (`wait`);
+docs/protocol.md section 10 states the overshoot as measured. Without TCP_INFO or ZMQ_SRCFD
 (not Linux) the guard switches itself off and says so; ipc:// connections (local, guarded
 by file permissions) and inproc are not watched.
 """

@@ -43,6 +43,8 @@ from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
 log = logging.getLogger("minips.server")
 
+RECEIVE_HWM = 16  # whole requests queued per connection (docs/protocol.md 10)
+
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -111,6 +113,9 @@ def open_router(
     # buffering it, and queues at most send_hwm replies for a client that does not read.
     socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
     socket.setsockopt(zmq.SNDHWM, options.send_hwm)
+    # Whole requests not yet read: a client sending faster than the server reads is slowed
+    # by TCP, not buffered (what is still arriving is bounded by minips/inflow.py).
+    socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
     gatekeeper = None
