@@ -23,6 +23,7 @@ from minips.client import PSClient
 from minips.dashboard import parse_listen, start_dashboard
 from minips.dashboard.collector import EvalTail, worker_rows
 from minips.errors import ConfigError
+from minips.web.headless import remove_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40  # per worker, of 256 samples: a few seconds of a live run
@@ -203,12 +204,16 @@ def chromium_page(url: str):
         pytest.skip(
             "no chromium on PATH (apt-get install chromium): the page was not tested in a browser"
         )
-    with tempfile.TemporaryDirectory() as profile:
+    # Not a TemporaryDirectory: Chromium's helper processes may still write in the profile
+    # for a moment after the browser is killed, so it is removed with retries (and the
+    # whole process group is killed, not only the browser).
+    profile = tempfile.mkdtemp(prefix="minips-test-chromium-")
+    try:
         proc = subprocess.Popen(
             [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--remote-debugging-port=0", f"--user-data-dir={profile}",
              "--window-size=1320,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -223,8 +228,11 @@ def chromium_page(url: str):
             tools.call("Page.navigate", url=url)
             yield tools
         finally:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    finally:
+        remove_profile(Path(profile))
 
 
 READ_PAGE = """JSON.stringify({
