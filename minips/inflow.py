@@ -173,6 +173,7 @@ class InflowGuard:
         self.connections: dict[int, Connection] = {}
         self.cuts = 0
         self._next_sweep = 0.0
+        self._busy = False  # a connection held over 1/16 of its bound at the last sweep
         self._router = router
         self._monitor = watch_events(router) if self.enabled else None
         if not self.enabled:
@@ -208,8 +209,7 @@ class InflowGuard:
         """How long the loop may wait for a message before the next check: `interval`, or
         FAST_CHECK while a connection holds more than 1/16 of its bound (a big message is
         arriving: what arrives between two checks comes on top of the bound)."""
-        busy = any(c.held > self.limits.per_connection // 16 for c in self.connections.values())
-        return min(interval, FAST_CHECK) if busy else interval
+        return min(interval, FAST_CHECK) if self._busy else interval
 
     def close(self) -> None:
         """Stop watching (before the socket and its context are closed)."""
@@ -256,6 +256,8 @@ class InflowGuard:
             else:
                 live.append(connection)
         total = sum(c.held for c in live)
+        # `held` changes only here: the loop's wait (see `wait`) is decided once per sweep.
+        self._busy = any(c.held > self.limits.per_connection // 16 for c in live)
         for connection in sorted(live, key=lambda c: c.held, reverse=True):
             if total <= self.limits.total:
                 break
