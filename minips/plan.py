@@ -125,6 +125,13 @@ class Plan:
         """The all-dense default: every parameter dense both ways, every step, no thread."""
         return not self.wait_free and all(p.is_dense() for p in self.params.values())
 
+    def pushes_dense(self) -> bool:
+        """Every gradient pushed dense at every step, no sender thread (pulls may differ):
+        a worker's step is then one plain push (Worker.push, no StepSender)."""
+        return not self.wait_free and all(
+            p.push == "dense" and p.every == 1 for p in self.params.values()
+        )
+
     def push_specs(self) -> dict[str, Spec]:
         """name -> push codec spec, for the parameters not pushed dense."""
         return {name: p.push for name, p in self.params.items() if p.push != "dense"}

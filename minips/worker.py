@@ -220,12 +220,9 @@ class Worker:
         self.plan = plan_from_hello(config)
         shapes = {name: a.shape for name, a in self.model.params.items()}
         self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
-        plain = not self.plan.wait_free and all(
-            p.push == "dense" and p.every == 1 for p in self.plan.params.values()
-        )
         if self.trace.enabled:
             self.model.add_grad_hook(self._trace_layer)
-        if not plain:  # else Worker.push sends the step's gradients itself
+        if not self.plan.pushes_dense():  # else Worker.push sends the step's gradients itself
             self.sender = StepSender(self.client, self.model, self.plan, self.trace)
             self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
