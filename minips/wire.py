@@ -137,9 +137,9 @@ class Message:
     parts: name -> {part: array} of each multi-part tensor ("topk", "sf", ...), as sent.
     dense_shapes: name -> the `of` shape of each multi-part tensor.
     codecs: name -> codec of every tensor, in the order they were sent.
-    sq_norms: name -> sum of squares (float64) of each float32 single-frame array of a push,
-    computed by the finiteness check (decode_request) so the server's overflow check and
-    --clip-norm need not read the gradient again.
+    sq_norms: name -> x.x of each finite float32 single-frame array of a push, computed by
+    the finiteness check (decode_request) so the server's overflow check need not read the
+    gradient again.
     """
 
     header: dict[str, Any]
