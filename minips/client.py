@@ -220,9 +220,7 @@ class PSClient:
             else:  # the default: each gradient as its float32 array (docs/protocol.md 4)
                 coded = []
                 plain = [wire.WirePart(n, dense_float32(g)) for n, g in grads.items()] + plain
-            sent = self.encoder.bytes_sent  # array bytes per parameter and extra
-            for part in plain:
-                sent[part.name] = sent.get(part.name, 0) + part.array.nbytes
+            self.encoder.count(plain)  # array bytes per parameter and extra
             seq, self._seq = self._seq, self._seq + 1  # the next push is new even if this fails
             header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base,
                       "last": last}  # fmt: skip

@@ -48,7 +48,7 @@ class Control:
             pull = HeldPull(envelope, header["pull_since"], worker.answered[seq])
             self.server.hold_pull(worker, pull)
         elif seen == "answered":
-            self.server.reply(envelope, worker.answered[seq], worker=worker)
+            self.server.outbox.reply(envelope, worker.answered[seq], worker=worker)
         else:
             raise ProtocolError(
                 f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
@@ -82,24 +82,24 @@ class Control:
             "version": server.store.version,
             "heartbeat_timeout": server.options.heartbeat_timeout,
         }
-        server.reply(envelope, header, worker=worker)
+        server.outbox.reply(envelope, header, worker=worker)
         server.release_pulls()  # this hello may complete the cluster
 
     def ping(self, envelope: Envelope, request: Message) -> None:
         server = self.server
         worker = server.registry.sender(request, envelope.origin)
         header = {"op": "ping", "version": server.store.version, "stop": server.stopping}
-        server.reply(envelope, header, worker=worker)
+        server.outbox.reply(envelope, header, worker=worker)
 
     def stats_request(self, envelope: Envelope, request: Message) -> None:
-        self.server.reply(envelope, {"op": "stats", "stats": self.stats()})
+        self.server.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
 
     def bye(self, envelope: Envelope, request: Message) -> None:
         server = self.server
         worker = server.registry.sender(request, envelope.origin)
         worker.finished = request.header.get("finished", True) and not worker.observer
         self.retire(worker, "said bye" if worker.finished or worker.observer else "left unfinished")
-        server.reply(envelope, {"op": "bye"}, worker=worker)
+        server.outbox.reply(envelope, {"op": "bye"}, worker=worker)
         self.stop_if_all_finished()
 
     def stop_if_all_finished(self) -> None:
@@ -121,7 +121,7 @@ class Control:
     def stop(self, envelope: Envelope, request: Message) -> None:
         guard.require_operator(envelope.origin, self.server.options.keys)
         self.begin_stop()
-        self.server.reply(envelope, {"op": "stop"})
+        self.server.outbox.reply(envelope, {"op": "stop"})
 
     def checkpoint(self, envelope: Envelope, request: Message) -> None:
         server = self.server
@@ -130,7 +130,7 @@ class Control:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
         path = self.save_checkpoint()
         header = {"op": "checkpoint", "path": str(path), "version": server.store.version}
-        server.reply(envelope, header)
+        server.outbox.reply(envelope, header)
 
     # ------------------------------------------------------------------ leaving, stopping
 

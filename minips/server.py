@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from minips.pulls import PullEncoder
 from minips.registry import HeldPull, WorkerRegistry, WorkerState
 from minips.rules import Outcome, Push, Rule, Update
 from minips.store import SGD, ParameterStore
-from minips.telemetry import Telemetry, UpdateRecord
+from minips.telemetry import Counters, Telemetry, UpdateRecord
 from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 
 log = logging.getLogger("minips.server")
@@ -125,6 +125,41 @@ def open_router(
     return socket, gatekeeper
 
 
+class Outbox:
+    """The server's sending side: replies on a request's envelope, their bytes counted."""
+
+    def __init__(self, socket: zmq.Socket, counters: Counters) -> None:
+        self.socket, self.counters = socket, counters
+
+    def reply(
+        self,
+        envelope: Envelope,
+        header: dict[str, Any],
+        worker: WorkerState | None = None,
+        parts: Sequence[wire.WirePart] = (),
+    ) -> None:
+        """Send a reply (with the request's rid) and count its bytes, also the worker's."""
+        if envelope.rid is not None:
+            header = {**header, "rid": envelope.rid}
+        nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
+        if worker is not None:
+            worker.bytes_out += nbytes
+
+    def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
+        """Answer a request that failed with `error` (its rid read from `body` if need be)."""
+        self.counters.errors += 1
+        log.debug("error reply (%s): %s", error.code, error.reason)
+        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
+        self.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
+
+    def send(self, routing: list[Any], frames: list[Any]) -> int:
+        """Send frames without copying; returns their bytes (the routing frames left out)."""
+        self.socket.send_multipart([*routing, *frames], copy=False)
+        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        self.counters.bytes_out += nbytes
+        return nbytes
+
+
 class ParameterServer:
     """Holds the model, applies pushed gradients through a rule, answers pulls.
 
@@ -170,6 +205,7 @@ class ParameterServer:
         self.socket, self._gatekeeper = open_router(self._context, options)
         # messages still arriving: bounded per connection (minips/inflow.py)
         self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
+        self.outbox = Outbox(self.socket, self.telemetry.counters)
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
@@ -209,11 +245,11 @@ class ParameterServer:
             envelope.rid = request.header.get("rid")
             self.handlers[request.op](envelope, request)
         except ProtocolError as exc:
-            self.send_error(envelope, exc, body)
+            self.outbox.error(envelope, exc, body)
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("internal error handling a request")
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
-            self.send_error(envelope, error, body)
+            self.outbox.error(envelope, error, body)
 
     def on_tick(self, now: float) -> None:
         """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
@@ -265,7 +301,6 @@ class ParameterServer:
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)
         self.telemetry.count_push(push, request)
-        self.telemetry.counters.worker_steps += push.last  # with its bytes: per-step figures
         if self.stopping:
             self.answer_push(push, applied=False)
             return
@@ -326,7 +361,7 @@ class ParameterServer:
         if push.fused:  # the parameters go with the answer, when the rule lets them
             self.hold_pull(push.worker, HeldPull(push.reply_to, push.pull_since, header))
         else:
-            self.reply(push.reply_to, header, worker=push.worker)
+            self.outbox.reply(push.reply_to, header, worker=push.worker)
 
     # ------------------------------------------------------------------------------ pulls
 
@@ -358,7 +393,7 @@ class ParameterServer:
         # A fused push + pull: the push's answer, then the pull reply's fields (one reply).
         header = {**(held.push_reply or {"op": "pull"}), "version": self.store.version,
                   "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
-        self.reply(held.reply_to, header, worker=worker, parts=parts)
+        self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
         if not worker.observer:
             self.telemetry.count_pull(parts)
             self.rule.on_pulled(worker)
@@ -371,36 +406,6 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         """The `stats` reply: counters, versions, staleness and the worker table."""
         return self.control.stats()
-
-    # ---------------------------------------------------------------------------- sending
-
-    def reply(
-        self,
-        envelope: Envelope,
-        header: dict[str, Any],
-        arrays: dict[str, np.ndarray] | None = None,
-        worker: WorkerState | None = None,
-        parts: list[wire.WirePart] | None = None,
-    ) -> None:
-        """Send a reply (with the request's rid) and count its bytes (arrays, or parts)."""
-        if envelope.rid is not None:
-            header = {**header, "rid": envelope.rid}
-        frames = wire.encode_parts(header, parts) if parts else wire.encode(header, arrays)
-        nbytes = self._send(envelope.routing, frames)
-        if worker is not None:
-            worker.bytes_out += nbytes
-
-    def send_error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
-        self.telemetry.counters.errors += 1
-        log.debug("error reply (%s): %s", error.code, error.reason)
-        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
-        self._send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
-
-    def _send(self, routing: list[Any], frames: list[Any]) -> int:
-        self.socket.send_multipart([*routing, *frames], copy=False)
-        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
-        self.telemetry.counters.bytes_out += nbytes
-        return nbytes
 
 
 def hello_config(config: dict[str, Any] | None) -> dict[str, Any]:

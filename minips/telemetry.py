@@ -113,7 +113,9 @@ class Telemetry:
         self.on_update = on_update
 
     def count_push(self, push: Push, message: Message) -> None:
-        """Count an accepted push's array bytes as sent: gradients and extras apart."""
+        """Count an accepted push's array bytes as sent (gradients and extras apart), and
+        its step if it ends one: bytes and steps together make the per-step figures."""
+        self.counters.worker_steps += push.last
         for name in message.codecs:
             nbytes = sum(frame.nbytes for frame in message.frames_of(name))
             if name in push.extra:

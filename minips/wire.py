@@ -174,6 +174,32 @@ class WirePart:
     part: str | None = None
     of: tuple[int, ...] | None = None
 
+    def describe(self) -> tuple[dict[str, Any], np.ndarray]:
+        """(descriptor, the array as sent: C-contiguous, little-endian wire dtype).
+
+        A descriptor is {name, dtype, shape, codec}, plus {part, of} for a part of a
+        multi-part codec (in that key order: dense/fp16 messages are as before parts).
+        Raises ProtocolError (`dtype`, `bad_field`) for what the codec cannot carry.
+        """
+        dtype_name = _wire_dtype_name(self.array.dtype)
+        allowed = CODECS.get(self.codec, {}).get(self.part)
+        if allowed is None or dtype_name not in allowed:
+            what = self.codec if self.part is None else f"{self.codec}/{self.part}"
+            raise ProtocolError(
+                f"array {self.name!r}: codec {what!r} cannot carry {dtype_name}", "dtype"
+            )
+        # np.asarray keeps 0-d shapes (np.ascontiguousarray would make them 1-d).
+        array = np.asarray(self.array, dtype=DTYPES[dtype_name])
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")
+        descriptor = {"name": self.name, "dtype": dtype_name, "shape": list(array.shape),
+                      "codec": self.codec}  # fmt: skip
+        if self.part is not None:
+            if self.of is None:
+                raise ProtocolError(f"array {self.name!r}: part without `of`", "bad_field")
+            descriptor.update(part=self.part, of=[int(d) for d in self.of])
+        return descriptor, array
+
 
 def encode(
     header: Mapping[str, Any],
@@ -194,40 +220,13 @@ def encode(
 
 
 def encode_parts(header: Mapping[str, Any], parts: Sequence[WirePart]) -> list[bytes | memoryview]:
-    """`encode` for any codec: one frame per WirePart, in the order given.
-
-    A descriptor is {name, dtype, shape, codec}, plus {part, of} for a part of a multi-part
-    codec (in that key order, so dense/fp16 messages are byte-for-byte as before parts).
-    """
+    """`encode` for any codec: the header with one descriptor per WirePart (`describe`),
+    then one frame per part, in the order given. Frames are views of the arrays."""
     head = {"v": PROTOCOL_VERSION, **header}
-    descriptors = []
-    payload: list[bytes | memoryview] = []
-    for item in parts:
-        dtype_name = _wire_dtype_name(item.array.dtype)
-        allowed = CODECS.get(item.codec, {}).get(item.part)
-        if allowed is None or dtype_name not in allowed:
-            what = item.codec if item.part is None else f"{item.codec}/{item.part}"
-            raise ProtocolError(
-                f"array {item.name!r}: codec {what!r} cannot carry {dtype_name}", "dtype"
-            )
-        # np.asarray keeps 0-d shapes (np.ascontiguousarray would make them 1-d).
-        contiguous = np.asarray(item.array, dtype=DTYPES[dtype_name])
-        if not contiguous.flags.c_contiguous:
-            contiguous = contiguous.copy(order="C")
-        desc = {
-            "name": item.name,
-            "dtype": dtype_name,
-            "shape": list(contiguous.shape),
-            "codec": item.codec,
-        }
-        if item.part is not None:
-            if item.of is None:
-                raise ProtocolError(f"array {item.name!r}: part without `of`", "bad_field")
-            desc.update(part=item.part, of=[int(d) for d in item.of])
-        descriptors.append(desc)
-        payload.append(memoryview(contiguous.reshape(-1)).cast("B"))
-    if descriptors:
-        head["arrays"] = descriptors
+    described = [part.describe() for part in parts]
+    if described:
+        head["arrays"] = [descriptor for descriptor, _ in described]
+    payload = [memoryview(array.reshape(-1)).cast("B") for _, array in described]
     return [msgpack.packb(head, use_bin_type=True), *payload]
 
 
@@ -238,6 +237,15 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     descriptors (name, dtype allow-list, codec, shape) against the frames' sizes.
     Use `decode_request` / `decode_reply` to also check the op's fields.
     """
+    buffers, total = _bounded_buffers(frames, limits)
+    header = _unpack_header(buffers[0], limits)
+    message = Message(header=header, nbytes=total)
+    _decode_arrays(message, header.get("arrays", []), buffers[1:], limits)
+    return message
+
+
+def _bounded_buffers(frames: Sequence[Any], limits: Limits) -> tuple[list[memoryview], int]:
+    """The frames as buffers and their total size, after the frame count and size limits."""
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     if len(frames) - 1 > limits.max_arrays:
@@ -250,25 +258,20 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         raise ProtocolError(
             f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}", "too_large"
         )
-    header = _unpack_header(buffers[0], limits)
-    descriptors = header.get("arrays", [])
-    if not isinstance(descriptors, list):
-        raise ProtocolError("header field 'arrays' must be a list", "bad_field")
-    if len(descriptors) != len(buffers) - 1:
-        raise ProtocolError(
-            f"header describes {len(descriptors)} arrays "
-            f"but {len(buffers) - 1} array frames followed",
-            "frame_count",
-        )
-    message = Message(header=header, nbytes=total)
-    _decode_arrays(message, descriptors, buffers[1:], limits)
-    return message
+    return buffers, total
 
 
 def _decode_arrays(
     message: Message, descriptors: list[Any], frames: list[memoryview], limits: Limits
 ) -> None:
     """Check each descriptor against its frame; add the frames to `message` as arrays."""
+    if not isinstance(descriptors, list):
+        raise ProtocolError("header field 'arrays' must be a list", "bad_field")
+    if len(descriptors) != len(frames):
+        raise ProtocolError(
+            f"header describes {len(descriptors)} arrays but {len(frames)} array frames followed",
+            "frame_count",
+        )
     previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
     for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
         name, dtype, shape, codec = _check_descriptor(desc, index, limits)

@@ -166,18 +166,36 @@ class Worker:
         # Still the parameters of the last pull (set only by apply_pull below): VSGD's
         # samples are exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
-        report.extra_bytes += sum(values.nbytes for values in extra.values())
         pushed = self.push(extra, samples=len(xb))  # None: the server went back in time
-        if pushed is not None and (pushed.applied or not pushed.stop):  # else: not trained on
-            report.staleness.append(int(pushed.staleness))
-            self._latest.update(train_loss=float(loss), updates=int(pushed.version))
-            report.steps, report.samples = report.steps + 1, report.samples + len(xb)
+        trained = pushed is not None and (pushed.applied or not pushed.stop)  # else: not used
+        if trained:
             self.apply_pull(pushed.pull)
+        self._record_step(pushed, trained, float(loss), len(xb), extra, (start, tick))
+        return not report.stopped_by_server
+
+    def _record_step(
+        self,
+        pushed: PushReply | None,
+        trained: bool,
+        loss: float,
+        samples: int,
+        extra: dict[str, np.ndarray],
+        started: tuple[float, float],
+    ) -> None:
+        """A step's figures in the report, its span in the trace; `stopped_by_server`.
+
+        started: the step's start on the trace's clock, and the exchange's on time.monotonic.
+        """
+        report, (start, tick) = self.report, started
+        report.extra_bytes += sum(values.nbytes for values in extra.values())
+        if trained:
+            report.staleness.append(int(pushed.staleness))
+            self._latest.update(train_loss=loss, updates=int(pushed.version))
+            report.steps, report.samples = report.steps + 1, report.samples + samples
             self.trace.complete("step", STEP, start, self.trace.now(), args={"step": report.steps})
         report.comm_s += time.monotonic() - tick
         if pushed is not None and (pushed.stop or pushed.pull.stop):
             report.stopped_by_server = True
-        return not report.stopped_by_server
 
     def push(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
         """Push this step's gradients and pull in the same round trip (the fused exchange).

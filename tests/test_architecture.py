@@ -61,3 +61,12 @@ def test_the_path_is_as_short_as_the_document_says():
     assert abs(with_docs - int(claimed.group(1))) <= 30, with_docs
     assert abs(without - int(claimed.group(2))) <= 30, without
     assert all(stated <= 55 for *_, stated in rows), "no function over ~50 lines on the path"
+
+
+def test_no_class_on_the_path_is_over_about_250_lines():
+    classes = {
+        _function(path, name.rsplit(".", 1)[0]) for _, path, name, _ in _rows() if "." in name
+    }
+    for cls in classes:
+        length = len(inspect.getsourcelines(cls)[0])
+        assert length <= 260, f"{cls.__name__} has {length} lines (the path's classes stay ~250)"

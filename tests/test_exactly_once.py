@@ -29,15 +29,15 @@ LOST_REPLY = 0.1  # share of push replies the "network" loses (remembered, never
 def _losing_push_replies(server, rng: random.Random, lost: list[int]) -> None:
     """Make the server lose some push replies after answering them (as a network would):
     the push is applied and its reply remembered, but the client never sees it."""
-    reply = server.reply
+    reply = server.outbox.reply
 
-    def maybe_lose(envelope, header, arrays=None, worker=None, parts=None):
+    def maybe_lose(envelope, header, worker=None, parts=()):
         if header.get("op") == "push" and rng.random() < LOST_REPLY:
             lost.append(header["seq"])
             return
-        reply(envelope, header, arrays, worker=worker, parts=parts)
+        reply(envelope, header, worker=worker, parts=parts)
 
-    server.reply = maybe_lose
+    server.outbox.reply = maybe_lose
 
 
 def _client(endpoint: str, index: int, acked: list[int], errors: list[BaseException]) -> None:

@@ -18,7 +18,7 @@ model's parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,11 @@ class Encoder:
             self._codecs[name] = held
         return held[1]
 
+    def count(self, parts: Iterable[WirePart]) -> None:
+        """Add the parts' array bytes to `bytes_sent`, each under its parameter's name."""
+        for part in parts:
+            self.bytes_sent[part.name] = self.bytes_sent.get(part.name, 0) + part.array.nbytes
+
     def encode(
         self, grads: Mapping[str, Gradient], specs: Mapping[str, Spec] | None = None
     ) -> list[WirePart]:
@@ -125,9 +130,7 @@ class Encoder:
         parts: list[WirePart] = []
         for name, grad in grads.items():
             encoded = self.codec(name, specs.get(name, "dense")).encode(name, grad)
-            self.bytes_sent[name] = self.bytes_sent.get(name, 0) + sum(
-                part.array.nbytes for part in encoded
-            )
+            self.count(encoded)
             parts.extend(encoded)
         return parts
 
