@@ -26,13 +26,17 @@ is finite), with nothing applied when any gradient is not finite. Replies are se
 copy=False and stay safe: each version w' is written into a buffer that no frame in flight
 references (Python's reference count tells: pyzmq holds the array until libzmq has sent
 it), so a reply never sees a later update and no pull copies anything.
+
+    python tools/raw_ps.py     # the minimal work alone, in-process: median ms of `apply`
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import struct
 import sys
+import time
 
 import numpy as np
 import zmq
@@ -225,3 +229,24 @@ class RawClient:
             self.sock.setsockopt(zmq.LINGER, 1000)  # let the quit leave before the close
             self.sock.send(b"q")
         self.sock.close()
+
+
+def main() -> None:
+    """Time `MomentumStore.apply` on LeNet-5-sized tensors in-process (warm, no sockets)."""
+    from bench_wire import _tensors
+
+    store = MomentumStore(list(_tensors().values()))
+    grads = [g.reshape(-1) for g in _tensors(seed=1).values()]
+    times = []
+    for n in range(330):
+        tick = time.perf_counter()
+        store.apply(grads)
+        if n >= 30:  # after 30 warm-up updates
+            times.append((time.perf_counter() - tick) * 1e3)
+    print(
+        f"MomentumStore.apply, 431,080 float32: {statistics.median(times):.3f} ms (median of 300)"
+    )
+
+
+if __name__ == "__main__":
+    main()
