@@ -9,7 +9,13 @@ server's applied updates per second over a fixed window, read from its own `stat
 counters. Median of --repeats windows.
 
     python tools/bench_server.py --clients 1,2,4,8 --seconds 3 --repeats 3 \
-        [--mode pushpull|fused|push] [--transport tcp|ipc]
+        [--mode pushpull|fused|push] [--transport tcp|ipc] [--server minips|raw|raw-work]
+
+`--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings of
+issue 9): a bare pyzmq ROUTER answering bare DEALER clients with the same bytes (push -> ack,
+pull and fused -> the 8 parameter frames), with no work (`raw`: prebuilt frames) or with the
+minimal correct asgd work (`raw-work`: finiteness by a dot, momentum 0.9 in place, each new
+version in a buffer no frame in flight references, sent with copy=False).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -30,6 +38,11 @@ from minips.nn import lenet5  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server import ParameterServer, ServerOptions  # noqa: E402
 from minips.store import SGD  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import raw_ps  # noqa: E402
+
+RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 
 
 def serve(endpoint_queue: mp.Queue, bind: str) -> None:
@@ -43,6 +56,31 @@ def serve(endpoint_queue: mp.Queue, bind: str) -> None:
     server = ParameterServer(params, make_rule("asgd"), optimizer, ServerOptions(bind=bind))
     endpoint_queue.put(server.endpoint)
     server.serve_forever()
+
+
+def serve_raw(endpoint_queue: mp.Queue, bind: str, work: bool) -> None:
+    """The reference server process (tools/raw_ps.py) over the same lenet5 tensors."""
+    import zmq
+
+    tensors = list(lenet5(seed=0).params.values())
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.bind(bind)
+    endpoint_queue.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    raw_ps.serve(sock, raw_ps.MomentumStore(tensors, lr=0.01, mu=0.9) if work else None, tensors)
+
+
+def raw_client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
+    """A reference client: the same gradient bytes, as fast as the reference server answers."""
+    rng = np.random.default_rng(os.getpid())
+    grads = [(1e-6 * rng.standard_normal(p.shape)).astype(np.float32)
+             for p in lenet5(seed=0).params.values()]  # fmt: skip
+    client = raw_ps.RawClient(endpoint, grads)
+    step = getattr(client, RAW_STEPS[mode])
+    ready.wait()
+    while time.monotonic() < stop_at:
+        step()
+    client.close()
 
 
 def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
@@ -66,28 +104,34 @@ def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> 
         client.bye()
 
 
-def measure(endpoint: str, clients: int, seconds: float, mode: str) -> float:
+def _updates_counter(endpoint: str, raw: bool):
+    """(read the server's applied-update count, close) for a minips or reference server."""
+    if raw:
+        client = raw_ps.RawClient(endpoint, [])
+        return client.updates, client.close
+    operator = PSClient(endpoint, timeout=30)
+    return (lambda: operator.stats()["updates"]), operator.close
+
+
+def measure(endpoint: str, clients: int, seconds: float, mode: str, raw: bool = False) -> float:
     """Applied updates per second while `clients` processes push for `seconds`."""
     ready = mp.Barrier(clients + 1)
     warmup = 0.5
     stop_at = time.monotonic() + seconds + warmup + 2.0  # + start-up of the processes
-    procs = [
-        mp.Process(target=client_loop, args=(endpoint, mode, stop_at, ready))
-        for _ in range(clients)
-    ]
+    loop = raw_client_loop if raw else client_loop
+    procs = [mp.Process(target=loop, args=(endpoint, mode, stop_at, ready)) for _ in range(clients)]
     for proc in procs:
         proc.start()
     ready.wait()
-    with PSClient(endpoint, timeout=30) as operator:
-        time.sleep(warmup)
-        first = operator.stats()
-        t_first = time.monotonic()
-        time.sleep(seconds)
-        last = operator.stats()
-        t_last = time.monotonic()
+    updates, close = _updates_counter(endpoint, raw)
+    time.sleep(warmup)
+    first, t_first = updates(), time.monotonic()
+    time.sleep(seconds)
+    last, t_last = updates(), time.monotonic()
+    close()
     for proc in procs:
         proc.join()
-    return (last["updates"] - first["updates"]) / (t_last - t_first)
+    return (last - first) / (t_last - t_first)
 
 
 def main() -> None:
@@ -97,29 +141,40 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mode", choices=("pushpull", "fused", "push"), default="pushpull")
     parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp")
+    parser.add_argument("--server", choices=("minips", "raw", "raw-work"), default="minips")
     args = parser.parse_args()
+    raw = args.server != "minips"
 
     bind = "tcp://127.0.0.1:*"
     if args.transport == "ipc":
         bind = f"ipc://{tempfile.mkdtemp(prefix='minips-bench-')}/server.sock"
     ctx_queue: mp.Queue = mp.Queue()
-    server = mp.Process(target=serve, args=(ctx_queue, bind), daemon=True)
+    target, extra = (serve_raw, (args.server == "raw-work",)) if raw else (serve, ())
+    server = mp.Process(target=target, args=(ctx_queue, bind, *extra), daemon=True)
     server.start()
     endpoint = ctx_queue.get(timeout=60)
     print(f"# server capacity, lenet5 (431,080 float32), asgd, {args.mode}, {args.transport}, "
-          f"{os.cpu_count()} cores")  # fmt: skip
+          f"server {args.server}, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print("| clients | updates/s (median) | runs |")
     print("| --- | --- | --- |")
     try:
         for clients in [int(part) for part in args.clients.split(",")]:
-            runs = [measure(endpoint, clients, args.seconds, args.mode)
+            runs = [measure(endpoint, clients, args.seconds, args.mode, raw)
                     for _ in range(args.repeats)]  # fmt: skip
             shown = ", ".join(f"{run:.0f}" for run in runs)
             print(f"| {clients} | {statistics.median(runs):.0f} | {shown} |", flush=True)
     finally:
-        with PSClient(endpoint, timeout=10) as operator:
-            operator.stop()
+        _stop(endpoint, raw)
         server.join(timeout=30)
+
+
+def _stop(endpoint: str, raw: bool) -> None:
+    if raw:
+        raw_ps.RawClient(endpoint, []).close(stop_server=True)
+        return
+    with PSClient(endpoint, timeout=10) as operator:
+        operator.stop()
 
 
 if __name__ == "__main__":

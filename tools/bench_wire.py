@@ -15,6 +15,14 @@ Both servers run in their own process on TCP loopback, in the same run:
 - tiny: minips `ping` vs a raw one-frame echo (fixed overhead per request).
 The two are timed in alternating blocks of 25 round trips, so load drift on the machine
 hits both alike.
+- ceilings (issue 9), from tools/raw_ps.py, interleaved in the same blocks: "raw fused",
+  one raw round trip of the same bytes (header + 8 gradient frames up, header + 8 parameter
+  frames down), no work; "raw fused + work", the same with the minimal correct asgd work
+  (finiteness by a dot, momentum 0.9 in place, each version into a free buffer sent with
+  copy=False); "raw push+pull + work", two round trips with that work; "raw pipelined
+  fused + work", the request sent as one message per slice (per tensor, or --chunks
+  elements), each slice updated as it arrives and answered at once, so the update overlaps
+  the transfer.
 - torch (optional, --torch): torch.distributed.rpc.rpc_sync sending the same tensors to a
   server process that returns them, when torch is importable.
 Prints the medians (ms) and the minips/raw ratios.
@@ -32,6 +40,7 @@ import time
 
 import numpy as np
 import zmq
+from raw_ps import MomentumStore, RawClient, chunk_plan, serve
 
 LENET5 = {
     "conv1.w": (20, 1, 5, 5),
@@ -96,6 +105,18 @@ def _raw_server(queue, work: bool = False, transport: str = "tcp") -> None:
         # A pull gets the model back; a push or a ping gets a small acknowledgement.
         reply = big if kind == b"p" else [b"a" * 60]
         sock.send_multipart([routing, *reply], copy=False)
+    sock.close()
+    context.term()
+
+
+def _reference_server(queue, work: bool, transport: str) -> None:
+    """tools/raw_ps.py's server: no work, or the minimal asgd work (`MomentumStore`)."""
+    tensors = list(_tensors().values())
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.bind(_address(transport))
+    queue.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    serve(sock, MomentumStore(tensors) if work else None, tensors)
     sock.close()
     context.term()
 
@@ -222,19 +243,48 @@ def bench_torch(repeats: int) -> float | None:
     return median
 
 
-def bench_transport(transport: str, repeats: int) -> dict[str, float]:
+def _ceiling_fns(bare: RawClient, minimal: RawClient, chunks: list[int | None]) -> dict:
+    """The reference exchanges: fused with and without work, push+pull and pipelined
+    fused with the minimal work (one entry per slice size; None: one slice per tensor)."""
+    sizes = [g.size for g in minimal.grads]
+    fns = {"raw_fused": bare.fused, "raw_fused_work": minimal.fused,
+           "raw_pushpull_work": minimal.push_pull}  # fmt: skip
+    for chunk in chunks:
+        plan = chunk_plan(sizes, chunk)
+        fns[f"pipe_{chunk}"] = lambda plan=plan: minimal.pipelined(plan)
+    return fns
+
+
+def bench_transport(transport: str, repeats: int, chunks: list[int | None]) -> dict[str, float]:
     """Median ms of every exchange over one transport, all interleaved in one run."""
     started = [_start(_raw_server, False, transport), _start(_raw_server, True, transport),
-               _start(_minips_server, transport)]  # fmt: skip
+               _start(_minips_server, transport), _start(_reference_server, False, transport),
+               _start(_reference_server, True, transport)]  # fmt: skip
     raw, work, ps = (RawPeer(started[0][1]), RawPeer(started[1][1]), MinipsPeer(started[2][1]))
+    grads = list(_tensors(seed=1).values())
+    bare, minimal = RawClient(started[3][1], grads), RawClient(started[4][1], grads)
     fns = {"step": ps.step, "minips": ps.round_trip, "raw": raw.round_trip, "work": work.round_trip}
-    full = _interleaved(fns, repeats)
+    full = _interleaved({**fns, **_ceiling_fns(bare, minimal, chunks)}, repeats)
     tiny = _interleaved({"minips_tiny": ps.tiny, "raw_tiny": raw.tiny}, repeats * 3)
     for peer in (ps, raw, work):
         peer.close()
+    for client in (bare, minimal):
+        client.close(stop_server=True)
     for proc, _ in started:
         proc.join(timeout=30)
     return {**full, **tiny}
+
+
+def _print_ceilings(transport: str, t: dict, chunks: list[int | None]) -> None:
+    raw = t["raw"]
+    rows = [("raw fused (one round trip, no work)", "raw_fused"),
+            ("raw fused + minimal work", "raw_fused_work"),
+            ("raw push+pull + minimal work", "raw_pushpull_work")]  # fmt: skip
+    for chunk in chunks:
+        size = "per tensor" if chunk is None else f"{chunk * 4 // 1024} KB slices"
+        rows.append((f"raw pipelined fused + work, {size}", f"pipe_{chunk}"))
+    for label, key in rows:
+        print(f"[{transport}] {label:<45} {t[key]:7.3f} ms   ratio {t[key] / raw:.2f}")
 
 
 def main() -> None:
@@ -242,6 +292,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--transport", choices=("tcp", "ipc", "both"), default="both")
     parser.add_argument("--torch", action="store_true", help="also time torch.distributed.rpc")
+    parser.add_argument(
+        "--chunks",
+        default="tensor,200000,100000,50000",
+        help="slice sizes (elements, or 'tensor') of the pipelined reference",
+    )
     args = parser.parse_args()
 
     n_params = sum(int(np.prod(s)) for s in LENET5.values())
@@ -251,8 +306,10 @@ def main() -> None:
     print(f"payload: {n_params} float32 = {n_params * 4 / 1e6:.2f} MB each way, "
           f"{args.repeats} round trips, median")  # fmt: skip
     transports = ("tcp", "ipc") if args.transport == "both" else (args.transport,)
+    chunks = [None if c == "tensor" else int(c) for c in args.chunks.split(",")]
     for transport in transports:
-        t = bench_transport(transport, args.repeats)
+        print(f"[{transport}] load average before: {os.getloadavg()[0]:.2f}", flush=True)
+        t = bench_transport(transport, args.repeats, chunks)
         raw = t["raw"]
         print(f"[{transport}] raw push+ack, pull+data (no work)      {raw:7.3f} ms")
         print(f"[{transport}] raw + minips's numpy work                {t['work']:7.3f} ms"
@@ -263,6 +320,7 @@ def main() -> None:
               f"   ratio {t['minips'] / raw:.2f}")  # fmt: skip
         print(f"[{transport}] tiny: minips ping {t['minips_tiny']:7.3f} ms, raw echo "
               f"{t['raw_tiny']:7.3f} ms, ratio {t['minips_tiny'] / t['raw_tiny']:.2f}")  # fmt: skip
+        _print_ceilings(transport, t, chunks)
     if args.torch:
         torch_ms = bench_torch(args.repeats)
         if torch_ms is None:
