@@ -133,6 +133,10 @@ def _wait_fresh(url: str) -> dict:
 # ------------------------------------------------------------------ the page in Chromium
 
 
+class DevToolsError(Exception):
+    """A DevTools call answered with an error."""
+
+
 class DevTools:
     """The Chrome DevTools protocol over a minimal RFC 6455 WebSocket (stdlib only)."""
 
@@ -188,7 +192,8 @@ class DevTools:
         while True:
             reply = json.loads(self._receive())
             if reply.get("id") == self.next_id:
-                assert "error" not in reply, reply
+                if "error" in reply:
+                    raise DevToolsError(f"{method}: {reply['error']}")
                 return reply["result"]
 
     def evaluate(self, expression: str):
@@ -226,6 +231,7 @@ def chromium_page(url: str):
             page = next(t for t in targets if t["type"] == "page")
             tools = DevTools(page["webSocketDebuggerUrl"])
             tools.call("Page.navigate", url=url)
+            _wait_loaded(tools, url)
             yield tools
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -233,6 +239,19 @@ def chromium_page(url: str):
             proc.wait()
     finally:
         remove_profile(Path(profile))
+
+
+def _wait_loaded(tools: DevTools, url: str, timeout: float = 60) -> None:
+    """Until the page at `url` has loaded. Right after Page.navigate the tab may be between
+    renderers and answer "Not attached to an active page" (seen under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(DevToolsError):
+            where = tools.evaluate("[location.href, document.readyState]")
+            if where and where[0] != "about:blank" and where[1] == "complete":
+                return
+        assert time.monotonic() < deadline, f"the page did not load: {url}"
+        time.sleep(0.1)
 
 
 READ_PAGE = """JSON.stringify({
@@ -251,10 +270,15 @@ def test_page_in_chromium_shows_the_servers_stats(live):
     address, metrics = live.address, live.metrics
     with dashboard(address, metrics) as url, chromium_page(url) as tools:
         # While the run is live: a screenshot once the page shows progress and curves.
+        # (Or, when the run already ended, once it shows a first snapshot.)
         deadline = time.monotonic() + 60
-        while any(w.poll() is None for w in live.workers) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             page = json.loads(tools.evaluate(READ_PAGE) or "{}")
-            if page.get("evals", 0) >= 3 and float(page["stats"].get("stat-updates-per-s") or 0):
+            running = any(w.poll() is None for w in live.workers)
+            progress = page.get("evals", 0) >= 3 and float(
+                page.get("stats", {}).get("stat-updates-per-s") or 0
+            )
+            if page.get("seq", 0) >= 1 and (progress or not running):
                 break
             time.sleep(0.3)
         shot = tools.call("Page.captureScreenshot", format="png")["data"]
