@@ -262,9 +262,10 @@ def _bounded_buffers(frames: Sequence[Any], limits: Limits) -> tuple[list[memory
 
 
 def _decode_arrays(
-    message: Message, descriptors: list[Any], frames: list[memoryview], limits: Limits
+    message: Message, descriptors: Any, frames: list[memoryview], limits: Limits
 ) -> None:
-    """Check each descriptor against its frame; add the frames to `message` as arrays."""
+    """Check each descriptor (the header's `arrays`, a list once checked) against its
+    frame; add the frames to `message` as arrays."""
     if not isinstance(descriptors, list):
         raise ProtocolError("header field 'arrays' must be a list", "bad_field")
     if len(descriptors) != len(frames):

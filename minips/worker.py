@@ -170,7 +170,7 @@ class Worker:
         trained = pushed is not None and (pushed.applied or not pushed.stop)  # else: not used
         if trained:
             self.apply_pull(pushed.pull)
-        self._record_step(pushed, trained, float(loss), len(xb), extra, (start, tick))
+        self._record_step(pushed, trained, float(loss), len(xb), extra, start, tick)
         return not report.stopped_by_server
 
     def _record_step(
@@ -180,20 +180,23 @@ class Worker:
         loss: float,
         samples: int,
         extra: dict[str, np.ndarray],
-        started: tuple[float, float],
+        step_start: float,
+        exchange_start: float,
     ) -> None:
         """A step's figures in the report, its span in the trace; `stopped_by_server`.
 
-        started: the step's start on the trace's clock, and the exchange's on time.monotonic.
+        step_start: when the step began on the trace's clock; exchange_start: when its push
+        began, on time.monotonic (the report's communication time runs from there).
         """
-        report, (start, tick) = self.report, started
+        report = self.report
         report.extra_bytes += sum(values.nbytes for values in extra.values())
         if trained:
             report.staleness.append(int(pushed.staleness))
             self._latest.update(train_loss=loss, updates=int(pushed.version))
             report.steps, report.samples = report.steps + 1, report.samples + samples
-            self.trace.complete("step", STEP, start, self.trace.now(), args={"step": report.steps})
-        report.comm_s += time.monotonic() - tick
+            args = {"step": report.steps}
+            self.trace.complete("step", STEP, step_start, self.trace.now(), args=args)
+        report.comm_s += time.monotonic() - exchange_start
         if pushed is not None and (pushed.stop or pushed.pull.stop):
             report.stopped_by_server = True
 
