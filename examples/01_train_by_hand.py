@@ -2,7 +2,7 @@
 layer's gradient against centred differences.
 
 No optimizer object and no trainer: every step of training is written out below, as a
-worker does it (minips/worker.py) except that here the step is applied locally instead of
+worker does it (minips/worker/worker.py) except that here the step is applied locally instead of
 being pushed to a server.
 
     python examples/01_train_by_hand.py          (--fast: a few steps only, for the tests)

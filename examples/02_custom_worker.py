@@ -1,6 +1,6 @@
-"""Your own worker loop on `minips.client.PSClient`: hello, then pull / compute / push, bye.
+"""Your own worker loop on `minips.PSClient`: hello, then pull / compute / push, bye.
 
-minips/worker.py is the worker `minips worker` runs; this is the same loop with nothing but
+minips/worker/worker.py is the worker `minips worker` runs; this is the same loop with nothing but
 the essentials, to change at will (another batch schedule, gradient clipping, sending only
 some layers, ...). By default the script starts a `minips server` subprocess on a free
 loopback port and stops it at the end; `--connect ADDR` uses a server you started yourself:
@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 
-from minips.client import PSClient, ServerUnavailable
 from minips.data import load_dataset
 from minips.nn import build_model, softmax_cross_entropy
+from minips.worker.client import PSClient, ServerUnavailable
 
 
 def train(ps: PSClient, max_steps: int) -> None:

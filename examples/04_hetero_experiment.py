@@ -4,7 +4,7 @@ Four workers, slowed down 1x, 1x, 2x and 8x (`--hetero 1,1,2,8`: each step of wo
 takes factor_r times its compute). Under asgd the slow worker's gradients arrive many
 updates late (clock staleness tau = t - base) and are applied at full strength; dasgd scales
 each one by f(tau) = 1 / max(1, tau) (docs/algorithms.md, "dasgd"). The script runs both
-with `minips.launch.run_local` (what `minips run` does), prints each worker's staleness and
+with `minips.run.launch.run_local` (what `minips run` does), prints each worker's staleness and
 applied scale, and draws both accuracy curves into one PNG. The same by hand:
 
     minips run --rule asgd  --workers 4 --hetero 1,1,2,8 --out runs/asgd
@@ -19,11 +19,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from minips.config import RunConfig
 from minips.errors import MissingExtraError
-from minips.launch import run_local
-from minips.plot import plot_accuracy
-from minips.report import load_run, summarize
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.run.plot import plot_accuracy
+from minips.run.report import load_run, summarize
 
 SLOWDOWNS = [1.0, 1.0, 2.0, 8.0]
 

@@ -1,6 +1,6 @@
 """Layer-aware plans: each tensor gets its own codec, chosen for the link by a cost model.
 
-The planner (minips/planner.py; docs/algorithms.md, "The cost model") measures each
+The planner (minips/run/planner.py; docs/algorithms.md, "The cost model") measures each
 layer's forward and backward here, counts the exact bytes of each encoding, and, when the
 dense traffic would take more than half the compute time on the link, compresses the
 biggest tensor one rung at a time (fp16, sufficient factors, top-k, delta pulls). This
@@ -20,11 +20,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from minips.config import RunConfig
-from minips.launch import run_local
-from minips.netlimit import parse_rate
 from minips.nn import build_model
-from minips.planner import format_table, make_plan
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.run.planner import format_table, make_plan
+from minips.worker.netlimit import parse_rate
 
 LINK = "50mbit"  # each worker's own link (--bandwidth): 6.25 MB/s
 WORKERS = 2

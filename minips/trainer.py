@@ -7,7 +7,7 @@ One model, one SGD optimizer, plain minibatch SGD over the whole training set:
         model.backward(dlogits);  w <- w - lr * (momentum-accumulated) grad
 
 Test accuracy is measured every `eval_every` samples and at the end of every epoch.
-`TrainConfig` (the run's settings) is declared in minips.config.
+`TrainConfig` (the run's settings) is declared in minips.run.config.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minips.config import TrainConfig
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
-from minips.metrics import MetricsLog, ProgressFn
 from minips.nn import Sequential, build_model, softmax_cross_entropy
-from minips.store import SGD, ParameterStore
+from minips.run.config import TrainConfig
+from minips.run.metrics import MetricsLog, ProgressFn
+from minips.server.store import SGD, ParameterStore
 
 
 @dataclass
@@ -64,7 +64,7 @@ def train(
     `dataset` may be passed in (tests use synthetic data) instead of loading by name.
     `config.resume`: start from a checkpoint (a server's, or one saved here). `save`: write
     the final parameters and optimizer state as a checkpoint, the server's format
-    (minips.store), its version the number of steps taken, so `minips run --resume` can
+    (minips.server.store), its version the number of steps taken, so `minips run --resume` can
     continue from it.
     """
     config.validate()

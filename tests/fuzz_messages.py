@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from minips import wire
+from minips.protocol import wire
 
 WORKER = "fuzz"
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from minips.address import AddressError, bind, is_loopback, normalize_bind, normalize_connect
+from minips.protocol.address import (
+    AddressError,
+    bind,
+    is_loopback,
+    normalize_bind,
+    normalize_connect,
+)
 
 
 @pytest.mark.parametrize(

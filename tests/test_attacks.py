@@ -11,8 +11,8 @@ import pytest
 from fuzz_messages import deep_info_hello
 from test_server_support import SHAPES, RawPeer, packb, running_server, snapshot
 
-from minips import auth
-from minips.client import PSClient, ServerError
+from minips.protocol import auth
+from minips.worker.client import PSClient, ServerError
 
 
 def grads(value: float = 1.0) -> dict[str, np.ndarray]:

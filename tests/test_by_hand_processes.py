@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from minips.client import PSClient
 from minips.nn import load_model
+from minips.worker.client import PSClient
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 FAST = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1"]  # the same, quicker

@@ -6,7 +6,7 @@ import time
 import pytest
 from test_server_support import running_server
 
-from minips.client import PSClient, ServerError
+from minips.worker.client import PSClient, ServerError
 
 
 def _refused(endpoint: str, info: dict) -> ServerError:

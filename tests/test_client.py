@@ -8,10 +8,10 @@ import pytest
 import zmq
 from test_server_support import SHAPES, make_params, running_server
 
-from minips import wire
-from minips.client import PSClient, ServerError, ServerUnavailable
 from minips.codecs import Factors, decode_gradients
 from minips.errors import MinipsError
+from minips.protocol import wire
+from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 
 class FakeServer:

@@ -1,4 +1,4 @@
-"""The run's configuration is defined once (minips.config): everything else derives from it."""
+"""The run's configuration is defined once (minips.run.config): everything else derives from it."""
 
 import json
 import subprocess
@@ -12,13 +12,13 @@ from click.testing import CliRunner
 
 from minips.cli import COMMANDS, cli
 from minips.cli.ps_cmd import run_command, server_command
-from minips.client import PSClient
-from minips.config import RunConfig, TrainConfig, setting
 from minips.errors import ConfigError
-from minips.launch import make_server
 from minips.nn import build_model
 from minips.rules import RULES
-from minips.server import ServerOptions
+from minips.run.config import RunConfig, TrainConfig, setting
+from minips.run.launch import make_server
+from minips.server.server import ServerOptions
+from minips.worker.client import PSClient
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
 RUN_OWN = (
@@ -173,12 +173,12 @@ def test_minips_help_lists_the_commands_without_importing_them():
         return proc.stdout, set(proc.stdout.splitlines()[-1].split())
 
     out, loaded = modules("--help")
-    assert not {"numpy", "zmq", "msgpack", "minips.cli.ps_cmd", "minips.config"} & loaded
+    assert not {"numpy", "zmq", "msgpack", "minips.cli.ps_cmd", "minips.run.config"} & loaded
     listing = " ".join(out.split())
     for name, (_, line) in COMMANDS.items():
         assert (f"{name} {line}" in listing) if line else (name not in listing), name
     _, loaded = modules("run", "--help")  # the command itself is imported when asked for
-    assert {"minips.cli.ps_cmd", "minips.config", "numpy"} <= loaded
+    assert {"minips.cli.ps_cmd", "minips.run.config", "numpy"} <= loaded
 
 
 def test_the_command_table_matches_the_commands():

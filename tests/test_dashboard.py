@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from minips.client import PSClient
 from minips.dashboard import parse_listen, start_dashboard
 from minips.dashboard.collector import EvalTail, worker_rows
 from minips.errors import ConfigError
 from minips.web.headless import remove_profile
+from minips.worker.client import PSClient
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40  # per worker, of 256 samples: a few seconds of a live run

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from test_server_support import running_server
 
-from minips.client import PSClient
+from minips.worker.client import PSClient
 
 CLIENTS = 32
 PUSHES = 12

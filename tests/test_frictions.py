@@ -12,13 +12,13 @@ import pytest
 from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
-from minips.client import PSClient
-from minips.config import RunConfig, TrainConfig
 from minips.errors import DataError, MissingExtraError, RunDirError
-from minips.launch import make_server
-from minips.metrics import MetricsLog
-from minips.report import format_report, load_run, summarize
+from minips.run.config import RunConfig, TrainConfig
+from minips.run.launch import make_server
+from minips.run.metrics import MetricsLog
+from minips.run.report import format_report, load_run, summarize
 from minips.trainer import train
+from minips.worker.client import PSClient
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {"model": "mlp", "dataset": "synthetic", "epochs": 1}
@@ -148,11 +148,11 @@ def test_an_interrupted_runs_report_shows_what_it_knows_of_the_time(tmp_path):
 
 
 def test_the_matplotlib_hint_is_the_readmes(monkeypatch):
-    import minips.plot
+    import minips.run.plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(MissingExtraError) as caught:
-        minips.plot._pyplot()
+        minips.run.plot._pyplot()
     hint = str(caught.value).split(": ", 1)[1]
     assert hint == "pip install 'minips[plot]'"
     assert f"`{hint}`" in (REPO / "README.md").read_text()

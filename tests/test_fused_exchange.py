@@ -5,7 +5,7 @@ import threading
 import numpy as np
 from test_server_support import SHAPES, RawPeer, make_params, running_server
 
-from minips.client import PSClient
+from minips.worker.client import PSClient
 
 
 def _grads(value=1.0):

@@ -14,7 +14,7 @@ import zmq
 from fuzz_messages import WORKER, changes_state, message
 from test_server_support import RawPeer, running_server, snapshot
 
-from minips import wire
+from minips.protocol import wire
 
 MESSAGES = 10_000
 BATCH = 4  # requests in flight at once (within the server's send high-water mark)

@@ -1,4 +1,4 @@
-"""`minips keys` and minips.auth: key files, the allow-list, the sender's key on each frame."""
+"""`minips keys` and protocol/auth.py: key files, the allow-list, the sender's key on each frame."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import zmq
 
-from minips import auth
+from minips.protocol import auth
 
 
 def test_keys_command_writes_a_key_directory(tmp_path):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from minips.client import PSClient
-from minips.config import RunConfig
 from minips.errors import ConfigError
-from minips.launch import run_local
-from minips.metrics import read_metrics
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.run.metrics import read_metrics
+from minips.worker.client import PSClient
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
 
@@ -149,7 +149,7 @@ def test_a_sample_budget_stops_the_run_and_fast_workers_do_more(tmp_path):
 def test_a_worker_arriving_after_the_run_stopped_leaves_cleanly():
     from test_server_support import running_server
 
-    from minips.worker import Worker
+    from minips.worker.worker import Worker
 
     with running_server(stop_grace=5.0) as server:
         with PSClient(server.endpoint) as observer:

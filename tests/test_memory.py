@@ -4,7 +4,7 @@ Each test starts a real `minips server` process, reads its resident memory (VmRS
 peak VmHWM, from /proc/PID/status) when idle, attacks it from raw TCP sockets that speak
 ZMTP by hand (section 1), and checks the growth against the bound the document states (the
 numbers are read from its table) and that an honest client is still served. Linux only, as
-the bound is (minips/inflow.py).
+the bound is (minips/server/inflow.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minips import wire
-from minips.client import PSClient
+from minips.protocol import wire
+from minips.worker.client import PSClient
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 MiB = 1 << 20

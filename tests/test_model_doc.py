@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minips.config import RunConfig
 from minips.data import NORMALIZATION
 from minips.nn import build_model, softmax_cross_entropy
 from minips.nn.layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from minips.nn.model import Sequential
+from minips.run.config import RunConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "model.md"
 

@@ -1,6 +1,6 @@
-"""tools/netem.py: the tc-shaped link really runs at its rate, and nothing is left behind."""
+"""minips.run.netem (`--netem`): the tc-shaped link really runs at its rate, and nothing is left
+behind."""
 
-import importlib.util
 import os
 import re
 import shutil
@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from minips.run import netem
+
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "netem.py"
-_spec = importlib.util.spec_from_file_location("netem", TOOL)
-netem = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netem)
 
 
 def _why_not() -> str | None:
@@ -122,9 +121,8 @@ def test_prefix_runs_a_program_in_the_namespace():
 @needs_root
 def test_remove_stale_clears_what_a_killed_run_left_and_nothing_else():
     killed = (
-        "import importlib.util, os, signal, sys\n"
-        f"spec = importlib.util.spec_from_file_location('netem', {str(TOOL)!r})\n"
-        "netem = importlib.util.module_from_spec(spec); spec.loader.exec_module(netem)\n"
+        "import os, signal\n"
+        "from minips.run import netem\n"
         "with netem.shaped_link('100mbit') as link:\n"
         "    print(link.netns, flush=True); os.kill(os.getpid(), signal.SIGKILL)\n"
     )

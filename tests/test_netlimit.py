@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from minips.errors import ConfigError
-from minips.netlimit import Link, TokenBucket, frames_nbytes, parse_rate
+from minips.worker.netlimit import Link, TokenBucket, frames_nbytes, parse_rate
 
 
 @pytest.mark.parametrize(

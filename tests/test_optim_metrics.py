@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from minips.metrics import MetricsLog, merge_logs, read_metrics
-from minips.store import SGD
+from minips.run.metrics import MetricsLog, merge_logs, read_metrics
+from minips.server.store import SGD
 
 
 def test_plain_sgd_step_is_w_minus_lr_grad():
@@ -114,7 +114,7 @@ def test_logs_merge_in_time_order_and_records_are_copied_as_written(tmp_path):
 def test_the_stores_norm_bounds_hold_for_every_new_version(tmp_path, momentum, weight_decay):
     """The overflow check reads bounds on ||w|| and ||v|| that the store carries from update
     to update (triangle inequality): never below the true norms, exact after a load."""
-    from minips.store import ParameterStore
+    from minips.server.store import ParameterStore
 
     rng = np.random.default_rng(0)
     params = {"w": rng.standard_normal((20, 30)).astype(np.float32)}

@@ -3,7 +3,7 @@
 Issue 7 ("First, pin today's behaviour with tests"): bugs planted in these places survived
 the suite. Each test here goes through surfaces a reshaping of the server keeps: the
 socket protocol (PSClient, hand-built frames on a RawPeer), `stats`, `on_update` records,
-`server.store.params` and `minips.wire`. Whether the server holds a reply is seen with
+`server.store.params` and `minips.protocol.wire`. Whether the server holds a reply is seen with
 `send_then_fence` (a `stats` sent right behind the request on the same socket comes back
 first), never by looking inside the server or by timing.
 """
@@ -20,11 +20,11 @@ from test_server_support import (
     worker_rows,
 )
 
-from minips import wire
-from minips.client import PSClient, ServerUnavailable
 from minips.nn import build_model
 from minips.nn.losses import softmax_cross_entropy
+from minips.protocol import wire
 from minips.trainer import evaluate
+from minips.worker.client import PSClient, ServerUnavailable
 
 
 def _full(name, value):

@@ -7,15 +7,15 @@ import threading
 import numpy as np
 import pytest
 
-from minips.client import PushReply
 from minips.codecs import Encoder
-from minips.config import RunConfig
 from minips.errors import ConfigError
-from minips.netlimit import parse_rate
 from minips.nn import build_model, lenet5, softmax_cross_entropy
-from minips.plan import ParamPlan, Plan, load_plan
-from minips.planner import make_plan, pull_bytes, push_bytes
-from minips.transmit import StepSender
+from minips.protocol.plan import ParamPlan, Plan, load_plan
+from minips.run.config import RunConfig
+from minips.run.planner import make_plan, pull_bytes, push_bytes
+from minips.worker.client import PushReply
+from minips.worker.netlimit import parse_rate
+from minips.worker.transmit import StepSender
 
 LENET_SHAPES = {name: a.shape for name, a in lenet5().params.items()}
 
@@ -112,7 +112,7 @@ def test_codec_bytes_are_the_encoders_bytes():
 
 def test_planner_is_dense_when_fast_and_compresses_on_a_slow_shared_link(monkeypatch):
     """With fixed layer times (this test must not depend on the machine's load)."""
-    import minips.planner as planner
+    import minips.run.planner as planner
 
     times = [("conv1", "conv", 2.0, 2.0), ("conv2", "conv", 8.0, 12.0),
              ("fc1", "fc", 0.5, 1.0), ("fc2", "fc", 0.1, 0.1)]  # fmt: skip
@@ -255,7 +255,7 @@ def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
     from click.testing import CliRunner
 
     from minips.cli import cli
-    from minips.launch import resolve_plan
+    from minips.run.launch import resolve_plan
 
     path = tmp_path / "plan.json"
     result = CliRunner().invoke(

@@ -15,8 +15,9 @@ import pytest
 import zmq
 from test_server_support import RawPeer, running_server
 
-from minips import guard, registry, wire
-from minips.server import ServerOptions
+from minips.protocol import wire
+from minips.server import guard, registry
+from minips.server.server import ServerOptions
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 DOC = DOC_PATH.read_text()
@@ -138,9 +139,10 @@ def test_the_documented_timeouts_are_the_defaults():
 
 def test_section_15_names_the_socket_options_the_code_sets():
     section = DOC.split("## 15. Keys and authentication")[1]
-    auth_source = (SOURCES / "auth.py").read_text()
+    auth_source = (SOURCES / "protocol" / "auth.py").read_text()
     for option in ("curve_server", "curve_secretkey", "curve_publickey", "curve_serverkey"):
         assert option in auth_source and option.upper() in section
     for name in ("server.key", "server.key_secret", "allowed/", "operators/", "User-Id"):
         assert name in section
-    assert "ROUTER_HANDOVER" in section and "ROUTER_HANDOVER" in (SOURCES / "server.py").read_text()
+    server_source = (SOURCES / "server" / "server.py").read_text()
+    assert "ROUTER_HANDOVER" in section and "ROUTER_HANDOVER" in server_source

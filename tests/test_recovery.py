@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from minips.client import PSClient, ServerUnavailable
-from minips.metrics import read_metrics
-from minips.recovery import checkpoint_state
+from minips.run.metrics import read_metrics
+from minips.run.recovery import checkpoint_state
+from minips.worker.client import PSClient, ServerUnavailable
 
 RUN = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5",
        "--epochs", "100", "--max-samples", "60000", "--seed", "0", "--eval-interval", "0.5",

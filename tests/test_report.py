@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.config import RunConfig
 from minips.errors import MissingExtraError, RunDirError
-from minips.launch import run_local
-from minips.report import (
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.run.report import (
     bin_label,
     format_report,
     histogram,
@@ -212,7 +212,7 @@ def test_plot_writes_two_pngs_headless(real_run, written_run, tmp_path, monkeypa
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(real_run, tmp_path, monkeypatch):
-    from minips.plot import plot_accuracy
+    from minips.run.plot import plot_accuracy
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` -> ImportError
     with pytest.raises(MissingExtraError, match=r"pip install 'minips\[plot\]'"):

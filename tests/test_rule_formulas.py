@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, make_params, running_server, send_then_fence
 
-from minips.client import PSClient
-from minips.sampling import Sampler
+from minips.protocol.sampling import Sampler
+from minips.worker.client import PSClient
 
 
 def _step(param, lr_times_scale, grad):

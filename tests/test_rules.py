@@ -2,7 +2,7 @@
 
 Each test pushes chosen gradients at chosen bases to a server in a thread and checks the
 parameters bit for bit against the same float32 operations done by hand (lr * scale is a
-Python float cast once to float32, as in minips.store.SGD).
+Python float cast once to float32, as in minips.server.store.SGD).
 """
 
 import math
@@ -15,10 +15,16 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, make_params, running_server, snapshot
 
-from minips.client import PSClient, ServerError
 from minips.errors import ConfigError
+from minips.protocol.sampling import (
+    GOLDEN_GAMMA,
+    Sampler,
+    sample_indices,
+    sample_size,
+    splitmix64_mix,
+)
 from minips.rules import DASGD, DCASGD, VSGD, layer_of, make_rule
-from minips.sampling import GOLDEN_GAMMA, Sampler, sample_indices, sample_size, splitmix64_mix
+from minips.worker.client import PSClient, ServerError
 
 
 def _ones(names=SHAPES):

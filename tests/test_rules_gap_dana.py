@@ -12,14 +12,14 @@ import pytest
 from test_server_support import make_params, running_server, train_two_workers
 
 from minips.cli import main
-from minips.client import PSClient
-from minips.config import RunConfig
 from minips.data import load_dataset
 from minips.errors import ConfigError
-from minips.metrics import read_metrics
 from minips.nn import build_model
 from minips.rules import make_rule
+from minips.run.config import RunConfig
+from minips.run.metrics import read_metrics
 from minips.trainer import evaluate
+from minips.worker.client import PSClient
 
 F32 = np.float32
 

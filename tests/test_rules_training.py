@@ -7,10 +7,10 @@ from test_server_support import train_two_workers
 
 from minips.cli import main
 from minips.cli.ps_cmd import run_command
-from minips.config import RunConfig
 from minips.data import load_dataset
-from minips.metrics import read_metrics
 from minips.nn import build_model
+from minips.run.config import RunConfig
+from minips.run.metrics import read_metrics
 from minips.trainer import evaluate
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}

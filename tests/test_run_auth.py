@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from minips import auth
 from minips.cli.ps_cmd import server_command
-from minips.client import PSClient, ServerError, ServerUnavailable
-from minips.config import RunConfig
-from minips.launch import make_server
+from minips.protocol import auth
+from minips.run.config import RunConfig
+from minips.run.launch import make_server
+from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 FAST = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5")
 

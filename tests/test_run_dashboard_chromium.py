@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_dashboard import READ_PAGE, ROOT, _get, chromium_page
 
-from minips.client import PSClient
+from minips.worker.client import PSClient
 
 
 def _stats(endpoint: str) -> dict:

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, RawPeer, make_params, packb, running_server, snapshot
 
-from minips import wire
-from minips.client import PSClient, ServerError
 from minips.errors import ConfigError, ShapeError
+from minips.protocol import wire
 from minips.rules import make_rule
-from minips.server import ParameterServer, ServerOptions
-from minips.store import SGD
+from minips.server.server import ParameterServer, ServerOptions
+from minips.server.store import SGD
+from minips.worker.client import PSClient, ServerError
 
 
 def _grads(value=1.0):
@@ -319,9 +319,9 @@ def test_constructor_validates():
 SERVE_FOREVER = """
 import sys
 import numpy as np
-from minips.store import SGD
+from minips.server.store import SGD
 from minips.rules import make_rule
-from minips.server import ParameterServer, ServerOptions
+from minips.server.server import ParameterServer, ServerOptions
 params = {"fc.b": np.zeros(4, np.float32)}
 options = ServerOptions(checkpoint_path=sys.argv[1])
 server = ParameterServer(params, make_rule("asgd"), SGD(params), options)

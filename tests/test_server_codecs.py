@@ -3,8 +3,8 @@
 import numpy as np
 from test_server_support import running_server
 
-from minips.client import PSClient, ServerError
 from minips.codecs import Factors
+from minips.worker.client import PSClient, ServerError
 
 
 def _params():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, make_params, running_server
 
-from minips.client import PSClient, ServerError
 from minips.rules import ASGD, SSP, Outcome
+from minips.worker.client import PSClient, ServerError
 
 
 def _grads(value):
@@ -150,7 +150,7 @@ def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead():
 VICTIM = """
 import sys
 import numpy as np
-from minips.client import PSClient, ServerError
+from minips.worker.client import PSClient, ServerError
 ps = PSClient(sys.argv[1], worker_id="victim")
 ps.hello()
 reply = ps.push({"fc.b": np.full(4, 3.0, np.float32)}, base=0)

@@ -9,10 +9,10 @@ import msgpack
 import numpy as np
 import zmq
 
-from minips import wire
+from minips.protocol import wire
 from minips.rules import make_rule
-from minips.server import ParameterServer, ServerOptions
-from minips.store import SGD
+from minips.server.server import ParameterServer, ServerOptions
+from minips.server.store import SGD
 
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
 
@@ -122,9 +122,9 @@ def train_two_workers(spec):
     """A server built from the RunConfig `spec` (in a thread) and two real `Worker` loops
     over sockets, the second slowed 1.5x, run until both finished. Returns the final
     (parameters, update records, worker reports, stats)."""
-    from minips.client import PSClient
-    from minips.launch import make_server
-    from minips.worker import Worker
+    from minips.run.launch import make_server
+    from minips.worker.client import PSClient
+    from minips.worker.worker import Worker
 
     records = []
     server = make_server(spec, on_update=records.append)

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from minips.cli import cli
 from minips.data import load_dataset
 from minips.errors import ConfigError
-from minips.metrics import MetricsLog, read_metrics
 from minips.nn import build_model
+from minips.run.metrics import MetricsLog, read_metrics
 from minips.trainer import TrainConfig, evaluate, train
 
 

@@ -7,13 +7,13 @@ import numpy as np
 from test_server_protocol_doc import _doc_frame
 from test_server_support import make_params, running_server
 
-from minips import wire
-from minips.client import PSClient
-from minips.config import RunConfig
-from minips.launch import run_local
-from minips.plan import ParamPlan, Plan
-from minips.trace import load_events, summarize
-from minips.worker import apply_delta
+from minips.protocol import wire
+from minips.protocol.plan import ParamPlan, Plan
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.worker.client import PSClient
+from minips.worker.trace import load_events, summarize
+from minips.worker.worker import apply_delta
 
 DELTA = {"codec": "delta", "ratio": 0.25, "dtype": "float16"}
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from test_web_support import Chromium, quiet_env, require_browser, server_process, wait_for
 
-from minips.client import PSClient
 from minips.data import load_dataset
 from minips.nn import build_model, load_model
+from minips.worker.client import PSClient
 
 pytestmark = pytest.mark.slow
 # As tests/test_launch.py: 2000 training examples, so a shard of 1000 is 16 steps of 64.

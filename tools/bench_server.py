@@ -33,11 +33,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from minips.client import PSClient  # noqa: E402
 from minips.nn import lenet5  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
-from minips.server import ParameterServer, ServerOptions  # noqa: E402
-from minips.store import SGD  # noqa: E402
+from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
+from minips.server.store import SGD  # noqa: E402
+from minips.worker.client import PSClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_ps  # noqa: E402

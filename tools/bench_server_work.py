@@ -25,11 +25,11 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wire import _tensors  # noqa: E402
 
-from minips import server as server_module  # noqa: E402
-from minips import wire  # noqa: E402
+from minips.protocol import wire  # noqa: E402
+from minips.server import server as server_module  # noqa: E402
 
-try:  # SGD moved into minips.store; an older checkout (PYTHONPATH) has minips.optim
-    from minips.store import SGD  # noqa: E402
+try:  # SGD moved into minips.server.store; an older checkout (PYTHONPATH) has minips.optim
+    from minips.server.store import SGD  # noqa: E402
 except ImportError:
     from minips.optim import SGD  # noqa: E402
 from minips.rules import make_rule  # noqa: E402

@@ -25,8 +25,8 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the baseline runs single-threaded too
 
-from minips.config import RunConfig
-from minips.launch import run_local  # noqa: E402
+from minips.run.config import RunConfig
+from minips.run.launch import run_local  # noqa: E402
 from minips.trainer import TrainConfig, train  # noqa: E402
 
 

@@ -67,8 +67,8 @@ def _address(transport: str) -> str:
 
 def _minips_server(queue, transport: str = "tcp") -> None:
     from minips.rules import make_rule
-    from minips.server import ParameterServer, ServerOptions
-    from minips.store import SGD
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
 
     params = _tensors()
     options = ServerOptions(bind=_address(transport))
@@ -158,7 +158,7 @@ class MinipsPeer:
     """A worker's two exchanges through PSClient: push all gradients, pull what changed."""
 
     def __init__(self, endpoint: str) -> None:
-        from minips.client import PSClient
+        from minips.worker.client import PSClient
 
         self.grads = _tensors(seed=1)
         self.client = PSClient(endpoint, timeout=30.0)

@@ -5,9 +5,9 @@
 The same transfer through each: `--rounds` request/replies of a LeNet-5 gradient's size
 (1.72 MB up, 1.72 MB back, 8 array frames + a header) over pyzmq DEALER -> ROUTER echo:
 - loopback:  no limit (the reference);
-- bucket:    minips.netlimit.Link(rate) per client on loopback (up.wait before the request,
+- bucket:    minips.worker.netlimit.Link(rate) per client on loopback (up.wait before the request,
              down.wait after the reply), as `--bandwidth` does;
-- tc:        the echo server in its own namespace behind tools/netem.py's shaped veth.
+- tc:        the echo server in its own namespace behind minips.run.netem's shaped veth.
 Each first with one client, then with `--clients` clients at once splitting the same rounds
 (the per-worker vs shared-bottleneck difference), and a small-message ping (64 B) alone
 and while the other clients stream (queueing behind big messages). Prints medians and p90
@@ -24,14 +24,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netem  # noqa: E402  (tools/netem.py, beside this file)
-
-from minips.netlimit import Link, frames_nbytes, parse_rate  # noqa: E402
+from minips.run import netem
+from minips.worker.netlimit import Link, frames_nbytes, parse_rate
 
 # LeNet-5's tensors (float32 element counts): 431,080 in all = 1.72 MB
 LENET5_SIZES = [500, 20, 25_000, 50, 400_000, 500, 5_000, 10]

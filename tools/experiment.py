@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from minips.config import RunConfig
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
-from minips.launch import run_local
-from minips.report import load_run, summarize
 from minips.rules import RULES
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
+from minips.run.report import load_run, summarize
 
 ALL_RULES = ["ssgd", "asgd", "ssp", "dasgd", "vsgd", "dcasgd"]
 
@@ -223,7 +223,7 @@ def markdown_table(rows: list[dict[str, Any]], target: float) -> list[str]:
 
 def make_plots(out: Path, env_name: str, run_dirs: list[Path], target: float) -> list[str]:
     """accuracy-<env>.png and staleness-<env>.png; [] (and a note) without matplotlib."""
-    from minips.plot import plot_accuracy, plot_staleness
+    from minips.run.plot import plot_accuracy, plot_staleness
 
     runs = [load_run(d) for d in run_dirs if (d / "metrics.jsonl").exists()]
     if not runs:

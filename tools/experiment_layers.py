@@ -11,7 +11,7 @@ tc-shaped veth; root only), or with `--per-worker` each worker's token bucket
 (`--bandwidth RATE`). Plans:
 
     dense       everything dense both ways (today's default)
-    auto        the planner's choice for the link (minips.planner), wait-free sending
+    auto        the planner's choice for the link (minips.run.planner), wait-free sending
     auto-serial the same codecs without the sender thread (one push per step)
     auto-RATE   the plan auto chooses for a shared link of RATE (e.g. auto-100mbit), run on
                 the given link: at `unlimited` it measures the plan's accuracy cheaply
@@ -35,10 +35,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from minips.config import RunConfig
-from minips.launch import resolve_plan, run_local
-from minips.plan import ParamPlan, Plan
-from minips.report import load_run, time_to_target
+from minips.protocol.plan import ParamPlan, Plan
+from minips.run.config import RunConfig
+from minips.run.launch import resolve_plan, run_local
+from minips.run.report import load_run, time_to_target
 
 FIXED_PLANS: dict[str, Plan] = {
     "fp16": Plan(

@@ -47,7 +47,7 @@ def exchange(rule: str, momentum: float, params_digest) -> None:
     """The scripted exchange under one rule; the final parameters into `params_digest`."""
     from test_server_support import running_server, snapshot
 
-    from minips.client import PSClient, ServerError
+    from minips.worker.client import PSClient, ServerError
 
     with running_server(rule, momentum=momentum) as server:
         with PSClient(server.endpoint, worker_id="w-fixed") as client:

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from minips.report import load_run, summarize
+from minips.run.report import load_run, summarize
 
 ENVS = ("homogeneous", "heterogeneous", "stale")
 

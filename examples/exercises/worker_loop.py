@@ -1,7 +1,7 @@
 """Exercise worker-loop (about 30 minutes).
 
-Goal: write the loop at the heart of every data-parallel worker (minips/worker.py), on the
-Python client of the protocol, minips.client.PSClient (docs/protocol.md, section 5):
+Goal: write the loop at the heart of every data-parallel worker (minips/worker/worker.py), on the
+Python client of the protocol, minips.worker.client.PSClient (docs/protocol.md, section 5):
 
     hello -> repeat { pull -> compute gradients -> push } -> bye
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minips.client import PSClient
+from minips.worker.client import PSClient
 
 
 def run_worker(

@@ -37,9 +37,9 @@ def plan(
     json_path: str | None,
 ) -> None:
     """Choose per-layer codecs for a link: measured compute, exact bytes, predicted step."""
-    from minips.netlimit import parse_rate
     from minips.nn import build_model
-    from minips.planner import format_table, make_plan
+    from minips.run.planner import format_table, make_plan
+    from minips.worker.netlimit import parse_rate
 
     rate = parse_rate(bandwidth) if bandwidth else None
     report = make_plan(

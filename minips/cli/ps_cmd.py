@@ -1,8 +1,8 @@
 """`minips run`, `minips server`, `minips worker` and `minips evaluate`.
 
-Thin: `run` and `server` take their options from the run's configuration (minips.config)
-and call minips.launch; `worker` and `evaluate` make a client and call minips.worker /
-minips.evaluator. Every option can also be given as an environment variable
+Thin: `run` and `server` take their options from the run's configuration (minips.run.config)
+and call minips.run.launch; `worker` and `evaluate` make a client and call minips.worker.worker /
+minips.worker.evaluator. Every option can also be given as an environment variable
 MINIPS_<COMMAND>_<OPTION>, e.g. MINIPS_WORKER_CONNECT.
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from minips.cli.progress import ProgressBar
-from minips.config import RunConfig, config_options
-from minips.report import plural
+from minips.run.config import RunConfig, config_options
+from minips.run.report import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 
@@ -48,7 +48,7 @@ class _RunDashboard:
 
 
 if TYPE_CHECKING:
-    from minips.auth import ClientKeys
+    from minips.protocol.auth import ClientKeys
 
 
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
@@ -103,8 +103,8 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         new or empty (the default, runs/latest, is replaced by each run; --force replaces
         another).
         """
-        from minips.launch import run_local
-        from minips.runlog import claim_run_dir
+        from minips.run.launch import run_local
+        from minips.run.runlog import claim_run_dir
 
         config = config_class.from_options(options)
         config.validate()  # before anything is removed
@@ -147,8 +147,8 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         **options: Any,
     ) -> None:
         """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
-        from minips.launch import make_server
-        from minips.metrics import MetricsLog
+        from minips.run.launch import make_server
+        from minips.run.metrics import MetricsLog
 
         logging.basicConfig(
             level=logging.INFO if verbose or endpoint_file else logging.WARNING,
@@ -209,7 +209,7 @@ def client_key_options(command: Callable) -> Callable:
 
 def client_keys(directory: str | None, name: str) -> ClientKeys | None:
     """A client's CURVE keys from a key directory (None: no directory, no CURVE)."""
-    from minips.auth import load_client_keys
+    from minips.protocol.auth import load_client_keys
 
     return load_client_keys(directory, name) if directory else None
 
@@ -266,13 +266,13 @@ def worker(
     key_name: str,
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
-    from minips.client import PSClient
+    from minips.worker.client import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from minips.netlimit import parse_rate
-    from minips.trace import open_trace
-    from minips.worker import write_report
+    from minips.worker.netlimit import parse_rate
+    from minips.worker.trace import open_trace
+    from minips.worker.worker import write_report
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
@@ -301,7 +301,7 @@ def _train_worker(
     """Run a Worker on `client`, then say bye: `finished: false` when its epochs are not
     done (--max-steps, Ctrl-C), so a restarted worker may take over its rank. extras:
     more Worker keyword arguments (bandwidth, trace)."""
-    from minips.worker import Worker
+    from minips.worker.worker import Worker
 
     with ProgressBar(label="worker") as bar:
         progress = None if quiet else bar.update
@@ -357,12 +357,12 @@ def evaluate(
     tests them on the dataset's test set and appends an `eval` record to --metrics, the
     last one (`final: true`) on the final parameters when the server stops.
     """
-    from minips.client import PSClient
+    from minips.worker.client import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from minips.evaluator import run_evaluator
-    from minips.metrics import MetricsLog
+    from minips.run.metrics import MetricsLog
+    from minips.worker.evaluator import run_evaluator
 
     with (
         PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,

@@ -1,4 +1,4 @@
-"""`minips train`: the single-process trainer (its options derived from minips.config)."""
+"""`minips train`: the single-process trainer (its options derived from minips.run.config)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from minips.cli.progress import ProgressBar
-from minips.config import TrainConfig, config_options
+from minips.run.config import TrainConfig, config_options
 
 
 @click.command()
@@ -27,7 +27,7 @@ def train(metrics_path: str | None, save_path: str | None, quiet: bool, **option
 
     Prints `test accuracy: 0.XXXX` at the end.
     """
-    from minips.metrics import MetricsLog
+    from minips.run.metrics import MetricsLog
     from minips.trainer import train as run_training
 
     config = TrainConfig.from_options(options)

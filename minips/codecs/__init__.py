@@ -28,7 +28,7 @@ from minips.codecs.dense import Dense, Fp16
 from minips.codecs.factors import LowRank, SufficientFactors
 from minips.codecs.topk import TopK, top_k_indices
 from minips.errors import ConfigError
-from minips.wire import Message, ProtocolError, WirePart, all_finite
+from minips.protocol.wire import Message, ProtocolError, WirePart, all_finite
 
 __all__ = [
     "CODEC_CLASSES",

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.wire import CODECS, ProtocolError, WirePart, all_finite
+from minips.protocol.wire import CODECS, ProtocolError, WirePart, all_finite
 
 FLOAT_DTYPES = ("float32", "float16")
 

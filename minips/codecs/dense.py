@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from minips.codecs.base import Codec, Gradient, dense_float32
-from minips.wire import ProtocolError, WirePart
+from minips.protocol.wire import ProtocolError, WirePart
 
 
 class Dense(Codec):

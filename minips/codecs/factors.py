@@ -29,7 +29,7 @@ from minips.codecs.base import (
     to_wire_float,
 )
 from minips.errors import ConfigError
-from minips.wire import ProtocolError, WirePart
+from minips.protocol.wire import ProtocolError, WirePart
 
 
 def _float32(array: np.ndarray) -> np.ndarray:

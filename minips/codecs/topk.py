@@ -29,7 +29,7 @@ from minips.codecs.base import (
     to_wire_float,
 )
 from minips.errors import ConfigError
-from minips.wire import ProtocolError, WirePart
+from minips.protocol.wire import ProtocolError, WirePart
 
 # Sample size for the pre-threshold of `top_k_indices`.
 _SAMPLE = 4096

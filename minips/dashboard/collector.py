@@ -12,7 +12,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from minips.client import PSClient, ServerUnavailable
+from minips.worker.client import PSClient, ServerUnavailable
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
 RATE_WINDOW = 3.0  # seconds of server uptime a rate is averaged over

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, PullReply, PushReply
 from minips.exercise.common import CheckResult, StudentCodeError, call, student_function
 from minips.exercise.serving import serving
+from minips.worker.client import PSClient, PullReply, PushReply
 
 # ------------------------------------------------------------------------ the worker loop
 

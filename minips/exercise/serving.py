@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from minips.rules import make_rule
-from minips.server import ParameterServer, ServerOptions
-from minips.store import SGD
+from minips.server.server import ParameterServer, ServerOptions
+from minips.server.store import SGD
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ import numpy as np
 from minips.errors import ConfigError
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerRegistry, WorkerState
-    from minips.store import ParameterStore
+    from minips.server.registry import WorkerRegistry, WorkerState
+    from minips.server.store import ParameterStore
 
 
 @dataclass(eq=False)
@@ -98,7 +98,7 @@ class RuleOption:
     """One option of a rule, declared once beside the rule.
 
     The CLI flag, its type, range, help and shown default, and the rule's own default are
-    all derived from this declaration (minips.config builds the click options from it).
+    all derived from this declaration (minips.run.config builds the click options from it).
     `key` is the keyword of the rule's constructor; `flag` the command-line flag.
     """
 

@@ -10,7 +10,7 @@ from minips.errors import ConfigError
 from minips.rules.base import ASGD, Outcome, Push, Rule, RuleOption, Update, option_default
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerState
+    from minips.server.registry import WorkerState
 
 
 class SSP(ASGD):

@@ -27,8 +27,8 @@ from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerRegistry, WorkerState
-    from minips.store import ParameterStore
+    from minips.server.registry import WorkerRegistry, WorkerState
+    from minips.server.store import ParameterStore
 
 
 class DANA(ASGD):

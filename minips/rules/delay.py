@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
+from minips.protocol.sampling import Sampler
+from minips.protocol.wire import ProtocolError
 from minips.rules.base import (
     Outcome,
     Push,
@@ -20,11 +22,9 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
-from minips.sampling import Sampler
-from minips.wire import ProtocolError
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerState
+    from minips.server.registry import WorkerState
 
 
 class DASGD(ASGD):
@@ -122,9 +122,9 @@ class DASGD(ASGD):
 class VSGD(ASGD):
     """Value-staleness SGD: each layer's step is shrunk by how far, in value, it is behind.
 
-    Every parameter p has a fixed sample S_p of its coordinates (minips.sampling: a fraction
-    rho, at least min_samples, the same on worker and server). With each gradient the worker
-    sends w_worker_p[S_p] ("extra/sample/<p>"), the values the gradient was computed at.
+    Every parameter p has a fixed sample S_p of its coordinates (minips.protocol.sampling: a
+    fraction rho, at least min_samples, the same on worker and server). With each gradient
+    the worker sends w_worker_p[S_p] ("extra/sample/<p>"), the values the gradient was computed at.
     For each layer l (parameters "<l>.*") in the push, at the moment it is applied:
 
         gap_l  = sqrt( sum_{p in l} || w_server_p[S_p] - w_worker_p[S_p] ||^2 )

@@ -25,7 +25,7 @@ from minips.rules.base import (
 from minips.rules.classic import ASGD
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerState
+    from minips.server.registry import WorkerState
 
 
 class PulledValues:

@@ -31,9 +31,9 @@ import zmq
 import zmq.asyncio
 
 from minips.errors import ConfigError, DataError, MinipsError
+from minips.protocol.wire import DEFAULT_LIMITS
 from minips.web.framing import FramingError, pack_frames, unpack_frames
 from minips.web.shards import DatasetCache
-from minips.wire import DEFAULT_LIMITS
 
 try:  # the optional extra: pip install 'minips[web]'
     from websockets.asyncio.server import ServerConnection, serve

@@ -4,7 +4,7 @@
 //   seed   = CRC-32(UTF-8 name)
 //   key(i) = splitmix64_mix(seed + (i + 1) * 0x9E3779B97F4A7C15)   (mod 2^64)
 //   S      = the k indices with the smallest keys, in ascending index order
-// The reference implementation is minips/sampling.py.
+// The reference implementation is minips/protocol/sampling.py.
 
 const MASK64 = (1n << 64n) - 1n;
 const GOLDEN_GAMMA = 0x9e3779b97f4a7c15n;

@@ -1,5 +1,5 @@
 // The browser worker, run in a Web Worker so the page stays responsive: the same loop as
-// minips/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my shard ->
+// minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my shard ->
 // pull -> per batch {forward, backward, push (+ VSGD samples), pull} -> bye. It posts
 // {type: "status", status} to the page after every step and {type: "error", message}.
 

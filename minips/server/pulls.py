@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from minips.codecs import top_k_indices
-from minips.plan import Plan, parse_pull_spec
-from minips.wire import WirePart
+from minips.protocol.plan import Plan, parse_pull_spec
+from minips.protocol.wire import WirePart
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerState
-    from minips.store import ParameterStore
+    from minips.server.registry import WorkerState
+    from minips.server.store import ParameterStore
 
 
 class PullEncoder:

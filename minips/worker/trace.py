@@ -245,10 +245,10 @@ def load_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m minips.trace FILE...`: print each trace's mean step breakdown."""
+    """`python -m minips.worker.trace FILE...`: print each trace's mean step breakdown."""
     paths = sys.argv[1:] if argv is None else argv
     if not paths:
-        print("usage: python -m minips.trace TRACE.json [...]", file=sys.stderr)
+        print("usage: python -m minips.worker.trace TRACE.json [...]", file=sys.stderr)
         return 2
     print(f"{'trace':30} {'steps':>5} {'wall':>8} {'compute':>8} {'comm':>8} {'overlap':>8}"
           f" {'exposed':>8}  (ms, mean per step)")  # fmt: skip

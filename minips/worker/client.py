@@ -44,13 +44,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips import auth, wire
-from minips.address import normalize_connect
 from minips.codecs import Encoder, Gradient, Spec
 from minips.codecs.base import dense_float32
 from minips.errors import MinipsError
-from minips.netlimit import Link, frames_nbytes
-from minips.wire import DEFAULT_LIMITS, Limits, Message
+from minips.protocol import auth, wire
+from minips.protocol.address import normalize_connect
+from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
+from minips.worker.netlimit import Link, frames_nbytes
 
 log = logging.getLogger("minips.client")
 
@@ -155,7 +155,7 @@ class PSClient:
         self._lock = threading.RLock()
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
         self._coded = False  # a push gave codecs: from then on every push goes through encoder
-        # --bandwidth: a token bucket per direction (minips.netlimit), None = unlimited.
+        # --bandwidth: a token bucket per direction (minips.worker.netlimit), None = unlimited.
         self.link: Link | None = None
 
     # ------------------------------------------------------------------------ worker calls

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import time
 
-from minips.client import PSClient, ServerUnavailable
-from minips.metrics import MetricsLog
+from minips.run.metrics import MetricsLog
 from minips.trainer import evaluate
-from minips.worker import dataset_from_hello, model_from_hello
+from minips.worker.client import PSClient, ServerUnavailable
+from minips.worker.worker import dataset_from_hello, model_from_hello
 
 
 def run_evaluator(

@@ -3,7 +3,7 @@
 `make_server(config)` is what `minips server` runs. `run_local(config, out_dir)` is
 `minips run`: it starts the server, N workers (single-threaded BLAS) and an evaluator as
 separate processes on loopback, watches them, stops the server when the workers are done,
-and writes the run directory (its files: minips.runlog).
+and writes the run directory (its files: minips.run.runlog).
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ from typing import Any
 
 import zmq
 
-from minips import auth, recovery
-from minips.client import PSClient, ServerUnavailable
-from minips.config import RunConfig
 from minips.errors import ConfigError, MinipsError
-from minips.metrics import ProgressFn
-from minips.netlimit import parse_rate
 from minips.nn import build_model
-from minips.plan import Plan, load_plan
-from minips.planner import make_plan
+from minips.protocol import auth
+from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
-from minips.runlog import RUN_OUTPUTS, latest_eval, write_results
-from minips.server import ParameterServer
-from minips.store import SGD
+from minips.run import recovery
+from minips.run.config import RunConfig
+from minips.run.metrics import ProgressFn
+from minips.run.planner import make_plan
+from minips.run.runlog import RUN_OUTPUTS, latest_eval, write_results
+from minips.server.server import ParameterServer
+from minips.server.store import SGD
+from minips.worker.client import PSClient, ServerUnavailable
+from minips.worker.netlimit import parse_rate
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -118,7 +119,7 @@ def run_local(
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
-    The run directory's files are described in minips.runlog. on_start(endpoint): called
+    The run directory's files are described in minips.run.runlog. on_start(endpoint): called
     once every process is started (`minips run --dashboard` starts its page there). With
     `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
     gateway is started too and `announce(line)` is told the URL to open.
@@ -182,20 +183,14 @@ def _run_cluster(
 def _server_link(config: RunConfig) -> Iterator[tuple[list[str], str | None]]:
     """--netem: (the command prefix that runs the server behind the shaped link, its address).
 
-    Without --netem: ([], None), the server on loopback. tools/netem.py builds the link
-    (a source checkout's tools/ directory; root only) and removes it when the run ends.
+    Without --netem: ([], None), the server on loopback. minips.run.netem builds the link
+    (root only) and removes it when the run ends.
     """
     if not config.netem:
         yield [], None
         return
-    tools = Path(__file__).resolve().parents[1] / "tools"
-    if not (tools / "netem.py").exists():
-        raise ConfigError("--netem needs tools/netem.py from a minips source checkout")
-    sys.path.insert(0, str(tools))
-    try:
-        import netem
-    finally:
-        sys.path.remove(str(tools))
+    from minips.run import netem  # only a run with --netem needs ip and tc
+
     try:
         with netem.shaped_link(config.netem) as link:
             yield link.prefix, link.server_addr
@@ -348,7 +343,7 @@ def start_server(
 
 def restart_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -> bool:
     """After the server died: start a new one on the same address from the last checkpoint
-    (minips.recovery). False when that is not possible (no checkpoint, too many restarts)."""
+    (minips.run.recovery). False when that is not possible (no checkpoint, too many restarts)."""
     checkpoint = Path(config.checkpoint)
     if len(cluster.restarts) >= recovery.MAX_RESTARTS or not checkpoint.exists():
         return False

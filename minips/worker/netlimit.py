@@ -6,7 +6,7 @@ call sleeps until the bytes would have crossed a link of that rate, so a 1.72 MB
 100 Mbit/s takes ~138 ms however fast loopback is.
 
 This emulates one worker's own link (per-worker limit). A bottleneck shared by every
-worker, as at a real server's NIC, needs a real shaped link: tools/netem.py.
+worker, as at a real server's NIC, needs a real shaped link: minips/run/netem.py.
 
 The token bucket (Turner 1986; the algorithm of Linux tc's `tbf`): tokens (bytes) flow in
 at `rate` per second up to `burst`; sending n bytes takes n tokens. We let the level go
@@ -40,7 +40,7 @@ _BYTES = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
 _BYTES.update({"kibps": 2**10, "mibps": 2**20, "gibps": 2**30, "tibps": 2**40})
 _RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", re.IGNORECASE)
 
-# Default burst: 2 ms of traffic (25 kB at 100 Mbit/s, near tools/netem.py's tbf burst of
+# Default burst: 2 ms of traffic (25 kB at 100 Mbit/s, near minips/run/netem.py's tbf burst of
 # 32 KiB), but at least one Ethernet frame. Small on purpose: a real link never sends faster
 # than its rate; an idle bucket refills to `burst`, which a request/reply client collects
 # once per direction per round trip (10 ms would flatter a 1.7 MB round trip by 7%).

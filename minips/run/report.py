@@ -1,6 +1,6 @@
 """Read run directories back and summarise them: the library behind `minips report`.
 
-A run directory (written by `minips run` / `minips.launch.run_local`) holds config.json,
+A run directory (written by `minips run` / `minips.run.launch.run_local`) holds config.json,
 summary.json and metrics.jsonl. Everything here is a pure function over the loaded
 records, so the numbers can be tested on hand-written logs:
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import RunDirError
-from minips.metrics import merge_logs, read_metrics
+from minips.run.metrics import merge_logs, read_metrics
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.

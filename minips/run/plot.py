@@ -4,7 +4,7 @@
     plot_accuracy(runs, "accuracy.png", target=0.85)   # accuracy vs wall time and vs samples
     plot_staleness(runs, "staleness.png")              # per run: a staleness histogram per worker
 
-matplotlib is imported on first use, with the headless Agg backend, so `import minips.plot`
+matplotlib is imported on first use, with the headless Agg backend, so `import minips.run.plot`
 works without it and nothing ever needs a display.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import MissingExtraError
-from minips.report import Run, run_label, staleness_by_worker
+from minips.run.report import Run, run_label, staleness_by_worker
 
 
 def _pyplot() -> Any:

@@ -1,11 +1,11 @@
 """ParameterServer: one process, one thread, one loop over a ZeroMQ ROUTER socket.
 
-The loop receives a request, decodes it (minips.wire), calls its handler from the
+The loop receives a request, decodes it (minips.protocol.wire), calls its handler from the
 `handlers` table, and sends the reply. No locks: requests are handled to completion in
 arrival order, so the order of updates is deterministic given the order of messages.
 
 The state the loop guards lives in objects that never send anything: the parameters and
-their versions (minips.store), the worker registry (minips.registry) and the update rule
+their versions (server/store.py), the worker registry (server/registry.py) and the update rule
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. The path of one push:
@@ -28,18 +28,19 @@ import msgpack
 import numpy as np
 import zmq
 
-from minips import address, auth, guard, wire
 from minips.codecs import decode_gradients
-from minips.control import Control
 from minips.errors import ConfigError
-from minips.inflow import InflowGuard, InflowLimits
-from minips.plan import Plan
-from minips.pulls import PullEncoder
-from minips.registry import HeldPull, WorkerRegistry, WorkerState
+from minips.protocol import address, auth, wire
+from minips.protocol.plan import Plan
+from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
 from minips.rules import Outcome, Push, Rule, Update
-from minips.store import SGD, ParameterStore
-from minips.telemetry import Counters, Telemetry, UpdateRecord
-from minips.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
+from minips.server import guard
+from minips.server.control import Control
+from minips.server.inflow import InflowGuard, InflowLimits
+from minips.server.pulls import PullEncoder
+from minips.server.registry import HeldPull, WorkerRegistry, WorkerState
+from minips.server.store import SGD, ParameterStore
+from minips.server.telemetry import Counters, Telemetry, UpdateRecord
 
 log = logging.getLogger("minips.server")
 
@@ -114,7 +115,7 @@ def open_router(
     socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
     socket.setsockopt(zmq.SNDHWM, options.send_hwm)
     # Whole requests not yet read: a client sending faster than the server reads is slowed
-    # by TCP, not buffered (what is still arriving is bounded by minips/inflow.py).
+    # by TCP, not buffered (what is still arriving is bounded by minips/server/inflow.py).
     socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
@@ -197,13 +198,13 @@ class ParameterServer:
             control.resume(options.resume)
         self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # below: gradients -> updates
-            # minips/control.py: membership and operator requests
+            # minips/server/control.py: membership and operator requests
             "hello": control.hello, "ping": control.ping, "stats": control.stats_request,
             "bye": control.bye, "stop": control.stop, "checkpoint": control.checkpoint,
         }  # fmt: skip
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options)
-        # messages still arriving: bounded per connection (minips/inflow.py)
+        # messages still arriving: bounded per connection (minips/server/inflow.py)
         self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
         self.outbox = Outbox(self.socket, self.telemetry.counters)
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
@@ -253,7 +254,7 @@ class ParameterServer:
 
     def on_tick(self, now: float) -> None:
         """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
-        connections holding too much of a message still arriving (minips/inflow.py)."""
+        connections holding too much of a message still arriving (minips/server/inflow.py)."""
         self.inflow.check(now)
         self.control.checkpoint_if_due(now)
         self.control.check_liveness(now)
@@ -379,7 +380,7 @@ class ParameterServer:
 
     def answer_pull(self, worker: WorkerState) -> None:
         """Send the parameters changed since the puller's `since`: the current ones, a
-        rule's own values (DANA's look-ahead), or encoded by a plan (minips.pulls)."""
+        rule's own values (DANA's look-ahead), or encoded by a plan (minips.server.pulls)."""
         held, worker.held_pull = worker.held_pull, None
         worker.pulls += 1
         if self.pulls is not None:
@@ -399,7 +400,7 @@ class ParameterServer:
             self.rule.on_pulled(worker)
 
     def use_plan(self, plan: Plan) -> None:
-        """Send pulls by `plan` (fp16, delta, priority order; minips.pulls) from now on."""
+        """Send pulls by `plan` (fp16, delta, priority order; minips.server.pulls) from now on."""
         encoder = PullEncoder(self.store, plan)
         self.pulls = None if encoder.plain else encoder
 

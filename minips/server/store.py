@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError, DataError, ShapeError
-from minips.wire import ProtocolError, sum_of_squares
+from minips.protocol.wire import ProtocolError, sum_of_squares
 
 CHECKPOINT_FORMAT = 1
 # Carried norm bounds only grow (the triangle inequality); past this they are recomputed
@@ -56,7 +56,7 @@ class ParameterStore:
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
         # Upper bounds on ||w|| and ||v|| (momentum) of each current version, for the
-        # server's overflow check (minips.guard), carried from step to step by
+        # server's overflow check (minips.server.guard), carried from step to step by
         # SGD.norm_bounds_after: no pass over the parameters per update (see `apply`).
         self._bounds: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, |w|, |v|)
         # Pull replies are sent with copy=False, so a sent array must never change: every
@@ -292,7 +292,7 @@ class SGD:
             ||scale (grad + wd w)|| <= |scale| (||grad|| + wd ||w||)
             ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
 
-        so the server's overflow check needs no pass over the parameters (minips.guard).
+        so the server's overflow check needs no pass over the parameters (minips.server.guard).
         """
         step = abs(scale) * (norm_g + self.weight_decay * norm_w)
         if self.momentum:

@@ -11,7 +11,7 @@ A plan says, per parameter ("<layer>.<param>"):
     priority  pull order: smaller first (default 0, then model order: input side first)
 
 and, for the whole plan, `wait_free`: each layer's gradients are handed to a sender thread
-as backward produces them (minips.transmit). Parameters not named are dense both ways,
+as backward produces them (minips.worker.transmit). Parameters not named are dense both ways,
 every step. The all-dense plan (`Plan()`) is today's behaviour; it is not sent in hello,
 so a default run's bytes do not change. A plan travels in hello's config as `to_dict()`.
 
@@ -206,7 +206,7 @@ _DENSE = ParamPlan()
 def load_plan(source: str | Path | Mapping[str, Any] | None) -> Plan:
     """ "dense" / None -> the all-dense plan; a map -> Plan.from_dict; else a JSON file path.
 
-    ("auto" is resolved by minips.planner, which measures this machine.)
+    ("auto" is resolved by minips.run.planner, which measures this machine.)
     """
     if source is None or source == "dense":
         return Plan()

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from minips.protocol.wire import Message, WirePart
     from minips.rules import Push, Update
-    from minips.wire import Message, WirePart
 
 log = logging.getLogger("minips.server")
 

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from minips.wire import ProtocolError, all_finite, sum_of_squares
+from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
 
 if TYPE_CHECKING:
-    from minips.auth import ServerKeys
-    from minips.registry import WorkerState
-    from minips.store import ParameterStore
+    from minips.protocol.auth import ServerKeys
+    from minips.server.registry import WorkerState
+    from minips.server.store import ParameterStore
 
 MAX_INFO_BYTES = 1024  # a hello's `info`, packed (docs/protocol.md 10)
 MAX_INFO_DEPTH = 4  # maps and lists inside `info`, counting `info` itself
@@ -112,7 +112,7 @@ def check_stays_finite(
 ) -> None:
     """`nonfinite` when applying `grads` as one full step would make a parameter non-finite.
 
-    The step is the optimizer's (minips.store.SGD): v' = m v + (g + wd w), w' = w - lr v'
+    The step is the optimizer's (minips.server.store.SGD): v' = m v + (g + wd w), w' = w - lr v'
     (v' = g + wd w without momentum). Finite gradients can still overflow: 3e38 twice makes
     a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||)
     (L2 norms, or upper bounds of them: the store carries bounds on ||w|| and ||v|| from

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, PushReply
 from minips.codecs import Factors, Gradient, parse_spec
 from minips.nn import Sequential
-from minips.plan import Plan
-from minips.trace import SEND, NullTrace, Trace
+from minips.protocol.plan import Plan
+from minips.worker.client import PSClient, PushReply
+from minips.worker.trace import SEND, NullTrace, Trace
 
 
 @dataclass

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minips import guard
-from minips.wire import ProtocolError
+from minips.protocol.wire import ProtocolError
+from minips.server import guard
 
 if TYPE_CHECKING:
-    from minips.guard import Origin
+    from minips.protocol.wire import Message
     from minips.rules import Push
-    from minips.wire import Message
+    from minips.server.guard import Origin
 
 log = logging.getLogger("minips.server")
 

@@ -50,7 +50,7 @@ import numpy as np
 from minips.codecs import Factors, Spec, make_codec, parse_spec
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
-from minips.plan import ParamPlan, Plan, parse_pull_spec
+from minips.protocol.plan import ParamPlan, Plan, parse_pull_spec
 
 BUDGET = 0.5  # traffic time allowed per step, as a fraction of the compute time
 SMALL = 10_000  # entries: smaller tensors are never sparsified
@@ -279,7 +279,7 @@ def make_plan(
 ) -> PlanReport:
     """Measure `model` here and choose a plan for a link of `rate` bytes/s (None: unlimited).
 
-    shared: the rate is the server's link, split among `workers` (tools/netem.py, --netem);
+    shared: the rate is the server's link, split among `workers` (minips/run/netem.py, --netem);
     otherwise each worker's own (--bandwidth).
     """
     layers = measure_layers(model, batch_size, repeats)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from minips.metrics import read_metrics
+from minips.run.metrics import read_metrics
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 
@@ -68,7 +68,7 @@ def clear_restart_logs(out: Path) -> None:
 
 
 def checkpoint_state(path: Path) -> tuple[int, dict[str, Any]]:
-    """A checkpoint's version and meta (minips.store.ParameterStore.save)."""
+    """A checkpoint's version and meta (minips.server.store.ParameterStore.save)."""
     with np.load(path, allow_pickle=False) as data:
         return int(data["version"]), json.loads(str(data["meta"]))
 

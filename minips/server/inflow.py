@@ -44,7 +44,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from minips.wire import Limits
+from minips.protocol.wire import Limits
 
 log = logging.getLogger("minips.inflow")
 
@@ -102,7 +102,7 @@ def watch_events(router: zmq.Socket) -> zmq.Socket:
 
     Its queue is unbounded: a flood of connections must not drop the very events that tell
     the guard about them (ZeroMQ drops monitor events past a full queue)."""
-    address = f"inproc://minips.inflow.{id(router):x}"
+    address = f"inproc://minips.server.inflow.{id(router):x}"
     router.monitor(address, WATCHED)
     events = router.context.socket(zmq.PAIR)
     events.setsockopt(zmq.RCVHWM, 0)

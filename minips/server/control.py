@@ -5,7 +5,7 @@ checkpoint): each takes the request's envelope and decoded message, changes the 
 the server's run state, and replies through the server. Also: the answer to a retried push
 (from memory: applied once), declaring silent workers dead, workers leaving, the sample
 budget, stopping (and `serve_forever`'s signals), checkpoints and the `stats` map. The
-push/pull path, where gradients become updates, is in minips/server.py.
+push/pull path, where gradients become updates, is in minips/server/server.py.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minips import guard
 from minips.errors import ConfigError
-from minips.registry import HeldPull
-from minips.wire import Message, ProtocolError
+from minips.protocol.wire import Message, ProtocolError
+from minips.server import guard
+from minips.server.registry import HeldPull
 
 if TYPE_CHECKING:
-    from minips.registry import WorkerState
-    from minips.server import Envelope, ParameterServer
+    from minips.server.registry import WorkerState
+    from minips.server.server import Envelope, ParameterServer
 
 log = logging.getLogger("minips.server")
 

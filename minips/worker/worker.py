@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from minips.client import PSClient, PullReply, PushReply, ServerError
 from minips.data import Dataset, iterate_batches, load_dataset
-from minips.metrics import ProgressFn
-from minips.netlimit import Link
 from minips.nn import Sequential, build_model, softmax_cross_entropy
-from minips.plan import Plan, plan_from_hello
+from minips.protocol.plan import Plan, plan_from_hello
 from minips.rules import WorkerSide, worker_side
-from minips.trace import COMPUTE, RECV, SEND, STEP, NullTrace, Trace
-from minips.transmit import StepSender
+from minips.run.metrics import ProgressFn
+from minips.worker.client import PSClient, PullReply, PushReply, ServerError
+from minips.worker.netlimit import Link
+from minips.worker.trace import COMPUTE, RECV, SEND, STEP, NullTrace, Trace
+from minips.worker.transmit import StepSender
 
 
 @dataclass
@@ -205,7 +205,7 @@ class Worker:
 
         The plain plan (every gradient dense, every step, no sender thread): all of them in
         one push, straight through the client. Otherwise the plan's StepSender (codecs,
-        push intervals, wait-free; minips/transmit.py) sends what is left of the step.
+        push intervals, wait-free; minips/worker/transmit.py) sends what is left of the step.
         None when the server answers `bad_base`: it restarted from a checkpoint older than
         our parameters (docs/protocol.md 7), so pull them all again and go on from there
         (the gradient, of a version it forgot, is dropped).

@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 import click
 
-from minips.auth import ServerKeys, load_server_keys
 from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
+from minips.protocol.auth import ServerKeys, load_server_keys
 from minips.rules import RULES, RuleOption, make_rule
-from minips.server import ServerOptions
+from minips.server.server import ServerOptions
 
 TRAIN_RUN_SERVER = ("train", "run", "server")
 RUN_SERVER = ("run", "server")
@@ -122,10 +122,10 @@ def _rule_option_texts(options: dict[str, Any]) -> list[str]:
 
 
 def _rate_text(text: str | None) -> str | None:
-    """A link rate as given ("100mbit"), checked by minips.netlimit.parse_rate; None: unset."""
+    """A link rate as given ("100mbit"), checked by netlimit.parse_rate; None: unset."""
     if text in (None, "", "unlimited"):
         return None
-    from minips.netlimit import parse_rate
+    from minips.worker.netlimit import parse_rate
 
     try:
         parse_rate(text)
@@ -264,7 +264,7 @@ class RunConfig(ConfigBase):
     checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
                                      server_option="checkpoint_path",
                                      cli_type=click.Path(dir_okay=False))
-    # layer-aware transmission (docs/algorithms.md "Transmission"; minips.plan, minips.planner)
+    # layer-aware transmission (docs/algorithms.md "Transmission"; protocol/plan.py, run/planner.py)
     plan: str = setting("dense", "Transmission plan: dense, auto (chosen by the planner for "
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
     bandwidth: str | None = setting(None, "Each worker's own link, e.g. 100mbit, 1gbit: a "
@@ -273,7 +273,7 @@ class RunConfig(ConfigBase):
                                     format=str)
     netem: str | None = setting(None, "A shared link at the server, e.g. 100mbit: the server "
                                 "runs in its own network namespace behind a tc-shaped veth "
-                                "pair (root only; tools/netem.py).", commands=("run",),
+                                "pair (root only; minips/run/netem.py).", commands=("run",),
                                 parse=_rate_text, format=str)
     trace: str | None = setting(None, "Write a Chrome trace (Perfetto) of the first worker's "
                                 "compute and send/receive spans to this file.",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import MinipsError, RunDirError
-from minips.metrics import MetricsLog, merge_logs, read_metrics
+from minips.run.metrics import MetricsLog, merge_logs, read_metrics
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = (
@@ -108,9 +108,9 @@ def write_results(
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
-    restarts: the server's restarts after crashes (minips.recovery.Restart records).
+    restarts: the server's restarts after crashes (minips.run.recovery.Restart records).
     """
-    from minips.recovery import update_logs
+    from minips.run.recovery import update_logs
 
     records = merge_logs([*update_logs(out), out / "eval.jsonl"])
     server_final = next((r for r in records if r.get("event") == "server"), {})
