@@ -1,0 +1,148 @@
+"""How strong is the test suite? Plant small, plausible bugs one at a time and count the kills.
+
+    python tools/mutate.py tools/mutants.json [--jobs 2] [--only ID ...] [--out results.json]
+
+A mutant is one text edit of one file of a clean copy of this checkout (`git archive HEAD`):
+
+    {"id": "registry-seq-window", "file": "minips/server/registry.py",
+     "find": "len(self.answered) > SEQ_WINDOW", "replace": "len(self.answered) > SEQ_WINDOW + 1",
+     "kind": "boundary", "recent": true, "note": "one answer too many remembered"}
+
+`find` must occur exactly once in the file (otherwise the mutant is "invalid": the list no
+longer matches the code). The mutant is "killed" when the tests that could see it fail (or
+time out), "survived" when they pass. Which tests: those that name the mutated module (its
+dotted name, its path, or `from <package> import <module>`) or, when none does, any module
+of its package; a mutant's own "tests" list adds to them, and `--all` runs the whole suite.
+The score is the share of valid mutants killed, overall and for those marked "recent".
+
+Each job has its own copy of the tree, so `--jobs 2` runs two mutants at once; a mutant's
+file is restored after its run, so a copy serves every mutant of its job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_copy(into: Path) -> Path:
+    """This checkout's HEAD (committed files only) unpacked into `into`."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def module_name(path: str) -> str:
+    """minips/server/registry.py -> minips.server.registry"""
+    return path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+
+
+def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
+    """The test files that can see a mutant of `mutant["file"]` (see the module docstring)."""
+    files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_*.py"))
+    if run_all:
+        return files
+    dotted = module_name(mutant["file"])
+    package, _, stem = dotted.rpartition(".")
+    naming = re.compile(
+        rf"{re.escape(dotted)}\b|{re.escape(mutant['file'])}"
+        rf"|from {re.escape(package)} import [^\n]*\b{re.escape(stem)}\b"
+    )
+    chosen = [f for f in files if naming.search((tree / f).read_text())]
+    if not chosen:
+        chosen = [f for f in files if re.search(rf"{re.escape(package)}\b", (tree / f).read_text())]
+    return sorted(set(chosen) | set(mutant.get("tests", [])))
+
+
+def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
+    """Apply one mutant in `tree`, run its tests, restore the file; the verdict as a dict."""
+    target = tree / mutant["file"]
+    original = target.read_text()
+    result = {"id": mutant["id"], "kind": mutant.get("kind", ""), "recent": mutant.get("recent")}
+    if original.count(mutant["find"]) != 1:
+        found = original.count(mutant["find"])
+        return {**result, "verdict": "invalid", "why": f"'find' occurs {found} times"}
+    tests = tests_for(tree, mutant, run_all)
+    target.write_text(original.replace(mutant["find"], mutant["replace"]))
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+        verdict = "survived" if done.returncode == 0 else "killed"
+        tail = done.stdout.strip().splitlines()[-1:] if done.stdout else []
+    except subprocess.TimeoutExpired:
+        verdict, tail = "killed", ["timeout"]
+    finally:
+        target.write_text(original)
+    seconds = round(time.monotonic() - start, 1)
+    return {**result, "verdict": verdict, "seconds": seconds, "tests": len(tests),
+            "last_line": tail[0] if tail else ""}  # fmt: skip
+
+
+def score(results: list[dict]) -> dict:
+    """Killed / valid, overall and for the mutants marked recent."""
+
+    def share(rows: list[dict]) -> dict:
+        valid = [r for r in rows if r["verdict"] != "invalid"]
+        killed = sum(r["verdict"] == "killed" for r in valid)
+        return {"valid": len(valid), "killed": killed,
+                "score": round(killed / len(valid), 3) if valid else None}  # fmt: skip
+
+    return {"all": share(results), "recent": share([r for r in results if r.get("recent")])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mutants", type=Path)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="ids to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
+    parser.add_argument("--all", action="store_true", help="run the whole suite per mutant")
+    parser.add_argument("--out", type=Path, help="write the results as JSON")
+    args = parser.parse_args(argv)
+    mutants = json.loads(args.mutants.read_text())
+    if args.only:
+        mutants = [m for m in mutants if m["id"] in set(args.only)]
+    workdir = Path(tempfile.mkdtemp(prefix="minips-mutate-"))
+    try:
+        trees = [clean_copy(workdir / f"job{j}") for j in range(max(1, args.jobs))]
+        queues = [mutants[j :: len(trees)] for j in range(len(trees))]
+
+        def run_queue(j: int) -> list[dict]:
+            rows = []
+            for mutant in queues[j]:
+                row = run_mutant(trees[j], mutant, args.timeout, args.all)
+                print(f"{row['verdict']:9} {row['id']:40} {row.get('seconds', '')}", flush=True)
+                rows.append(row)
+            return rows
+
+        with ThreadPoolExecutor(len(trees)) as pool:
+            results = [row for rows in pool.map(run_queue, range(len(trees))) for row in rows]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    totals = score(results)
+    for row in results:
+        if row["verdict"] in ("survived", "invalid"):
+            print(f"{row['verdict']}: {row['id']} ({row['kind']}) {row.get('why', '')}")
+    print(json.dumps(totals))
+    if args.out:
+        args.out.write_text(json.dumps({"totals": totals, "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
