@@ -15,8 +15,8 @@ from minips.cli.ps_cmd import run_command, server_command
 from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.rules import RULES
+from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig, setting
-from minips.run.launch import make_server
 from minips.server.server import ServerOptions
 from minips.worker.client import PSClient
 

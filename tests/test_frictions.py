@@ -13,8 +13,8 @@ from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
 from minips.errors import DataError, MissingExtraError, RunDirError
+from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig
-from minips.run.launch import make_server
 from minips.run.metrics import MetricsLog
 from minips.run.report import format_report, load_run, summarize
 from minips.trainer import train

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from minips.cli.ps_cmd import server_command
 from minips.protocol import auth
+from minips.run.build import make_server
 from minips.run.config import RunConfig
-from minips.run.launch import make_server
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 FAST = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5")

@@ -147,7 +147,7 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         **options: Any,
     ) -> None:
         """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
-        from minips.run.launch import make_server
+        from minips.run.build import make_server
         from minips.run.metrics import MetricsLog
 
         logging.basicConfig(

@@ -1,9 +1,8 @@
-"""Build a server from a run's configuration, and run a whole local cluster with one call.
+"""Run a whole cluster on this machine with one call: `minips run`.
 
-`make_server(config)` is what `minips server` runs. `run_local(config, out_dir)` is
-`minips run`: it starts the server, N workers (single-threaded BLAS) and an evaluator as
-separate processes on loopback, watches them, stops the server when the workers are done,
-and writes the run directory (its files: minips.run.runlog).
+`run_local(config, out_dir)` starts the server, N workers (single-threaded BLAS) and an
+evaluator as separate processes on loopback, watches them, stops the server when the
+workers are done, and writes the run directory (its files: minips.run.runlog).
 """
 
 from __future__ import annotations
@@ -23,19 +22,13 @@ from typing import Any
 import zmq
 
 from minips.errors import ConfigError, MinipsError
-from minips.nn import build_model
 from minips.protocol import auth
-from minips.protocol.plan import Plan, load_plan
-from minips.rules import make_rule
 from minips.run import recovery
+from minips.run.build import auto_rate, resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
-from minips.run.planner import make_plan
 from minips.run.runlog import RUN_OUTPUTS, latest_eval, write_results
-from minips.server.server import ParameterServer
-from minips.server.store import SGD
 from minips.worker.client import PSClient, ServerUnavailable
-from minips.worker.netlimit import parse_rate
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -44,37 +37,6 @@ SINGLE_THREADED_BLAS = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-
-
-def make_server(
-    config: RunConfig, on_update: Callable[[dict[str, Any]], None] | None = None
-) -> ParameterServer:
-    """A ParameterServer with the config's model (seeded init), rule, optimizer and plan.
-
-    The plan travels in hello's config only when it is not the all-dense default.
-    """
-    config.validate()
-    model = build_model(config.model, seed=config.seed)
-    rule = make_rule(config.rule, **config.rule_options)
-    plan = resolve_plan(config)
-    hello = config.hello_config(model.spec)
-    if not plan.is_dense():
-        hello["plan"] = plan.to_dict()
-    params = model.params  # one dict: the store and the optimizer must share it
-    optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
-    server = ParameterServer(
-        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update
-    )
-    server.use_plan(plan)
-    return server
-
-
-def auto_rate(config: RunConfig) -> float | None:
-    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
-    smaller of the two, or None (unlimited)."""
-    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
-    shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
-    return min(shares) if shares else None
 
 
 def _plan_in_subprocess(config: RunConfig, path: Path) -> None:
@@ -90,22 +52,6 @@ def _plan_in_subprocess(config: RunConfig, path: Path) -> None:
     if done.returncode != 0:
         raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
     (path.parent / "logs" / "planner.log").write_text(done.stdout)
-
-
-def resolve_plan(config: RunConfig) -> Plan:
-    """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
-
-    auto's link: --netem RATE is shared by the workers, --bandwidth RATE is each worker's
-    own; with both, the tighter; with neither, unlimited (so: all dense).
-    """
-    model = build_model(config.model, seed=config.seed)
-    if config.plan == "auto":
-        plan = make_plan(model, config.batch_size, config.workers, auto_rate(config), False).plan
-    else:
-        plan = load_plan(config.plan)
-    shapes = {name: array.shape for name, array in model.params.items()}
-    plan.check_model(shapes, {info.name: info.kind for info in model.layer_info()})
-    return plan
 
 
 def run_local(
