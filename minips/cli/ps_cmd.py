@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
-from minips.run.config import RunConfig, config_options
+from minips.run.config import RunConfig
 from minips.run.report import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out

@@ -7,7 +7,8 @@ whether workers receive it in `hello`, and which `ServerOptions` field it sets. 
 derived here, so a new field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
-                                      (for `rule_options`, each rule's flags from Rule.options)
+                                      (minips.cli.options; for `rule_options`, each rule's
+                                      flags from Rule.options)
     cls.from_options(values)          the config from those options' values
     config.validate()                 the same ranges the CLI enforces, plus cross-field checks
     config.to_json()                  config.json of a run directory
@@ -76,14 +77,15 @@ def setting(default: Any = MISSING, help: str = "", **how: Any) -> Any:
     return field(default=default, metadata=metadata)
 
 
-def _setting(item: Field) -> Setting:
+def setting_of(item: Field) -> Setting:
+    """The `Setting` a configuration field was declared with."""
     if "setting" not in item.metadata:
         raise TypeError(f"configuration field {item.name!r} is not declared with setting()")
     return item.metadata["setting"]
 
 
 def _flag(item: Field) -> str:
-    return _setting(item).flag or "--" + item.name.replace("_", "-")
+    return setting_of(item).flag or "--" + item.name.replace("_", "-")
 
 
 def _text(value: Any) -> str:
@@ -155,7 +157,7 @@ class ConfigBase:
         for item in fields(self):
             value = getattr(self, item.name)
             if value is not None and not isinstance(value, (list, dict)):
-                check_range(item.name.replace("_", " "), value, _setting(item))
+                check_range(item.name.replace("_", " "), value, setting_of(item))
 
     def to_json(self) -> str:
         """The config as an indented JSON object (config.json)."""
@@ -301,14 +303,14 @@ class RunConfig(ConfigBase):
         sent = {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if _setting(f).to_workers
-            and not (_setting(f).omit_default and getattr(self, f.name) == f.default)
+            if setting_of(f).to_workers
+            and not (setting_of(f).omit_default and getattr(self, f.name) == f.default)
         }
         return copy.deepcopy({**sent, "model": model_spec})
 
     def server_options(self) -> ServerOptions:
         """The ServerOptions this run's server is built with."""
-        chosen = {_setting(f).server_option: getattr(self, f.name) for f in fields(self)}
+        chosen = {setting_of(f).server_option: getattr(self, f.name) for f in fields(self)}
         options = ServerOptions(**{key: value for key, value in chosen.items() if key})
         return replace(options, keys=self.server_keys())
 
@@ -320,7 +322,7 @@ class RunConfig(ConfigBase):
         """The `minips server` options that rebuild this config (for the server process)."""
         args: list[str] = []
         for item in fields(self):
-            spec, value = _setting(item), getattr(self, item.name)
+            spec, value = setting_of(item), getattr(self, item.name)
             if "server" not in spec.commands or value is None or value in ([], {}):
                 continue
             flag = _flag(item)
@@ -352,7 +354,7 @@ def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:
     """The fields of `source` that `command` takes, as fresh fields for make_dataclass."""
     chosen = []
     for item in fields(source):
-        if command in _setting(item).commands:
+        if command in setting_of(item).commands:
             default = (
                 {"default": item.default}
                 if item.default is not MISSING
@@ -380,68 +382,7 @@ declarations, so the baseline and a cluster run are configured alike), plus `eva
 """
 
 
-def config_options(cls: type, command: str) -> Callable[[Callable], Callable]:
-    """Decorator: a click option for each field of `cls` that `command` takes.
-
-    For `rule_options`, every rule's own flags come first (from each rule's `options`,
-    their help showing the rule's default), then `--rule-option KEY=VALUE`.
-    """
-    options = []
-    for item in fields(cls):
-        if command not in _setting(item).commands:
-            continue
-        if item.name == RULE_OPTIONS:
-            options += [_rule_flag_option(param, *owned) for param, owned in _rule_flags().items()]
-        options.append(_field_option(item))
-
-    def decorate(function: Callable) -> Callable:
-        for option in reversed(options):
-            function = option(function)
-        return function
-
-    return decorate
-
-
-def click_type(kind: type, spec: Setting | RuleOption) -> click.ParamType:
-    """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices."""
-    if spec.choices:
-        return click.Choice(list(spec.choices))
-    if kind not in (int, float):
-        return click.STRING
-    if spec.minimum is None and spec.maximum is None:
-        return click.INT if kind is int else click.FLOAT
-    ranged = click.IntRange if kind is int else click.FloatRange
-    return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
-
-
-def _field_option(item: Field) -> Callable:
-    spec = _setting(item)
-    default = None if item.default is MISSING else item.default
-    kwargs: dict[str, Any] = {"help": spec.help, "default": default}
-    kwargs["show_default"] = default is not None
-    if spec.parse is not None:
-        kwargs.update(callback=_parsing(spec.parse), multiple=spec.multiple)
-    elif isinstance(default, bool):
-        flag = _flag(item)
-        return click.option(f"{flag}/--no-{flag[2:]}", item.name, **kwargs)
-    else:
-        kwargs["type"] = spec.cli_type or click_type(type(default), spec)
-    return click.option(_flag(item), item.name, **kwargs)
-
-
-def _parsing(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
-    """A click callback running `parse`, its ValueError shown as click's usage error."""
-
-    def callback(_ctx: Any, _param: Any, value: Any) -> Any:
-        try:
-            return parse(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-
-    return callback
-
-
-def _rule_flags() -> dict[str, tuple[str, RuleOption]]:
+def rule_flags() -> dict[str, tuple[str, RuleOption]]:
     """Every rule's declared options by click parameter: "beta" -> ("dasgd", its RuleOption)."""
     return {
         option.flag[2:].replace("-", "_"): (name, option)
@@ -450,17 +391,10 @@ def _rule_flags() -> dict[str, tuple[str, RuleOption]]:
     }
 
 
-def _rule_flag_option(param: str, rule: str, option: RuleOption) -> Callable:
-    help_text = f"{option.help} [default: {option.default}]"
-    return click.option(
-        option.flag, param, type=click_type(option.kind, option), default=None, help=help_text
-    )
-
-
 def _collect_rule_flags(values: dict[str, Any], rule: str | None) -> dict[str, Any]:
     """Pop the rules' flags from `values` into the chosen rule's options (with --rule-option's)."""
     collected = dict(values.get(RULE_OPTIONS) or {})
-    for param, (owner, option) in _rule_flags().items():
+    for param, (owner, option) in rule_flags().items():
         value = values.pop(param, None)
         if value is None:
             continue
