@@ -23,11 +23,11 @@ from minips.run.report import (
     bin_label,
     format_report,
     histogram,
-    load_run,
     percentile,
     summarize,
     time_to_target,
 )
+from minips.run.rundir import load_run
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}

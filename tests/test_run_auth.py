@@ -1,4 +1,4 @@
-"""An authenticated `minips run` (issue 10): CURVE keys made by the launcher for its own
+"""An authenticated `minips run`: CURVE keys made by the launcher for its own
 processes; no key or a wrong key gets nothing; a worker key cannot stop the run, an
 operator key can. And `--clip-norm` from the command line to the server."""
 
@@ -98,7 +98,7 @@ def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path
 
 def test_clip_norm_is_an_option_that_reaches_the_server(tmp_path):
     values = server_command().make_context("server", ["--clip-norm", "0.5"]).params
-    for own in ("endpoint_file", "updates_log", "t0", "verbose"):
+    for own in ("config_file", "endpoint_file", "updates_log", "t0", "verbose"):
         values.pop(own)
     config = RunConfig.from_options(values)
     assert config.clip_norm == 0.5 and config.server_options().clip_norm == 0.5

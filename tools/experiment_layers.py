@@ -39,7 +39,8 @@ from minips.protocol.plan import ParamPlan, Plan
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.report import load_run, time_to_target
+from minips.run.report import time_to_target
+from minips.run.rundir import load_run
 
 FIXED_PLANS: dict[str, Plan] = {
     "fp16": Plan(

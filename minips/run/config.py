@@ -4,17 +4,16 @@ A distributed run is configured by the fields of `RunConfig`; the single-process
 `TrainConfig` is derived from the same fields (those `minips train` takes). Each field is
 declared once with `setting(...)`: its default, help, range, the commands that take it,
 whether workers receive it in `hello`, and which `ServerOptions` field it sets. The rest is
-derived here, so a new field is one declaration:
+derived from those declarations, so a new field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
                                       (minips.cli.options; for `rule_options`, each rule's
                                       flags from Rule.options)
     cls.from_options(values)          the config from those options' values
     config.validate()                 the same ranges the CLI enforces, plus cross-field checks
-    config.to_json()                  config.json of a run directory
+    config.to_json(), cls.from_json() config.json of a run directory, which its server reads
     config.hello_config(model_spec)   the `config` map workers receive in `hello`
     config.server_options()           the server's ServerOptions
-    config.server_args()              the `minips server` arguments that rebuild the config
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -30,7 +30,7 @@ import click
 from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.auth import ServerKeys, load_server_keys
+from minips.protocol.auth import load_server_keys
 from minips.rules import RULES, RuleOption, make_rule
 from minips.server.server import ServerOptions
 
@@ -47,8 +47,8 @@ class Setting:
     sent to workers in hello's config. server_option: the ServerOptions field it sets.
     minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
     by the CLI and by `validate()`. cli_type: a click type for fields whose default does
-    not say it (paths). parse / format: option text -> value and back, for values that
-    are not a plain number or word (a comma list); `multiple`: the option may repeat.
+    not say it (paths). parse: option text -> value, for values that are not a plain
+    number or word (a comma list); `multiple`: the option may repeat.
     flag: the option's name when it is not "--" + the field's name with dashes.
     """
 
@@ -63,7 +63,6 @@ class Setting:
     choices: tuple[str, ...] = ()
     cli_type: click.ParamType | None = None
     parse: Callable[[Any], Any] | None = None
-    format: Callable[[Any], str | list[str]] | None = None
     multiple: bool = False
     flag: str | None = None
     omit_default: bool = False  # to_workers, but left out of hello while at its default
@@ -84,25 +83,12 @@ def setting_of(item: Field) -> Setting:
     return item.metadata["setting"]
 
 
-def _flag(item: Field) -> str:
-    return setting_of(item).flag or "--" + item.name.replace("_", "-")
-
-
-def _text(value: Any) -> str:
-    """A value as option text that parses back to it (repr keeps every digit of a float)."""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def _comma_floats(text: str | None) -> list[float]:
     """ "1,1,2" -> [1.0, 1.0, 2.0] (nothing given: [])."""
     try:
         return [float(part) for part in text.split(",")] if text else []
     except ValueError:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _comma_text(values: list[float]) -> str:
-    return ",".join(repr(float(value)) for value in values)
 
 
 def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
@@ -117,10 +103,6 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             options[key.replace("-", "_")] = raw  # a bare word, e.g. schedule=inverse
     return options
-
-
-def _rule_option_texts(options: dict[str, Any]) -> list[str]:
-    return [f"{key}={json.dumps(value)}" for key, value in options.items()]
 
 
 def _rate_text(text: str | None) -> str | None:
@@ -143,14 +125,36 @@ class ConfigBase:
     """What every configuration dataclass here can do with its declared settings."""
 
     @classmethod
-    def from_options(cls: type[Config], values: Mapping[str, Any]) -> Config:
+    def from_options(
+        cls: type[Config], values: Mapping[str, Any], base: Config | None = None
+    ) -> Config:
         """The config from a command's option values (a rule flag given with another rule:
-        ConfigError "--beta only applies to --rule dasgd")."""
-        values = dict(values)
+        ConfigError "--beta only applies to --rule dasgd"). base: the config those values
+        change (`minips server --config FILE` with options beside it); a field they do not
+        name keeps base's value."""
+        values = {**asdict(base), **values} if base is not None else dict(values)
         if RULE_OPTIONS in {f.name for f in fields(cls)}:
             rule = values.get("rule", getattr(cls, "rule", None))
             values[RULE_OPTIONS] = _collect_rule_flags(values, rule)
         return cls(**values)
+
+    @classmethod
+    def from_json(cls: type[Config], path: str | Path) -> Config:
+        """The config a config.json holds (to_json's output); ConfigError (one line) for a
+        file that is not one: unreadable, an unknown field, a value of the wrong type."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: not a configuration file ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a configuration file (not a JSON object)")
+        declared = {item.name: item for item in fields(cls)}
+        unknown = sorted(set(data) - set(declared))
+        if unknown:
+            raise ConfigError(f"{path}: unknown configuration field(s) {', '.join(unknown)}")
+        for name, value in data.items():
+            _check_type(declared[name], value, path)
+        return cls(**data)
 
     def validate(self) -> None:
         """One-line ConfigError for a value outside its declared range."""
@@ -162,6 +166,19 @@ class ConfigBase:
     def to_json(self) -> str:
         """The config as an indented JSON object (config.json)."""
         return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def _check_type(item: Field, value: Any, path: str | Path) -> None:
+    """ConfigError when a config.json value is not of its field's kind (the default's type;
+    a field that defaults to None holds text)."""
+    default = item.default_factory() if item.default is MISSING else item.default
+    kind = str if default is None else type(default)
+    if value is None and default is None:
+        return
+    if kind is float and type(value) is int:
+        return  # a hand-written 1 for 1.0: the same value
+    if type(value) is not kind:
+        raise ConfigError(f"{path}: {item.name} must be {kind.__name__}, got {value!r}")
 
 
 def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
@@ -211,7 +228,7 @@ class RunConfig(ConfigBase):
     workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
                            server_option="world_size")
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
-                                  to_workers=True, parse=_comma_floats, format=_comma_text)
+                                  to_workers=True, parse=_comma_floats)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "
@@ -232,7 +249,7 @@ class RunConfig(ConfigBase):
                                 "or FILE.py:CLASS / MODULE:CLASS of your own.")
     rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
                                            flag="--rule-option", multiple=True,
-                                           parse=_rule_option_pairs, format=_rule_option_texts)
+                                           parse=_rule_option_pairs)
     # how the server runs (defaults: ServerOptions')
     max_samples: int = setting(ServerOptions.max_samples, "Stop once all workers together "
                                "processed this many samples (0: no limit; `epochs` stays "
@@ -271,12 +288,11 @@ class RunConfig(ConfigBase):
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
     bandwidth: str | None = setting(None, "Each worker's own link, e.g. 100mbit, 1gbit: a "
                                     "token bucket per direction (unset: unlimited).",
-                                    to_workers=True, omit_default=True, parse=_rate_text,
-                                    format=str)
+                                    to_workers=True, omit_default=True, parse=_rate_text)
     netem: str | None = setting(None, "A shared link at the server, e.g. 100mbit: the server "
                                 "runs in its own network namespace behind a tc-shaped veth "
                                 "pair (root only; minips/run/netem.py).", commands=("run",),
-                                parse=_rate_text, format=str)
+                                parse=_rate_text)
     trace: str | None = setting(None, "Write a Chrome trace (Perfetto) of the first worker's "
                                 "compute and send/receive spans to this file.",
                                 commands=("run",), cli_type=click.Path(dir_okay=False))
@@ -291,7 +307,7 @@ class RunConfig(ConfigBase):
             )
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
-        make_rule(self.rule, **self.rule_options)  # a bad rule option: one line, now
+        make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
         _check_browser_slots(self)
         from minips.data import find_dataset, load_dataset
 
@@ -312,27 +328,8 @@ class RunConfig(ConfigBase):
         """The ServerOptions this run's server is built with."""
         chosen = {setting_of(f).server_option: getattr(self, f.name) for f in fields(self)}
         options = ServerOptions(**{key: value for key, value in chosen.items() if key})
-        return replace(options, keys=self.server_keys())
-
-    def server_keys(self) -> ServerKeys | None:
-        """The server's CURVE keys from the `keys` directory (None: no authentication)."""
-        return load_server_keys(self.keys) if self.keys else None
-
-    def server_args(self) -> list[str]:
-        """The `minips server` options that rebuild this config (for the server process)."""
-        args: list[str] = []
-        for item in fields(self):
-            spec, value = setting_of(item), getattr(self, item.name)
-            if "server" not in spec.commands or value is None or value in ([], {}):
-                continue
-            flag = _flag(item)
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-                continue
-            text = spec.format(value) if spec.format else _text(value)
-            for one in text if isinstance(text, list) else [text]:
-                args += [flag, one]
-        return args
+        # CURVE keys from the `keys` directory; without one, no authentication
+        return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
 
 
 def _check_browser_slots(config: RunConfig) -> None:
