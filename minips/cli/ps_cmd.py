@@ -1,9 +1,10 @@
 """`minips run`, `minips server`, `minips worker` and `minips evaluate`.
 
 Thin: `run` and `server` take their options from the run's configuration (minips.run.config)
-and call minips.run.launch; `worker` and `evaluate` make a client and call minips.worker.worker /
-minips.worker.evaluator. Every option can also be given as an environment variable
-MINIPS_<COMMAND>_<OPTION>, e.g. MINIPS_WORKER_CONNECT.
+and call minips.run.launch / minips.run.build (`server --config FILE`: a run's config.json);
+`worker` and `evaluate` make a client and call minips.worker.worker / minips.worker.evaluator.
+Every option can also be given as an environment variable MINIPS_<COMMAND>_<OPTION>, e.g.
+MINIPS_WORKER_CONNECT (but `server --config FILE` takes the file and the command line only).
 """
 
 from __future__ import annotations
