@@ -23,7 +23,8 @@ from minips.errors import MissingExtraError
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.plot import plot_accuracy
-from minips.run.report import load_run, summarize
+from minips.run.report import summarize
+from minips.run.rundir import load_run
 
 SLOWDOWNS = [1.0, 1.0, 2.0, 8.0]
 

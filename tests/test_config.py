@@ -4,19 +4,19 @@ import json
 import subprocess
 import sys
 import threading
-from dataclasses import make_dataclass
+from dataclasses import make_dataclass, replace
 
 import msgpack
 import pytest
 from click.testing import CliRunner
 
 from minips.cli import COMMANDS, cli
-from minips.cli.ps_cmd import run_command, server_command
+from minips.cli.ps_cmd import run_command, server_command, server_config
 from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.rules import RULES
+from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig, setting
-from minips.run.launch import make_server
 from minips.server.server import ServerOptions
 from minips.worker.client import PSClient
 
@@ -29,7 +29,7 @@ RUN_OWN = (
     "dashboard_listen",
     "quiet",
 )  # `minips run`'s options that are not the config's
-SERVER_OWN = ("endpoint_file", "updates_log", "t0", "verbose")
+SERVER_OWN = ("config_file", "endpoint_file", "updates_log", "t0", "verbose")
 
 
 def _parsed(command, args, own):
@@ -38,6 +38,18 @@ def _parsed(command, args, own):
     for name in own:
         values.pop(name)
     return values
+
+
+def _served(config_class, args) -> RunConfig:
+    """The config `minips server ARGS` serves, built as its callback builds it."""
+    command = server_command(config_class)
+    context = command.make_context(command.name, list(args), auto_envvar_prefix="MINIPS_SERVER")
+    with context:
+        values = dict(context.params)
+        config_file = values["config_file"]
+        for name in SERVER_OWN:
+            values.pop(name)
+        return server_config(config_class, config_file, values)
 
 
 def _help(command) -> str:
@@ -62,7 +74,7 @@ def _hello_config(config) -> dict:
     return reply["config"]
 
 
-def test_a_field_added_at_runtime_reaches_the_cli_config_json_args_and_hello():
+def test_a_field_added_at_runtime_reaches_the_cli_config_json_the_server_and_hello(tmp_path):
     extended = make_dataclass(
         "Extended",
         [("warmup_steps", int, setting(0, "Steps of learning-rate warmup.", to_workers=True,
@@ -80,10 +92,13 @@ def test_a_field_added_at_runtime_reaches_the_cli_config_json_args_and_hello():
     )
     assert config.warmup_steps == 7 and config.workers == 3
     assert json.loads(config.to_json())["warmup_steps"] == 7
-    # The server process gets it in its arguments, and parses them back to the same config.
-    args = config.server_args()
-    assert args[args.index("--warmup-steps") + 1] == "7"
-    assert extended.from_options(_parsed(server, args, SERVER_OWN)) == config
+    # The server process reads it from the run's config.json, back to the same config.
+    (tmp_path / "config.json").write_text(config.to_json())
+    assert _served(extended, ["--config", str(tmp_path / "config.json")]) == config
+    assert (
+        extended.from_options(_parsed(server, ["--warmup-steps", "7"], SERVER_OWN)).warmup_steps
+        == 7
+    )
     # Its declared range holds for the CLI (a usage error) and for code alike.
     result = CliRunner().invoke(run, ["--warmup-steps", "-1"])
     assert result.exit_code == 2 and "--warmup-steps" in result.output
@@ -98,31 +113,83 @@ def _fast_args() -> list[str]:
     return ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
 
 
-def test_hello_config_is_byte_for_byte_what_workers_always_received():
+def test_hello_config_keeps_its_keys_and_their_order():
     config = RunConfig(workers=2, hetero=[1.0, 2.5], data_dir="/data", epochs=3, seed=4, **FAST)
     spec = build_model("mlp", seed=4).spec
-    # The map `ServerSpec.worker_config` sent before the configuration was derived.
-    before = {
+    # These keys in this order: msgpack keeps the order, so hello's bytes depend on it.
+    expected = {
         "model": spec, "dataset": "synthetic", "data_dir": "/data", "epochs": 3,
         "batch_size": 64, "seed": 4, "hetero": [1.0, 2.5], "lr": 0.05,
     }  # fmt: skip
-    assert msgpack.packb(config.hello_config(spec)) == msgpack.packb(before)
+    assert msgpack.packb(config.hello_config(spec)) == msgpack.packb(expected)
     served = _hello_config(RunConfig(bind="tcp://127.0.0.1:*", **FAST))
     sent = RunConfig(**FAST).hello_config(build_model("mlp", seed=0).spec)
     # (an observer's rank is world_size)
     assert served == {**sent, "rank": 2, "world_size": 2, "rule": {"name": "asgd"}}
 
 
-def test_server_args_rebuild_the_config_exactly():
-    config = RunConfig(
+def _every_kind_of_field() -> RunConfig:
+    return RunConfig(
         epochs=3, batch_size=32, lr=0.1234567891234, momentum=0.25, weight_decay=1e-4, seed=7,
         rule="dasgd", rule_options={"schedule": "exp", "beta": 0.3}, workers=3,
         hetero=[1.0, 1.5, 4.0], data_dir="/somewhere", heartbeat_timeout=2.5,
-        checkpoint="/tmp/x.npz", checkpoint_every=10, max_samples=5000,
-        bind="tcp://127.0.0.1:6000", model="mlp", dataset="synthetic",
+        checkpoint="/tmp/x.npz", checkpoint_every=10, max_samples=5000, browser=1,
+        bind="tcp://127.0.0.1:6000", model="mlp", dataset="synthetic", bandwidth="100mbit",
     )  # fmt: skip
-    parsed = RunConfig.from_options(_parsed(server_command(), config.server_args(), SERVER_OWN))
-    assert parsed == config
+
+
+def test_the_server_serves_config_json_exactly_and_the_options_given_beside_it(
+    tmp_path, monkeypatch
+):
+    config = _every_kind_of_field()
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json())
+    assert RunConfig.from_json(path) == config
+    assert _served(RunConfig, ["--config", str(path)]) == config
+    # Options given on the command line change it (a restarted server: --resume, --bind) ...
+    (tmp_path / "c.npz").write_bytes(b"")
+    args = ["--config", str(path), "--bind", "tcp://127.0.0.1:6001", "--resume",
+            str(tmp_path / "c.npz"), "--dasgd-schedule", "inverse"]  # fmt: skip
+    changed = _served(RunConfig, args)
+    assert changed.bind == "tcp://127.0.0.1:6001" and changed.resume == str(tmp_path / "c.npz")
+    assert changed.rule_options == {"schedule": "inverse", "beta": 0.3}
+    assert replace(changed, bind=config.bind, resume=None, rule_options=config.rule_options) == (
+        config
+    )
+    # ... but not their defaults, nor variables of the environment (which do set the options
+    # of a server started without a file).
+    monkeypatch.setenv("MINIPS_SERVER_WORKERS", "9")
+    assert _served(RunConfig, ["--config", str(path)]) == config
+    assert _served(RunConfig, []).workers == 9
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{", "not a configuration file"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"workers": 2, "wrokers": 3}', "unknown configuration field(s) wrokers"),
+        ('{"workers": "two"}', "workers must be int, got 'two'"),
+        ('{"hetero": 1.5}', "hetero must be list, got 1.5"),
+        ('{"auth": 1}', "auth must be bool, got 1"),
+    ],
+)
+def test_a_config_file_that_is_not_one_is_refused_in_one_line(tmp_path, text, error):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minips", "server", "--config", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {path}: ") and error in lines[0]
+
+
+def test_a_float_field_takes_a_hand_written_whole_number(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"lr": 1, "model": "mlp"}')
+    assert RunConfig.from_json(path) == RunConfig(lr=1.0, model="mlp")
 
 
 def test_server_options_come_from_the_config_and_defaults_from_one_place():

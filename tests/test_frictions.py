@@ -13,10 +13,11 @@ from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
 from minips.errors import DataError, MissingExtraError, RunDirError
+from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig
-from minips.run.launch import make_server
 from minips.run.metrics import MetricsLog
-from minips.run.report import format_report, load_run, summarize
+from minips.run.report import format_report, summarize
+from minips.run.rundir import load_run
 from minips.trainer import train
 from minips.worker.client import PSClient
 

@@ -255,7 +255,7 @@ def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
     from click.testing import CliRunner
 
     from minips.cli import cli
-    from minips.run.launch import resolve_plan
+    from minips.run.build import resolve_plan
 
     path = tmp_path / "plan.json"
     result = CliRunner().invoke(

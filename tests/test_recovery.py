@@ -1,10 +1,10 @@
-"""Crash recovery (issue 10): SIGKILL the server of a running `minips run` twice, at random
+"""Crash recovery: SIGKILL the server of a running `minips run` twice, at random
 moments; the launcher restarts it from its last checkpoint, the workers ride through, and
 the run finishes with both restarts and the updates they lost in its summary.
 
 The accuracy comparison: the same run undisturbed (same seed, same sample budget of 60,000
 samples, mlp on the synthetic dataset, which both runs learn completely). Its tolerance is
-the issue's 1 point; on this dataset an undisturbed run ends at 100% on every seed we tried,
+1 point; on this dataset an undisturbed run ends at 100% on every seed we tried,
 so a loss of a point would mean the recovery broke the model, not noise. That the model
 really resumed (not restarted from scratch) is checked on its own: the first update of each
 new server is the one right after its checkpoint.
@@ -42,17 +42,17 @@ def _start(out: Path) -> subprocess.Popen:
     )
 
 
-def _server_pid(out: Path) -> int | None:
-    """The pid of the run's live server process (found by its command line)."""
+def _server(out: Path) -> tuple[int, list[str]] | None:
+    """The pid and command line of the run's live server process (found by the latter)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if b"server" in argv and str(out / "endpoint").encode() in argv:
-            return int(entry.name)
+        if "server" in argv and str(out / "endpoint") in argv:
+            return int(entry.name), argv
     return None
 
 
@@ -68,17 +68,18 @@ def _version(out: Path) -> int | None:
         return None
 
 
-def _kill_when_training(out: Path, rng: random.Random, after_version: int) -> None:
-    """SIGKILL the server a random 0.3-1.5 s after it applied updates past `after_version`."""
+def _kill_when_training(out: Path, rng: random.Random, after_version: int) -> list[str]:
+    """SIGKILL the server a random 0.3-1.5 s after it applied updates past `after_version`;
+    return its command line."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         version = _version(out)
         if version is not None and version > after_version:
             time.sleep(rng.uniform(0.3, 1.5))
-            pid = _server_pid(out)
-            assert pid is not None, "no server process"
-            os.kill(pid, signal.SIGKILL)
-            return
+            server = _server(out)
+            assert server is not None, "no server process"
+            os.kill(server[0], signal.SIGKILL)
+            return server[1]
         time.sleep(0.1)
     raise AssertionError("the server did not train")
 
@@ -107,16 +108,22 @@ def test_a_run_survives_two_server_kills_and_records_what_they_cost(tmp_path):
     disturbed = _start(tmp_path / "killed")
     out = tmp_path / "killed"
     try:
-        _kill_when_training(out, rng, after_version=0)
+        first = _kill_when_training(out, rng, after_version=0)
         # The second kill: once the restarted server trained past what it resumed from.
         resumed_at = _first_update(out / "updates-1.jsonl")["version"]
-        _kill_when_training(out, rng, after_version=resumed_at)
+        second = _kill_when_training(out, rng, after_version=resumed_at)
         calm, summary = _finish(undisturbed, tmp_path / "calm"), _finish(disturbed, out)
     finally:
         for proc in (undisturbed, disturbed):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
+    # Every server starts from the run's config.json; a restarted one resumes beside it.
+    for argv in (first, second):
+        assert argv[argv.index("--config") + 1] == str(out / "config.json")
+        assert "--model" not in argv and "--rule" not in argv
+    assert "--resume" not in first
+    assert second[second.index("--resume") + 1] == str(out / "checkpoint.npz")
     assert summary["restarts"] == 2 and calm["restarts"] == 0
     restarts = summary["restart_log"]
     assert [r["exit_code"] for r in restarts] == [-signal.SIGKILL] * 2

@@ -23,11 +23,11 @@ from minips.run.report import (
     bin_label,
     format_report,
     histogram,
-    load_run,
     percentile,
     summarize,
     time_to_target,
 )
+from minips.run.rundir import load_run
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
@@ -139,6 +139,10 @@ def test_an_interrupted_run_is_read_from_its_partial_logs(tmp_path):
     assert not report["complete"] and report["summary"]["accuracy"] == 0.4
     assert report["workers"]["0"]["staleness"]["max"] == 2
     assert "INCOMPLETE" in format_report(report)
+    # A server restarted after a crash logs to updates-1.jsonl: its updates count too.
+    (tmp_path / "updates-1.jsonl").write_text(json.dumps(_update(2, [1], [5])) + "\n")
+    report = summarize(load_run(tmp_path))
+    assert report["summary"]["updates"] == 2 and report["workers"]["1"]["staleness"]["max"] == 5
 
 
 def test_missing_and_non_run_directories_are_one_line_errors(tmp_path):

@@ -1,4 +1,4 @@
-"""An authenticated `minips run` (issue 10): CURVE keys made by the launcher for its own
+"""An authenticated `minips run`: CURVE keys made by the launcher for its own
 processes; no key or a wrong key gets nothing; a worker key cannot stop the run, an
 operator key can. And `--clip-norm` from the command line to the server."""
 
@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from minips.cli.ps_cmd import server_command
 from minips.protocol import auth
+from minips.run.build import make_server
 from minips.run.config import RunConfig
-from minips.run.launch import make_server
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 FAST = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5")
@@ -98,7 +98,7 @@ def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path
 
 def test_clip_norm_is_an_option_that_reaches_the_server(tmp_path):
     values = server_command().make_context("server", ["--clip-norm", "0.5"]).params
-    for own in ("endpoint_file", "updates_log", "t0", "verbose"):
+    for own in ("config_file", "endpoint_file", "updates_log", "t0", "verbose"):
         values.pop(own)
     config = RunConfig.from_options(values)
     assert config.clip_norm == 0.5 and config.server_options().clip_norm == 0.5

@@ -122,7 +122,7 @@ def train_two_workers(spec):
     """A server built from the RunConfig `spec` (in a thread) and two real `Worker` loops
     over sockets, the second slowed 1.5x, run until both finished. Returns the final
     (parameters, update records, worker reports, stats)."""
-    from minips.run.launch import make_server
+    from minips.run.build import make_server
     from minips.worker.client import PSClient
     from minips.worker.worker import Worker
 

@@ -21,7 +21,7 @@ from minips.errors import ConfigError
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.metrics import read_metrics
-from minips.run.runlog import report_from_stats
+from minips.run.rundir import report_from_stats
 from minips.web.slots import browsers_pending, student_url
 
 # As tests/test_web_browser.py: 2000 training examples, a shard of 1000 is 16 steps of 64.

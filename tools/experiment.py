@@ -40,7 +40,8 @@ from minips.errors import MinipsError
 from minips.rules import RULES
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.report import load_run, summarize
+from minips.run.report import summarize
+from minips.run.rundir import load_run
 
 ALL_RULES = ["ssgd", "asgd", "ssp", "dasgd", "vsgd", "dcasgd"]
 

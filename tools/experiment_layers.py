@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from minips.protocol.plan import ParamPlan, Plan
+from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
-from minips.run.launch import resolve_plan, run_local
-from minips.run.report import load_run, time_to_target
+from minips.run.launch import run_local
+from minips.run.report import time_to_target
+from minips.run.rundir import load_run
 
 FIXED_PLANS: dict[str, Plan] = {
     "fp16": Plan(

@@ -1,9 +1,10 @@
 """`minips run`, `minips server`, `minips worker` and `minips evaluate`.
 
 Thin: `run` and `server` take their options from the run's configuration (minips.run.config)
-and call minips.run.launch; `worker` and `evaluate` make a client and call minips.worker.worker /
-minips.worker.evaluator. Every option can also be given as an environment variable
-MINIPS_<COMMAND>_<OPTION>, e.g. MINIPS_WORKER_CONNECT.
+and call minips.run.launch / minips.run.build (`server --config FILE`: a run's config.json);
+`worker` and `evaluate` make a client and call minips.worker.worker / minips.worker.evaluator.
+Every option can also be given as an environment variable MINIPS_<COMMAND>_<OPTION>, e.g.
+MINIPS_WORKER_CONNECT (but `server --config FILE` takes the file and the command line only).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
+from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
-from minips.run.config import RunConfig, config_options
+from minips.run.config import RunConfig
 from minips.run.report import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
@@ -104,7 +107,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         another).
         """
         from minips.run.launch import run_local
-        from minips.run.runlog import claim_run_dir
+        from minips.run.rundir import claim_run_dir
 
         config = config_class.from_options(options)
         config.validate()  # before anything is removed
@@ -132,6 +135,11 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     """`minips server`, its options those of `config_class` that `server` takes."""
 
     @click.command("server")
+    @click.option(
+        "--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+        help="Serve the configuration in this file (a run's config.json); options given "
+        "beside it change it.",
+    )  # fmt: skip
     @config_options(config_class, "server")
     @click.option("--endpoint-file", type=click.Path(dir_okay=False), hidden=True)
     @click.option(
@@ -140,6 +148,7 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     @click.option("--t0", type=float, default=None, hidden=True)
     @click.option("--verbose", "-v", is_flag=True)  # fmt: skip
     def server(
+        config_file: str | None,
         endpoint_file: str | None,
         updates_log: str | None,
         t0: float | None,
@@ -147,14 +156,14 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         **options: Any,
     ) -> None:
         """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
-        from minips.run.launch import make_server
+        from minips.run.build import make_server
         from minips.run.metrics import MetricsLog
 
         logging.basicConfig(
             level=logging.INFO if verbose or endpoint_file else logging.WARNING,
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
-        config = config_class.from_options(options)
+        config = server_config(config_class, config_file, options)
         with MetricsLog(updates_log, start_time=t0) as updates:
 
             def on_update(record: dict[str, Any]) -> None:
@@ -175,6 +184,23 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         click.echo(server_summary(ps))
 
     return server
+
+
+def server_config(
+    config_class: type[RunConfig], config_file: str | None, options: dict[str, Any]
+) -> RunConfig:
+    """The config `minips server` serves: the options', or --config's file changed by the
+    options given on the command line (not by their defaults, nor by MINIPS_SERVER_*
+    variables, which would silently change a run's recorded configuration)."""
+    if config_file is None:
+        return config_class.from_options(options)
+    context = click.get_current_context()
+    given = {
+        name: value
+        for name, value in options.items()
+        if context.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
+    return config_class.from_options(given, base=config_class.from_json(config_file))
 
 
 def server_summary(ps: Any) -> str:

@@ -1,6 +1,6 @@
 """`minips report` and `minips plot`: look at finished run directories.
 
-Thin: each command loads the run directories with minips.run.report and hands them to
+Thin: each command loads the run directories with minips.run.rundir and hands them to
 minips.run.report (text / JSON) or minips.run.plot (PNG files).
 """
 
@@ -23,7 +23,8 @@ _TARGET = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a JSON list).")
 def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> None:
     """Summarise run directories: accuracy, time, traffic, staleness per worker."""
-    from minips.run.report import format_report, load_run, summarize
+    from minips.run.report import format_report, summarize
+    from minips.run.rundir import load_run
 
     reports = [summarize(load_run(path), target) for path in run_dirs]
     if as_json:
@@ -43,7 +44,7 @@ def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> No
 def plot(run_dirs: tuple[str, ...], target: float | None, out: str, title: str | None) -> None:
     """Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."""
     from minips.run.plot import plot_accuracy, plot_staleness, staleness_path
-    from minips.run.report import load_run
+    from minips.run.rundir import load_run
 
     runs = [load_run(path) for path in run_dirs]
     click.echo(f"accuracy:  {plot_accuracy(runs, out, target, title)}")

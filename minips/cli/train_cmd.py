@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
+from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
-from minips.run.config import TrainConfig, config_options
+from minips.run.config import TrainConfig
 
 
 @click.command()

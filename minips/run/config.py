@@ -4,16 +4,16 @@ A distributed run is configured by the fields of `RunConfig`; the single-process
 `TrainConfig` is derived from the same fields (those `minips train` takes). Each field is
 declared once with `setting(...)`: its default, help, range, the commands that take it,
 whether workers receive it in `hello`, and which `ServerOptions` field it sets. The rest is
-derived here, so a new field is one declaration:
+derived from those declarations, so a new field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
-                                      (for `rule_options`, each rule's flags from Rule.options)
+                                      (minips.cli.options; for `rule_options`, each rule's
+                                      flags from Rule.options)
     cls.from_options(values)          the config from those options' values
     config.validate()                 the same ranges the CLI enforces, plus cross-field checks
-    config.to_json()                  config.json of a run directory
+    config.to_json(), cls.from_json() config.json of a run directory, which its server reads
     config.hello_config(model_spec)   the `config` map workers receive in `hello`
     config.server_options()           the server's ServerOptions
-    config.server_args()              the `minips server` arguments that rebuild the config
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -29,7 +30,7 @@ import click
 from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.auth import ServerKeys, load_server_keys
+from minips.protocol.auth import load_server_keys
 from minips.rules import RULES, RuleOption, make_rule
 from minips.server.server import ServerOptions
 
@@ -46,8 +47,8 @@ class Setting:
     sent to workers in hello's config. server_option: the ServerOptions field it sets.
     minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
     by the CLI and by `validate()`. cli_type: a click type for fields whose default does
-    not say it (paths). parse / format: option text -> value and back, for values that
-    are not a plain number or word (a comma list); `multiple`: the option may repeat.
+    not say it (paths). parse: option text -> value, for values that are not a plain
+    number or word (a comma list); `multiple`: the option may repeat.
     flag: the option's name when it is not "--" + the field's name with dashes.
     """
 
@@ -62,7 +63,6 @@ class Setting:
     choices: tuple[str, ...] = ()
     cli_type: click.ParamType | None = None
     parse: Callable[[Any], Any] | None = None
-    format: Callable[[Any], str | list[str]] | None = None
     multiple: bool = False
     flag: str | None = None
     omit_default: bool = False  # to_workers, but left out of hello while at its default
@@ -76,19 +76,11 @@ def setting(default: Any = MISSING, help: str = "", **how: Any) -> Any:
     return field(default=default, metadata=metadata)
 
 
-def _setting(item: Field) -> Setting:
+def setting_of(item: Field) -> Setting:
+    """The `Setting` a configuration field was declared with."""
     if "setting" not in item.metadata:
         raise TypeError(f"configuration field {item.name!r} is not declared with setting()")
     return item.metadata["setting"]
-
-
-def _flag(item: Field) -> str:
-    return _setting(item).flag or "--" + item.name.replace("_", "-")
-
-
-def _text(value: Any) -> str:
-    """A value as option text that parses back to it (repr keeps every digit of a float)."""
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _comma_floats(text: str | None) -> list[float]:
@@ -97,10 +89,6 @@ def _comma_floats(text: str | None) -> list[float]:
         return [float(part) for part in text.split(",")] if text else []
     except ValueError:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _comma_text(values: list[float]) -> str:
-    return ",".join(repr(float(value)) for value in values)
 
 
 def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
@@ -115,10 +103,6 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             options[key.replace("-", "_")] = raw  # a bare word, e.g. schedule=inverse
     return options
-
-
-def _rule_option_texts(options: dict[str, Any]) -> list[str]:
-    return [f"{key}={json.dumps(value)}" for key, value in options.items()]
 
 
 def _rate_text(text: str | None) -> str | None:
@@ -141,25 +125,60 @@ class ConfigBase:
     """What every configuration dataclass here can do with its declared settings."""
 
     @classmethod
-    def from_options(cls: type[Config], values: Mapping[str, Any]) -> Config:
+    def from_options(
+        cls: type[Config], values: Mapping[str, Any], base: Config | None = None
+    ) -> Config:
         """The config from a command's option values (a rule flag given with another rule:
-        ConfigError "--beta only applies to --rule dasgd")."""
-        values = dict(values)
+        ConfigError "--beta only applies to --rule dasgd"). base: the config those values
+        change (`minips server --config FILE` with options beside it); a field they do not
+        name keeps base's value."""
+        values = {**asdict(base), **values} if base is not None else dict(values)
         if RULE_OPTIONS in {f.name for f in fields(cls)}:
             rule = values.get("rule", getattr(cls, "rule", None))
             values[RULE_OPTIONS] = _collect_rule_flags(values, rule)
         return cls(**values)
+
+    @classmethod
+    def from_json(cls: type[Config], path: str | Path) -> Config:
+        """The config a config.json holds (to_json's output); ConfigError (one line) for a
+        file that is not one: unreadable, an unknown field, a value of the wrong type."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: not a configuration file ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a configuration file (not a JSON object)")
+        declared = {item.name: item for item in fields(cls)}
+        unknown = sorted(set(data) - set(declared))
+        if unknown:
+            raise ConfigError(f"{path}: unknown configuration field(s) {', '.join(unknown)}")
+        for name, value in data.items():
+            _check_type(declared[name], value, path)
+        return cls(**data)
 
     def validate(self) -> None:
         """One-line ConfigError for a value outside its declared range."""
         for item in fields(self):
             value = getattr(self, item.name)
             if value is not None and not isinstance(value, (list, dict)):
-                check_range(item.name.replace("_", " "), value, _setting(item))
+                check_range(item.name.replace("_", " "), value, setting_of(item))
 
     def to_json(self) -> str:
         """The config as an indented JSON object (config.json)."""
         return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def _check_type(item: Field, value: Any, path: str | Path) -> None:
+    """ConfigError when a config.json value is not of its field's kind (the default's type;
+    a field that defaults to None holds text)."""
+    default = item.default_factory() if item.default is MISSING else item.default
+    kind = str if default is None else type(default)
+    if value is None and default is None:
+        return
+    if kind is float and type(value) is int:
+        return  # a hand-written 1 for 1.0: the same value
+    if type(value) is not kind:
+        raise ConfigError(f"{path}: {item.name} must be {kind.__name__}, got {value!r}")
 
 
 def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
@@ -209,7 +228,7 @@ class RunConfig(ConfigBase):
     workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
                            server_option="world_size")
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
-                                  to_workers=True, parse=_comma_floats, format=_comma_text)
+                                  to_workers=True, parse=_comma_floats)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "
@@ -230,7 +249,7 @@ class RunConfig(ConfigBase):
                                 "or FILE.py:CLASS / MODULE:CLASS of your own.")
     rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
                                            flag="--rule-option", multiple=True,
-                                           parse=_rule_option_pairs, format=_rule_option_texts)
+                                           parse=_rule_option_pairs)
     # how the server runs (defaults: ServerOptions')
     max_samples: int = setting(ServerOptions.max_samples, "Stop once all workers together "
                                "processed this many samples (0: no limit; `epochs` stays "
@@ -269,12 +288,11 @@ class RunConfig(ConfigBase):
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
     bandwidth: str | None = setting(None, "Each worker's own link, e.g. 100mbit, 1gbit: a "
                                     "token bucket per direction (unset: unlimited).",
-                                    to_workers=True, omit_default=True, parse=_rate_text,
-                                    format=str)
+                                    to_workers=True, omit_default=True, parse=_rate_text)
     netem: str | None = setting(None, "A shared link at the server, e.g. 100mbit: the server "
                                 "runs in its own network namespace behind a tc-shaped veth "
                                 "pair (root only; minips/run/netem.py).", commands=("run",),
-                                parse=_rate_text, format=str)
+                                parse=_rate_text)
     trace: str | None = setting(None, "Write a Chrome trace (Perfetto) of the first worker's "
                                 "compute and send/receive spans to this file.",
                                 commands=("run",), cli_type=click.Path(dir_okay=False))
@@ -289,7 +307,7 @@ class RunConfig(ConfigBase):
             )
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
-        make_rule(self.rule, **self.rule_options)  # a bad rule option: one line, now
+        make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
         _check_browser_slots(self)
         from minips.data import find_dataset, load_dataset
 
@@ -301,36 +319,17 @@ class RunConfig(ConfigBase):
         sent = {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if _setting(f).to_workers
-            and not (_setting(f).omit_default and getattr(self, f.name) == f.default)
+            if setting_of(f).to_workers
+            and not (setting_of(f).omit_default and getattr(self, f.name) == f.default)
         }
         return copy.deepcopy({**sent, "model": model_spec})
 
     def server_options(self) -> ServerOptions:
         """The ServerOptions this run's server is built with."""
-        chosen = {_setting(f).server_option: getattr(self, f.name) for f in fields(self)}
+        chosen = {setting_of(f).server_option: getattr(self, f.name) for f in fields(self)}
         options = ServerOptions(**{key: value for key, value in chosen.items() if key})
-        return replace(options, keys=self.server_keys())
-
-    def server_keys(self) -> ServerKeys | None:
-        """The server's CURVE keys from the `keys` directory (None: no authentication)."""
-        return load_server_keys(self.keys) if self.keys else None
-
-    def server_args(self) -> list[str]:
-        """The `minips server` options that rebuild this config (for the server process)."""
-        args: list[str] = []
-        for item in fields(self):
-            spec, value = _setting(item), getattr(self, item.name)
-            if "server" not in spec.commands or value is None or value in ([], {}):
-                continue
-            flag = _flag(item)
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-                continue
-            text = spec.format(value) if spec.format else _text(value)
-            for one in text if isinstance(text, list) else [text]:
-                args += [flag, one]
-        return args
+        # CURVE keys from the `keys` directory; without one, no authentication
+        return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
 
 
 def _check_browser_slots(config: RunConfig) -> None:
@@ -352,7 +351,7 @@ def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:
     """The fields of `source` that `command` takes, as fresh fields for make_dataclass."""
     chosen = []
     for item in fields(source):
-        if command in _setting(item).commands:
+        if command in setting_of(item).commands:
             default = (
                 {"default": item.default}
                 if item.default is not MISSING
@@ -380,68 +379,7 @@ declarations, so the baseline and a cluster run are configured alike), plus `eva
 """
 
 
-def config_options(cls: type, command: str) -> Callable[[Callable], Callable]:
-    """Decorator: a click option for each field of `cls` that `command` takes.
-
-    For `rule_options`, every rule's own flags come first (from each rule's `options`,
-    their help showing the rule's default), then `--rule-option KEY=VALUE`.
-    """
-    options = []
-    for item in fields(cls):
-        if command not in _setting(item).commands:
-            continue
-        if item.name == RULE_OPTIONS:
-            options += [_rule_flag_option(param, *owned) for param, owned in _rule_flags().items()]
-        options.append(_field_option(item))
-
-    def decorate(function: Callable) -> Callable:
-        for option in reversed(options):
-            function = option(function)
-        return function
-
-    return decorate
-
-
-def click_type(kind: type, spec: Setting | RuleOption) -> click.ParamType:
-    """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices."""
-    if spec.choices:
-        return click.Choice(list(spec.choices))
-    if kind not in (int, float):
-        return click.STRING
-    if spec.minimum is None and spec.maximum is None:
-        return click.INT if kind is int else click.FLOAT
-    ranged = click.IntRange if kind is int else click.FloatRange
-    return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
-
-
-def _field_option(item: Field) -> Callable:
-    spec = _setting(item)
-    default = None if item.default is MISSING else item.default
-    kwargs: dict[str, Any] = {"help": spec.help, "default": default}
-    kwargs["show_default"] = default is not None
-    if spec.parse is not None:
-        kwargs.update(callback=_parsing(spec.parse), multiple=spec.multiple)
-    elif isinstance(default, bool):
-        flag = _flag(item)
-        return click.option(f"{flag}/--no-{flag[2:]}", item.name, **kwargs)
-    else:
-        kwargs["type"] = spec.cli_type or click_type(type(default), spec)
-    return click.option(_flag(item), item.name, **kwargs)
-
-
-def _parsing(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
-    """A click callback running `parse`, its ValueError shown as click's usage error."""
-
-    def callback(_ctx: Any, _param: Any, value: Any) -> Any:
-        try:
-            return parse(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-
-    return callback
-
-
-def _rule_flags() -> dict[str, tuple[str, RuleOption]]:
+def rule_flags() -> dict[str, tuple[str, RuleOption]]:
     """Every rule's declared options by click parameter: "beta" -> ("dasgd", its RuleOption)."""
     return {
         option.flag[2:].replace("-", "_"): (name, option)
@@ -450,17 +388,10 @@ def _rule_flags() -> dict[str, tuple[str, RuleOption]]:
     }
 
 
-def _rule_flag_option(param: str, rule: str, option: RuleOption) -> Callable:
-    help_text = f"{option.help} [default: {option.default}]"
-    return click.option(
-        option.flag, param, type=click_type(option.kind, option), default=None, help=help_text
-    )
-
-
 def _collect_rule_flags(values: dict[str, Any], rule: str | None) -> dict[str, Any]:
     """Pop the rules' flags from `values` into the chosen rule's options (with --rule-option's)."""
     collected = dict(values.get(RULE_OPTIONS) or {})
-    for param, (owner, option) in _rule_flags().items():
+    for param, (owner, option) in rule_flags().items():
         value = values.pop(param, None)
         if value is None:
             continue

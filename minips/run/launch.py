@@ -1,9 +1,9 @@
-"""Build a server from a run's configuration, and run a whole local cluster with one call.
+"""Run a whole cluster on this machine with one call: `minips run`.
 
-`make_server(config)` is what `minips server` runs. `run_local(config, out_dir)` is
-`minips run`: it starts the server, N workers (single-threaded BLAS) and an evaluator as
-separate processes on loopback, watches them, stops the server when the workers are done,
-and writes the run directory (its files: minips.run.runlog).
+`run_local(config, out_dir)` prepares the run directory (minips.run.rundir) and hands it
+to a `LocalRun`, which starts the server (from the run's config.json), N workers
+(single-threaded BLAS) and an evaluator as separate processes on loopback, watches them,
+stops the server when the workers are done, and writes the results.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,19 +22,14 @@ from typing import Any
 import zmq
 
 from minips.errors import ConfigError, MinipsError
-from minips.nn import build_model
 from minips.protocol import auth
-from minips.protocol.plan import Plan, load_plan
-from minips.rules import make_rule
-from minips.run import recovery
+from minips.run.build import auto_rate, resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
-from minips.run.planner import make_plan
-from minips.run.runlog import RUN_OUTPUTS, latest_eval, write_results
-from minips.server.server import ParameterServer
-from minips.server.store import SGD
+from minips.run.processes import Child, ProcessGroup
+from minips.run.recovery import ServerRestarts
+from minips.run.rundir import RunDir, latest_eval, write_results
 from minips.worker.client import PSClient, ServerUnavailable
-from minips.worker.netlimit import parse_rate
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
 # oversubscribe (user settings win).
@@ -44,68 +38,7 @@ SINGLE_THREADED_BLAS = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-
-
-def make_server(
-    config: RunConfig, on_update: Callable[[dict[str, Any]], None] | None = None
-) -> ParameterServer:
-    """A ParameterServer with the config's model (seeded init), rule, optimizer and plan.
-
-    The plan travels in hello's config only when it is not the all-dense default.
-    """
-    config.validate()
-    model = build_model(config.model, seed=config.seed)
-    rule = make_rule(config.rule, **config.rule_options)
-    plan = resolve_plan(config)
-    hello = config.hello_config(model.spec)
-    if not plan.is_dense():
-        hello["plan"] = plan.to_dict()
-    params = model.params  # one dict: the store and the optimizer must share it
-    optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
-    server = ParameterServer(
-        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update
-    )
-    server.use_plan(plan)
-    return server
-
-
-def auto_rate(config: RunConfig) -> float | None:
-    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
-    smaller of the two, or None (unlimited)."""
-    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
-    shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
-    return min(shares) if shares else None
-
-
-def _plan_in_subprocess(config: RunConfig, path: Path) -> None:
-    """`minips plan ... --json path` as workers run (one BLAS thread): `--plan auto` of run."""
-    rate = auto_rate(config)
-    argv = [sys.executable, "-m", "minips", "plan", "--model", config.model,
-            "--batch-size", str(config.batch_size), "--workers", str(config.workers),
-            "--json", str(path)]  # fmt: skip
-    if rate is not None:
-        argv += ["--bandwidth", f"{rate!r}bps", "--per-worker"]
-    env = {**os.environ, **SINGLE_THREADED_BLAS}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
-    (path.parent / "logs" / "planner.log").write_text(done.stdout)
-
-
-def resolve_plan(config: RunConfig) -> Plan:
-    """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
-
-    auto's link: --netem RATE is shared by the workers, --bandwidth RATE is each worker's
-    own; with both, the tighter; with neither, unlimited (so: all dense).
-    """
-    model = build_model(config.model, seed=config.seed)
-    if config.plan == "auto":
-        plan = make_plan(model, config.batch_size, config.workers, auto_rate(config), False).plan
-    else:
-        plan = load_plan(config.plan)
-    shapes = {name: array.shape for name, array in model.params.items()}
-    plan.check_model(shapes, {info.name: info.kind for info in model.layer_info()})
-    return plan
+MINIPS = (sys.executable, "-m", "minips")  # the command line of a child process
 
 
 def run_local(
@@ -119,64 +52,92 @@ def run_local(
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
-    The run directory's files are described in minips.run.runlog. on_start(endpoint): called
-    once every process is started (`minips run --dashboard` starts its page there). With
-    `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
+    The run directory's files are described in minips.run.rundir. progress: told the
+    samples done as training goes (minips.run.metrics.ProgressFn). on_start(endpoint):
+    called once every process is started (`minips run --dashboard` starts its page there).
+    With `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
     gateway is started too and `announce(line)` is told the URL to open.
     """
-    out = Path(out_dir)
-    config = _prepare_run_dir(config, out)
+    run_dir = RunDir(Path(out_dir))
+    config = prepare_run_dir(config, run_dir)
     with _server_link(config) as (server_prefix, server_host):
         if server_host is not None:  # tcp on the shaped link (ipc would go around it)
             config = replace(config, bind=f"tcp://{server_host}:*")
+        run_dir.config.write_text(config.to_json())  # the server process starts from it
+        run = LocalRun(
+            config, run_dir, server_prefix, eval_interval, startup_timeout,
+            progress=progress, on_start=on_start, announce=announce,
+        )  # fmt: skip
         try:
-            return _run_cluster(
-                config, out, eval_interval, progress, startup_timeout, server_prefix, on_start,
-                announce,
-            )  # fmt: skip
+            return run.run()
         finally:
-            (out / "server.sock").unlink(missing_ok=True)  # local_endpoint's ipc socket file
+            run_dir.server_socket.unlink(missing_ok=True)
 
 
-def _run_cluster(
-    config: RunConfig,
-    out: Path,
-    eval_interval: float,
-    progress: ProgressFn | None,
-    startup_timeout: float,
-    server_prefix: list[str],
-    on_start: Callable[[str], None] | None,
-    announce: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    t0 = time.monotonic()
-    env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
-    cluster = _Cluster(out / "logs", env)
-    try:
-        endpoint = _start(
-            cluster, config, out, t0, eval_interval, startup_timeout, server_prefix, announce
-        )
-        if on_start is not None:
-            on_start(endpoint)
-        total = 0  # the progress bar's length; loading the data for it only when shown
-        if progress is not None:
-            total = config.epochs * _train_size(config)
-            total = min(total, config.max_samples) if config.max_samples else total
-        # Short timeouts: the server may exit (sample budget spent) while a stats request is
-        # in flight, and the launcher must notice that at once rather than after retries.
-        operator_keys = auth.load_client_keys(config.keys, auth.OPERATOR) if config.keys else None
-        with PSClient(endpoint, timeout=1.0, retries=0, keys=operator_keys) as operator:
-            wall = _watch(cluster, operator, t0, total, out / "eval.jsonl", progress, config, out)
-        cluster.wait("evaluator", timeout=120)
-        cluster.wait("server", timeout=60)
-    finally:
-        # Workers that finished before the launcher saw them in `stats` name their rank in
-        # their reports; a killed one was seen in `stats` (it registered before it trained).
-        for report_path in out.glob("worker-[0-9]*.json"):
-            report = json.loads(report_path.read_text())
-            cluster.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
-        cluster.kill_all()
-    restarts = [restart.record() for restart in cluster.restarts]
-    return write_results(out, config.rule, config.workers, wall, cluster.exit_codes, restarts)
+def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
+    """Check the config (before anything is written), clear a previous run's outputs;
+    return the config as run.
+
+    As run: a local endpoint of its own unless a bind address was chosen (two runs side by
+    side do not collide), the checkpoint in the run directory unless one was chosen, the
+    key directory of an authenticated run, and a plan other than dense as the file
+    RUN_DIR/plan.json.
+    """
+    config.validate()
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.clear_outputs()
+    config = replace(
+        config,
+        bind=local_endpoint(run_dir) if config.bind == RunConfig.bind else config.bind,
+        checkpoint=config.checkpoint or str(run_dir.checkpoint),
+        keys=_run_keys(config, run_dir),
+    )
+    if config.plan == "auto":
+        # Measured as the workers will run (one BLAS thread); the run directory keeps the
+        # choice, the predicted bytes and the planner's table (logs/planner.log).
+        _plan_in_subprocess(config, run_dir)
+    elif config.plan != "dense":
+        plan = resolve_plan(config)
+        run_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    return config if config.plan == "dense" else replace(config, plan=str(run_dir.plan))
+
+
+def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
+    """`minips plan ... --json RUN_DIR/plan.json` as workers run (one BLAS thread): the
+    `--plan auto` of `minips run`."""
+    rate = auto_rate(config)
+    argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
+            "--workers", str(config.workers), "--json", str(run_dir.plan)]  # fmt: skip
+    if rate is not None:
+        argv += ["--bandwidth", f"{rate!r}bps", "--per-worker"]
+    env = {**os.environ, **SINGLE_THREADED_BLAS}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
+    (run_dir.logs / "planner.log").write_text(done.stdout)
+
+
+def local_endpoint(run_dir: RunDir) -> str:
+    """The server's address for a run on this machine: an ipc:// socket in the run directory
+    where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
+    time of tcp loopback: BENCHMARKS.md, "wire, after the reshaping"), else a free tcp port
+    on loopback."""
+    path = run_dir.server_socket.resolve()
+    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
+        return f"ipc://{path}"
+    return "tcp://127.0.0.1:*"
+
+
+def _run_keys(config: RunConfig, run_dir: RunDir) -> str | None:
+    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
+    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
+    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
+    if not (config.auth or config.keys):
+        return None
+    directory = Path(config.keys or run_dir.path / "keys")
+    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
+        auth.make_keys(directory)
+    return str(directory)
 
 
 @contextlib.contextmanager
@@ -198,320 +159,232 @@ def _server_link(config: RunConfig) -> Iterator[tuple[list[str], str | None]]:
         raise ConfigError(f"--netem: {exc}") from None
 
 
-def local_endpoint(out: Path) -> str:
-    """The server's address for a run on this machine: an ipc:// socket in the run directory
-    where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
-    time of tcp loopback: BENCHMARKS.md, "wire, after the reshaping"), else a free tcp port
-    on loopback."""
-    path = (out / "server.sock").resolve()
-    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
-        return f"ipc://{path}"
-    return "tcp://127.0.0.1:*"
+class LocalRun:
+    """One `minips run` on this machine: its config, run directory, clock and processes.
 
-
-def _prepare_run_dir(config: RunConfig, out: Path) -> RunConfig:
-    """Check the config (before anything is written), clear old outputs, write config.json.
-
-    Returns the config as run: a local endpoint of its own unless a bind address was chosen
-    (two runs side by side do not collide), the checkpoint in the run directory unless one
-    was chosen.
-    """
-    config.validate()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    for stale in RUN_OUTPUTS:
-        (out / stale).unlink(missing_ok=True)
-    recovery.clear_restart_logs(out)
-    config = replace(
-        config,
-        bind=local_endpoint(out) if config.bind == RunConfig.bind else config.bind,
-        checkpoint=config.checkpoint or str(out / "checkpoint.npz"),
-        keys=_run_keys(config, out),
-    )
-    (out / "config.json").write_text(config.to_json())
-    (out / "plan.json").unlink(missing_ok=True)
-    if config.plan == "auto":
-        # Resolved once, here, measured as the workers will run (one BLAS thread); the
-        # server reads the file, and the run directory keeps the choice, the predicted
-        # bytes and the planner's table (logs/planner.log).
-        _plan_in_subprocess(config, out / "plan.json")
-        config = replace(config, plan=str(out / "plan.json"))
-    elif config.plan != "dense":
-        plan = resolve_plan(config)
-        (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-        config = replace(config, plan=str(out / "plan.json"))
-    return config
-
-
-def _run_keys(config: RunConfig, out: Path) -> str | None:
-    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
-    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
-    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
-    if not (config.auth or config.keys):
-        return None
-    directory = Path(config.keys or out / "keys")
-    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
-        auth.make_keys(directory)
-    return str(directory)
-
-
-def _client_key_args(config: RunConfig) -> list[str]:
-    """The `--keys` option of the run's workers and evaluator (none without keys)."""
-    return ["--keys", config.keys, "--key-name", auth.WORKER] if config.keys else []
-
-
-def _start(
-    cluster: _Cluster,
-    config: RunConfig,
-    out: Path,
-    t0: float,
-    eval_interval: float,
-    startup_timeout: float,
-    server_prefix: list[str] | None = None,
-    announce: Callable[[str], None] | None = None,
-) -> str:
-    """Start the server, the evaluator, any browser slots, the NumPy workers; return the
-    server's address.
-
+    `run()` is start() (the server, the evaluator, any browser slots, the workers, in that
+    order), watch() (until training is over) and the shutdown (the evaluator tests the
+    final model, the server checkpoints, every child is stopped, the results are written).
     server_prefix (--netem: `ip netns exec NS`) runs the server, and the evaluator beside
-    it, in the server's namespace: the evaluator's pulls then do not cross the shaped link,
+    it, behind the shaped link's far end: the evaluator's pulls then do not cross the link,
     whose rate is the workers'.
     """
-    base = [sys.executable, "-m", "minips"]
-    cluster.server_prefix = server_prefix or []  # a restarted server runs behind it too
-    start_server(cluster, config, out, t0, cluster.server_prefix)
-    endpoint = cluster.wait_for_file(out / "endpoint", "server", startup_timeout)
-    # The evaluator first: registered before any worker trains, it sees the first and
-    # (the server waits for observers when stopping) the final parameters.
-    cluster.start(
-        "evaluator",
-        (server_prefix or []) + base
-        + ["evaluate", "--connect", endpoint, "--metrics", str(out / "eval.jsonl"),
-           "--interval", repr(eval_interval), "--t0", repr(t0), *_client_key_args(config)],
-    )  # fmt: skip
-    cluster.wait_for_file(out / "eval.jsonl", "evaluator", startup_timeout)
-    if config.browser:  # before the NumPy workers: the slots' tabs take longest to say hello
-        _start_browser_slots(cluster, config, endpoint, out, startup_timeout, announce)
-    for index in range(config.workers - config.browser):
-        # The server gives ranks in the order hellos arrive, so a process is named by its
-        # start order until its rank is known; the worker fills {rank} in its report path.
-        trace = ["--trace", config.trace] if config.trace and index == 0 else []
-        cluster.start(
-            f"worker.{index}",
-            base + ["worker", "--connect", endpoint, "--report", str(out / "worker-{rank}.json"),
-                    "--quiet", *trace, *_client_key_args(config)],
-        )  # fmt: skip
-    return endpoint
 
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: RunDir,
+        server_prefix: list[str] | None = None,
+        eval_interval: float = 2.0,
+        startup_timeout: float = 60.0,
+        *,
+        progress: ProgressFn | None = None,
+        on_start: Callable[[str], None] | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.dir = run_dir
+        self.server_prefix = server_prefix or []
+        self.eval_interval = eval_interval
+        self.startup_timeout = startup_timeout
+        self.progress = progress
+        self.on_start = on_start
+        self.announce = announce
+        self.t0 = time.monotonic()  # every process's clock origin: one time axis for all
+        env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
+        self.processes = ProcessGroup(run_dir.logs, env)
+        self.server_restarts = ServerRestarts(run_dir, Path(config.checkpoint or ""))
+        self.training_ended: float | None = None  # seconds after t0, once training is over
+        self.stats: dict[str, Any] | None = None  # the server's latest `stats`
+        self._silent_since: float | None = None  # since when `stats` has had no answer
 
-def _start_browser_slots(
-    cluster: _Cluster,
-    config: RunConfig,
-    endpoint: str,
-    out: Path,
-    startup_timeout: float,
-    announce: Callable[[str], None] | None,
-) -> None:
-    """Start the gateway (`minips web`), announce its URL, open headless tabs if asked."""
-    from minips.web.slots import gateway_argv, headless_argv, student_url
+    def run(self) -> dict[str, Any]:
+        """Start, watch, shut down; write the results and return the summary."""
+        try:
+            endpoint = self.start()
+            if self.on_start is not None:
+                self.on_start(endpoint)
+            with self._operator(endpoint) as operator:
+                wall = self.watch(operator)
+            self.processes.wait("evaluator", timeout=120)
+            self.processes.wait("server", timeout=60)
+        finally:
+            self._learn_ranks_from_reports()
+            self.processes.stop_all()
+        restarts = self.processes.restart_records()
+        codes = self.processes.exit_codes
+        return write_results(self.dir, self.config.rule, self.config.workers, wall, codes, restarts)
 
-    url_file = out / "web-url"
-    cluster.start("gateway", gateway_argv(endpoint, config.listen, url_file, config.data_dir))
-    url = cluster.wait_for_file(url_file, "gateway", startup_timeout)
-    if announce is not None:
-        announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
-    if config.browser_headless:
-        profile = out / "logs" / "chromium-profile"
-        cluster.start("chromium", headless_argv(url, config.browser, profile))
+    # --- starting ---------------------------------------------------------------------
 
+    def start(self) -> str:
+        """Start the server, the evaluator, any browser slots, the NumPy workers; return the
+        server's address."""
+        self.processes.start("server", self._server_command, self.server_restarts)
+        endpoint = self._wait_for(self.dir.endpoint, "server")
+        # The evaluator first: registered before any worker trains, it sees the first and
+        # (the server waits for observers when stopping) the final parameters.
+        self.processes.start("evaluator", self._evaluator_command(endpoint))
+        self._wait_for(self.dir.eval_log, "evaluator")
+        if self.config.browser:  # before the NumPy workers: the tabs take longest to say hello
+            self._start_browser_slots(endpoint)
+        for index in range(self.config.workers - self.config.browser):
+            # The server gives ranks in the order hellos arrive, so a process is named by its
+            # start order until its rank is known.
+            self.processes.start(f"worker.{index}", self._worker_command(endpoint, index))
+        return endpoint
 
-def start_server(
-    cluster: _Cluster, config: RunConfig, out: Path, t0: float, prefix: list[str] | None = None
-) -> None:
-    """Start the run's server process (again, after a crash: `config` then resumes).
+    def _server_command(self, generation: int) -> list[str]:
+        """The server of one generation (0, then one per restart), from config.json."""
+        return [
+            *self.server_prefix, *MINIPS, "server", "--config", str(self.dir.config),
+            "--endpoint-file", str(self.dir.endpoint),
+            "--updates-log", str(self.dir.updates_log(generation)), "--t0", repr(self.t0),
+            *self.server_restarts.resume_options(generation),
+        ]  # fmt: skip
 
-    prefix (--netem: `ip netns exec NS`) runs it behind the shaped link."""
-    generation = len(cluster.restarts)
-    name = "server" if generation == 0 else f"server-{generation}"
-    cluster.start(
-        "server",
-        [*(prefix or []), sys.executable, "-m", "minips", "server", *config.server_args(),
-         "--endpoint-file", str(out / "endpoint"),
-         "--updates-log", str(recovery.updates_log(out, generation)), "--t0", repr(t0)],
-        log_name=name,
-    )  # fmt: skip
+    def _evaluator_command(self, endpoint: str) -> list[str]:
+        return [
+            *self.server_prefix, *MINIPS, "evaluate", "--connect", endpoint,
+            "--metrics", str(self.dir.eval_log), "--interval", repr(self.eval_interval),
+            "--t0", repr(self.t0), *self._client_keys(),
+        ]  # fmt: skip
 
+    def _worker_command(self, endpoint: str, index: int) -> list[str]:
+        """A NumPy worker's; it fills {rank} of its report path in itself."""
+        trace = ["--trace", self.config.trace] if self.config.trace and index == 0 else []
+        return [
+            *MINIPS, "worker", "--connect", endpoint,
+            "--report", str(self.dir.worker_report("{rank}")), "--quiet", *trace,
+            *self._client_keys(),
+        ]  # fmt: skip
 
-def restart_server(cluster: _Cluster, config: RunConfig, out: Path, t0: float) -> bool:
-    """After the server died: start a new one on the same address from the last checkpoint
-    (minips.run.recovery). False when that is not possible (no checkpoint, too many restarts)."""
-    checkpoint = Path(config.checkpoint)
-    if len(cluster.restarts) >= recovery.MAX_RESTARTS or not checkpoint.exists():
-        return False
-    dead_log = recovery.updates_log(out, len(cluster.restarts))
-    restart = recovery.describe_restart(checkpoint, dead_log, cluster.code("server"))
-    cluster.restarts.append(restart)
-    endpoint = (out / "endpoint").read_text().strip()
-    (out / "endpoint").unlink()
-    resumed = replace(config, resume=str(checkpoint), bind=endpoint)
-    start_server(cluster, resumed, out, t0, cluster.server_prefix)
-    cluster.wait_for_file(out / "endpoint", "server", timeout=60)
-    return True
+    def _client_keys(self) -> list[str]:
+        """The `--keys` option of the run's workers and evaluator (none without keys)."""
+        keys = self.config.keys
+        return ["--keys", keys, "--key-name", auth.WORKER] if keys else []
 
+    def _start_browser_slots(self, endpoint: str) -> None:
+        """Start the gateway (`minips web`), announce its URL, open headless tabs if asked."""
+        from minips.web.slots import gateway_argv, headless_argv, student_url
 
-def _watch(
-    cluster: _Cluster,
-    operator: PSClient,
-    t0: float,
-    total: int,
-    eval_log: Path,
-    progress: ProgressFn | None,
-    config: RunConfig,
-    out: Path,
-) -> float:
-    """Follow the run until the workers are done; stop the server; return the training time.
+        config = self.config
+        gateway = gateway_argv(endpoint, config.listen, self.dir.web_url, config.data_dir)
+        self.processes.start("gateway", gateway)
+        url = self._wait_for(self.dir.web_url, "gateway")
+        if self.announce is not None:
+            self.announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
+        if config.browser_headless:
+            profile = self.dir.logs / "chromium-profile"
+            self.processes.start("chromium", headless_argv(url, config.browser, profile))
 
-    Training time ends when the server starts stopping (its sample budget is spent) or when
-    the last worker is done; shutdown is not training.
-    """
-    wall: float | None = None  # set once the run is over: the stop, or the last worker
-    silent_since: float | None = None
-    stats: dict[str, Any] | None = None
-    while _training(cluster, stats, config.browser):
-        if cluster.exited("server"):
-            if cluster.code("server") != 0:
-                if wall is None and restart_server(cluster, config, out, t0):
-                    continue  # a crash mid-run: a new server from the last checkpoint
-                cluster.check_alive("server")  # a crash is an error; exit 0 is a stop
-            wall = wall if wall is not None else time.monotonic() - t0
-            if time.monotonic() - t0 - wall > 10:
-                cluster.kill_all()  # workers still knocking at a server that is gone
-                break
-        elif wall is None:  # training: follow the server's counters
-            try:
-                stats = operator.stats()
-                silent_since = None
-            except ServerUnavailable:
-                silent_since = silent_since or time.monotonic()
-                if time.monotonic() - silent_since > 30:
-                    raise MinipsError("the server stopped answering; see its log") from None
-                continue  # busy, or exiting (seen on the next turn): ask again
-            cluster.learn_ranks(stats)
-            if stats.get("stopping"):
-                wall = time.monotonic() - t0
-            elif progress is not None:
-                latest = latest_eval(eval_log)
-                latest["updates"] = stats.get("updates", 0)
-                progress(int(stats.get("samples", 0)), total, latest)
-        time.sleep(0.2 if wall is None else 0.1)
-    if wall is None:
-        wall = time.monotonic() - t0
-        if not cluster.exited("server"):
-            _stop_server(operator, cluster)  # the evaluator then tests the final model
-    return wall
+    def _wait_for(self, path: Path, name: str) -> str:
+        return self.processes.wait_for_file(path, name, self.startup_timeout)
 
+    # --- watching -------------------------------------------------------------------
 
-def _training(cluster: _Cluster, stats: dict[str, Any] | None, browser_slots: int) -> bool:
-    """A NumPy worker runs, or a browser slot trains (as the server's latest stats say)."""
-    from minips.web.slots import browsers_pending
+    def watch(self, operator: PSClient) -> float:
+        """Follow the run until training is over, stop the server; return the training time.
 
-    if cluster.running("worker"):
+        Training is over when the server starts stopping (its sample budget is spent) or
+        when the last worker is done; shutdown is not training.
+        """
+        total = self._progress_total()
+        server = self.processes["server"]
+        while self._training():
+            if server.exited():
+                if not self._server_exited():
+                    break
+            elif self.training_ended is None:
+                self._follow_counters(operator, total)
+            time.sleep(0.2 if self.training_ended is None else 0.1)
+        if self.training_ended is None:
+            self.training_ended = self._elapsed()
+            if not server.exited():
+                _stop_server(operator, server)  # the evaluator then tests the final model
+        return self.training_ended
+
+    def _training(self) -> bool:
+        """A NumPy worker runs, or a browser slot trains (as the server's latest stats say)."""
+        from minips.web.slots import browsers_pending
+
+        if self.processes.running("worker"):
+            return True
+        server_up = not self.processes["server"].exited()
+        return server_up and browsers_pending(self.stats, self.config.browser)
+
+    def _server_exited(self) -> bool:
+        """The server is gone: a crash mid-training restarts it (minips.run.recovery) or is
+        the run's error; any other exit ends training. False: stop watching (workers still
+        knock at a server that has been gone for 10 s)."""
+        if self.processes["server"].crashed():
+            if self.training_ended is None and self.processes.restart("server"):
+                self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
+                return True
+            self.processes.check_alive("server")  # raises: the crash is the run's error
+        if self.training_ended is None:
+            self.training_ended = self._elapsed()
+        if self._elapsed() - self.training_ended > 10:
+            self.processes.stop_all()
+            return False
         return True
-    return not cluster.exited("server") and browsers_pending(stats, browser_slots)
+
+    def _follow_counters(self, operator: PSClient, total: int) -> None:
+        """Ask the server for `stats`: learn the workers' ranks, notice the server stopping,
+        show progress. MinipsError when it has not answered for 30 s."""
+        try:
+            stats = operator.stats()
+        except ServerUnavailable:
+            self._silent_since = self._silent_since or time.monotonic()
+            if time.monotonic() - self._silent_since > 30:
+                raise MinipsError("the server stopped answering; see its log") from None
+            return  # busy, or exiting (seen on the next turn): ask again
+        self._silent_since, self.stats = None, stats
+        self.processes.learn_ranks(stats)
+        if stats.get("stopping"):
+            self.training_ended = self._elapsed()
+        elif self.progress is not None:
+            latest = latest_eval(self.dir.eval_log)
+            latest["updates"] = stats.get("updates", 0)
+            self.progress(int(stats.get("samples", 0)), total, latest)
+
+    def _progress_total(self) -> int:
+        """The progress bar's length in samples (0 without a bar: the data is not loaded)."""
+        if self.progress is None:
+            return 0
+        from minips.data import load_dataset
+
+        train_labels = load_dataset(self.config.dataset, self.config.data_dir).y_train
+        total = self.config.epochs * len(train_labels)
+        return min(total, self.config.max_samples) if self.config.max_samples else total
+
+    def _operator(self, endpoint: str) -> PSClient:
+        """The launcher's client (`stats`, `stop`; an operator key in an authenticated run).
+
+        Short timeouts: the server may exit (sample budget spent) while a stats request is
+        in flight, and the launcher must notice that at once rather than after retries.
+        """
+        keys = auth.load_client_keys(self.config.keys, auth.OPERATOR) if self.config.keys else None
+        return PSClient(endpoint, timeout=1.0, retries=0, keys=keys)
+
+    def _learn_ranks_from_reports(self) -> None:
+        """Workers that finished before the launcher saw them in `stats` name their rank in
+        their reports; a killed one was seen in `stats` (it registered before it trained)."""
+        for path in self.dir.path.glob("worker-[0-9]*.json"):
+            report = json.loads(path.read_text())
+            self.processes.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.t0
 
 
-def _stop_server(operator: PSClient, cluster: _Cluster, attempts: int = 10) -> None:
+def _stop_server(operator: PSClient, server: Child, attempts: int = 10) -> None:
     """Send `stop` (the evaluator then tests the final model and leaves)."""
     for _ in range(attempts):
         try:
             operator.stop()
             return
         except ServerUnavailable:
-            if cluster.exited("server"):
+            if server.exited():
                 return  # it stopped by itself meanwhile: fine
     raise MinipsError("the server does not answer `stop`")
-
-
-def _train_size(config: RunConfig) -> int:
-    from minips.data import load_dataset
-
-    return len(load_dataset(config.dataset, config.data_dir).y_train)
-
-
-class _Cluster:
-    """The child processes of a local run, each logging to logs/<name>.log."""
-
-    def __init__(self, logs: Path, env: dict[str, str]) -> None:
-        self.logs = logs
-        self.env = env
-        self.server_prefix: list[str] = []  # --netem: the command prefix of the server
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.exit_codes: dict[str, int | None] = {}
-        self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
-        self.restarts: list[recovery.Restart] = []  # the server's, after crashes
-
-    def start(self, name: str, argv: list[str], log_name: str | None = None) -> None:
-        with open(self.logs / f"{log_name or name}.log", "w") as log:
-            self.procs[name] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
-            )
-
-    def running(self, prefix: str) -> bool:
-        return any(
-            proc.poll() is None for name, proc in self.procs.items() if name.startswith(prefix)
-        )
-
-    def exited(self, name: str) -> bool:
-        return self.procs[name].poll() is not None
-
-    def code(self, name: str) -> int | None:
-        return self.procs[name].poll()
-
-    def check_alive(self, name: str) -> None:
-        code = self.procs[name].poll()
-        if code is not None:
-            # Its last line is usually its own "error: ..." line: not "error: ... error:".
-            last = self._last_line(name).removeprefix("error: ")
-            raise MinipsError(f"{name} exited with code {code}: {last}")
-
-    def wait_for_file(self, path: Path, name: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists() and path.read_text().strip():
-                return path.read_text().strip()
-            self.check_alive(name)
-            time.sleep(0.05)
-        raise MinipsError(f"{name} did not start within {timeout:g} s; see {self.logs}")
-
-    def wait(self, name: str, timeout: float) -> None:
-        try:
-            self.procs[name].wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.procs[name].kill()
-
-    def kill_all(self) -> None:
-        """SIGTERM every child still running, then SIGKILL what ignores it: none left behind."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.exit_codes = {
-            self._rank_names.get(proc.pid, name): proc.returncode
-            for name, proc in self.procs.items()
-        }
-
-    def learn_ranks(self, stats: dict[str, Any]) -> None:
-        """Map worker processes to the ranks the server gave them (from its `stats`)."""
-        for entry in stats.get("workers", []):
-            pid = (entry.get("info") or {}).get("pid")
-            if not entry.get("observer") and pid is not None:
-                self._rank_names[pid] = f"worker-{entry['rank']}"
-
-    def _last_line(self, name: str) -> str:
-        lines = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()
-        return lines[-1] if lines else "(no output)"

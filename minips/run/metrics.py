@@ -1,13 +1,16 @@
-"""The run log: one JSON object per line, each with an `event` key.
+"""Metrics logs: JSONL files of records, one JSON object per line, each with an `event` key.
 
-Events written by minips:
+Every process that measures writes one: the trainer (`minips train --metrics`), a run's
+server (updates.jsonl) and evaluator (eval.jsonl); `minips run` merges them into its
+metrics.jsonl (minips.run.rundir). The events:
 
 - `eval`    {time, samples, accuracy, loss}          periodic test evaluation
 - `update`  {time, worker, staleness, scale, ...}    one applied server update (minips run)
 - `worker`  {time, worker, steps, samples, ...}       a worker's end-of-run report (minips run)
 - `summary` {accuracy, wall_s, samples, ...}          always the last line
 
-`time` is seconds since the log was opened, so runs compare on one axis.
+`time` is seconds since the log was opened (or since the clock origin it was given, so
+the processes of one run share an axis).
 """
 
 from __future__ import annotations

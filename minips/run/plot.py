@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import MissingExtraError
-from minips.run.report import Run, run_label, staleness_by_worker
+from minips.run.report import run_label, staleness_by_worker
+from minips.run.rundir import Run
 
 
 def _pyplot() -> Any:

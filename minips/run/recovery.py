@@ -8,9 +8,11 @@ through: their requests time out and are retried (Lazy Pirate), the new server a
 `unknown_worker`, they say hello again, and a push based on a version the server forgot is
 answered `bad_base`, upon which they pull again and go on (docs/protocol.md 7).
 
-Each restart is recorded (`Restart`); the run's summary gives their number and the updates
-lost: the versions the dead server had logged past its checkpoint. Each server generation
-logs its updates to its own file (updates.jsonl, then updates-1.jsonl, ...), merged at the end.
+`ServerRestarts` is the server's restart policy (minips.run.processes.RestartPolicy). Each
+restart is recorded (`Restart`); the run's summary gives their number and the updates lost:
+the versions the dead server had logged past its checkpoint. Each server generation logs
+its updates to its own file (RunDir.updates_log: updates.jsonl, then updates-1.jsonl, ...),
+merged at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from minips.run.metrics import read_metrics
+from minips.run.processes import Child
+from minips.run.rundir import RunDir
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 
@@ -46,25 +50,6 @@ class Restart:
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def updates_log(out: Path, generation: int) -> Path:
-    """The update log of the `generation`-th server of a run (0: the first)."""
-    return out / ("updates.jsonl" if generation == 0 else f"updates-{generation}.jsonl")
-
-
-def update_logs(out: Path) -> list[Path]:
-    """Every server generation's update log, in order."""
-    logs = [updates_log(out, 0)]
-    while updates_log(out, len(logs)).exists():
-        logs.append(updates_log(out, len(logs)))
-    return logs
-
-
-def clear_restart_logs(out: Path) -> None:
-    """Remove the restarted servers' logs a previous run in `out` left."""
-    for path in out.glob("updates-*.jsonl"):
-        path.unlink()
 
 
 def checkpoint_state(path: Path) -> tuple[int, dict[str, Any]]:
@@ -94,3 +79,35 @@ def describe_restart(
     last = last_logged_version(dead_log)
     age = (time.time() if now is None else now) - float(meta.get("time", 0.0))
     return Restart(exit_code, version, last, max(0, last - version), round(age, 3))
+
+
+class ServerRestarts:
+    """The restart policy of a run's server: a new server on the dead one's address, resumed
+    from the run's last checkpoint, at most MAX_RESTARTS times."""
+
+    def __init__(self, run_dir: RunDir, checkpoint: Path) -> None:
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint
+        self.restarts: list[Restart] = []
+        self.address: str | None = None  # the dead server's, which the next one binds
+
+    def allows(self, child: Child) -> bool:
+        return len(self.restarts) < MAX_RESTARTS and self.checkpoint.exists()
+
+    def prepare(self, child: Child) -> None:
+        """Record what the restart costs; take the dead server's address over (the workers
+        know only that one)."""
+        dead_log = self.run_dir.updates_log(child.generation)
+        self.restarts.append(describe_restart(self.checkpoint, dead_log, child.code()))
+        self.address = self.run_dir.endpoint.read_text().strip()
+        self.run_dir.endpoint.unlink()  # the new server writes it once it listens
+
+    def records(self) -> list[dict[str, Any]]:
+        return [restart.record() for restart in self.restarts]
+
+    def resume_options(self, generation: int) -> list[str]:
+        """The `minips server` options of the `generation`-th server ([] for the first)."""
+        if generation == 0:
+            return []
+        assert self.address is not None, "a restart is prepared first"
+        return ["--resume", str(self.checkpoint), "--bind", self.address]

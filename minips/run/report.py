@@ -1,8 +1,7 @@
-"""Read run directories back and summarise them: the library behind `minips report`.
+"""What a run says: the library behind `minips report`.
 
-A run directory (written by `minips run` / `minips.run.launch.run_local`) holds config.json,
-summary.json and metrics.jsonl. Everything here is a pure function over the loaded
-records, so the numbers can be tested on hand-written logs:
+A run directory (minips.run.rundir) is loaded with `load_run`; everything here is a pure
+function over its records, so the numbers can be tested on hand-written logs:
 
     run = load_run("runs/latest")
     report = summarize(run, target=0.85)     # a JSON-ready dict
@@ -15,97 +14,14 @@ pushing worker.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from minips.errors import RunDirError
-from minips.run.metrics import merge_logs, read_metrics
+from minips.run.rundir import Run
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
 EXACT_BINS = 4
-
-
-@dataclass
-class Run:
-    """One loaded run directory: its options, its summary and its metrics records."""
-
-    path: Path
-    config: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    complete: bool = True  # False: the run was interrupted, only the partial logs exist
-
-    @property
-    def name(self) -> str:
-        """The directory's name: how a run is labelled in tables and legends."""
-        return self.path.resolve().name
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        """The records of one event kind (`eval`, `update`, `worker`), in log order."""
-        return [r for r in self.records if r.get("event") == kind]
-
-
-def load_run(path: str | Path) -> Run:
-    """Load a run directory; RunDirError (one line) when it is missing or is not one.
-
-    An interrupted run has no metrics.jsonl yet, only the server's updates.jsonl and the
-    evaluator's eval.jsonl: those are read instead, so a crashed run can still be looked at.
-    """
-    root = Path(path)
-    if root.is_file():
-        return load_train_metrics(root)
-    if not root.is_dir():
-        raise RunDirError(f"{root}: no such run directory")
-    try:
-        config = _read_json(root / "config.json")
-        if (root / "metrics.jsonl").exists():
-            records = read_metrics(root / "metrics.jsonl")
-            complete = True
-        else:
-            partial = [root / "updates.jsonl", root / "eval.jsonl"]
-            if not any(p.exists() for p in partial):
-                raise RunDirError(
-                    f"{root}: not a run directory (no metrics.jsonl; make one with "
-                    "`minips run --out DIR`)"
-                )
-            records = merge_logs(partial)
-            complete = False
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
-    summary = _read_json(root / "summary.json") or next(
-        (r for r in reversed(records) if r.get("event") == "summary"), {}
-    )
-    summary = {key: value for key, value in summary.items() if key != "event"}
-    return Run(root, config, summary, records, complete)
-
-
-def load_train_metrics(path: Path) -> Run:
-    """`minips train --metrics FILE` as a Run of one worker (rule "train"), so the
-    single-process baseline is reported and plotted beside distributed runs.
-
-    RunDirError for any other file (a run's own files are read through its directory).
-    """
-    try:
-        records = read_metrics(path)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-        records = []
-    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
-    if summary is None or "config" not in summary:
-        raise RunDirError(
-            f"{path}: a file that is not `minips train --metrics` output; "
-            "give a run directory (`minips run --out DIR`) or a train metrics file"
-        )
-    config = {**summary["config"], "rule": "train", "workers": 1}
-    summary = {key: value for key, value in summary.items() if key not in ("event", "config")}
-    return Run(path, config, {**summary, "rule": "train", "workers": 1}, records, True)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 # --- statistics ------------------------------------------------------------------------

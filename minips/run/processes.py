@@ -1,0 +1,179 @@
+"""The child processes of a local run: each started, watched, restarted and stopped here.
+
+A `Child` is one supervised process: its name, the command of each of its starts
+(`generation` 0, then one per restart, so a restart may be started differently: a server
+resumes from its checkpoint), its log file and its `RestartPolicy` (None: a crash is the
+run's error). A `ProcessGroup` holds every child of a run, so stopping the run stops them
+all, in whatever phase it is.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from minips.errors import MinipsError
+
+Command = Callable[[int], list[str]]  # generation -> argv
+
+
+class RestartPolicy(Protocol):
+    """Whether a crashed child is started again, and what is done first."""
+
+    def allows(self, child: Child) -> bool:
+        """Whether `child`, which crashed, may be started again."""
+        ...
+
+    def prepare(self, child: Child) -> None:
+        """Make ready for the next generation (and record the restart)."""
+        ...
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready record per restart done (the run's summary lists them)."""
+        ...
+
+
+class Child:
+    """One child process of a run, logging to logs/<name>.log (a restart: <name>-<N>.log)."""
+
+    def __init__(self, name: str, command: Command, policy: RestartPolicy | None = None) -> None:
+        self.name = name
+        self.command = command
+        self.policy = policy
+        self.generation = -1  # not started yet
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log_name(self) -> str:
+        return self.name if self.generation <= 0 else f"{self.name}-{self.generation}"
+
+    def start(self, logs: Path, env: dict[str, str]) -> None:
+        """Start the next generation (the first, or a restart after the last one exited)."""
+        self.generation += 1
+        with open(logs / f"{self.log_name}.log", "w") as log:
+            self.proc = subprocess.Popen(
+                self.command(self.generation),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+
+    def code(self) -> int | None:
+        """Its exit code (None: still running)."""
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.poll()
+
+    def exited(self) -> bool:
+        return self.code() is not None
+
+    def crashed(self) -> bool:
+        """Exited with an error or a signal (exit 0 is a clean stop)."""
+        return self.code() not in (None, 0)
+
+    def last_line(self, logs: Path) -> str:
+        lines = (logs / f"{self.log_name}.log").read_text(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "(no output)"
+
+
+class ProcessGroup:
+    """Every child process of a local run, by name, and how each one ended."""
+
+    def __init__(self, logs: Path, env: dict[str, str]) -> None:
+        self.logs = logs
+        self.env = env
+        self.children: dict[str, Child] = {}
+        self.exit_codes: dict[str, int | None] = {}  # filled by stop_all
+        self._rank_names: dict[int, str] = {}  # pid -> "worker-<rank>"
+
+    def start(
+        self, name: str, command: Command | list[str], policy: RestartPolicy | None = None
+    ) -> Child:
+        """Start a child; a plain argv is the same command for every start."""
+        run = command if callable(command) else (lambda _generation, argv=command: argv)
+        child = self.children[name] = Child(name, run, policy)
+        child.start(self.logs, self.env)
+        return child
+
+    def restart(self, name: str) -> bool:
+        """Start the next generation of a child that crashed, if its policy allows it."""
+        child = self.children[name]
+        assert child.crashed(), f"{name} did not crash"
+        if child.policy is None or not child.policy.allows(child):
+            return False
+        child.policy.prepare(child)
+        child.start(self.logs, self.env)
+        return True
+
+    def restart_records(self) -> list[dict[str, Any]]:
+        """Every restart of every child, in the order of the children's starts."""
+        return [
+            r for child in self.children.values() if child.policy for r in child.policy.records()
+        ]
+
+    def __getitem__(self, name: str) -> Child:
+        return self.children[name]
+
+    def running(self, prefix: str) -> bool:
+        """Whether a child whose name starts with `prefix` still runs."""
+        return any(
+            not child.exited() for name, child in self.children.items() if name.startswith(prefix)
+        )
+
+    def check_alive(self, name: str) -> None:
+        """MinipsError naming the child, its exit code and its last words, once it exited."""
+        child = self.children[name]
+        code = child.code()
+        if code is not None:
+            # Its last line is usually its own "error: ..." line: not "error: ... error:".
+            last = child.last_line(self.logs).removeprefix("error: ")
+            raise MinipsError(f"{name} exited with code {code}: {last}")
+
+    def wait_for_file(self, path: Path, name: str, timeout: float) -> str:
+        """The text of `path` once child `name` wrote it; MinipsError if it exits first or
+        the timeout passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and path.read_text().strip():
+                return path.read_text().strip()
+            self.check_alive(name)
+            time.sleep(0.05)
+        raise MinipsError(f"{name} did not start within {timeout:g} s; see {self.logs}")
+
+    def wait(self, name: str, timeout: float) -> None:
+        """Wait for a child to leave by itself; SIGKILL it after `timeout` seconds."""
+        proc = self.children[name].proc
+        assert proc is not None
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every child still running, then SIGKILL what ignores it for `grace`
+        seconds: none left behind. Records every child's exit code."""
+        procs = {name: child.proc for name, child in self.children.items() if child.proc}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.exit_codes = {
+            self._rank_names.get(proc.pid, name): proc.returncode for name, proc in procs.items()
+        }
+
+    def learn_ranks(self, stats: dict[str, Any]) -> None:
+        """Name worker processes by the ranks the server gave them (from its `stats`)."""
+        for entry in stats.get("workers", []):
+            pid = (entry.get("info") or {}).get("pid")
+            if not entry.get("observer") and pid is not None:
+                self._rank_names[pid] = f"worker-{entry['rank']}"

@@ -1,0 +1,300 @@
+"""The run directory of `minips run`: one place for its files, written and read back.
+
+RUN_DIR/config.json     the configuration as run (RunConfig.to_json): its endpoint,
+                        checkpoint, key directory and resolved plan filled in; the server
+                        process starts from this file
+RUN_DIR/plan.json       the transmission plan, when it is not all dense
+RUN_DIR/endpoint        the server's address, once it listens
+RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats);
+                        updates-N.jsonl: those of the Nth server restarted after a crash
+RUN_DIR/eval.jsonl      the evaluator's records
+RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is made from
+                        the server's final stats, as a browser writes no file)
+RUN_DIR/web-url         the worker page's address (runs with browser slots)
+RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
+RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness
+RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
+RUN_DIR/logs/           each process's output
+
+Each record file is a metrics log (minips.run.metrics). `write_results` merges them when
+the run ends; `load_run` reads a directory back, a finished one or an interrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minips.errors import MinipsError, RunDirError
+from minips.run.metrics import MetricsLog, merge_logs, read_metrics
+
+# Files a previous run in the same directory leaves behind, removed before a new one starts.
+RUN_OUTPUTS = (
+    "endpoint",
+    "web-url",
+    "updates.jsonl",
+    "eval.jsonl",
+    "metrics.jsonl",
+    "summary.json",
+    "plan.json",
+    "updates-*.jsonl",
+)
+
+# Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
+# reusing a run directory with `minips run --force` removes first.
+RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "worker-*.json", "logs/*.log")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory's files (the table above)."""
+
+    path: Path
+
+    config = property(lambda self: self.path / "config.json")
+    plan = property(lambda self: self.path / "plan.json")
+    endpoint = property(lambda self: self.path / "endpoint")
+    eval_log = property(lambda self: self.path / "eval.jsonl")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    summary = property(lambda self: self.path / "summary.json")
+    checkpoint = property(lambda self: self.path / "checkpoint.npz")
+    web_url = property(lambda self: self.path / "web-url")
+    logs = property(lambda self: self.path / "logs")
+    # Where ZeroMQ has ipc, a local run's server listens on this socket file.
+    server_socket = property(lambda self: self.path / "server.sock")
+
+    def worker_report(self, rank: int | str) -> Path:
+        """The report of the worker of `rank` ("{rank}": the worker fills it in itself)."""
+        return self.path / f"worker-{rank}.json"
+
+    def updates_log(self, generation: int = 0) -> Path:
+        """The update log of the `generation`-th server of the run (0: the first)."""
+        name = "updates.jsonl" if generation == 0 else f"updates-{generation}.jsonl"
+        return self.path / name
+
+    def update_logs(self) -> list[Path]:
+        """Every server generation's update log, in order."""
+        logs = [self.updates_log(0)]
+        while self.updates_log(len(logs)).exists():
+            logs.append(self.updates_log(len(logs)))
+        return logs
+
+    def clear_outputs(self) -> None:
+        """Remove what a previous run in this directory left that a new one writes again."""
+        for pattern in RUN_OUTPUTS:
+            for path in self.path.glob(pattern):
+                path.unlink()
+
+
+def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
+    """Make `out` a fresh run directory: RunDirError if it already holds files, unless
+    `force`, which removes a previous run's files (RUN_FILES; `keep`, a checkpoint to resume
+    from, stays) so no earlier report or log is mixed into the new run."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RunDirError(f"--out {out}: a file, not a directory")
+    if not force:
+        if any(out.iterdir()):
+            raise RunDirError(
+                f"--out {out} already holds files (a previous run?); "
+                "choose a new directory or add --force to replace that run"
+            )
+        return
+    kept = keep.resolve() if keep is not None else None
+    for pattern in RUN_FILES:
+        for path in out.glob(pattern):
+            if path.is_file() and path.resolve() != kept:
+                path.unlink()
+
+
+# --- writing the results ---------------------------------------------------------------
+
+
+def latest_eval(path: Path) -> dict[str, Any]:
+    """The newest `eval` record of the evaluator's log ({} before the first)."""
+    if not path.exists():
+        return {}
+    evals = [r for r in read_metrics(path) if r.get("event") == "eval"]
+    return dict(evals[-1]) if evals else {}
+
+
+def bytes_by_layer(by_param: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}."""
+    layers: dict[str, dict[str, int]] = {}
+    for name, counts in by_param.items():
+        layer = layers.setdefault(name.rsplit(".", 1)[0], {"up": 0, "down": 0})
+        layer["up"] += counts.get("up", 0)
+        layer["down"] += counts.get("down", 0)
+    return layers
+
+
+def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """A worker report for `rank` from the server's final stats (None: it never came).
+
+    For workers that write no report of their own (browser slots, or a worker that
+    failed): steps are the pushes the server accepted from that rank (a push that arrived
+    after the run stopped counts, though not applied), over every worker that held it (a
+    closed tab's and its replacement's); the agent is the one named in its hello.
+    """
+    rows = [w for w in stats.get("workers", []) if w.get("rank") == rank and not w.get("observer")]
+    if not rows:
+        return None
+    return {
+        "rank": rank,
+        "agent": (rows[-1].get("info") or {}).get("agent", "numpy"),
+        "steps": sum(w["pushes"] for w in rows),
+        "samples": sum(w["samples"] for w in rows),
+        "from_server_stats": True,
+    }
+
+
+def _worker_reports(run_dir: RunDir, workers: int, stats: dict[str, Any]) -> list[dict]:
+    """Each rank's report: its own file, else one made from the server's final stats."""
+    reports = []
+    for rank in range(workers):
+        path = run_dir.worker_report(rank)
+        if path.exists():
+            reports.append(json.loads(path.read_text()))
+        elif report := report_from_stats(stats, rank):
+            path.write_text(json.dumps(report) + "\n")
+            reports.append(report)
+    return reports
+
+
+def write_results(
+    run_dir: RunDir,
+    rule: str,
+    workers: int,
+    wall: float,
+    exit_codes: dict[str, int | None],
+    restarts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Merge the processes' records into metrics.jsonl, write summary.json; return it.
+
+    restarts: the server's restarts after crashes (minips.run.recovery.Restart records).
+    """
+    records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
+    server_final = next((r for r in records if r.get("event") == "server"), {})
+    records = [r for r in records if r.get("event") != "server"]
+    stats = server_final.get("stats", {})
+    reports = _worker_reports(run_dir, workers, stats)
+    records += [{"event": "worker", "time": round(wall, 4), **report} for report in reports]
+    records.sort(key=lambda record: record.get("time", 0.0))
+    evals = [r for r in records if r["event"] == "eval"]
+    if not evals:
+        raise MinipsError(f"the run produced no evaluation; see {run_dir.logs}")
+    restarts = restarts or []
+    summary = {
+        "accuracy": evals[-1]["accuracy"],
+        "loss": evals[-1]["loss"],
+        "wall_s": round(wall, 3),
+        # The server's count is authoritative (a worker killed mid-run wrote no report).
+        "samples": stats.get("samples", sum(report["samples"] for report in reports)),
+        "updates": stats.get("updates", evals[-1].get("updates")),
+        "bytes_up": stats.get("bytes_in"),
+        "bytes_down": stats.get("bytes_out"),
+        "worker_steps": stats.get("worker_steps"),
+        # array bytes per layer and direction, workers only (the evaluator's pulls are not)
+        "bytes_by_layer": bytes_by_layer(stats.get("bytes_by_param") or {}),
+        "staleness_mean": stats.get("staleness_mean"),
+        "staleness_max": stats.get("staleness_max"),
+        "rule": rule,
+        "workers": workers,
+        "exit_codes": exit_codes,
+        "restarts": len(restarts),
+        "updates_lost": sum(restart["updates_lost"] for restart in restarts),
+        "restart_log": restarts,
+    }
+    with MetricsLog(run_dir.metrics) as metrics:
+        for record in records:
+            metrics.write_record(record)  # already timed by the process that wrote it
+        metrics.write("summary", **summary)
+    run_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+# --- reading a run back ----------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One loaded run directory: its options, its summary and its metrics records."""
+
+    path: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = True  # False: the run was interrupted, only the partial logs exist
+
+    @property
+    def name(self) -> str:
+        """The directory's name: how a run is labelled in tables and legends."""
+        return self.path.resolve().name
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        """The records of one event kind (`eval`, `update`, `worker`), in log order."""
+        return [r for r in self.records if r.get("event") == kind]
+
+
+def load_run(path: str | Path) -> Run:
+    """Load a run directory; RunDirError (one line) when it is missing or is not one.
+
+    An interrupted run has no metrics.jsonl yet, only the servers' update logs and the
+    evaluator's eval.jsonl: those are read instead, so a crashed run can still be looked at.
+    A file is read as `minips train --metrics` output (load_train_metrics).
+    """
+    root = Path(path)
+    if root.is_file():
+        return load_train_metrics(root)
+    if not root.is_dir():
+        raise RunDirError(f"{root}: no such run directory")
+    run_dir = RunDir(root)
+    try:
+        config = _read_json(run_dir.config)
+        if run_dir.metrics.exists():
+            records = read_metrics(run_dir.metrics)
+            complete = True
+        else:
+            partial = [*run_dir.update_logs(), run_dir.eval_log]
+            if not any(p.exists() for p in partial):
+                raise RunDirError(
+                    f"{root}: not a run directory (no metrics.jsonl; make one with "
+                    "`minips run --out DIR`)"
+                )
+            records = merge_logs(partial)
+            complete = False
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
+    summary = _read_json(run_dir.summary) or next(
+        (r for r in reversed(records) if r.get("event") == "summary"), {}
+    )
+    summary = {key: value for key, value in summary.items() if key != "event"}
+    return Run(root, config, summary, records, complete)
+
+
+def load_train_metrics(path: Path) -> Run:
+    """`minips train --metrics FILE` as a Run of one worker (rule "train"), so the
+    single-process baseline is reported and plotted beside distributed runs.
+
+    RunDirError for any other file (a run's own files are read through its directory).
+    """
+    try:
+        records = read_metrics(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        records = []
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    if summary is None or "config" not in summary:
+        raise RunDirError(
+            f"{path}: a file that is not `minips train --metrics` output; "
+            "give a run directory (`minips run --out DIR`) or a train metrics file"
+        )
+    config = {**summary["config"], "rule": "train", "workers": 1}
+    summary = {key: value for key, value in summary.items() if key not in ("event", "config")}
+    return Run(path, config, {**summary, "rule": "train", "workers": 1}, records, True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
