@@ -125,7 +125,7 @@ def test_the_stores_norm_bounds_hold_for_every_new_version(tmp_path, momentum, w
     for step in range(30):
         grad = rng.standard_normal((20, 30)).astype(np.float32) * (step % 7)
         known = {"w": float((grad.astype(np.float64) ** 2).sum())} if step % 2 else None
-        store.apply([("w", grad, 0.5 + step % 3)], known)
+        store.write([("w", grad, 0.5 + step % 3)], known)
         norm_w, norm_v = store.norm_bounds("w")
         velocity = store.optimizer.velocity.get("w", np.zeros(1))
         assert norm_w >= np.linalg.norm(store.params["w"]) * (1 - 1e-6)

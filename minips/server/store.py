@@ -56,11 +56,11 @@ class ParameterStore:
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
         # Upper bounds on ||w|| and ||v|| (momentum) of each current version, for the
-        # server's overflow check (minips.server.guard), carried from step to step by
-        # SGD.norm_bounds_after: no pass over the parameters per update (see `apply`).
+        # server's overflow check (minips.server.checks), carried from step to step by
+        # SGD.norm_bounds_after: no pass over the parameters per update (see `write`).
         self._bounds: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, |w|, |v|)
         # Pull replies are sent with copy=False, so a sent array must never change: every
-        # version of a parameter is a new array, published read-only (see `apply`).
+        # version of a parameter is a new array, published read-only (see `write`).
         if not in_place:
             for name, array in params.items():
                 params[name] = _published(array.copy())
@@ -94,13 +94,13 @@ class ParameterStore:
                     "dtype",
                 )
 
-    def apply(
+    def write(
         self,
         steps: list[tuple[str, np.ndarray, float]],
         grad_sq_norms: dict[str, float] | None = None,
     ) -> int:
-        """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
-        Returns the new version t.
+        """Write the next version, t + 1: `optimizer.step_one(name, grad, scale)` for each
+        step. Returns the new version t.
 
         Callers validate everything first: this is the only place parameters change. Each
         new version is written into a new array that replaces the old one in `params`, so
@@ -292,7 +292,7 @@ class SGD:
             ||scale (grad + wd w)|| <= |scale| (||grad|| + wd ||w||)
             ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
 
-        so the server's overflow check needs no pass over the parameters (minips.server.guard).
+        so the server's overflow check needs no pass over the parameters (minips.server.checks).
         """
         step = abs(scale) * (norm_g + self.weight_decay * norm_w)
         if self.momentum:

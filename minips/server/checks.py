@@ -2,20 +2,19 @@
 
     check_info(info)                 hello's `info`: at most MAX_INFO_BYTES packed and
                                      MAX_INFO_DEPTH levels deep, so `stats` always encodes
-    check_owner(worker, origin)      a live worker id answers only to who registered it
     require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (CURVE)
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
     check_stays_finite(store, grads, sq_norms)
                                      refuse a push whose step would overflow a parameter
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
-section 9: an error changes nothing).
+section 9: an error changes nothing). That a live worker id answers only to the client
+that registered it is the registry's check (WorkerState.check_owner).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -25,19 +24,11 @@ from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
 
 if TYPE_CHECKING:
     from minips.protocol.auth import ServerKeys
-    from minips.server.registry import WorkerState
+    from minips.server.registry import Origin
     from minips.server.store import ParameterStore
 
 MAX_INFO_BYTES = 1024  # a hello's `info`, packed (docs/protocol.md 10)
 MAX_INFO_DEPTH = 4  # maps and lists inside `info`, counting `info` itself
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Who sent a request: the connection's routing id and, under CURVE, its public key."""
-
-    routing_id: bytes
-    key: bytes | None = None
 
 
 def depth(value: Any, limit: int) -> int:
@@ -70,18 +61,6 @@ def check_info(info: dict[str, Any]) -> None:
     role = info.get("role")
     if role is not None and not isinstance(role, str):
         raise ProtocolError("hello info field 'role' must be a string", "bad_field")
-
-
-def check_owner(worker: WorkerState, origin: Origin) -> None:
-    """A live worker's id is bound to the key (CURVE) or else the connection that said hello."""
-    if worker.origin.key is not None or origin.key is not None:
-        owned = worker.origin.key == origin.key
-    else:
-        owned = worker.origin.routing_id == origin.routing_id
-    if not owned:
-        raise ProtocolError(
-            f"worker id {worker.worker_id!r} belongs to another live client", "not_owner"
-        )
 
 
 def require_operator(origin: Origin, keys: ServerKeys | None) -> None:
