@@ -1,10 +1,11 @@
 """The server's own work for one step, in-process: no peer, no network, no client.
 
-A ParameterServer (asgd, plain SGD) holding LeNet-5-sized tensors is handed prebuilt request
-frames directly (`serve`), one push of all gradients and then a pull (`pushpull`), or one
-fused push with `pull_since` (`fused`); the figure is the median time of that call over 300
-steps after 30 warm-up steps. Replies go to a ROUTER socket with no peer (ZeroMQ drops
-them), so what is timed is decoding, checks, the update and encoding the reply.
+A ParameterServer (asgd; SGD with momentum 0 unless --momentum) holding LeNet-5-sized
+tensors is handed prebuilt request frames directly (`serve`), one push of all gradients and
+then a pull (`pushpull`), or one fused push with `pull_since` (`fused`); the figure is the
+median time of that call over 300 steps after 30 warm-up steps. Replies go to a ROUTER
+socket with no peer (ZeroMQ drops them), so what is timed is decoding, checks, the update
+and encoding the reply.
 
     python tools/bench_server_work.py pushpull|fused [--momentum 0.9]
     PYTHONPATH=<a checkout of an older commit> python tools/bench_server_work.py pushpull
@@ -29,7 +30,7 @@ from bench_wire import _tensors  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.server import server as server_module  # noqa: E402
 
-try:  # SGD moved into minips.server.store; an older checkout (PYTHONPATH) has minips.optim
+try:  # a checkout from before minips.server.store (on PYTHONPATH) has minips.optim
     from minips.server.store import SGD  # noqa: E402
 except ImportError:
     from minips.optim import SGD  # noqa: E402

@@ -178,7 +178,7 @@ class WirePart:
         """(descriptor, the array as sent: C-contiguous, little-endian wire dtype).
 
         A descriptor is {name, dtype, shape, codec}, plus {part, of} for a part of a
-        multi-part codec (in that key order: dense/fp16 messages are as before parts).
+        multi-part codec, in that key order (docs/protocol.md 2: the order is the bytes).
         Raises ProtocolError (`dtype`, `bad_field`) for what the codec cannot carry.
         """
         dtype_name = _wire_dtype_name(self.array.dtype)

@@ -56,14 +56,14 @@ class Outcome:
     drops: list[Push] = field(default_factory=list)
 
     @classmethod
-    def apply(
+    def update_now(
         cls,
         push: Push,
         grads: dict[str, np.ndarray] | None = None,
         scale: float | dict[str, float] = 1.0,
     ) -> Outcome:
-        """Apply one push at once as one update (its own or corrected `grads`; `scale` one
-        factor or one per parameter), then answer it `applied: true`."""
+        """The decision to make one push one update at once (its own or corrected `grads`;
+        `scale` one factor or one per parameter), and to answer it `applied: true`."""
         grads = push.grads if grads is None else grads
         steps = [
             (name, grad, scale[name] if isinstance(scale, dict) else scale)
@@ -185,7 +185,7 @@ class ASGD(Rule):
     name = "asgd"
 
     def on_push(self, push: Push) -> Outcome:
-        return Outcome.apply(push)
+        return Outcome.update_now(push)
 
 
 def option_default(cls: type[Rule], key: str) -> Any:
