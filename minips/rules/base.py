@@ -33,15 +33,6 @@ class Update:
     steps: list[tuple[str, np.ndarray, float]]
     value_staleness: dict[str, float] | None = None
 
-    def known_sq_norms(self) -> dict[str, float]:
-        """||grad||^2 of each step whose gradient is its one push's own array, as the wire's
-        finiteness check measured it (the store measures the others: sums, corrections)."""
-        if len(self.pushes) != 1:
-            return {}
-        push = self.pushes[0]
-        return {name: push.sq_norms[name] for name, grad, _ in self.steps
-                if name in push.sq_norms and grad is push.grads.get(name)}  # fmt: skip
-
 
 @dataclass
 class Outcome:

@@ -4,7 +4,7 @@
                                      MAX_INFO_DEPTH levels deep, so `stats` always encodes
     require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (CURVE)
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
-    check_stays_finite(store, grads, sq_norms)
+    OverflowCheck(store).check(grads, sq_norms)
                                      refuse a push whose step would overflow a parameter
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
@@ -84,45 +84,89 @@ def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, n
     return {name: g * factor for name, g in grads.items()}
 
 
-def check_stays_finite(
-    store: ParameterStore,
-    grads: dict[str, np.ndarray],
-    sq_norms: dict[str, float] | None = None,
-) -> None:
-    """`nonfinite` when applying `grads` as one full step would make a parameter non-finite.
+class OverflowCheck:
+    """`nonfinite` when applying a push's gradients as one full step would make a parameter
+    non-finite, checked before the push is accepted (`check`); `carry` after each update.
 
     The step is the optimizer's (minips.server.store.SGD): v' = m v + (g + wd w), w' = w - lr v'
     (v' = g + wd w without momentum). Finite gradients can still overflow: 3e38 twice makes
-    a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||)
-    (L2 norms, or upper bounds of them: the store carries bounds on ||w|| and ||v|| from
-    update to update), so when that is below float32's maximum no entry can overflow;
-    only past it is the step computed into temporaries and checked exactly.
-    sq_norms: name -> ||g||^2 already known (wire.decode_request computes it while checking
-    that the gradient is finite); an upper bound is enough, so a gradient clipped since
-    may keep its norm from before. Nothing is changed either way.
+    a weight -inf. Cheap first: every |w'_i| <= ||w|| + lr (m ||v|| + ||g|| + wd ||w||), so
+    when that is below float32's maximum no entry can overflow; only past it is the step
+    computed into temporaries and checked exactly. Nothing is changed either way.
+
+    The norms cost no pass over the arrays on the way of a push: ||g|| is what the wire's
+    finiteness check measured (wire.decode_request, Message.sq_norms), and ||w||, ||v|| are
+    upper bounds carried from version to version by the triangle inequality
+    (SGD.norm_bounds_after), measured exactly only for a version the check has not seen
+    carried (the first push, a version past RETIGHTEN). A bound holds for one array object,
+    the parameter's version it was computed for: the store publishes each version as a new
+    array (minips.server.store), so a bound is never mistaken for another version's.
     """
-    opt, known = store.optimizer, sq_norms or {}
-    with np.errstate(over="ignore", invalid="ignore"):
-        for name, grad in grads.items():
-            norm_g = math.sqrt(known[name]) if name in known else _norm(grad)
-            norm_w, norm_v = store.norm_bounds(name)  # carried by the store, no pass
-            bound = norm_w + opt.lr * (opt.momentum * norm_v + norm_g + opt.weight_decay * norm_w)
-            if bound < FLOAT32_SAFE:
-                continue
-            weight = store.params[name]
-            velocity = opt.velocity.get(name) if opt.momentum else None
-            step = grad + opt.weight_decay * weight if opt.weight_decay else grad
-            if velocity is not None:
-                step = opt.momentum * velocity + step
-            if not all_finite(weight - np.float32(opt.lr) * step):
-                raise ProtocolError(
-                    f"gradient {name!r} would make the parameter non-finite", "nonfinite"
-                )
+
+    def __init__(self, store: ParameterStore) -> None:
+        self.store = store
+        self._bounds: dict[str, tuple[np.ndarray, float, float]] = {}  # name -> (w, |w|, |v|)
+        self._checked: dict[str, tuple[np.ndarray, float]] = {}  # name -> (g, ||g||^2 bound)
+
+    def check(self, grads: dict[str, np.ndarray], sq_norms: dict[str, float]) -> None:
+        """Refuse `grads` (name -> float32, the parameter's shape) if a step could overflow.
+
+        sq_norms: name -> ||g||^2 where known (the wire measured it); an upper bound is
+        enough, so a gradient clipped since may keep its norm from before.
+        """
+        opt = self.store.optimizer
+        with np.errstate(over="ignore", invalid="ignore"):
+            for name, grad in grads.items():
+                sq_g = sq_norms[name] if name in sq_norms else sum_of_squares(grad)
+                self._checked[name] = (grad, sq_g)
+                norm_w, norm_v = self.norm_bounds(name)
+                step = opt.momentum * norm_v + math.sqrt(sq_g) + opt.weight_decay * norm_w
+                if norm_w + opt.lr * step < FLOAT32_SAFE:  # False for NaN (0 * inf) too
+                    continue
+                if not self._step_stays_finite(name, grad):
+                    raise ProtocolError(
+                        f"gradient {name!r} would make the parameter non-finite", "nonfinite"
+                    )
+
+    def carry(self, steps: list[tuple[str, np.ndarray, float]]) -> None:
+        """After the store wrote an update's `steps` [(name, grad, scale)]: the bounds of
+        each new version, from those of the version it replaced and ||grad|| (measured by
+        `check` when the step's gradient is a checked push's own array, else now)."""
+        params = self.store.params
+        for name, grad, scale in steps:
+            replaced = self._bounds.get(name)
+            if replaced is None:
+                continue  # measured when a push for it is next checked
+            checked = self._checked.get(name)
+            sq_g = checked[1] if checked and checked[0] is grad else sum_of_squares(grad)
+            bounds = self.store.optimizer.norm_bounds_after(
+                replaced[1], replaced[2], math.sqrt(sq_g), scale
+            )
+            self._bounds[name] = (params[name], *bounds)
+
+    def norm_bounds(self, name: str) -> tuple[float, float]:
+        """Upper bounds on ||w|| and ||v|| (its momentum buffer; 0 without) of parameter
+        `name` at its current version: carried, or measured exactly (inf: overflowed)."""
+        array, cached = self.store.params[name], self._bounds.get(name)
+        if cached is not None and cached[0] is array and cached[1] <= RETIGHTEN:
+            return cached[1], cached[2]
+        velocity = self.store.optimizer.velocity.get(name)
+        sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
+        bounds = math.sqrt(sum_of_squares(array)), math.sqrt(sq_v)
+        self._bounds[name] = (array, *bounds)
+        return bounds
+
+    def _step_stays_finite(self, name: str, grad: np.ndarray) -> bool:
+        """The exact check: the step computed into temporaries, every entry finite."""
+        opt, weight = self.store.optimizer, self.store.params[name]
+        velocity = opt.velocity.get(name) if opt.momentum else None
+        step = grad + opt.weight_decay * weight if opt.weight_decay else grad
+        if velocity is not None:
+            step = opt.momentum * velocity + step
+        return all_finite(weight - np.float32(opt.lr) * step)
 
 
 FLOAT32_SAFE = 1e38  # below float32's largest finite value, 3.4e38, with room for rounding
-
-
-def _norm(array: np.ndarray) -> float:
-    """The L2 norm (inf when it overflows), one BLAS pass."""
-    return math.sqrt(sum_of_squares(array))
+# Carried bounds only grow (the triangle inequality); past this they are measured again,
+# far below float32's 3.4e38, where the check needs them tight.
+RETIGHTEN = 1e30

@@ -55,7 +55,6 @@ class Push:
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
     fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
     pull_since: int | None = None
-    sq_norms: dict[str, float] = field(default_factory=dict)  # ||g||^2 (or more) from the wire
 
 
 @dataclass(eq=False)
@@ -161,7 +160,6 @@ class WorkerState:
             self.partial_step = None
             _add_gradients(kept, push)
             push.grads, push.base = kept.grads, kept.base
-            push.sq_norms = {}  # they measured this push's arrays, not the step's sums
             push.staleness = version - push.base
         return push
 

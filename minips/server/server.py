@@ -85,6 +85,7 @@ class ParameterServer:
         )  # fmt: skip
         if options.resume:
             self.checkpoints.resume(options.resume)
+        self.overflow = checks.OverflowCheck(self.store)  # beside the path: see handle_push
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
@@ -231,11 +232,10 @@ class ParameterServer:
         grads, extras = decode_gradients(request)
         self.store.check_push(base, grads)
         grads = checks.clip_gradients(grads, self.options.clip_norm)
-        checks.check_stays_finite(self.store, grads, request.sq_norms)  # pre-clip: an upper bound
+        self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"),
-                    sq_norms=request.sq_norms)  # fmt: skip
+                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)
@@ -285,7 +285,8 @@ class ParameterServer:
         for update in outcome.updates:
             for push in update.pushes:
                 push.staleness = self.store.version - push.base  # tau, t just before it
-            version = self.store.write(update.steps, update.known_sq_norms())
+            version = self.store.write(update.steps)
+            self.overflow.carry(update.steps)  # its norm bounds, to the versions just written
             self.rule.after_update(update)
             self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
             self.checkpoints.after_update(version)
