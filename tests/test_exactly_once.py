@@ -1,4 +1,4 @@
-"""Exactly once across death (issue 10): with a heartbeat timeout shorter than the clients'
+"""Exactly once across death: with a heartbeat timeout shorter than the clients'
 reply timeout, lost replies and workers declared dead while they compute or wait for a
 retry, every acknowledged push is applied exactly once. Counted with 32 concurrent clients.
 

@@ -1,5 +1,5 @@
-"""docs/protocol.md and the server agree on each point issue 10 found them disagreeing on
-(a client written from the document alone), and on the limits and codes added since.
+"""docs/protocol.md and the server agree on each point where a client written from the
+document alone could go wrong, and on every limit and error code.
 
 Each test reads the document's own words or numbers where it can, then asks a live server.
 """
