@@ -101,8 +101,8 @@ class ParameterServer:
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
-            "stats": self.handle_stats, "stop": self.handle_stop,  # an operator's requests
-            "checkpoint": self.handle_checkpoint,
+            "stats": self.handle_stats,  # anyone's; stop and checkpoint an operator's
+            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint,
         }  # fmt: skip
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         if options.keys is None and not address.is_loopback(self.endpoint):
