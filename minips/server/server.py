@@ -177,10 +177,10 @@ class ParameterServer:
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.run()
-        finally:
+        finally:  # closed first: a signal while the last replies linger does not kill it
+            self.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.close()
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
