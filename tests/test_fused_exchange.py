@@ -89,13 +89,16 @@ def test_a_retried_fused_push_is_applied_once_and_gets_the_parameters():
 def test_a_worker_step_under_the_default_plan_is_one_fused_push_of_every_gradient():
     """The dense plan goes through the same sender as every plan: one push per step,
     carrying every parameter's float32 gradient as it is, and its reply the parameters."""
-    from minips.run.config import RunConfig
-    from minips.run.launch import make_server
-    from minips.worker.client import PSClient
+    from minips.nn import build_model
+    from minips.rules import make_rule
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
     from minips.worker.worker import Worker
 
-    config = RunConfig(bind="tcp://127.0.0.1:*", model="mlp", dataset="synthetic", workers=1)
-    server = make_server(config)
+    params = build_model("mlp", seed=0).params
+    config = {"model": {"name": "mlp"}, "dataset": "synthetic", "epochs": 1, "batch_size": 32}
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.05),
+                             ServerOptions(world_size=1), config=config)  # fmt: skip
     loop = threading.Thread(target=server.run, daemon=True)
     loop.start()
     try:
@@ -106,13 +109,13 @@ def test_a_worker_step_under_the_default_plan_is_one_fused_push_of_every_gradien
             def spying(header, parts):
                 if header["op"] == "push":
                     sent.append([(part.name, part.codec) for part in parts])
-                    grads = client_worker.model.grads
+                    grads = worker.model.grads
                     assert all(part.array is grads[part.name] for part in parts)  # no copy
                 return request(header, parts)
 
             client._request_locked = spying
-            client_worker = Worker(client, max_steps=4)
-            report = client_worker.run()
+            worker = Worker(client, max_steps=4)
+            report = worker.run()
             stats = client.stats()
     finally:
         server.request_stop()
