@@ -109,11 +109,11 @@ class Encoder:
         if held is not None and held[0] == spec:  # the common case: the spec of last time
             return held[2]
         codec_name, options = parse_spec(spec)
-        key = (codec_name, repr(sorted(options.items())))
-        if held is None or held[1] != key:
-            held = (spec, key, CODEC_CLASSES[codec_name](**options))
-        self._codecs[name] = (spec if isinstance(spec, str) else dict(spec), key, held[2])
-        return held[2]
+        key = (codec_name, repr(sorted(options.items())))  # the same codec written otherwise
+        same = held is not None and held[1] == key
+        codec = held[2] if same else CODEC_CLASSES[codec_name](**options)
+        self._codecs[name] = (spec if isinstance(spec, str) else dict(spec), key, codec)
+        return codec
 
     def count(self, parts: Iterable[WirePart]) -> None:
         """Add the parts' array bytes to `bytes_sent`, each under its parameter's name."""
