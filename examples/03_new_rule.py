@@ -39,7 +39,7 @@ class Damped(Rule):
         return {"name": self.name, "gamma": self.gamma}  # workers get this in hello
 
     def on_push(self, push: Push) -> Outcome:
-        return Outcome.apply(push, scale=self.gamma**push.staleness)  # apply now, scaled
+        return Outcome.update_now(push, scale=self.gamma**push.staleness)  # apply now, scaled
 
 
 def run(out: Path, gamma: float, max_samples: int) -> dict:

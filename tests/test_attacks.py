@@ -1,4 +1,4 @@
-"""The attacks of issue 10, each against a live server: none of them works any more.
+"""Attacks, each against a live server: none of them works.
 
 stop without an operator key, seq hijack, observer hijack, a finite 3e38 gradient that
 overflows the parameters, a 1,000-level `info`, a shape [0, 2^63].

@@ -168,6 +168,9 @@ def test_encoder_keeps_state_per_parameter_and_resets_on_a_new_spec():
     np.testing.assert_array_equal(encoder.codec("a", spec).residual, [1, 2, 0, 0])
     fresh = encoder.codec("a", {"codec": "topk", "ratio": 0.25})
     assert fresh.residual is None
+    assert encoder.codec("b", dict(spec)).residual is not None  # an equal spec: the same codec
+    spec["ratio"] = 0.25  # the caller's dict changed in place: a new spec, a new codec
+    assert encoder.codec("b", spec).residual is None
     assert encoder.bytes_sent == {"a": 16, "b": 16}
 
 

@@ -1,4 +1,4 @@
-"""Exactly once across death (issue 10): with a heartbeat timeout shorter than the clients'
+"""Exactly once across death: with a heartbeat timeout shorter than the clients'
 reply timeout, lost replies and workers declared dead while they compute or wait for a
 retry, every acknowledged push is applied exactly once. Counted with 32 concurrent clients.
 
@@ -66,13 +66,13 @@ def test_every_acknowledged_push_is_applied_exactly_once_across_deaths():
     with running_server(params=params, lr=1.0, heartbeat_timeout=HEARTBEAT) as server:
         lost: list[int] = []
         _losing_push_replies(server, random.Random(0), lost)
-        retire = server.control.retire
+        retire = server.membership.retire
 
         def counting_retire(worker, why):
             deaths.append(why)
-            retire(worker, why)
+            return retire(worker, why)
 
-        server.control.retire = counting_retire
+        server.membership.retire = counting_retire
         acked, errors = [0] * CLIENTS, []
         threads = [
             threading.Thread(target=_client, args=(server.endpoint, i, acked, errors))

@@ -124,5 +124,5 @@ def test_layer_plans_print_the_table_and_auto_sends_fewer_bytes_than_dense():
     predicted_up = int(re.search(r"predicted up (\S+) B", out).group(1).replace(",", ""))
     assert runs["dense"][1] == pytest.approx(1_724_320, rel=0.01)  # LeNet-5, float32
     assert runs["auto"][1] == pytest.approx(predicted_up, rel=0.05)  # the plan, as counted
-    # issue 8's claim: >= 10x fewer bytes up (the plan keeps conv weights at fp16: ~18x)
+    # the planner's claim: >= 10x fewer bytes up (the plan keeps conv weights at fp16: ~18x)
     assert runs["auto"][1] < runs["dense"][1] / 10 and runs["auto"][2] < runs["dense"][2] / 2

@@ -1,4 +1,4 @@
-"""The frictions of issue 11, each pinned: what a new user met, and what they see now."""
+"""What a new user meets first, each pinned: the message they see, the file they get."""
 
 import json
 import logging

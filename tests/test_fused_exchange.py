@@ -84,3 +84,44 @@ def test_a_retried_fused_push_is_applied_once_and_gets_the_parameters():
             assert server.store.version == 1  # applied once
             assert again.header["rid"] == 2 and set(again.arrays) == set(SHAPES)
             np.testing.assert_array_equal(again.arrays["fc.b"], first.arrays["fc.b"])
+
+
+def test_a_worker_step_under_the_default_plan_is_one_fused_push_of_every_gradient():
+    """The dense plan goes through the same sender as every plan: one push per step,
+    carrying every parameter's float32 gradient as it is, and its reply the parameters."""
+    from minips.nn import build_model
+    from minips.rules import make_rule
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
+    from minips.worker.worker import Worker
+
+    params = build_model("mlp", seed=0).params
+    config = {"model": {"name": "mlp"}, "dataset": "synthetic", "epochs": 1, "batch_size": 32}
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.05),
+                             ServerOptions(world_size=1), config=config)  # fmt: skip
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    try:
+        with PSClient(server.endpoint, timeout=30) as client:
+            sent: list[list[tuple[str, str]]] = []
+            request = client._request_locked
+
+            def spying(header, parts):
+                if header["op"] == "push":
+                    sent.append([(part.name, part.codec) for part in parts])
+                    grads = worker.model.grads
+                    assert all(part.array is grads[part.name] for part in parts)  # no copy
+                return request(header, parts)
+
+            client._request_locked = spying
+            worker = Worker(client, max_steps=4)
+            report = worker.run()
+            stats = client.stats()
+    finally:
+        server.request_stop()
+        loop.join(timeout=10)
+        server.close()
+    names = list(server.store.params)
+    assert report.steps == 4 and sent == [[(name, "dense") for name in names]] * 4
+    assert stats["worker_steps"] == 4 and stats["updates"] == 4
+    assert stats["messages_in"] == 1 + 1 + 4 + 1  # hello, the first pull, 4 steps, stats

@@ -1,4 +1,4 @@
-"""Server memory under hostile clients (issue 10): it stays under docs/protocol.md 10's bounds.
+"""Server memory under hostile clients: it stays under docs/protocol.md 10's bounds.
 
 Each test starts a real `minips server` process, reads its resident memory (VmRSS, and the
 peak VmHWM, from /proc/PID/status) when idle, attacks it from raw TCP sockets that speak

@@ -1,7 +1,7 @@
 """Behaviours of joining, leaving, retrying and stopping that the rest of the suite missed.
 
-Issue 7 ("First, pin today's behaviour with tests"): bugs planted in these places survived
-the suite. Each test here goes through surfaces a reshaping of the server keeps: the
+Each test here goes through surfaces a reshaping of the server keeps, so that it pins the
+behaviour and not the code: the
 socket protocol (PSClient, hand-built frames on a RawPeer), `stats`, `on_update` records,
 `server.store.params` and `minips.protocol.wire`. Whether the server holds a reply is seen with
 `send_then_fence` (a `stats` sent right behind the request on the same socket comes back

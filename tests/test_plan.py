@@ -39,14 +39,6 @@ def test_plan_round_trips_and_the_default_is_dense(tmp_path):
     assert plan.pull_order(["conv1.b", "conv1.w", "fc1.w"]) == ["conv1.w", "conv1.b", "fc1.w"]
 
 
-def test_a_step_is_one_plain_push_only_when_every_gradient_goes_dense_every_step():
-    assert Plan().pushes_dense()
-    assert Plan(params={"fc1.w": ParamPlan(pull="fp16", priority=1)}).pushes_dense()  # pulls
-    assert not Plan(params={"fc1.w": ParamPlan(push="fp16")}).pushes_dense()
-    assert not Plan(params={"fc1.w": ParamPlan(every=2)}).pushes_dense()
-    assert not Plan(wait_free=True).pushes_dense()
-
-
 @pytest.mark.parametrize(
     "document, words",
     [

@@ -1,5 +1,5 @@
-"""docs/protocol.md and the server agree on each point issue 10 found them disagreeing on
-(a client written from the document alone), and on the limits and codes added since.
+"""docs/protocol.md and the server agree on each point where a client written from the
+document alone could go wrong, and on every limit and error code.
 
 Each test reads the document's own words or numbers where it can, then asks a live server.
 """
@@ -16,7 +16,7 @@ import zmq
 from test_server_support import RawPeer, running_server
 
 from minips.protocol import wire
-from minips.server import guard, registry
+from minips.server import checks, registry
 from minips.server.server import ServerOptions
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
@@ -119,7 +119,7 @@ def test_the_limits_of_section_10_are_the_servers():
     assert f"| observers registered at once | {registry.MAX_OBSERVERS};" in section
     assert f"silent for {registry.OBSERVER_EXPIRY} × `heartbeat_timeout`" in section
     assert f"| worker ids remembered (live or not) | {registry.MAX_REGISTERED:,} " in section
-    assert guard.MAX_INFO_BYTES == 1024 and f"{guard.MAX_INFO_DEPTH} levels" in section
+    assert checks.MAX_INFO_BYTES == 1024 and f"{checks.MAX_INFO_DEPTH} levels" in section
     assert f"high-water mark is {options.send_hwm} messages" in section
     assert "`MAXMSGSIZE` is the frame limit" in section
     with running_server() as server:
@@ -144,5 +144,5 @@ def test_section_15_names_the_socket_options_the_code_sets():
         assert option in auth_source and option.upper() in section
     for name in ("server.key", "server.key_secret", "allowed/", "operators/", "User-Id"):
         assert name in section
-    server_source = (SOURCES / "server" / "server.py").read_text()
+    server_source = (SOURCES / "server" / "router.py").read_text()
     assert "ROUTER_HANDOVER" in section and "ROUTER_HANDOVER" in server_source

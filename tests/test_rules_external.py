@@ -16,7 +16,7 @@ class Halved(Rule):
     def __init__(self, factor=0.5):
         self.factor = factor
     def on_push(self, push):
-        return Outcome.apply(push, scale=self.factor)
+        return Outcome.update_now(push, scale=self.factor)
 
 NOT_A_RULE = 3
 """

@@ -228,7 +228,7 @@ class InverseStaleness(ASGD):
     name = "inverse_test"
 
     def on_push(self, push):
-        return Outcome.apply(push, scale=1.0 / max(1, push.staleness))
+        return Outcome.update_now(push, scale=1.0 / max(1, push.staleness))
 
 
 def test_a_rule_plugs_in_with_one_on_push_method():

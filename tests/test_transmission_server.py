@@ -49,7 +49,7 @@ def test_delta_pulls_keep_the_worker_copy_equal_to_the_server_replica():
                 assert reply.params["fc.b"].dtype == np.float16
                 copy["fc.b"] = reply.params["fc.b"].astype(np.float32)
                 version = reply.version
-                replica = server.pulls._replicas["a"][1]["fc.w"]
+                replica = server.pulls.encoder._replicas["a"][1]["fc.w"]
                 assert np.array_equal(copy["fc.w"], replica)  # bit for bit
             # Nothing new: the delta parameter is left out (a lost reply changes nothing).
             assert "fc.w" not in a.pull(version).deltas

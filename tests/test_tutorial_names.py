@@ -13,7 +13,7 @@ SKIP = ("minips.web", "minips.dashboard", "minips.exercise", "minips.__main__")
 
 
 def _classes() -> dict[str, list[type]]:
-    """Every minips class by name (a name may be used twice: nn's Dense, codecs' Dense)."""
+    """Every minips class by name (a name may be used twice in different packages)."""
     found: dict[str, list[type]] = {}
     for info in pkgutil.walk_packages(minips.__path__, "minips."):
         if info.name.startswith(SKIP):

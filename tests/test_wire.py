@@ -154,7 +154,7 @@ def _desc(**overrides):
         (_desc(shape=[3]), b"\0" * 8, "shape"),  # 12 bytes expected
         (_desc(shape=[2]), b"\0" * 7, "shape"),  # truncated frame
         (_desc(shape=[-2]), b"", "shape"),
-        (_desc(shape="2"), b"\0" * 8, "bad_field"),  # not a list (issue 10's decision)
+        (_desc(shape="2"), b"\0" * 8, "bad_field"),  # not a list (docs/protocol.md 2)
         (_desc(shape=[1] * 9), b"\0" * 4, "too_large"),  # a limit of protocol.md 10
         (_desc(name=""), b"\0" * 8, "bad_field"),
         (_desc(name=5), b"\0" * 8, "bad_field"),

@@ -11,11 +11,12 @@ counters. Median of --repeats windows.
     python tools/bench_server.py --clients 1,2,4,8 --seconds 3 --repeats 3 \
         [--mode pushpull|fused|push] [--transport tcp|ipc] [--server minips|raw|raw-work]
 
-`--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings of
-issue 9): a bare pyzmq ROUTER answering bare DEALER clients with the same bytes (push -> ack,
-pull and fused -> the 8 parameter frames), with no work (`raw`: prebuilt frames) or with the
-minimal correct asgd work (`raw-work`: finiteness by a dot, momentum 0.9 in place, each new
-version in a buffer no frame in flight references, sent with copy=False).
+`--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings:
+what the same bytes cost without minips): a bare pyzmq ROUTER answering bare DEALER clients
+with the same bytes (push -> ack, pull and fused -> the 8 parameter frames), with no work
+(`raw`: prebuilt frames) or with the minimal correct asgd work (`raw-work`: finiteness by a
+dot, momentum 0.9 in place, each new version in a buffer no frame in flight references,
+sent with copy=False).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The server's own work for one step, in-process: no peer, no network, no client.
 
-A ParameterServer (asgd, plain SGD) holding LeNet-5-sized tensors is handed prebuilt request
-frames directly (`serve`), one push of all gradients and then a pull (`pushpull`), or one
-fused push with `pull_since` (`fused`); the figure is the median time of that call over 300
-steps after 30 warm-up steps. Replies go to a ROUTER socket with no peer (ZeroMQ drops
-them), so what is timed is decoding, checks, the update and encoding the reply.
+A ParameterServer (asgd; SGD with momentum 0 unless --momentum) holding LeNet-5-sized
+tensors is handed prebuilt request frames directly (`serve`), one push of all gradients and
+then a pull (`pushpull`), or one fused push with `pull_since` (`fused`); the figure is the
+median time of that call over 300 steps after 30 warm-up steps. Replies go to a ROUTER
+socket with no peer (ZeroMQ drops them), so what is timed is decoding, checks, the update
+and encoding the reply.
 
-    python tools/bench_server_work.py pushpull|fused
+    python tools/bench_server_work.py pushpull|fused [--momentum 0.9]
     PYTHONPATH=<a checkout of an older commit> python tools/bench_server_work.py pushpull
 
 The second form times an older version of minips (one from before `ServerOptions`, whose
@@ -15,6 +16,7 @@ handler was `_handle` and which had no fused exchange, works too).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -28,7 +30,7 @@ from bench_wire import _tensors  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.server import server as server_module  # noqa: E402
 
-try:  # SGD moved into minips.server.store; an older checkout (PYTHONPATH) has minips.optim
+try:  # a checkout from before minips.server.store (on PYTHONPATH) has minips.optim
     from minips.server.store import SGD  # noqa: E402
 except ImportError:
     from minips.optim import SGD  # noqa: E402
@@ -37,21 +39,26 @@ from minips.rules import make_rule  # noqa: E402
 NEW = hasattr(server_module, "ServerOptions")
 
 
-def _server():
+def _server(momentum: float):
     params = _tensors()
     cls = server_module.ParameterServer
+    optimizer = SGD(params, lr=1e-6, momentum=momentum)
     if NEW:
-        server = cls(params, make_rule("asgd"), SGD(params, lr=1e-6), server_module.ServerOptions())
+        server = cls(params, make_rule("asgd"), optimizer, server_module.ServerOptions())
         return server, server.serve
-    server = cls(params, make_rule("asgd"), SGD(params, lr=1e-6), {})
+    server = cls(params, make_rule("asgd"), optimizer, {})
     return server, server._handle
 
 
 def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "pushpull"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", default="pushpull", choices=("pushpull", "fused"))
+    parser.add_argument("--momentum", type=float, default=0.0, help="the server's SGD momentum")
+    args = parser.parse_args()
+    mode = args.mode
     if mode == "fused" and not NEW:
         raise SystemExit("this version has no fused exchange")
-    server, serve = _server()
+    server, serve = _server(args.momentum)
     grads, rid = _tensors(1), [0]
 
     def frames(header, arrays=None):
@@ -81,7 +88,8 @@ def main() -> None:
         step()
     times = [step() for _ in range(300)]
     label = "current" if NEW else "old"
-    print(f"{label} {mode}: {statistics.median(times) * 1e3:.3f} ms (median of 300)")
+    extra = f", momentum {args.momentum:g}" if args.momentum else ""
+    print(f"{label} {mode}{extra}: {statistics.median(times) * 1e3:.3f} ms (median of 300)")
     server.close()
 
 

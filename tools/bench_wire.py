@@ -15,7 +15,7 @@ Both servers run in their own process on TCP loopback, in the same run:
 - tiny: minips `ping` vs a raw one-frame echo (fixed overhead per request).
 The two are timed in alternating blocks of 25 round trips, so load drift on the machine
 hits both alike.
-- ceilings (issue 9), from tools/raw_ps.py, interleaved in the same blocks: "raw fused",
+- ceilings, from tools/raw_ps.py, interleaved in the same blocks: "raw fused",
   one raw round trip of the same bytes (header + 8 gradient frames up, header + 8 parameter
   frames down), no work; "raw fused + work", the same with the minimal correct asgd work
   (finiteness by a dot, momentum 0.9 in place, each version into a free buffer sent with

@@ -2,7 +2,7 @@
 
 Not minips: no msgpack, no validation of shapes or fields, no rules, no stats beyond a
 counter. These are the yardsticks that tools/bench_wire.py and tools/bench_server.py put
-minips beside (issue 9): what the same bytes cost over the same sockets with no work, and
+minips beside: what the same bytes cost over the same sockets with no work, and
 with only the minimal correct work of an asgd update.
 
 Frames (DEALER -> ROUTER; the ROUTER adds and strips the routing frame). The first frame is

@@ -4,7 +4,7 @@ One class per codec (docs/protocol.md section 13 is the normative wire layout):
 
 | codec     | class               | parts (frames)          | bytes for fc1 (800 x 500), B = 64    |
 | --------- | ------------------- | ----------------------- | ------------------------------------ |
-| `dense`   | `Dense`             | the float32 tensor      | 1,600,000                            |
+| `dense`   | `Identity`          | the float32 tensor      | 1,600,000                            |
 | `fp16`    | `Fp16`              | the float16 tensor      | 800,000                              |
 | `topk`    | `TopK`              | `indices`, `values`     | 8 per entry sent: 32,000 at 1%       |
 | `sf`      | `SufficientFactors` | `x` (B, in), `dy` (B, out) | 332,800 (166,400 as float16)      |
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from minips.codecs.base import Codec, Factors, Gradient
-from minips.codecs.dense import Dense, Fp16
+from minips.codecs.dense import Fp16, Identity
 from minips.codecs.factors import LowRank, SufficientFactors
 from minips.codecs.topk import TopK, top_k_indices
 from minips.errors import ConfigError
@@ -33,11 +33,11 @@ from minips.protocol.wire import Message, ProtocolError, WirePart, all_finite
 __all__ = [
     "CODEC_CLASSES",
     "Codec",
-    "Dense",
     "Encoder",
     "Factors",
     "Fp16",
     "Gradient",
+    "Identity",
     "LowRank",
     "Spec",
     "SufficientFactors",
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 CODEC_CLASSES: dict[str, type[Codec]] = {
-    cls.name: cls for cls in (Dense, Fp16, TopK, SufficientFactors, LowRank)
+    cls.name: cls for cls in (Identity, Fp16, TopK, SufficientFactors, LowRank)
 }
 
 EXTRA_PREFIX = "extra/"
@@ -100,18 +100,20 @@ class Encoder:
     """
 
     def __init__(self) -> None:
-        self._codecs: dict[str, tuple[tuple[str, str], Codec]] = {}
+        self._codecs: dict[str, tuple[Spec, tuple[str, str], Codec]] = {}  # name -> codec
         self.bytes_sent: dict[str, int] = {}  # parameter -> array bytes encoded, all steps
 
     def codec(self, name: str, spec: Spec) -> Codec:
         """The (stateful) codec object of parameter `name` for `spec`."""
-        codec_name, options = parse_spec(spec)
-        key = (codec_name, repr(sorted(options.items())))
         held = self._codecs.get(name)
-        if held is None or held[0] != key:
-            held = (key, CODEC_CLASSES[codec_name](**options))
-            self._codecs[name] = held
-        return held[1]
+        if held is not None and held[0] == spec:  # the common case: the spec of last time
+            return held[2]
+        codec_name, options = parse_spec(spec)
+        key = (codec_name, repr(sorted(options.items())))  # the same codec written otherwise
+        same = held is not None and held[1] == key
+        codec = held[2] if same else CODEC_CLASSES[codec_name](**options)
+        self._codecs[name] = (spec if isinstance(spec, str) else dict(spec), key, codec)
+        return codec
 
     def count(self, parts: Iterable[WirePart]) -> None:
         """Add the parts' array bytes to `bytes_sent`, each under its parameter's name."""

@@ -1,4 +1,5 @@
-"""The single-frame codecs: `dense` (float32 as is) and `fp16` (float32 narrowed to float16)."""
+"""The single-frame codecs: `dense` (the identity: float32 as is) and `fp16` (float32
+narrowed to float16)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from minips.codecs.base import Codec, Gradient, dense_float32
 from minips.protocol.wire import ProtocolError, WirePart
 
 
-class Dense(Codec):
-    """The gradient itself, float32: 4 bytes per element, exact."""
+class Identity(Codec):
+    """Codec `dense`, the identity: the gradient itself, float32, 4 bytes per element, exact.
+
+    Both ends pass the array through untouched: the worker sends a view of its gradient
+    array, the server applies a view of the received frame (no copy on either side).
+    """
 
     name = "dense"
 
@@ -34,7 +39,8 @@ class Fp16(Codec):
     """The gradient rounded to float16: 2 bytes per element, relative error <= 2^-11.
 
     Values beyond float16's range (|g| > 65504) become Inf, which the server refuses
-    (`nonfinite`); the reference client does not check, as it did not before codecs.
+    (`nonfinite`); the reference client does not check (the server's refusal is the check
+    every client, in any language, meets alike).
     """
 
     name = "fp16"

@@ -12,8 +12,8 @@ A plan says, per parameter ("<layer>.<param>"):
 
 and, for the whole plan, `wait_free`: each layer's gradients are handed to a sender thread
 as backward produces them (minips.worker.transmit). Parameters not named are dense both ways,
-every step. The all-dense plan (`Plan()`) is today's behaviour; it is not sent in hello,
-so a default run's bytes do not change. A plan travels in hello's config as `to_dict()`.
+every step. The all-dense plan (`Plan()`) is the default; it is not sent in hello, so a
+default run's hello carries no plan at all. A plan travels in hello's config as `to_dict()`.
 
     plan = Plan.from_dict({"wait_free": True, "params": {"fc1.w": {"push": "fp16"}}})
     plan.param("fc1.w").push        # "fp16"
@@ -49,7 +49,7 @@ class ParamPlan:
     priority: int = 0
 
     def is_dense(self) -> bool:
-        """Dense both ways, every step, default priority: today's behaviour."""
+        """Dense both ways, every step, default priority: as without a plan."""
         return self == ParamPlan()
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,13 +124,6 @@ class Plan:
     def is_dense(self) -> bool:
         """The all-dense default: every parameter dense both ways, every step, no thread."""
         return not self.wait_free and all(p.is_dense() for p in self.params.values())
-
-    def pushes_dense(self) -> bool:
-        """Every gradient pushed dense at every step, no sender thread (pulls may differ):
-        a worker's step is then one plain push (Worker.push, no StepSender)."""
-        return not self.wait_free and all(
-            p.push == "dense" and p.every == 1 for p in self.params.values()
-        )
 
     def push_specs(self) -> dict[str, Spec]:
         """name -> push codec spec, for the parameters not pushed dense."""

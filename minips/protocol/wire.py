@@ -9,10 +9,11 @@ factors: x and dy) sends one frame per *part*: its descriptors add `part` (which
 of `CODECS`. Turning parts back into a dense gradient is `minips.codecs`' job.
 
 `encode` and `decode` are pure functions over lists of byte buffers, so everything here is
-tested without sockets. `decode` validates everything a hostile or buggy peer can get wrong
-and raises `ProtocolError` with a one-line reason and a machine-readable `code`; the server
-turns that into an `{"op": "error"}` reply. docs/protocol.md is the normative description.
-Arrays never go through msgpack (no copy, no size blow-up) and nothing is ever unpickled.
+tested without sockets. `decode` trusts nothing it has not checked: the checks a hostile or
+buggy peer's frames must pass sit beside it, in minips/protocol/checks.py (with the
+allow-lists, limits and field schemas they check against, re-exported here), and raise
+`ProtocolError`. docs/protocol.md is the normative description. Arrays never go through
+msgpack (no copy, no size blow-up) and nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -25,108 +26,32 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from minips.errors import MinipsError
+from minips.protocol import checks
+from minips.protocol.checks import (
+    CODECS,
+    DEFAULT_LIMITS,
+    DTYPES,
+    MAX_NAME_CHARS,
+    MAX_NDIM,
+    PROTOCOL_VERSION,
+    PULL_ONLY_CODECS,
+    REPLY_FIELDS,
+    REPLY_OPS,
+    REQUEST_FIELDS,
+    REQUEST_OPS,
+    Limits,
+    ProtocolError,
+    all_finite,
+    sum_of_squares,
+)
 
-PROTOCOL_VERSION = 1
-
-# Wire dtype name -> NumPy dtype. Always little-endian, whatever the host.
-DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype("<f4"),
-    "float16": np.dtype("<f2"),
-    "int32": np.dtype("<i4"),
-    "int64": np.dtype("<i8"),
-}
-
-_FLOATS = frozenset({"float32", "float16"})
-
-# Codec -> its parts, in wire order -> the dtypes each part may carry. A single-frame codec
-# has the one part None (its descriptor has no `part` key): "dense" is the array itself,
-# "fp16" a float32 tensor sent as float16 (the receiver widens it). The multi-part codecs
-# are docs/protocol.md section 13; minips.codecs implements one class per entry.
-CODECS: dict[str, dict[str | None, frozenset[str]]] = {
-    "dense": {None: frozenset({"float32", "int32", "int64"})},
-    "fp16": {None: frozenset({"float16"})},
-    "topk": {"indices": frozenset({"int32"}), "values": _FLOATS},
-    "sf": {"x": _FLOATS, "dy": _FLOATS},
-    "lowrank": {"p": _FLOATS, "q": _FLOATS},
-    "delta": {"indices": frozenset({"int32"}), "values": _FLOATS},  # pull replies only (13.7)
-}
-
-PULL_ONLY_CODECS = frozenset({"delta"})  # added to the worker's copy: never in a request
-
-REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
-REPLY_OPS = REQUEST_OPS + ("error",)
-
-# Field schemas: op -> {field: (kind, required)}. `v`, `op`, `rid`, `arrays` are common to
-# all messages and checked separately. Unknown extra fields are ignored (forward compatible).
-_WORKER = ("str", True)
-REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
-    "hello": {"worker": _WORKER, "info": ("map", False)},
-    "pull": {"worker": _WORKER, "since": ("uint?", False)},
-    "push": {
-        "worker": _WORKER,
-        "seq": ("uint", True),
-        "base": ("uint", True),
-        "last": ("bool", False),
-        "samples": ("uint", False),
-        "pull_since": ("uint?", False),  # present: a fused push + pull (protocol.md 5.3)
-    },
-    "ping": {"worker": _WORKER},
-    "stats": {},
-    "bye": {"worker": _WORKER, "finished": ("bool", False)},
-    "stop": {},
-    "checkpoint": {},
-}
-REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
-    "hello": {
-        "worker": _WORKER,
-        "rank": ("uint", True),
-        "world_size": ("uint", True),
-        "config": ("map", True),
-        "version": ("uint", True),
-        "heartbeat_timeout": ("number", True),
-    },
-    "pull": {"version": ("uint", True), "param_versions": ("map", True), "stop": ("bool", True)},
-    "push": {
-        "version": ("uint", True),
-        "seq": ("uint", True),
-        "applied": ("bool", True),
-        "staleness": ("uint", True),
-        "stop": ("bool", True),
-        "param_versions": ("map", False),  # the pull half of a fused push + pull
-    },
-    "ping": {"version": ("uint", True), "stop": ("bool", True)},
-    "stats": {"stats": ("map", True)},
-    "bye": {},
-    "stop": {},
-    "checkpoint": {"path": ("str", True), "version": ("uint", True)},
-    "error": {"reason": ("str", True), "code": ("str", True)},
-}
-
-MAX_NAME_CHARS = 256
-MAX_NDIM = 8
-
-
-class ProtocolError(MinipsError):
-    """A message broke the protocol; `code` names the rule (see docs/protocol.md, "Errors")."""
-
-    def __init__(self, reason: str, code: str = "malformed") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits the decoder enforces (ZeroMQ's MAXMSGSIZE is a second, coarser fence)."""
-
-    max_header_bytes: int = 1 << 20  # 1 MiB: config and stats are small
-    max_frame_bytes: int = 64 << 20  # 64 MiB per array: 16 M float32
-    max_message_bytes: int = 256 << 20  # 256 MiB for all frames together
-    max_arrays: int = 4096
-
-
-DEFAULT_LIMITS = Limits()
+__all__ = [
+    "CODECS", "DEFAULT_LIMITS", "DTYPES", "MAX_NAME_CHARS", "MAX_NDIM", "PROTOCOL_VERSION",
+    "PULL_ONLY_CODECS", "REPLY_FIELDS", "REPLY_OPS", "REQUEST_FIELDS", "REQUEST_OPS", "Limits",
+    "Message", "ProtocolError", "WirePart", "all_finite", "decode", "decode_reply",
+    "decode_request", "encode", "encode_parts", "error_frames", "peek_rid", "sum_of_squares",
+    "to_float32",
+]  # fmt: skip
 
 
 @dataclass
@@ -178,7 +103,7 @@ class WirePart:
         """(descriptor, the array as sent: C-contiguous, little-endian wire dtype).
 
         A descriptor is {name, dtype, shape, codec}, plus {part, of} for a part of a
-        multi-part codec (in that key order: dense/fp16 messages are as before parts).
+        multi-part codec, in that key order (docs/protocol.md 2: the order is the bytes).
         Raises ProtocolError (`dtype`, `bad_field`) for what the codec cannot carry.
         """
         dtype_name = _wire_dtype_name(self.array.dtype)
@@ -237,28 +162,11 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     descriptors (name, dtype allow-list, codec, shape) against the frames' sizes.
     Use `decode_request` / `decode_reply` to also check the op's fields.
     """
-    buffers, total = _bounded_buffers(frames, limits)
-    header = _unpack_header(buffers[0], limits)
+    buffers, total = checks.bounded_buffers(frames, limits)
+    header = checks.unpack_header(buffers[0], limits)
     message = Message(header=header, nbytes=total)
     _decode_arrays(message, header.get("arrays", []), buffers[1:], limits)
     return message
-
-
-def _bounded_buffers(frames: Sequence[Any], limits: Limits) -> tuple[list[memoryview], int]:
-    """The frames as buffers and their total size, after the frame count and size limits."""
-    if not frames:
-        raise ProtocolError("empty message: expected a header frame")
-    if len(frames) - 1 > limits.max_arrays:
-        raise ProtocolError(
-            f"{len(frames) - 1} array frames exceed the limit of {limits.max_arrays}", "too_large"
-        )
-    buffers = [_as_buffer(frame) for frame in frames]
-    total = sum(buf.nbytes for buf in buffers)
-    if total > limits.max_message_bytes:
-        raise ProtocolError(
-            f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}", "too_large"
-        )
-    return buffers, total
 
 
 def _decode_arrays(
@@ -275,7 +183,7 @@ def _decode_arrays(
         )
     previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
     for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
-        name, dtype, shape, codec = _check_descriptor(desc, index, limits)
+        name, dtype, shape, codec = checks.check_descriptor(desc, index, limits)
         part = _check_part(desc, name, codec, message, previous, limits)
         previous = (name, part)
         if buf.nbytes > limits.max_frame_bytes:
@@ -304,27 +212,23 @@ def _decode_arrays(
 def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     """`decode`, then check the request's fields; a push's float arrays must be finite."""
     message = decode(frames, limits)
-    _check_fields(message.header, REQUEST_FIELDS, "request")
+    checks.check_fields(message.header, REQUEST_FIELDS, "request")
     if message.op == "push":
-        for name in message.codecs:
-            if message.codecs[name] in PULL_ONLY_CODECS:
+        for name, codec in message.codecs.items():
+            if codec in PULL_ONLY_CODECS:
                 raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
             for array in message.frames_of(name):
-                if array.dtype.kind != "f":
-                    continue
-                sq_norm = sum_of_squares(array) if array.dtype == np.float32 else np.inf
-                if math.isfinite(sq_norm):  # then every element is finite: one pass
-                    if name in message.arrays:
+                if array.dtype.kind == "f":
+                    sq_norm = checks.check_finite(name, array)
+                    if sq_norm is not None and name in message.arrays:
                         message.sq_norms[name] = sq_norm
-                elif not bool(np.isfinite(array).all()):
-                    raise ProtocolError(f"array {name!r} contains NaN or Inf", "nonfinite")
     return message
 
 
 def decode_reply(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     """`decode`, then check the reply's fields (op is a request op or "error")."""
     message = decode(frames, limits)
-    _check_fields(message.header, REPLY_FIELDS, "reply")
+    checks.check_fields(message.header, REPLY_FIELDS, "reply")
     return message
 
 
@@ -343,7 +247,7 @@ def peek_rid(frames: Sequence[Any]) -> int | None:
         rid = header.get("rid")
     except Exception:  # anything unreadable simply has no rid
         return None
-    return rid if _is_uint(rid) else None
+    return rid if checks.is_uint(rid) else None
 
 
 def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
@@ -353,115 +257,7 @@ def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
     return array
 
 
-def sum_of_squares(array: np.ndarray) -> float:
-    """x.x of a float32 array (BLAS sdot) as a Python float: one pass, no temporary.
-
-    Finite exactly when every x_i is, unless finite values overflow it (inf: then look at
-    the elements). 0.02 ms for LeNet-5's fc1 gradient against 0.03 ms for np.isfinite().all().
-    """
-    flat = array.reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.dot(flat, flat))
-
-
-def all_finite(array: np.ndarray) -> bool:
-    """True when no element is NaN or +-Inf (float32: `sum_of_squares` first, one pass)."""
-    if array.dtype == np.float32 and array.size and math.isfinite(sum_of_squares(array)):
-        return True
-    return bool(np.isfinite(array).all())
-
-
-# ---------------------------------------------------------------------------------- helpers
-
-
-def _as_buffer(frame: Any) -> memoryview:
-    """bytes, bytearray, memoryview, ndarray or zmq.Frame -> a flat byte memoryview."""
-    try:
-        view = memoryview(frame)
-    except TypeError as exc:
-        raise ProtocolError(f"frame of type {type(frame).__name__} is not a byte buffer") from exc
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _reject_ext(code: int, data: bytes) -> Any:
-    raise ProtocolError(f"msgpack extension type {code} is not allowed in a header")
-
-
-def _unpack_header(buf: memoryview, limits: Limits) -> dict[str, Any]:
-    if buf.nbytes > limits.max_header_bytes:
-        raise ProtocolError(
-            f"header of {buf.nbytes} bytes exceeds the limit of {limits.max_header_bytes}",
-            "too_large",
-        )
-    try:
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, ext_hook=_reject_ext)
-    except ProtocolError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
-    version = header.get("v")
-    if not _is_uint(version):
-        raise ProtocolError(
-            "header field 'v' (protocol version) is missing or not an integer", "version"
-        )
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"protocol version {version} is not supported (this end speaks {PROTOCOL_VERSION})",
-            "version",
-        )
-    op = header.get("op")
-    if not isinstance(op, str):
-        raise ProtocolError("header field 'op' is missing or not a string", "bad_field")
-    if op not in REPLY_OPS:
-        raise ProtocolError(f"unknown op {op[:40]!r}", "unknown_op")
-    if "rid" in header and not _is_uint(header["rid"]):
-        raise ProtocolError("header field 'rid' must be a non-negative integer", "bad_field")
-    return header
-
-
-def _check_descriptor(
-    desc: Any, index: int, limits: Limits
-) -> tuple[str, np.dtype, tuple[int, ...], str]:
-    if not isinstance(desc, dict):
-        raise ProtocolError(f"arrays[{index}] must be a map", "bad_field")
-    missing = [key for key in ("name", "dtype", "shape", "codec") if key not in desc]
-    if missing:
-        raise ProtocolError(f"arrays[{index}] lacks {', '.join(missing)}", "bad_field")
-    name, dtype_name, shape, codec = (desc.get(k) for k in ("name", "dtype", "shape", "codec"))
-    if not isinstance(name, str) or not name:
-        raise ProtocolError(f"arrays[{index}].name must be a non-empty string", "bad_field")
-    if len(name) > MAX_NAME_CHARS:
-        raise ProtocolError(
-            f"arrays[{index}].name exceeds the limit of {MAX_NAME_CHARS} characters", "too_large"
-        )
-    if not all(isinstance(v, str) or v is None for v in (dtype_name, codec, desc.get("part"))):
-        raise ProtocolError(f"array {name!r}: dtype, codec and part must be strings", "bad_field")
-    if dtype_name not in DTYPES:
-        raise ProtocolError(
-            f"array {name!r}: dtype {str(dtype_name)[:20]!r} not allowed "
-            f"(allowed: {', '.join(DTYPES)})",
-            "dtype",
-        )
-    if codec not in CODECS:
-        raise ProtocolError(
-            f"array {name!r}: unknown codec {str(codec)[:20]!r} (known: {', '.join(CODECS)})",
-            "dtype",
-        )
-    part = desc.get("part")
-    allowed = CODECS[codec].get(part) if isinstance(part, (str, type(None))) else None
-    if allowed is None:
-        parts = ", ".join(str(p) for p in CODECS[codec])
-        raise ProtocolError(
-            f"array {name!r}: codec {codec!r} has no part {str(part)[:20]!r} (parts: {parts})",
-            "bad_field",
-        )
-    if dtype_name not in allowed:
-        what = codec if part is None else f"{codec}/{part}"
-        raise ProtocolError(f"array {name!r}: codec {what!r} cannot carry {dtype_name}", "dtype")
-    _check_shape(shape, f"array {name!r}: shape", limits)
-    return name, DTYPES[dtype_name], tuple(shape), codec
+# ------------------------------------------------------- where a part stands in a tensor
 
 
 def _check_part(
@@ -487,7 +283,7 @@ def _check_part(
     if part is None:
         return None
     of = desc.get("of")
-    _check_shape(of, f"array {name!r}: `of`", limits)
+    checks.check_shape(of, f"array {name!r}: `of`", limits)
     if math.prod(of) * 4 > limits.max_frame_bytes:
         raise ProtocolError(
             f"array {name!r}: dense shape {of} exceeds the frame limit of "
@@ -513,68 +309,6 @@ def _check_complete(message: Message, name: str) -> None:
     if name in message.parts and len(message.parts[name]) != len(CODECS[codec]):
         missing = [p for p in CODECS[codec] if p not in message.parts[name]]
         raise ProtocolError(f"array {name!r}: codec {codec} lacks part(s) {missing}", "bad_field")
-
-
-def _check_shape(shape: Any, what: str, limits: Limits) -> None:
-    """A shape is a list (else `bad_field`) of at most MAX_NDIM non-negative integers (else
-    `too_large` / `shape`), none above the frame limit, even with a zero elsewhere
-    (`too_large`: [0, 2^63] describes no bytes but no array either)."""
-    if not isinstance(shape, list):
-        raise ProtocolError(f"{what} must be a list", "bad_field")
-    if len(shape) > MAX_NDIM:
-        raise ProtocolError(f"{what} has more than {MAX_NDIM} dimensions", "too_large")
-    if not all(_is_uint(d) for d in shape):
-        raise ProtocolError(f"{what} must hold non-negative integers", "shape")
-    if any(d > limits.max_frame_bytes for d in shape):
-        raise ProtocolError(
-            f"{what} has a dimension above the frame limit of {limits.max_frame_bytes}",
-            "too_large",
-        )
-
-
-def _check_fields(
-    header: dict[str, Any], schema: dict[str, dict[str, tuple[str, bool]]], kind: str
-) -> None:
-    op = header["op"]
-    if op not in schema:
-        raise ProtocolError(f"op {op!r} is not a {kind}", "unknown_op")
-    for name, (type_name, required) in schema[op].items():
-        if name not in header:
-            if required:
-                raise ProtocolError(f"{op} {kind} lacks field {name!r}", "bad_field")
-            continue
-        value = header[name]
-        if type_name == "str" and isinstance(value, str) and len(value) > MAX_NAME_CHARS:
-            raise ProtocolError(
-                f"{op} {kind} field {name!r} exceeds {MAX_NAME_CHARS} characters", "too_large"
-            )
-        if not _CHECKS[type_name](value):
-            raise ProtocolError(
-                f"{op} {kind} field {name!r} must be {_KIND_TEXT[type_name]}", "bad_field"
-            )
-
-
-def _is_uint(value: Any) -> bool:
-    # bool is an int subclass in Python; msgpack keeps them apart, so must we.
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-_CHECKS = {
-    "uint": _is_uint,
-    "uint?": lambda v: v is None or _is_uint(v),
-    "str": lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS,
-    "bool": lambda v: isinstance(v, bool),
-    "map": lambda v: isinstance(v, dict),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-}
-_KIND_TEXT = {
-    "uint": "a non-negative integer",
-    "uint?": "a non-negative integer or nil",
-    "str": f"a string of 1..{MAX_NAME_CHARS} characters",
-    "bool": "a boolean",
-    "map": "a map",
-    "number": "a number",
-}
 
 
 def _wire_dtype_name(dtype: np.dtype) -> str:

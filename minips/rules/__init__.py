@@ -7,7 +7,7 @@ the server loop carries out:
 
     class DASGD(ASGD):
         def on_push(self, push):
-            return Outcome.apply(push, scale=self.factor(push.staleness))   # lr * f(tau)
+            return Outcome.update_now(push, scale=self.factor(push.staleness))   # lr * f(tau)
 
 classic.py: asgd, ssp, ssgd. delay.py: dasgd (clock staleness), vsgd (value staleness),
 dcasgd (delay compensation). gap.py: gap (Gap-Aware, value staleness per coordinate).

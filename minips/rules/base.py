@@ -1,45 +1,24 @@
-"""The rule interface: a push as a rule sees it, what a rule decides, the base class, and
-the simplest rule, ASGD, that most others build on.
+"""The rule interface: what a rule decides, the base class, and the simplest rule, ASGD,
+that most others build on.
 
 A rule never acts on the server: it reads the parameter store and the worker registry it
-was attached to, and returns an `Outcome` (updates to apply, pushes to answer or drop)
-that the server loop carries out.
+was attached to (and the pushes booked there: minips.server.registry.Push, re-exported by
+minips.rules), and returns an `Outcome` (updates to apply, pushes to answer or drop) that
+the server loop carries out. The dependency runs one way: the server uses the rules, the
+rules read the server's state, and neither the registry nor the store imports a rule.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from minips.errors import ConfigError
-
-if TYPE_CHECKING:
-    from minips.server.registry import WorkerRegistry, WorkerState
-    from minips.server.store import ParameterStore
-
-
-@dataclass(eq=False)
-class Push:
-    """One accepted push: float32 gradients by parameter name, plus rule-specific extras.
-
-    `staleness` is tau = t - base: set on arrival, and refreshed when the push goes into
-    an applied update (t = the global version just before it).
-    """
-
-    worker: WorkerState
-    seq: int
-    base: int
-    last: bool  # ends the worker's step (clock)
-    grads: dict[str, np.ndarray]  # name -> float32, parameter's shape
-    extra: dict[str, np.ndarray] = field(default_factory=dict)  # "extra/<key>" -> array
-    staleness: int = 0
-    reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
-    fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
-    pull_since: int | None = None
-    sq_norms: dict[str, float] = field(default_factory=dict)  # ||g||^2 (or more) from the wire
+from minips.server.registry import Push, WorkerRegistry, WorkerState
+from minips.server.store import ParameterStore
 
 
 @dataclass(eq=False)
@@ -53,15 +32,6 @@ class Update:
     pushes: list[Push]
     steps: list[tuple[str, np.ndarray, float]]
     value_staleness: dict[str, float] | None = None
-
-    def known_sq_norms(self) -> dict[str, float]:
-        """||grad||^2 of each step whose gradient is its one push's own array, as the wire's
-        finiteness check measured it (the store measures the others: sums, corrections)."""
-        if len(self.pushes) != 1:
-            return {}
-        push = self.pushes[0]
-        return {name: push.sq_norms[name] for name, grad, _ in self.steps
-                if name in push.sq_norms and grad is push.grads.get(name)}  # fmt: skip
 
 
 @dataclass
@@ -77,14 +47,14 @@ class Outcome:
     drops: list[Push] = field(default_factory=list)
 
     @classmethod
-    def apply(
+    def update_now(
         cls,
         push: Push,
         grads: dict[str, np.ndarray] | None = None,
         scale: float | dict[str, float] = 1.0,
     ) -> Outcome:
-        """Apply one push at once as one update (its own or corrected `grads`; `scale` one
-        factor or one per parameter), then answer it `applied: true`."""
+        """The decision to make one push one update at once (its own or corrected `grads`;
+        `scale` one factor or one per parameter), and to answer it `applied: true`."""
         grads = push.grads if grads is None else grads
         steps = [
             (name, grad, scale[name] if isinstance(scale, dict) else scale)
@@ -206,7 +176,7 @@ class ASGD(Rule):
     name = "asgd"
 
     def on_push(self, push: Push) -> Outcome:
-        return Outcome.apply(push)
+        return Outcome.update_now(push)
 
 
 def option_default(cls: type[Rule], key: str) -> Any:

@@ -116,7 +116,7 @@ class DASGD(ASGD):
         # Only cutoff drops (exp/poly may underflow to 0.0 for a huge tau: still an update).
         if self.schedule == "cutoff" and push.staleness > self.tau_max:
             return Outcome(drops=[push])  # scale 0 changes nothing: not an update
-        return Outcome.apply(push, scale=self.factor(push.staleness))
+        return Outcome.update_now(push, scale=self.factor(push.staleness))
 
 
 class VSGD(ASGD):
@@ -304,11 +304,11 @@ class DCASGD(ASGD):
     def on_push(self, push: Push) -> Outcome:
         bak = self._bak.get(push.worker.worker_id)
         if bak is None or bak[0] != push.base or not self.lam:
-            return Outcome.apply(push)  # no reference point: plain ASGD
+            return Outcome.update_now(push)  # no reference point: plain ASGD
         _, w_bak, _ = bak
         lam = np.float32(self.lam)
         compensated = {
             name: g + lam * g * g * (self.store.params[name] - w_bak[name])  # w - w_bak
             for name, g in push.grads.items()
         }
-        return Outcome.apply(push, grads=compensated)
+        return Outcome.update_now(push, grads=compensated)

@@ -173,7 +173,7 @@ class GapAware(ASGD):
         self._before = {name: params[name].copy() for name in push.grads}
         then = self.pulled.at(push.worker.worker_id, push.base)
         if then is None:
-            return Outcome.apply(push)  # no reference point: plain ASGD
+            return Outcome.update_now(push)  # no reference point: plain ASGD
         grads, gaps = self.penalty.penalize(push.grads, self._before, then)
         steps = [(name, grad, 1.0) for name, grad in grads.items()]
         return Outcome(

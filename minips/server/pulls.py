@@ -1,4 +1,9 @@
-"""Server side of a plan's pulls: each parameter sent dense, fp16, or as a delta.
+"""Answering pulls: when (the rule may hold one), and what a reply carries (by the plan).
+
+`Pulls` answers a pull at once or holds it until the rule allows it (SSP's staleness
+bound, the cluster still assembling), and sends the parameters changed since the
+puller's version: as they are, the rule's own values (DANA's look-ahead), or encoded by a
+plan (`PullEncoder`: each parameter dense, fp16, or as a delta).
 
 A `delta` pull (docs/protocol.md 13.7) sends, of a parameter, the entries that changed most
 since what this worker holds. The server keeps a *replica* per worker and parameter: the
@@ -30,8 +35,81 @@ from minips.protocol.plan import Plan, parse_pull_spec
 from minips.protocol.wire import WirePart
 
 if TYPE_CHECKING:
-    from minips.server.registry import WorkerState
+    from minips.rules import Rule
+    from minips.server.registry import HeldPull, WorkerRegistry, WorkerState
+    from minips.server.router import Outbox
+    from minips.server.stop import Stop
     from minips.server.store import ParameterStore
+    from minips.server.telemetry import Telemetry
+
+
+class Pulls:
+    """The server's pulls (module docstring): held per worker, answered through `outbox`.
+
+    A fused push + pull's pull half comes here too (`hold` with the push's answer), so a
+    step's one reply carries both.
+    """
+
+    def __init__(
+        self,
+        store: ParameterStore,
+        registry: WorkerRegistry,
+        rule: Rule,
+        outbox: Outbox,
+        telemetry: Telemetry,
+        stop: Stop,
+    ) -> None:
+        self.store, self.registry, self.rule = store, registry, rule
+        self.outbox, self.telemetry, self.stop = outbox, telemetry, stop
+        self.encoder: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
+
+    def use_plan(self, plan: Plan) -> None:
+        """Send pulls by `plan` (fp16, delta, priority order) from now on."""
+        encoder = PullEncoder(self.store, plan)
+        self.encoder = None if encoder.is_dense else encoder
+
+    def hold(self, worker: WorkerState, pull: HeldPull) -> None:
+        """Answer a pull now if the rule allows it (an observer's always), else hold it."""
+        worker.held_pull = pull
+        if worker.observer or self.stop.stopping:
+            self.answer(worker)
+        elif not self.registry.assembling and self.rule.may_answer_pull(worker):
+            self.answer(worker)
+
+    def release(self) -> None:
+        """Answer every held pull the rule now allows (all of them when stopping).
+
+        While the cluster is still assembling every worker's pull is held, whatever the
+        rule: a run starts when its workers are there, so the first one does not train alone.
+        """
+        stopping = self.stop.stopping
+        if not stopping and self.registry.assembling:
+            return
+        for worker in self.registry.live():
+            if worker.held_pull and (stopping or self.rule.may_answer_pull(worker)):
+                self.answer(worker)
+
+    def answer(self, worker: WorkerState) -> None:
+        """Send the parameters changed since the puller's `since`: the current ones, a
+        rule's own values (DANA's look-ahead), or encoded by the plan."""
+        held, worker.held_pull = worker.held_pull, None
+        worker.pulls += 1
+        if self.encoder is not None:
+            parts = self.encoder.parts(worker, held.since)
+        else:
+            names = self.store.changed_since(held.since)
+            values = None if worker.observer else self.rule.pull_values(worker, names)
+            if values is None:  # every rule but DANA: the parameters, as they are
+                values = {name: self.store.snapshot(name) for name in names}
+            parts = [WirePart(name, array) for name, array in values.items()]
+        # A fused push + pull: the push's answer, then the pull reply's fields (one reply).
+        store = self.store
+        header = {**(held.push_reply or {"op": "pull"}), "version": store.version,
+                  "param_versions": store.param_versions, "stop": self.stop.stopping}  # fmt: skip
+        self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
+        if not worker.observer:
+            self.telemetry.count_pull(parts)
+            self.rule.on_pulled(worker)
 
 
 class PullEncoder:
@@ -52,8 +130,8 @@ class PullEncoder:
         self._rng = np.random.default_rng(0)
 
     @property
-    def plain(self) -> bool:
-        """True when every pull is dense in model order (the server's plain path)."""
+    def is_dense(self) -> bool:
+        """True when every pull is dense in model order (as without a plan)."""
         return all(codec == "dense" for codec, _ in self.specs.values()) and self.order == list(
             self.store.params
         )

@@ -1,7 +1,9 @@
 """The server's worker registry: who is registered, their ranks, clocks, liveness and pushes.
 
-The registry only keeps state; it never sends a message. The server loop reads it, and
-rules read it (a barrier counts `live()` workers, SSP compares clocks).
+The registry only keeps state; it never sends a message. The server loop reads and books
+into it, and rules read it (a barrier counts `live()` workers, SSP compares clocks). A
+push as the server accepted it (`Push`, what a rule decides on) is booked here too, with
+the worker that sent it; minips.rules reads these types and this module imports no rule.
 """
 
 from __future__ import annotations
@@ -15,12 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.protocol.wire import ProtocolError
-from minips.server import guard
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message
-    from minips.rules import Push
-    from minips.server.guard import Origin
 
 log = logging.getLogger("minips.server")
 
@@ -28,6 +27,34 @@ SEQ_WINDOW = 64  # answered pushes remembered per worker, for retries (docs/prot
 MAX_OBSERVERS = 32  # live observers at once (docs/protocol.md 10)
 OBSERVER_EXPIRY = 3  # an observer silent this many heartbeat timeouts is forgotten
 MAX_REGISTERED = 1024  # worker ids remembered, live or not (docs/protocol.md 10)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who sent a request: the connection's routing id and, under CURVE, its public key."""
+
+    routing_id: bytes
+    key: bytes | None = None
+
+
+@dataclass(eq=False)
+class Push:
+    """One accepted push: float32 gradients by parameter name, plus rule-specific extras.
+
+    `staleness` is tau = t - base: set on arrival, and refreshed when the push goes into
+    an applied update (t = the global version just before it).
+    """
+
+    worker: WorkerState
+    seq: int
+    base: int
+    last: bool  # ends the worker's step (clock)
+    grads: dict[str, np.ndarray]  # name -> float32, parameter's shape
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # "extra/<key>" -> array
+    staleness: int = 0
+    reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
+    fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
+    pull_since: int | None = None
 
 
 @dataclass(eq=False)
@@ -68,6 +95,18 @@ class WorkerState:
     held_pull: HeldPull | None = None
     partial_step: Push | None = None  # this step's `last: false` pushes, summed (assemble_step)
     origin: Origin | None = None  # who said hello: its routing id and CURVE key
+
+    def check_owner(self, origin: Origin) -> None:
+        """`not_owner` unless `origin` said this worker's hello: the same CURVE key, or
+        without keys the same connection (routing id)."""
+        if self.origin.key is not None or origin.key is not None:
+            owned = self.origin.key == origin.key
+        else:
+            owned = self.origin.routing_id == origin.routing_id
+        if not owned:
+            raise ProtocolError(
+                f"worker id {self.worker_id!r} belongs to another live client", "not_owner"
+            )
 
     def continue_seq(self, old: WorkerState) -> None:
         """Take over `old`'s push bookkeeping: the same client said hello again (after
@@ -121,7 +160,6 @@ class WorkerState:
             self.partial_step = None
             _add_gradients(kept, push)
             push.grads, push.base = kept.grads, kept.base
-            push.sq_norms = {}  # they measured this push's arrays, not the step's sums
             push.staleness = version - push.base
         return push
 
@@ -183,7 +221,7 @@ class WorkerRegistry:
         """The live worker a request comes from (`not_owner` when another client registered
         it), its heartbeat and traffic recorded."""
         worker = self.live_worker(request.header["worker"])
-        guard.check_owner(worker, origin)
+        worker.check_owner(origin)
         worker.last_seen = time.monotonic()
         worker.bytes_in += request.nbytes
         return worker

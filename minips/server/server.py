@@ -8,9 +8,11 @@ The state the loop guards lives in objects that never send anything: the paramet
 their versions (server/store.py), the worker registry (server/registry.py) and the update rule
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
-keeps its routing envelope and answers later. The path of one push:
+keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
+checkpoints server/checkpoints.py; both hand what the rule decided back to the loop. The
+path of one push:
 
-    serve -> handle_push -> rule.on_push -> carry_out -> apply (store.apply) -> answer_push
+    serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
 docs/protocol.md is the normative description of the behaviour.
 """
@@ -18,147 +20,34 @@ docs/protocol.md is the normative description of the behaviour.
 from __future__ import annotations
 
 import logging
+import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
 from minips.codecs import decode_gradients
-from minips.errors import ConfigError
-from minips.protocol import address, auth, wire
+from minips.protocol import address, wire
 from minips.protocol.plan import Plan
-from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, ProtocolError
-from minips.rules import Outcome, Push, Rule, Update
-from minips.server import guard
-from minips.server.control import Control
+from minips.protocol.wire import Message, ProtocolError
+from minips.rules import Outcome, Rule
+from minips.server import checks
+from minips.server.checkpoints import Checkpointer
 from minips.server.inflow import InflowGuard, InflowLimits
-from minips.server.pulls import PullEncoder
-from minips.server.registry import HeldPull, WorkerRegistry, WorkerState
+from minips.server.membership import Membership
+from minips.server.options import ServerOptions, hello_config
+from minips.server.pulls import Pulls
+from minips.server.registry import HeldPull, Push, WorkerRegistry, WorkerState
+from minips.server.router import Envelope, Outbox, open_router, split_envelope
+from minips.server.stop import Stop
 from minips.server.store import SGD, ParameterStore
-from minips.server.telemetry import Counters, Telemetry, UpdateRecord
+from minips.server.telemetry import Telemetry, UpdateRecord
+
+__all__ = ["ParameterServer", "ServerOptions"]
 
 log = logging.getLogger("minips.server")
-
-RECEIVE_HWM = 16  # whole requests queued per connection (docs/protocol.md 10)
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """How a server runs (not what it trains): address, cluster size, timers, checkpoints.
-
-    bind: the address to listen on ("tcp://127.0.0.1:*" picks a free port). world_size:
-    ranks 0..world_size-1 (None: no limit). heartbeat_timeout: seconds of silence before a
-    worker is declared dead. checkpoint_path / checkpoint_every / checkpoint_interval: a
-    checkpoint every N updates and every S seconds when the version moved (0: only at
-    shutdown). resume: a checkpoint to start from (its update and sample counts too).
-    max_samples: stop once pushes reported this many training samples in total (0: no
-    limit). stop_grace: seconds a stopping server waits for clients to leave.
-    poll_interval: seconds between looks at the clock when idle.
-    """
-
-    bind: str = "tcp://127.0.0.1:*"
-    world_size: int | None = None
-    heartbeat_timeout: float = 30.0  # > a client's reply timeout (10 s): docs/protocol.md 7
-    checkpoint_path: str | Path | None = None
-    checkpoint_every: int = 0
-    checkpoint_interval: float = 0.0  # also checkpoint every this many seconds (0: never)
-    resume: str | Path | None = None
-    max_samples: int = 0
-    limits: Limits = DEFAULT_LIMITS
-    stop_grace: float = 5.0
-    poll_interval: float = 0.05
-    keys: auth.ServerKeys | None = None  # CURVE: the server's pair, allowed and operator keys
-    clip_norm: float = 0.0  # clip each push's gradients to this global L2 norm (0: never)
-    send_hwm: int = 32  # replies queued per connection before ZeroMQ drops (docs/protocol.md 10)
-
-    def __post_init__(self) -> None:
-        if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
-
-
-@dataclass(eq=False)
-class Envelope:
-    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
-
-    routing: list[Any]
-    rid: int | None = None
-    origin: guard.Origin = guard.Origin(b"")  # who sent it: routing id, CURVE key
-
-
-def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
-    """ROUTER prepends the peer's routing id; a REQ peer adds empty delimiter frame(s).
-
-    (Only when a non-empty frame follows: a lone empty frame is a malformed header.)
-    """
-    split = 1
-    while split < len(frames) - 1 and len(frames[split]) == 0:
-        split += 1
-    key = auth.sender_key(frames[0]) if isinstance(frames[0], zmq.Frame) else None
-    origin = guard.Origin(bytes(frames[0]), key)
-    return Envelope(routing=frames[:split], origin=origin), frames[split:]
-
-
-def open_router(
-    context: zmq.Context, options: ServerOptions
-) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
-    """The server's ROUTER socket, its memory bounded before anything is buffered, and
-    (with keys) CURVE and the thread that checks every client's key."""
-    socket = context.socket(zmq.ROUTER)
-    limits = options.limits
-    # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
-    # buffering it, and queues at most send_hwm replies for a client that does not read.
-    socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
-    socket.setsockopt(zmq.SNDHWM, options.send_hwm)
-    # Whole requests not yet read: a client sending faster than the server reads is slowed
-    # by TCP, not buffered (what is still arriving is bounded by minips/server/inflow.py).
-    socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
-    socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
-    gatekeeper = None
-    if options.keys is not None:
-        gatekeeper = auth.start_gatekeeper(context, options.keys)
-        auth.make_curve_server(socket, options.keys)
-    return socket, gatekeeper
-
-
-class Outbox:
-    """The server's sending side: replies on a request's envelope, their bytes counted."""
-
-    def __init__(self, socket: zmq.Socket, counters: Counters) -> None:
-        self.socket, self.counters = socket, counters
-
-    def reply(
-        self,
-        envelope: Envelope,
-        header: dict[str, Any],
-        worker: WorkerState | None = None,
-        parts: Sequence[wire.WirePart] = (),
-    ) -> None:
-        """Send a reply (with the request's rid) and count its bytes, also the worker's."""
-        if envelope.rid is not None:
-            header = {**header, "rid": envelope.rid}
-        nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
-        if worker is not None:
-            worker.bytes_out += nbytes
-
-    def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
-        """Answer a request that failed with `error` (its rid read from `body` if need be)."""
-        self.counters.errors += 1
-        log.debug("error reply (%s): %s", error.code, error.reason)
-        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
-        self.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
-
-    def send(self, routing: list[Any], frames: list[Any]) -> int:
-        """Send frames without copying; returns their bytes (the routing frames left out)."""
-        self.socket.send_multipart([*routing, *frames], copy=False)
-        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
-        self.counters.bytes_out += nbytes
-        return nbytes
 
 
 class ParameterServer:
@@ -184,29 +73,37 @@ class ParameterServer:
         on_update: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.options = options = options or ServerOptions()
-        self.config = hello_config(config)
+        config = hello_config(config)
         self.store = ParameterStore(params, optimizer)
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
         self.telemetry = Telemetry(on_update)
-        self.stopping = False  # replies carry `stop`; pushes are no longer applied
-        self.finished_by_workers = False  # stopped because every rank finished its shard
-        self.pulls: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
-        self.control = control = Control(self)
+        self.checkpoints = Checkpointer(
+            self.store, self.telemetry.counters, options.checkpoint_path,
+            options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
+        )  # fmt: skip
         if options.resume:
-            control.resume(options.resume)
-        self.handlers: dict[str, Callable[[Envelope, Message], None]] = {
-            "push": self.handle_push, "pull": self.handle_pull,  # below: gradients -> updates
-            # minips/server/control.py: membership and operator requests
-            "hello": control.hello, "ping": control.ping, "stats": control.stats_request,
-            "bye": control.bye, "stop": control.stop, "checkpoint": control.checkpoint,
-        }  # fmt: skip
+            self.checkpoints.resume(options.resume)
+        self.overflow = checks.OverflowCheck(self.store)  # beside the path: see handle_push
+        self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
-        self.socket, self._gatekeeper = open_router(self._context, options)
+        self.socket, self._gatekeeper = open_router(self._context, options.limits,
+                                                    options.send_hwm, options.keys)  # fmt: skip
         # messages still arriving: bounded per connection (minips/server/inflow.py)
         self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
-        self.outbox = Outbox(self.socket, self.telemetry.counters)
+        self.outbox = outbox = Outbox(self.socket, self.telemetry.counters)
+        self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
+        self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
+                                               options.heartbeat_timeout, stop)  # fmt: skip
+        # op -> handler(envelope, request); a handler returns what the rule decided on a
+        # worker who left (carried out by `serve`), or None.
+        self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
+            "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
+            "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
+            "stats": self.handle_stats,  # anyone's; stop and checkpoint an operator's
+            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint,
+        }  # fmt: skip
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
@@ -219,9 +116,9 @@ class ParameterServer:
         """Serve until a `stop` (request or `request_stop()`) has drained; then checkpoint."""
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
-        while not self.control.finished():
-            if self.control.stop_requested and not self.stopping:
-                self.control.begin_stop()
+        while not self.finished():
+            if self.stop.due():
+                self.begin_stop()
             if poller.poll(self.inflow.wait(self.options.poll_interval) * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
                     try:
@@ -232,7 +129,7 @@ class ParameterServer:
                     self.serve(frames)
             self.on_tick(time.monotonic())
         if self.options.checkpoint_path:
-            self.control.save_checkpoint()
+            self.checkpoints.save()
         log.info("stopped at version %d", self.store.version)
 
     def serve(self, frames: list[Any]) -> None:
@@ -244,32 +141,74 @@ class ParameterServer:
         try:
             request = wire.decode_request(body, self.options.limits)
             envelope.rid = request.header.get("rid")
-            self.handlers[request.op](envelope, request)
+            if (left := self.handlers[request.op](envelope, request)) is not None:
+                self.after_leaving(left)
         except ProtocolError as exc:
             self.outbox.error(envelope, exc, body)
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("internal error handling a request")
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
             self.outbox.error(envelope, error, body)
+        if self.stop.due():  # asked for by this request: the next one sees it begun
+            self.begin_stop()
 
     def on_tick(self, now: float) -> None:
         """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
         connections holding too much of a message still arriving (minips/server/inflow.py)."""
         self.inflow.check(now)
-        self.control.checkpoint_if_due(now)
-        self.control.check_liveness(now)
+        self.checkpoints.if_due(now)
+        for left in self.membership.check_liveness(now):
+            self.after_leaving(left)
         if self.registry.assembling:
             self.registry.update_assembly(now)
-            self.release_pulls()
+            self.pulls.release()
         self.carry_out(self.rule.on_tick(now))
 
     def serve_forever(self) -> None:
-        """`run()` with SIGINT/SIGTERM handlers (a second signal cuts the grace), then close."""
-        self.control.serve_forever()
+        """`run()` with SIGINT/SIGTERM handlers (a second signal cuts the grace), then
+        `close()`."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("signal %d: stopping", signum)
+            if self.stop.requested:
+                self.stop.deadline = 0.0
+            self.stop.request(f"signal {signum}")
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.run()
+        finally:  # closed first: a signal while the last replies linger does not kill it
+            self.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
-        self.control.stop_requested = True
+        self.stop.request("asked to")
+
+    def begin_stop(self) -> None:
+        """Stop: answer everything held, flag every later reply, refuse new hellos."""
+        self.stop.begin(deadline=time.monotonic() + self.options.stop_grace)
+        log.info("stopping (%s): answering held requests, waiting for workers to leave",
+                 self.stop.why)  # fmt: skip
+        self.carry_out(self.rule.on_stop())
+        self.pulls.release()
+
+    def finished(self) -> bool:
+        """True once a stopping server's clients have left, or its grace ran out. Observers
+        are waited for too, so an evaluator sees the final parameters."""
+        connected = self.registry.live() or self.registry.observers()
+        return self.stop.stopping and (not connected or time.monotonic() > self.stop.deadline)
+
+    @property
+    def stopping(self) -> bool:
+        """The server is stopping: replies carry `stop`, pushes are no longer applied."""
+        return self.stop.stopping
+
+    @property
+    def finished_by_workers(self) -> bool:
+        """It stopped because every rank finished its shard (each worker said `bye`)."""
+        return self.stop.stopping and self.stop.by_workers
 
     def close(self) -> None:
         """Close the socket and the ZeroMQ context."""
@@ -287,17 +226,16 @@ class ParameterServer:
         if worker.observer:
             raise ProtocolError("an observer cannot push", "observer")
         seq, base = header["seq"], header["base"]
-        if worker.seen_push(seq) != "new":
-            self.control.answer_retry(worker, envelope, header)
+        if worker.seen_push(seq) != "new":  # exactly once: a retry is answered from memory
+            self.answer_retry(worker, envelope, header)
             return
-        grads, extras = dense_gradients(request) or decode_gradients(request)
+        grads, extras = decode_gradients(request)
         self.store.check_push(base, grads)
-        grads = guard.clip_gradients(grads, self.options.clip_norm)
-        guard.check_stays_finite(self.store, grads, request.sq_norms)  # pre-clip: an upper bound
+        grads = checks.clip_gradients(grads, self.options.clip_norm)
+        self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"),
-                    sq_norms=request.sq_norms)  # fmt: skip
+                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)
@@ -314,26 +252,44 @@ class ParameterServer:
             self.carry_out(self.rule.on_push(step))  # a step sent layer by layer, now whole
         else:  # a layer of a step sent in several pushes: kept for its last one
             self.answer_push(push, applied=False)
-        self.control.stop_if_budget_spent()
+        budget = self.options.max_samples
+        if budget and self.telemetry.counters.samples >= budget:
+            self.stop.request(f"sample budget of {budget} reached")
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.registry.sender(request, envelope.origin)
-        self.hold_pull(worker, HeldPull(envelope, request.header.get("since")))
+        self.pulls.hold(worker, HeldPull(envelope, request.header.get("since")))
 
-    def hold_pull(self, worker: WorkerState, pull: HeldPull) -> None:
-        """Answer a pull now if the rule allows it (an observer's always), else hold it."""
-        worker.held_pull = pull
-        if worker.observer or self.stopping:
-            self.answer_pull(worker)
-        elif not self.registry.assembling and self.rule.may_answer_pull(worker):
-            self.answer_pull(worker)
+    def handle_stats(self, envelope: Envelope, request: Message) -> None:
+        self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
+
+    def handle_stop(self, envelope: Envelope, request: Message) -> None:
+        checks.require_operator(envelope.origin, self.options.keys)
+        self.stop.request("an operator asked")
+        self.begin_stop()
+        self.outbox.reply(envelope, {"op": "stop"})
+
+    def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
+        checks.require_operator(envelope.origin, self.options.keys)
+        if self.options.checkpoint_path is None:
+            raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
+        path = self.checkpoints.save()
+        header = {"op": "checkpoint", "path": str(path), "version": self.store.version}
+        self.outbox.reply(envelope, header)
 
     # --------------------------------------------------------------- carrying out a rule
 
     def carry_out(self, outcome: Outcome) -> None:
-        """Apply the rule's updates, record its drops, send its answers; then pulls."""
+        """Apply the rule's updates (t += 1 each), record its drops, send its answers; then
+        the pulls the rule now allows."""
         for update in outcome.updates:
-            self.apply(update)
+            for push in update.pushes:
+                push.staleness = self.store.version - push.base  # tau, t just before it
+            version = self.store.write(update.steps)
+            self.overflow.carry(update.steps)  # its norm bounds, to the versions just written
+            self.rule.after_update(update)
+            self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
+            self.checkpoints.after_update(version)
         for push in outcome.drops:
             self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
             push.worker.dropped += 1
@@ -341,16 +297,13 @@ class ParameterServer:
         for push, applied in outcome.answers:
             self.answer_push(push, applied)
         if outcome.updates or outcome.answers or outcome.drops:
-            self.release_pulls()
+            self.pulls.release()
 
-    def apply(self, update: Update) -> None:
-        """One update: t += 1, every step through the optimizer; telemetry, checkpoints."""
-        for push in update.pushes:
-            push.staleness = self.store.version - push.base  # tau, t just before the update
-        version = self.store.apply(update.steps, update.known_sq_norms())
-        self.rule.after_update(update)
-        self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
-        self.control.checkpoint_every_n(version)
+    def after_leaving(self, outcome: Outcome) -> None:
+        """Carry out the rule's decision on a worker who left (or a hello that completed
+        the cluster); answer the pulls that frees."""
+        self.carry_out(outcome)
+        self.pulls.release()
 
     def answer_push(self, push: Push, applied: bool) -> None:
         """Send (and remember, for retries) the reply to an accepted push."""
@@ -360,72 +313,31 @@ class ParameterServer:
                   "staleness": staleness, "stop": self.stopping}  # fmt: skip
         push.worker.remember_answer(push.seq, header)
         if push.fused:  # the parameters go with the answer, when the rule lets them
-            self.hold_pull(push.worker, HeldPull(push.reply_to, push.pull_since, header))
+            self.pulls.hold(push.worker, HeldPull(push.reply_to, push.pull_since, header))
         else:
             self.outbox.reply(push.reply_to, header, worker=push.worker)
 
-    # ------------------------------------------------------------------------------ pulls
-
-    def release_pulls(self) -> None:
-        """Answer every held pull the rule now allows (all of them when stopping).
-
-        While the cluster is still assembling every worker's pull is held, whatever the
-        rule: a run starts when its workers are there, so the first one does not train alone.
-        """
-        if not self.stopping and self.registry.assembling:
-            return
-        for worker in self.registry.live():
-            if worker.held_pull and (self.stopping or self.rule.may_answer_pull(worker)):
-                self.answer_pull(worker)
-
-    def answer_pull(self, worker: WorkerState) -> None:
-        """Send the parameters changed since the puller's `since`: the current ones, a
-        rule's own values (DANA's look-ahead), or encoded by a plan (minips.server.pulls)."""
-        held, worker.held_pull = worker.held_pull, None
-        worker.pulls += 1
-        if self.pulls is not None:
-            parts = self.pulls.parts(worker, held.since)
+    def answer_retry(self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]) -> None:
+        """A push whose `seq` is not new: a retry (after a lost reply, from a new socket) is
+        answered as the first attempt was or will be, and applied once (docs/protocol.md 8);
+        a push older than the worker's last one is `stale_seq`."""
+        seq, seen = header["seq"], worker.seen_push(header["seq"])
+        if seen == "held":  # still waiting (at a barrier, say): the answer goes to the retry
+            worker.held_pushes[seq].reply_to = envelope
+        elif seen == "answered" and "pull_since" in header:  # same answer, the pull afresh
+            self.pulls.hold(worker, HeldPull(envelope, header["pull_since"], worker.answered[seq]))
+        elif seen == "answered":
+            self.outbox.reply(envelope, worker.answered[seq], worker=worker)
         else:
-            names = self.store.changed_since(held.since)
-            values = None if worker.observer else self.rule.pull_values(worker, names)
-            if values is None:  # every rule but DANA: the parameters, as they are
-                values = {name: self.store.snapshot(name) for name in names}
-            parts = [wire.WirePart(name, array) for name, array in values.items()]
-        # A fused push + pull: the push's answer, then the pull reply's fields (one reply).
-        header = {**(held.push_reply or {"op": "pull"}), "version": self.store.version,
-                  "param_versions": self.store.param_versions, "stop": self.stopping}  # fmt: skip
-        self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
-        if not worker.observer:
-            self.telemetry.count_pull(parts)
-            self.rule.on_pulled(worker)
+            raise ProtocolError(
+                f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
+                "stale_seq",
+            )
 
     def use_plan(self, plan: Plan) -> None:
         """Send pulls by `plan` (fp16, delta, priority order; minips.server.pulls) from now on."""
-        encoder = PullEncoder(self.store, plan)
-        self.pulls = None if encoder.plain else encoder
+        self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
         """The `stats` reply: counters, versions, staleness and the worker table."""
-        return self.control.stats()
-
-
-def hello_config(config: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of the config sent in `hello`; ConfigError unless msgpack can send it."""
-    config = dict(config or {})
-    try:
-        msgpack.packb(config)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"server config must be msgpack-serialisable: {exc}") from None
-    return config
-
-
-def dense_gradients(request: Message) -> tuple[dict[str, np.ndarray], dict] | None:
-    """A push's gradients when it holds only dense float32 gradients (the default, no
-    extras): the received arrays themselves. None: minips.codecs decodes it."""
-    arrays = request.arrays
-    if len(arrays) != len(request.codecs) or any(
-        request.codecs[name] != "dense" or array.dtype != np.float32 or name.startswith("extra/")
-        for name, array in arrays.items()
-    ):
-        return None
-    return dict(arrays), {}
+        return self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)

@@ -10,7 +10,6 @@ trainer.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -19,12 +18,9 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError, DataError, ShapeError
-from minips.protocol.wire import ProtocolError, sum_of_squares
+from minips.protocol.wire import ProtocolError
 
 CHECKPOINT_FORMAT = 1
-# Carried norm bounds only grow (the triangle inequality); past this they are recomputed
-# exactly, far below float32's 3.4e38 where the overflow check needs them tight.
-RETIGHTEN = 1e30
 
 
 class ParameterStore:
@@ -55,12 +51,8 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
-        # Upper bounds on ||w|| and ||v|| (momentum) of each current version, for the
-        # server's overflow check (minips.server.guard), carried from step to step by
-        # SGD.norm_bounds_after: no pass over the parameters per update (see `apply`).
-        self._bounds: dict[str, tuple[np.ndarray, float, float]] = {}  # (version, |w|, |v|)
         # Pull replies are sent with copy=False, so a sent array must never change: every
-        # version of a parameter is a new array, published read-only (see `apply`).
+        # version of a parameter is a new array, published read-only (see `write`).
         if not in_place:
             for name, array in params.items():
                 params[name] = _published(array.copy())
@@ -94,33 +86,22 @@ class ParameterStore:
                     "dtype",
                 )
 
-    def apply(
-        self,
-        steps: list[tuple[str, np.ndarray, float]],
-        grad_sq_norms: dict[str, float] | None = None,
-    ) -> int:
-        """Apply one update: `optimizer.step_one(name, grad, scale)` for each step; t += 1.
-        Returns the new version t.
+    def write(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
+        """Write the next version, t + 1: `optimizer.step_one(name, grad, scale)` for each
+        step. Returns the new version t.
 
         Callers validate everything first: this is the only place parameters change. Each
         new version is written into a new array that replaces the old one in `params`, so
         an array once handed to a pull reply is never modified (no copy per pull).
-        grad_sq_norms: name -> an upper bound on ||grad||^2 where the caller knows one (a
-        push's own arrays: the wire's finiteness check computed it); the others take a pass.
         """
         self.version += 1
-        known = grad_sq_norms or {}
         for name, grad, scale in steps:
             if self.in_place:
                 self.optimizer.step_one(name, grad, scale)
             else:
-                norm_w, norm_v = self.norm_bounds(name)  # of the version being replaced
                 fresh = np.empty_like(self.params[name])
                 self.optimizer.step_one(name, grad, scale, out=fresh)
                 self.params[name] = _published(fresh)
-                norm_g = math.sqrt(known[name] if name in known else sum_of_squares(grad))
-                bounds = self.optimizer.norm_bounds_after(norm_w, norm_v, norm_g, scale)
-                self._bounds[name] = (fresh, *bounds)
             self.param_versions[name] = self.version
         return self.version
 
@@ -129,20 +110,6 @@ class ParameterStore:
         if since is None or since > self.version:
             return list(self.params)
         return [name for name, v in self.param_versions.items() if v > since]
-
-    def norm_bounds(self, name: str) -> tuple[float, float]:
-        """Upper bounds on ||w|| and ||v|| (its momentum buffer; 0 without) of parameter
-        `name` at the current version: exact after a checkpoint load or when the carried
-        bounds grew past RETIGHTEN, else carried from the last update (inf: overflowed)."""
-        array, cached = self.params[name], self._bounds.get(name)
-        if self.in_place or cached is None or cached[0] is not array or cached[1] > RETIGHTEN:
-            velocity = self.optimizer.velocity.get(name)
-            sq_v = 0.0 if velocity is None else sum_of_squares(velocity)
-            bounds = math.sqrt(sum_of_squares(array)), math.sqrt(sq_v)
-            if not self.in_place:
-                self._bounds[name] = (array, *bounds)
-            return bounds
-        return cached[1], cached[2]
 
     def snapshot(self, name: str) -> np.ndarray:
         """The parameter at the current version: a read-only array that never changes."""
@@ -292,7 +259,8 @@ class SGD:
             ||scale (grad + wd w)|| <= |scale| (||grad|| + wd ||w||)
             ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
 
-        so the server's overflow check needs no pass over the parameters (minips.server.guard).
+        so the server's overflow check needs no pass over the parameters
+        (minips.server.checks.OverflowCheck).
         """
         step = abs(scale) * (norm_g + self.weight_decay * norm_w)
         if self.momentum:

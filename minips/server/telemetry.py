@@ -1,4 +1,5 @@
-"""What the server measures: one record per update (or dropped push), and running counters.
+"""What the server measures: one record per update (or dropped push), running counters, and
+the `stats` map built from them.
 
 Nothing here changes the model or sends a message; `stats` and the run log read it.
 """
@@ -13,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
-    from minips.rules import Push, Update
+    from minips.rules import Rule, Update
+    from minips.server.registry import Push, WorkerRegistry
+    from minips.server.store import ParameterStore
 
 log = logging.getLogger("minips.server")
 
@@ -146,3 +149,19 @@ class Telemetry:
                 self.on_update(record.as_dict())
             except Exception:  # telemetry must never take the server down
                 log.exception("on_update callback failed")
+
+    def stats(
+        self, store: ParameterStore, registry: WorkerRegistry, rule: Rule, stopping: bool
+    ) -> dict[str, Any]:
+        """The `stats` reply: versions, the rule, the counters and the worker table."""
+        now = time.monotonic()
+        return {
+            "version": store.version,
+            "param_versions": dict(store.param_versions),
+            "rule": rule.describe(),
+            "world_size": registry.current_world_size(),
+            "live_workers": len(registry.live()),
+            "stopping": stopping,
+            **self.counters.summary(),
+            "workers": [w.row(now) for w in registry.by_id.values()],
+        }

@@ -9,8 +9,10 @@ recognised and dropped. A retried push re-uses its `seq`, so the server applies 
 
 Gradients are encoded per parameter by codec specs (minips.codecs): `push(grads, base,
 codecs={"fc1.w": {"codec": "sf"}, "fc2.w": {"codec": "topk", "ratio": 0.01}, "conv1.w":
-"fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter. The client keeps each
-parameter's codec state (top-k's residual) between pushes, and counts bytes per parameter.
+"fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter; a parameter without a spec
+is "dense", the identity codec (its float32 array is sent as it is, without a copy). The
+client keeps each parameter's codec state (top-k's residual) between pushes, and counts
+bytes per parameter.
 
 Threads: one request is on the wire at a time; a lock serialises the calls, so a sender
 thread may push while the main thread pulls. A call waits for the reply of the one before
@@ -45,7 +47,6 @@ import numpy as np
 import zmq
 
 from minips.codecs import Encoder, Gradient, Spec
-from minips.codecs.base import dense_float32
 from minips.errors import MinipsError
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
@@ -154,7 +155,6 @@ class PSClient:
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
-        self._coded = False  # a push gave codecs: from then on every push goes through encoder
         # --bandwidth: a token bucket per direction (minips.worker.netlimit), None = unlimited.
         self.link: Link | None = None
 
@@ -214,13 +214,9 @@ class PSClient:
         Under ssgd the reply comes when the barrier completes.
         """
         with self._lock:
-            plain = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
-            if codecs or self._coded:  # codec state (top-k's residual) is the encoder's
-                self._coded, coded = True, self.encoder.encode(grads, codecs)  # counts bytes
-            else:  # the default: each gradient as its float32 array (docs/protocol.md 4)
-                coded = []
-                plain = [wire.WirePart(n, dense_float32(g)) for n, g in grads.items()] + plain
-            self.encoder.count(plain)  # array bytes per parameter and extra
+            extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
+            parts = self.encoder.encode(grads, codecs)  # counts each parameter's bytes
+            self.encoder.count(extras)
             seq, self._seq = self._seq, self._seq + 1  # the next push is new even if this fails
             header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base,
                       "last": last}  # fmt: skip
@@ -228,7 +224,7 @@ class PSClient:
                 header["samples"] = samples
             if pull_since is not _NO_PULL:
                 header["pull_since"] = pull_since
-            message = self._worker_request(header, coded + plain)
+            message = self._worker_request(header, parts + extras)
         h = message.header
         pulled = _pull_reply(message) if "param_versions" in h else None
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)

@@ -110,7 +110,7 @@ class StepSender:
     ) -> PushReply:
         """Wait for the sender thread, then push what is left with `last=True`.
 
-        pull_since: fuse the step's pull into this last push (one round trip, issue 9);
+        pull_since: fuse the step's pull into this last push (one round trip per step);
         the reply's `pull` then holds the parameters changed since that version.
         """
         if self._thread is not None:

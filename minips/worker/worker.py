@@ -25,7 +25,7 @@ from minips.rules import WorkerSide, worker_side
 from minips.run.metrics import ProgressFn
 from minips.worker.client import PSClient, PullReply, PushReply, ServerError
 from minips.worker.netlimit import Link
-from minips.worker.trace import COMPUTE, RECV, SEND, STEP, NullTrace, Trace
+from minips.worker.trace import COMPUTE, RECV, STEP, NullTrace, Trace
 from minips.worker.transmit import StepSender
 
 
@@ -87,7 +87,6 @@ class Worker:
         self.bandwidth = bandwidth
         self.trace = trace or NullTrace()
         self.plan = Plan()
-        self.sender: StepSender | None = None
         self._marks: list[float] = []  # backward's per-layer end times, for the trace
         self.rank = rank
         self.progress = progress
@@ -98,6 +97,7 @@ class Worker:
         # Set by `run` from the server's hello (what `step` works with):
         self.report = WorkerReport()
         self.model: Sequential | None = None
+        self.sender: StepSender | None = None  # sends each step by the plan (transmit.py)
         self.rule_side = WorkerSide()  # what the rule needs besides gradients (VSGD: samples)
         self.version = 0  # the version of the parameters in self.model (the last pull's)
 
@@ -120,8 +120,7 @@ class Worker:
         try:
             self._epochs(config, shard, rng, total)
         finally:
-            if self.sender is not None:
-                self.sender.close()
+            self.sender.close()
             self.trace.close()
         self.report.push_bytes = self.client.bytes_sent
         self.report.finished = self.report.samples >= total
@@ -153,8 +152,7 @@ class Worker:
         (the push's `base`); the rule's worker side adds what it needs to the push.
         """
         report, start, tick = self.report, self.trace.now(), time.monotonic()
-        if self.sender is not None:  # a plan's sender may push layers during backward
-            self.sender.start_step(base=self.version)
+        self.sender.start_step(base=self.version)  # it may push layers during backward
         with self.trace.span("forward", COMPUTE):
             logits = self.model.forward(xb, train=True)  # (B, K)
             loss, dlogits = softmax_cross_entropy(logits, yb)
@@ -201,22 +199,16 @@ class Worker:
             report.stopped_by_server = True
 
     def push(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
-        """Push this step's gradients and pull in the same round trip (the fused exchange).
+        """Push this step's gradients by the plan and pull in the same round trip: the
+        plan's StepSender (minips/worker/transmit.py) sends what is left of the step, all
+        of it in one fused push under the default dense plan.
 
-        The plain plan (every gradient dense, every step, no sender thread): all of them in
-        one push, straight through the client. Otherwise the plan's StepSender (codecs,
-        push intervals, wait-free; minips/worker/transmit.py) sends what is left of the step.
         None when the server answers `bad_base`: it restarted from a checkpoint older than
         our parameters (docs/protocol.md 7), so pull them all again and go on from there
         (the gradient, of a version it forgot, is dropped).
         """
         try:
-            if self.sender is not None:
-                return self.sender.finish(extra, samples=samples, pull_since=self.version)
-            grads, version = self.model.grads, self.version  # base and pull_since
-            args = {"params": list(grads), "pull_since": version}
-            with self.trace.span("last push+pull", SEND, args=args):
-                return self.client.push(grads, version, extra, samples=samples, pull_since=version)
+            return self.sender.finish(extra, samples=samples, pull_since=self.version)
         except ServerError as exc:
             if exc.code != "bad_base":
                 raise
@@ -243,9 +235,8 @@ class Worker:
         self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
         if self.trace.enabled:
             self.model.add_grad_hook(self._trace_layer)
-        if not self.plan.pushes_dense():  # else Worker.push sends the step's gradients itself
-            self.sender = StepSender(self.client, self.model, self.plan, self.trace)
-            self.model.add_grad_hook(self.sender.layer_ready)
+        self.sender = StepSender(self.client, self.model, self.plan, self.trace)
+        self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
         self.client.link = Link.from_option(self.report.bandwidth)
 

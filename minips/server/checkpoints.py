@@ -1,0 +1,82 @@
+"""When the server writes checkpoints, what goes into their meta, and resuming from one.
+
+A checkpoint is the store's (parameters, their versions, the optimizer's state:
+ParameterStore.save, written atomically) plus the counters a resumed run goes on from
+(updates, samples). The server asks for one every `checkpoint_every` updates
+(`after_update`), every `checkpoint_interval` seconds when the version moved (`if_due`), on
+an operator's request and at shutdown (`save`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minips.errors import ConfigError
+
+if TYPE_CHECKING:
+    from minips.server.store import ParameterStore
+    from minips.server.telemetry import Counters
+
+log = logging.getLogger("minips.server")
+
+
+class Checkpointer:
+    """The checkpoints of one server's store (see the module docstring).
+
+    path: where they go (None: nowhere; `save` is then a ConfigError). every: every this
+    many updates (0: never). interval: every this many seconds (0: never). rule, spec:
+    recorded in each checkpoint's meta (the rule's name, the model's spec).
+    """
+
+    def __init__(
+        self,
+        store: ParameterStore,
+        counters: Counters,
+        path: str | Path | None,
+        every: int = 0,
+        interval: float = 0.0,
+        rule: str = "",
+        spec: Any = None,
+    ) -> None:
+        self.store, self.counters = store, counters
+        self.path, self.every, self.interval = path, every, interval
+        self.rule, self.spec = rule, spec
+        self._last = (time.monotonic(), store.version)  # when, at which version
+
+    def resume(self, path: str | Path) -> None:
+        """Start from a checkpoint: parameters, versions, optimizer state, and the update and
+        sample counts (a sample budget goes on where the checkpoint left it)."""
+        meta = self.store.load(path)
+        self.counters.updates = meta.get("updates", 0)
+        self.counters.samples = meta.get("samples", 0)
+        self._last = (time.monotonic(), self.store.version)
+        log.info("resumed from %s at version %d (%s)", path, self.store.version, meta)
+
+    def save(self) -> Path:
+        """Write a checkpoint to the checkpoint path now (ConfigError without one)."""
+        if self.path is None:
+            raise ConfigError("no checkpoint path configured")
+        counters = self.counters
+        meta = {"rule": self.rule, "updates": counters.updates, "samples": counters.samples,
+                "time": time.time(), "spec": self.spec}  # fmt: skip
+        path = self.store.save(self.path, meta)
+        log.info("checkpoint at version %d -> %s", self.store.version, path)
+        return path
+
+    def after_update(self, version: int) -> None:
+        """The update-count checkpoint: at every `every`-th version."""
+        if self.path and self.every and version % self.every == 0:
+            self.save()
+
+    def if_due(self, now: float) -> None:
+        """The time-based checkpoint: every `interval` seconds, if anything changed
+        (written atomically: a crash leaves the previous one, docs/protocol.md 7)."""
+        last, version = self._last
+        if not (self.interval and self.path) or now - last < self.interval:
+            return
+        if self.store.version != version:
+            self.save()
+        self._last = (now, self.store.version)

@@ -1,0 +1,108 @@
+"""The server's ROUTER socket: opening it, a request's envelope, and the sending side.
+
+ZeroMQ's ROUTER prepends each message with the routing id of the connection it came from;
+a reply sent with that id goes back to the same peer. `split_envelope` takes the id (and
+a REQ peer's empty delimiters) off a request, `Outbox` sends replies on it and counts their
+bytes. Nothing here knows what a request means.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from minips.protocol import auth, wire
+from minips.protocol.wire import ProtocolError
+from minips.server.registry import Origin
+
+if TYPE_CHECKING:
+    from minips.protocol.wire import Limits
+    from minips.server.registry import WorkerState
+    from minips.server.telemetry import Counters
+
+log = logging.getLogger("minips.server")
+
+RECEIVE_HWM = 16  # whole requests queued per connection (docs/protocol.md 10)
+
+
+@dataclass(eq=False)
+class Envelope:
+    """Where a reply goes: ROUTER routing frames (+ REQ delimiters) and the request id."""
+
+    routing: list[Any]
+    rid: int | None = None
+    origin: Origin = Origin(b"")  # who sent it: routing id, CURVE key
+
+
+def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
+    """ROUTER prepends the peer's routing id; a REQ peer adds empty delimiter frame(s).
+
+    (Only when a non-empty frame follows: a lone empty frame is a malformed header.)
+    """
+    split = 1
+    while split < len(frames) - 1 and len(frames[split]) == 0:
+        split += 1
+    key = auth.sender_key(frames[0]) if isinstance(frames[0], zmq.Frame) else None
+    origin = Origin(bytes(frames[0]), key)
+    return Envelope(routing=frames[:split], origin=origin), frames[split:]
+
+
+def open_router(
+    context: zmq.Context, limits: Limits, send_hwm: int, keys: auth.ServerKeys | None
+) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
+    """The server's ROUTER socket, its memory bounded before anything is buffered, and
+    (with keys) CURVE and the thread that checks every client's key."""
+    socket = context.socket(zmq.ROUTER)
+    # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
+    # buffering it, and queues at most send_hwm replies for a client that does not read.
+    socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
+    socket.setsockopt(zmq.SNDHWM, send_hwm)
+    # Whole requests not yet read: a client sending faster than the server reads is slowed
+    # by TCP, not buffered (what is still arriving is bounded by minips/server/inflow.py).
+    socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
+    socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
+    gatekeeper = None
+    if keys is not None:
+        gatekeeper = auth.start_gatekeeper(context, keys)
+        auth.make_curve_server(socket, keys)
+    return socket, gatekeeper
+
+
+class Outbox:
+    """The server's sending side: replies on a request's envelope, their bytes counted."""
+
+    def __init__(self, socket: zmq.Socket, counters: Counters) -> None:
+        self.socket, self.counters = socket, counters
+
+    def reply(
+        self,
+        envelope: Envelope,
+        header: dict[str, Any],
+        worker: WorkerState | None = None,
+        parts: Sequence[wire.WirePart] = (),
+    ) -> None:
+        """Send a reply (with the request's rid) and count its bytes, also the worker's."""
+        if envelope.rid is not None:
+            header = {**header, "rid": envelope.rid}
+        nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
+        if worker is not None:
+            worker.bytes_out += nbytes
+
+    def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
+        """Answer a request that failed with `error` (its rid read from `body` if need be)."""
+        self.counters.errors += 1
+        log.debug("error reply (%s): %s", error.code, error.reason)
+        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
+        self.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
+
+    def send(self, routing: list[Any], frames: list[Any]) -> int:
+        """Send frames without copying; returns their bytes (the routing frames left out)."""
+        self.socket.send_multipart([*routing, *frames], copy=False)
+        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        self.counters.bytes_out += nbytes
+        return nbytes

@@ -1,0 +1,37 @@
+"""Whether the server is stopping: one record, which anyone may ask to set and the loop sets.
+
+A stop is *requested* by a signal handler or another thread (`ParameterServer.request_stop`),
+an operator's `stop`, the sample budget or the last worker's `bye`; the server loop alone
+*begins* it (`ParameterServer.begin_stop`: answer everything held, flag every later reply),
+right after the request that asked, so the messages after that one see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Stop:
+    """The stop state of one server (module docstring). Membership and the pulls read it."""
+
+    requested: bool = False  # asked for; safe to set from a signal handler or another thread
+    why: str = ""
+    stopping: bool = False  # begun: replies carry `stop`, pushes no longer apply, no hellos
+    by_workers: bool = False  # asked for because every rank finished its shard
+    deadline: float = 0.0  # when a stopping server stops waiting for its clients to leave
+
+    def request(self, why: str, by_workers: bool = False) -> None:
+        """Ask for a stop (the first reason asked is the one logged)."""
+        if not self.requested:
+            self.why, self.by_workers = why, by_workers
+        self.requested = True
+
+    def begin(self, deadline: float) -> None:
+        """The loop begins the stop: clients are waited for until `deadline`."""
+        self.requested = self.stopping = True
+        self.deadline = deadline
+
+    def due(self) -> bool:
+        """A stop was asked for and not begun yet."""
+        return self.requested and not self.stopping
