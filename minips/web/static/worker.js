@@ -3,12 +3,17 @@
 // pull -> per batch {forward, backward, push (+ VSGD samples), pull} -> bye. It posts
 // {type: "status", status} to the page after every step and {type: "error", message}.
 
+import { bestEngine, jsEngine } from "./engine.js";
 import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
 import { Sampler } from "./sampling.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
 import { mulberry32, normalise, parseIdx, permutation } from "./data.js";
 
-const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null };
+// computeSeconds: forward + backward; commSeconds: push + pull (encoding, the round trips,
+// decoding, copying the parameters in), both summed over the steps (as the NumPy worker's
+// report's compute_s and comm_s).
+const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null,
+  computeSeconds: 0, commSeconds: 0 };
 
 function report(fields) {
   Object.assign(status, fields);
@@ -159,7 +164,10 @@ async function train(options) {
     labels: testLabels,
   };
 
-  const model = buildModel(config.model);
+  // The products on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
+  // the plain loops.
+  const engine = options.engine === "js" ? jsEngine : await bestEngine((name) => fetchBytes(new URL(name, import.meta.url)));
+  const model = buildModel(config.model, engine);
   const sampler = rule.name === "vsgd" ? new Sampler(rule.rho, rule.min_samples) : null;
   const applyParams = (reply) => {
     for (const [name, array] of reply.arrays) model.setParam(name, array.data);
@@ -168,7 +176,7 @@ async function train(options) {
   applyParams(reply);
   let version = reply.header.version;
   let stop = reply.header.stop;
-  report({ state: "training", shard: labels.length, version });
+  report({ state: "training", shard: labels.length, version, engine: engine.name });
 
   const batchSize = config.batch_size;
   const random = mulberry32((config.seed || 0) * 1000 + rank); // batch order: model.md §4.3
@@ -182,8 +190,10 @@ async function train(options) {
       const { loss, dlogits } = softmaxCrossEntropy(model.forward(batch.x, true), batch.y);
       model.backward(dlogits);
       const compute = performance.now() - tick;
+      status.computeSeconds += compute / 1000;
       if (slowdown > 1) await sleep((slowdown - 1) * compute); // imitate a slower machine
 
+      const sending = performance.now();
       const params = model.params;
       const arrays = [...model.grads].map(([name, g]) => ({ name, shape: g.shape, data: g.data }));
       if (sampler) {
@@ -202,6 +212,7 @@ async function train(options) {
       reply = await workerRequest({ op: "pull", worker: workerId, since: version });
       applyParams(reply);
       version = reply.header.version;
+      status.commSeconds += (performance.now() - sending) / 1000;
       const steps = status.steps + 1;
       const seconds = (performance.now() - started) / 1000;
       report({ steps, samples: status.samples + batch.y.length, epoch, loss, version,

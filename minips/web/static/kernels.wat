@@ -1,0 +1,648 @@
+;; The kernels of gemm.js and kernels.js in WebAssembly with 128-bit SIMD (a v128 holds four
+;; float32 lanes). Same arithmetic on the same row-major float32 arrays, but in this
+;; module's memory: every pointer is a byte address into it (engine.js places the arrays
+;; and calls these). Read it beside the JavaScript: the loops are the same, only each
+;; instruction of a hot loop now does four columns at once.
+;;
+;; Built into kernels.wasm by tools/build_wasm.py (wabt's wat2wasm).
+;;
+;;   product     c (m, n) += A (m, k) @ b (k, n)   A(i, p) at a + i*sai + p*sap (bytes), so
+;;                 gemm:   A = a (m, k)             sai = 4k, sap = 4
+;;                 gemmTA: A = a^T with a (k, m)    sai = 4,  sap = 4m
+;;   product_tb  c (m, n) += a (m, k) @ b^T, b (n, k)   (gemmTB: dot products of rows)
+;;   im2col, col2im, conv_output, conv_output_grad, relu, relu_backward, max_pool,
+;;   max_pool_backward   the loops of kernels.js of the same names
+;;
+;; The products ADD into c (the caller zeroes c first for a plain product), so
+;; accumulate comes free.
+(module
+  (memory (export "memory") 1)
+
+  ;; ---------------------------------------------------------------- c += A @ b
+
+  ;; A tile of 4 rows x 8 columns of c kept in eight v128 registers for the whole sum over
+  ;; p: each step loads b[p, j..j+8) once (two v128) and uses it for four rows, each row's
+  ;; A(i, p) broadcast to four lanes (f32x4.splat). gemm.js's addRowCombination, four
+  ;; columns per instruction and four rows per load of b.
+  (func $tile_4x8
+    (param $a i32) (param $sai i32) (param $sap i32)  ;; A(i, p) at a + i*sai + p*sap
+    (param $b i32) (param $sb i32)                    ;; b[p, j] at b + p*sb + 4j
+    (param $c i32) (param $sc i32)                    ;; c[i, j] at c + i*sc + 4j
+    (param $k i32)
+    (local $c0l v128) (local $c0h v128) (local $c1l v128) (local $c1h v128)
+    (local $c2l v128) (local $c2h v128) (local $c3l v128) (local $c3h v128)
+    (local $bl v128) (local $bh v128) (local $x v128)
+    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $end i32)
+    (local.set $a1 (local.get $sai))
+    (local.set $a2 (i32.shl (local.get $sai) (i32.const 1)))
+    (local.set $a3 (i32.add (local.get $a1) (local.get $a2)))
+    (local.set $c0l (v128.load (local.get $c)))
+    (local.set $c0h (v128.load offset=16 (local.get $c)))
+    (local.set $c1l (v128.load (i32.add (local.get $c) (local.get $sc))))
+    (local.set $c1h (v128.load offset=16 (i32.add (local.get $c) (local.get $sc))))
+    (local.set $c2l (v128.load (i32.add (local.get $c) (i32.shl (local.get $sc) (i32.const 1)))))
+    (local.set $c2h (v128.load offset=16 (i32.add (local.get $c) (i32.shl (local.get $sc) (i32.const 1)))))
+    (local.set $c3l (v128.load (i32.add (local.get $c) (i32.mul (local.get $sc) (i32.const 3)))))
+    (local.set $c3h (v128.load offset=16 (i32.add (local.get $c) (i32.mul (local.get $sc) (i32.const 3)))))
+    (local.set $end (i32.add (local.get $b) (i32.mul (local.get $k) (local.get $sb))))
+    (block $done
+      (loop $p
+        (br_if $done (i32.ge_u (local.get $b) (local.get $end)))
+        (local.set $bl (v128.load (local.get $b)))
+        (local.set $bh (v128.load offset=16 (local.get $b)))
+        (local.set $x (f32x4.splat (f32.load (local.get $a))))
+        (local.set $c0l (f32x4.add (local.get $c0l) (f32x4.mul (local.get $x) (local.get $bl))))
+        (local.set $c0h (f32x4.add (local.get $c0h) (f32x4.mul (local.get $x) (local.get $bh))))
+        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a1)))))
+        (local.set $c1l (f32x4.add (local.get $c1l) (f32x4.mul (local.get $x) (local.get $bl))))
+        (local.set $c1h (f32x4.add (local.get $c1h) (f32x4.mul (local.get $x) (local.get $bh))))
+        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a2)))))
+        (local.set $c2l (f32x4.add (local.get $c2l) (f32x4.mul (local.get $x) (local.get $bl))))
+        (local.set $c2h (f32x4.add (local.get $c2h) (f32x4.mul (local.get $x) (local.get $bh))))
+        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a3)))))
+        (local.set $c3l (f32x4.add (local.get $c3l) (f32x4.mul (local.get $x) (local.get $bl))))
+        (local.set $c3h (f32x4.add (local.get $c3h) (f32x4.mul (local.get $x) (local.get $bh))))
+        (local.set $a (i32.add (local.get $a) (local.get $sap)))
+        (local.set $b (i32.add (local.get $b) (local.get $sb)))
+        (br $p)))
+    (v128.store (local.get $c) (local.get $c0l))
+    (v128.store offset=16 (local.get $c) (local.get $c0h))
+    (v128.store (i32.add (local.get $c) (local.get $sc)) (local.get $c1l))
+    (v128.store offset=16 (i32.add (local.get $c) (local.get $sc)) (local.get $c1h))
+    (v128.store (i32.add (local.get $c) (i32.shl (local.get $sc) (i32.const 1))) (local.get $c2l))
+    (v128.store offset=16 (i32.add (local.get $c) (i32.shl (local.get $sc) (i32.const 1))) (local.get $c2h))
+    (v128.store (i32.add (local.get $c) (i32.mul (local.get $sc) (i32.const 3))) (local.get $c3l))
+    (v128.store offset=16 (i32.add (local.get $c) (i32.mul (local.get $sc) (i32.const 3))) (local.get $c3h)))
+
+  ;; The same for a single row (the last m mod 4 rows).
+  (func $tile_1x8
+    (param $a i32) (param $sap i32) (param $b i32) (param $sb i32) (param $c i32) (param $k i32)
+    (local $cl v128) (local $ch v128) (local $x v128) (local $end i32)
+    (local.set $cl (v128.load (local.get $c)))
+    (local.set $ch (v128.load offset=16 (local.get $c)))
+    (local.set $end (i32.add (local.get $b) (i32.mul (local.get $k) (local.get $sb))))
+    (block $done
+      (loop $p
+        (br_if $done (i32.ge_u (local.get $b) (local.get $end)))
+        (local.set $x (f32x4.splat (f32.load (local.get $a))))
+        (local.set $cl (f32x4.add (local.get $cl) (f32x4.mul (local.get $x) (v128.load (local.get $b)))))
+        (local.set $ch (f32x4.add (local.get $ch) (f32x4.mul (local.get $x) (v128.load offset=16 (local.get $b)))))
+        (local.set $a (i32.add (local.get $a) (local.get $sap)))
+        (local.set $b (i32.add (local.get $b) (local.get $sb)))
+        (br $p)))
+    (v128.store (local.get $c) (local.get $cl))
+    (v128.store offset=16 (local.get $c) (local.get $ch)))
+
+  ;; c[i, j] += sum_p A(i, p) * b[p, j] one float at a time, for i < m and j < cols: the
+  ;; last n mod 8 columns.
+  (func $scalar_columns
+    (param $a i32) (param $sai i32) (param $sap i32) (param $b i32) (param $sb i32)
+    (param $c i32) (param $sc i32) (param $m i32) (param $k i32) (param $cols i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $sum f32)
+    (local $ai i32) (local $bj i32) (local $cij i32)
+    (loop $rows
+      (local.set $j (i32.const 0))
+      (loop $columns
+        (local.set $cij (i32.add (i32.add (local.get $c) (i32.mul (local.get $i) (local.get $sc)))
+                                 (i32.shl (local.get $j) (i32.const 2))))
+        (local.set $sum (f32.load (local.get $cij)))
+        (local.set $ai (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai))))
+        (local.set $bj (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2))))
+        (local.set $p (i32.const 0))
+        (block $done
+          (loop $terms
+            (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+            (local.set $sum (f32.add (local.get $sum)
+                                     (f32.mul (f32.load (local.get $ai)) (f32.load (local.get $bj)))))
+            (local.set $ai (i32.add (local.get $ai) (local.get $sap)))
+            (local.set $bj (i32.add (local.get $bj) (local.get $sb)))
+            (local.set $p (i32.add (local.get $p) (i32.const 1)))
+            (br $terms)))
+        (f32.store (local.get $cij) (local.get $sum))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br_if $columns (i32.lt_u (local.get $j) (local.get $cols))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $rows (i32.lt_u (local.get $i) (local.get $m)))))
+
+  ;; Copy the k x 8 block of b at b (rows sb bytes apart) into k x 8 contiguous floats at
+  ;; packed. The rows of a block are a whole row of b apart; when that is a multiple of
+  ;; 4 KiB (LeNet's conv2: 4096 columns) they all compete for the same few cache sets, so
+  ;; the tiles read the copy instead (the packing of Goto & van de Geijn 2008).
+  (func $pack_columns (param $b i32) (param $sb i32) (param $k i32) (param $packed i32)
+    (local $end i32)
+    (local.set $end (i32.add (local.get $packed) (i32.shl (local.get $k) (i32.const 5))))
+    (block $done
+      (loop $rows
+        (br_if $done (i32.ge_u (local.get $packed) (local.get $end)))
+        (v128.store (local.get $packed) (v128.load (local.get $b)))
+        (v128.store offset=16 (local.get $packed) (v128.load offset=16 (local.get $b)))
+        (local.set $b (i32.add (local.get $b) (local.get $sb)))
+        (local.set $packed (i32.add (local.get $packed) (i32.const 32)))
+        (br $rows))))
+
+  ;; c (m, n) += A (m, k) @ b (k, n); m, n >= 1; `packed` is scratch for 8k floats.
+  ;; Column blocks of 8 outside, row tiles inside: the block of b, packed, stays in cache
+  ;; for every row tile.
+  (func (export "product")
+    (param $a i32) (param $sai i32) (param $sap i32) (param $b i32) (param $c i32)
+    (param $m i32) (param $k i32) (param $n i32) (param $packed i32)
+    (local $sb i32) (local $i i32) (local $j i32) (local $cj i32)
+    (local.set $sb (i32.shl (local.get $n) (i32.const 2)))  ;; a row of b or c, in bytes
+    (block $columns_done
+      (loop $columns
+        (br_if $columns_done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
+        (call $pack_columns (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+          (local.get $sb) (local.get $k) (local.get $packed))
+        (local.set $cj (i32.add (local.get $c) (i32.shl (local.get $j) (i32.const 2))))
+        (local.set $i (i32.const 0))
+        (block $fours_done
+          (loop $fours
+            (br_if $fours_done (i32.gt_u (i32.add (local.get $i) (i32.const 4)) (local.get $m)))
+            (call $tile_4x8
+              (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
+              (local.get $sai) (local.get $sap) (local.get $packed) (i32.const 32)
+              (i32.add (local.get $cj) (i32.mul (local.get $i) (local.get $sb)))
+              (local.get $sb) (local.get $k))
+            (local.set $i (i32.add (local.get $i) (i32.const 4)))
+            (br $fours)))
+        (block $ones_done
+          (loop $ones
+            (br_if $ones_done (i32.ge_u (local.get $i) (local.get $m)))
+            (call $tile_1x8
+              (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
+              (local.get $sap) (local.get $packed) (i32.const 32)
+              (i32.add (local.get $cj) (i32.mul (local.get $i) (local.get $sb)))
+              (local.get $k))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $ones)))
+        (local.set $j (i32.add (local.get $j) (i32.const 8)))
+        (br $columns)))
+    (if (i32.lt_u (local.get $j) (local.get $n))
+      (then
+        (call $scalar_columns
+          (local.get $a) (local.get $sai) (local.get $sap)
+          (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2))) (local.get $sb)
+          (i32.add (local.get $c) (i32.shl (local.get $j) (i32.const 2))) (local.get $sb)
+          (local.get $m) (local.get $k) (i32.sub (local.get $n) (local.get $j))))))
+
+  ;; ------------------------------------------------------------- c += a @ b^T
+
+  ;; The sum of the four lanes of acc plus the terms p in [from, k) that a four-wide loop
+  ;; left over: sum_p x[p] * y[p] for rows x, y (byte addresses) once acc holds the rest.
+  (func $finish_dot (param $acc v128) (param $x i32) (param $y i32) (param $from i32) (param $k i32)
+    (result f32)
+    (local $sum f32)
+    (local.set $sum
+      (f32.add
+        (f32.add (f32x4.extract_lane 0 (local.get $acc)) (f32x4.extract_lane 1 (local.get $acc)))
+        (f32.add (f32x4.extract_lane 2 (local.get $acc)) (f32x4.extract_lane 3 (local.get $acc)))))
+    (local.set $x (i32.add (local.get $x) (i32.shl (local.get $from) (i32.const 2))))
+    (local.set $y (i32.add (local.get $y) (i32.shl (local.get $from) (i32.const 2))))
+    (block $done
+      (loop $terms
+        (br_if $done (i32.ge_u (local.get $from) (local.get $k)))
+        (local.set $sum (f32.add (local.get $sum) (f32.mul (f32.load (local.get $x)) (f32.load (local.get $y)))))
+        (local.set $x (i32.add (local.get $x) (i32.const 4)))
+        (local.set $y (i32.add (local.get $y) (i32.const 4)))
+        (local.set $from (i32.add (local.get $from) (i32.const 1)))
+        (br $terms)))
+    (local.get $sum))
+
+  ;; One dot product of rows x and y of length k, four lanes at a time.
+  (func $dot (param $x i32) (param $y i32) (param $k i32) (result f32)
+    (local $acc v128) (local $q i32) (local $end i32)
+    (local.set $end (i32.shl (i32.and (local.get $k) (i32.const -4)) (i32.const 2)))
+    (block $done
+      (loop $quads
+        (br_if $done (i32.ge_u (local.get $q) (local.get $end)))
+        (local.set $acc (f32x4.add (local.get $acc)
+          (f32x4.mul (v128.load (i32.add (local.get $x) (local.get $q)))
+                     (v128.load (i32.add (local.get $y) (local.get $q))))))
+        (local.set $q (i32.add (local.get $q) (i32.const 16)))
+        (br $quads)))
+    (call $finish_dot (local.get $acc) (local.get $x) (local.get $y)
+      (i32.shr_u (local.get $end) (i32.const 2)) (local.get $k)))
+
+  ;; c[r, s] += a[r] . b[s] for 2 rows of a and 4 rows of b (all k long, contiguous): eight
+  ;; four-lane partial sums, so each load of a serves four products and each of b two
+  ;; (gemm.js's gemmTB does four rows of b per row of a).
+  (func $dots_2x4
+    (param $a i32) (param $b i32) (param $sk i32) (param $c i32) (param $sc i32) (param $k i32)
+    (local $s00 v128) (local $s01 v128) (local $s02 v128) (local $s03 v128)
+    (local $s10 v128) (local $s11 v128) (local $s12 v128) (local $s13 v128)
+    (local $x0 v128) (local $x1 v128) (local $y v128)
+    (local $a1 i32) (local $b1 i32) (local $b2 i32) (local $b3 i32) (local $q i32) (local $end i32)
+    (local.set $a1 (i32.add (local.get $a) (local.get $sk)))
+    (local.set $b1 (i32.add (local.get $b) (local.get $sk)))
+    (local.set $b2 (i32.add (local.get $b1) (local.get $sk)))
+    (local.set $b3 (i32.add (local.get $b2) (local.get $sk)))
+    (local.set $end (i32.shl (i32.and (local.get $k) (i32.const -4)) (i32.const 2)))
+    (block $done
+      (loop $quads
+        (br_if $done (i32.ge_u (local.get $q) (local.get $end)))
+        (local.set $x0 (v128.load (i32.add (local.get $a) (local.get $q))))
+        (local.set $x1 (v128.load (i32.add (local.get $a1) (local.get $q))))
+        (local.set $y (v128.load (i32.add (local.get $b) (local.get $q))))
+        (local.set $s00 (f32x4.add (local.get $s00) (f32x4.mul (local.get $x0) (local.get $y))))
+        (local.set $s10 (f32x4.add (local.get $s10) (f32x4.mul (local.get $x1) (local.get $y))))
+        (local.set $y (v128.load (i32.add (local.get $b1) (local.get $q))))
+        (local.set $s01 (f32x4.add (local.get $s01) (f32x4.mul (local.get $x0) (local.get $y))))
+        (local.set $s11 (f32x4.add (local.get $s11) (f32x4.mul (local.get $x1) (local.get $y))))
+        (local.set $y (v128.load (i32.add (local.get $b2) (local.get $q))))
+        (local.set $s02 (f32x4.add (local.get $s02) (f32x4.mul (local.get $x0) (local.get $y))))
+        (local.set $s12 (f32x4.add (local.get $s12) (f32x4.mul (local.get $x1) (local.get $y))))
+        (local.set $y (v128.load (i32.add (local.get $b3) (local.get $q))))
+        (local.set $s03 (f32x4.add (local.get $s03) (f32x4.mul (local.get $x0) (local.get $y))))
+        (local.set $s13 (f32x4.add (local.get $s13) (f32x4.mul (local.get $x1) (local.get $y))))
+        (local.set $q (i32.add (local.get $q) (i32.const 16)))
+        (br $quads)))
+    (local.set $q (i32.shr_u (local.get $end) (i32.const 2)))  ;; the first p left over
+    (call $add_to (local.get $c) (call $finish_dot (local.get $s00) (local.get $a) (local.get $b) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 4)) (call $finish_dot (local.get $s01) (local.get $a) (local.get $b1) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 8)) (call $finish_dot (local.get $s02) (local.get $a) (local.get $b2) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 12)) (call $finish_dot (local.get $s03) (local.get $a) (local.get $b3) (local.get $q) (local.get $k)))
+    (local.set $c (i32.add (local.get $c) (local.get $sc)))
+    (call $add_to (local.get $c) (call $finish_dot (local.get $s10) (local.get $a1) (local.get $b) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 4)) (call $finish_dot (local.get $s11) (local.get $a1) (local.get $b1) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 8)) (call $finish_dot (local.get $s12) (local.get $a1) (local.get $b2) (local.get $q) (local.get $k)))
+    (call $add_to (i32.add (local.get $c) (i32.const 12)) (call $finish_dot (local.get $s13) (local.get $a1) (local.get $b3) (local.get $q) (local.get $k))))
+
+  (func $add_to (param $at i32) (param $value f32)
+    (f32.store (local.get $at) (f32.add (f32.load (local.get $at)) (local.get $value))))
+
+  ;; c (m, n) += a (m, k) @ b^T, b (n, k), in slices of 512 of the k terms: a slice of
+  ;; every row of a and b is 2 KiB, so the rows the inner loops reuse stay in cache even
+  ;; when rows are long (LeNet's conv1 dW: k = 64 images x 576 pixels).
+  (func (export "product_tb")
+    (param $a i32) (param $b i32) (param $c i32) (param $m i32) (param $k i32) (param $n i32)
+    (local $k0 i32) (local $len i32)
+    (block $done
+      (loop $slices
+        (br_if $done (i32.ge_u (local.get $k0) (local.get $k)))
+        (local.set $len (i32.sub (local.get $k) (local.get $k0)))
+        (if (i32.gt_u (local.get $len) (i32.const 512)) (then (local.set $len (i32.const 512))))
+        (call $slice_tb
+          (i32.add (local.get $a) (i32.shl (local.get $k0) (i32.const 2)))
+          (i32.add (local.get $b) (i32.shl (local.get $k0) (i32.const 2)))
+          (local.get $c) (local.get $m) (local.get $len) (local.get $n)
+          (i32.shl (local.get $k) (i32.const 2)))
+        (local.set $k0 (i32.add (local.get $k0) (local.get $len)))
+        (br $slices))))
+
+  ;; c (m, n) += the terms of one slice: len terms starting at a and b, whose rows are sk
+  ;; bytes apart. Blocks of 4 rows of b outside, pairs of rows of a inside (b's four rows
+  ;; stay in cache); what is left over, one dot product at a time.
+  (func $slice_tb
+    (param $a i32) (param $b i32) (param $c i32) (param $m i32) (param $len i32) (param $n i32)
+    (param $sk i32)
+    (local $sc i32) (local $i i32) (local $j i32)
+    (local.set $sc (i32.shl (local.get $n) (i32.const 2)))
+    (block $quads_done
+      (loop $quads
+        (br_if $quads_done (i32.gt_u (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+        (local.set $i (i32.const 0))
+        (block $pairs_done
+          (loop $pairs
+            (br_if $pairs_done (i32.gt_u (i32.add (local.get $i) (i32.const 2)) (local.get $m)))
+            (call $dots_2x4
+              (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sk)))
+              (i32.add (local.get $b) (i32.mul (local.get $j) (local.get $sk)))
+              (local.get $sk)
+              (i32.add (i32.add (local.get $c) (i32.mul (local.get $i) (local.get $sc)))
+                       (i32.shl (local.get $j) (i32.const 2)))
+              (local.get $sc) (local.get $len))
+            (local.set $i (i32.add (local.get $i) (i32.const 2)))
+            (br $pairs)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $quads)))
+    ;; Left over: the last row of a when m is odd (columns < j), and every row for the
+    ;; last n mod 4 columns.
+    (call $single_dots (local.get $a) (local.get $b) (local.get $c) (local.get $len)
+      (local.get $sk) (local.get $n)
+      (i32.and (local.get $m) (i32.const -2)) (local.get $m) (i32.const 0) (local.get $j))
+    (call $single_dots (local.get $a) (local.get $b) (local.get $c) (local.get $len)
+      (local.get $sk) (local.get $n)
+      (i32.const 0) (local.get $m) (local.get $j) (local.get $n)))
+
+  ;; c[i, j] += a[i] . b[j] (len terms; rows sk bytes apart) for i in [i0, i1), j in
+  ;; [j0, j1), one dot product each.
+  (func $single_dots
+    (param $a i32) (param $b i32) (param $c i32) (param $len i32) (param $sk i32) (param $n i32)
+    (param $i0 i32) (param $i1 i32) (param $j0 i32) (param $j1 i32)
+    (local $i i32) (local $j i32)
+    (local.set $i (local.get $i0))
+    (block $rows_done
+      (loop $rows
+        (br_if $rows_done (i32.ge_u (local.get $i) (local.get $i1)))
+        (local.set $j (local.get $j0))
+        (block $columns_done
+          (loop $columns
+            (br_if $columns_done (i32.ge_u (local.get $j) (local.get $j1)))
+            (call $add_to
+              (i32.add (local.get $c)
+                (i32.shl (i32.add (i32.mul (local.get $i) (local.get $n)) (local.get $j)) (i32.const 2)))
+              (call $dot (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sk)))
+                         (i32.add (local.get $b) (i32.mul (local.get $j) (local.get $sk)))
+                         (local.get $len)))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br $columns)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $rows))))
+
+  ;; ------------------------------------------------------------- im2col, col2im
+
+  ;; im2col (to_x = 0) or col2im (to_x = 1) of kernels.js for the geometry (n, c, h, w, k,
+  ;; s, p, ho, wo). Each (channel, u, v) row of cols is, per image and output row i, one
+  ;; run of output columns j whose input column q = s*j + v - p falls inside [0, w): the
+  ;; run's ends are worked out once per (u, v), so the inner loop has no bounds tests.
+  (func $windows
+    (param $x i32) (param $cols i32) (param $n i32) (param $c i32) (param $h i32)
+    (param $w i32) (param $k i32) (param $s i32) (param $p i32) (param $ho i32) (param $wo i32)
+    (param $to_x i32)
+    (local $ch i32) (local $u i32) (local $v i32) (local $img i32) (local $i i32)
+    (local $r i32) (local $j0 i32) (local $j1 i32) (local $plane i32) (local $col i32)
+    (local.set $col (local.get $cols))
+    (loop $channels
+      (local.set $u (i32.const 0))
+      (loop $us
+        (local.set $v (i32.const 0))
+        (loop $vs
+          ;; j0 = first j with s*j >= p - v; j1 = first j with s*j >= w + p - v (<= wo)
+          (local.set $j0 (call $ceil_div_nonneg (i32.sub (local.get $p) (local.get $v)) (local.get $s)))
+          (local.set $j1 (call $ceil_div_nonneg
+            (i32.sub (i32.add (local.get $w) (local.get $p)) (local.get $v)) (local.get $s)))
+          (if (i32.gt_s (local.get $j1) (local.get $wo)) (then (local.set $j1 (local.get $wo))))
+          (local.set $img (i32.const 0))
+          (loop $images
+            (local.set $plane (i32.add (local.get $x) (i32.shl
+              (i32.mul (i32.add (i32.mul (local.get $img) (local.get $c)) (local.get $ch))
+                       (i32.mul (local.get $h) (local.get $w)))
+              (i32.const 2))))
+            (local.set $i (i32.const 0))
+            (loop $rows
+              (local.set $r (i32.sub (i32.add (i32.mul (local.get $s) (local.get $i)) (local.get $u))
+                                     (local.get $p)))
+              ;; r inside [0, h) (unsigned: a negative r is huge) and a non-empty run
+              (if (i32.and (i32.lt_u (local.get $r) (local.get $h))
+                           (i32.lt_s (local.get $j0) (local.get $j1)))
+                (then
+                  (call $run
+                    (i32.add (local.get $plane) (i32.shl
+                      (i32.sub (i32.add (i32.add (i32.mul (local.get $r) (local.get $w))
+                                                 (i32.mul (local.get $s) (local.get $j0)))
+                                        (local.get $v))
+                               (local.get $p))
+                      (i32.const 2)))
+                    (i32.add (local.get $col) (i32.shl (local.get $j0) (i32.const 2)))
+                    (i32.sub (local.get $j1) (local.get $j0)) (local.get $s) (local.get $to_x))))
+              (local.set $col (i32.add (local.get $col) (i32.shl (local.get $wo) (i32.const 2))))
+              (local.set $i (i32.add (local.get $i) (i32.const 1)))
+              (br_if $rows (i32.lt_u (local.get $i) (local.get $ho))))
+            (local.set $img (i32.add (local.get $img) (i32.const 1)))
+            (br_if $images (i32.lt_u (local.get $img) (local.get $n))))
+          (local.set $v (i32.add (local.get $v) (i32.const 1)))
+          (br_if $vs (i32.lt_u (local.get $v) (local.get $k))))
+        (local.set $u (i32.add (local.get $u) (i32.const 1)))
+        (br_if $us (i32.lt_u (local.get $u) (local.get $k))))
+      (local.set $ch (i32.add (local.get $ch) (i32.const 1)))
+      (br_if $channels (i32.lt_u (local.get $ch) (local.get $c)))))
+
+  ;; ceil(a / s) for s >= 1, and 0 when a <= 0.
+  (func $ceil_div_nonneg (param $a i32) (param $s i32) (result i32)
+    (if (result i32) (i32.le_s (local.get $a) (i32.const 0))
+      (then (i32.const 0))
+      (else (i32.div_u (i32.sub (i32.add (local.get $a) (local.get $s)) (i32.const 1)) (local.get $s)))))
+
+  ;; One run of len entries: col[j] = x[s*j] (to_x = 0) or x[s*j] += col[j] (to_x = 1).
+  ;; With stride 1 both sides are contiguous: four floats per v128.
+  (func $run (param $x i32) (param $col i32) (param $len i32) (param $s i32) (param $to_x i32)
+    (local $end i32)
+    (if (i32.eq (local.get $s) (i32.const 1))
+      (then
+        (local.set $end (i32.add (local.get $col) (i32.shl (i32.and (local.get $len) (i32.const -4)) (i32.const 2))))
+        (block $done
+          (loop $quads
+            (br_if $done (i32.ge_u (local.get $col) (local.get $end)))
+            (if (local.get $to_x)
+              (then (v128.store (local.get $x)
+                      (f32x4.add (v128.load (local.get $x)) (v128.load (local.get $col)))))
+              (else (v128.store (local.get $col) (v128.load (local.get $x)))))
+            (local.set $x (i32.add (local.get $x) (i32.const 16)))
+            (local.set $col (i32.add (local.get $col) (i32.const 16)))
+            (br $quads)))
+        (local.set $len (i32.and (local.get $len) (i32.const 3)))))
+    ;; what is left (any stride): one float at a time
+    (block $done
+      (loop $singles
+        (br_if $done (i32.eqz (local.get $len)))
+        (if (local.get $to_x)
+          (then (f32.store (local.get $x) (f32.add (f32.load (local.get $x)) (f32.load (local.get $col)))))
+          (else (f32.store (local.get $col) (f32.load (local.get $x)))))
+        (local.set $x (i32.add (local.get $x) (i32.shl (local.get $s) (i32.const 2))))
+        (local.set $col (i32.add (local.get $col) (i32.const 4)))
+        (local.set $len (i32.sub (local.get $len) (i32.const 1)))
+        (br $singles))))
+
+  (func (export "im2col")
+    (param $x i32) (param $cols i32) (param $n i32) (param $c i32) (param $h i32)
+    (param $w i32) (param $k i32) (param $s i32) (param $p i32) (param $ho i32) (param $wo i32)
+    (call $windows (local.get $x) (local.get $cols) (local.get $n) (local.get $c) (local.get $h)
+      (local.get $w) (local.get $k) (local.get $s) (local.get $p) (local.get $ho) (local.get $wo)
+      (i32.const 0)))
+
+  (func (export "col2im")
+    (param $cols i32) (param $x i32) (param $n i32) (param $c i32) (param $h i32)
+    (param $w i32) (param $k i32) (param $s i32) (param $p i32) (param $ho i32) (param $wo i32)
+    (call $windows (local.get $x) (local.get $cols) (local.get $n) (local.get $c) (local.get $h)
+      (local.get $w) (local.get $k) (local.get $s) (local.get $p) (local.get $ho) (local.get $wo)
+      (i32.const 1)))
+
+  ;; ------------------------------------------------- the layout around the conv product
+
+  ;; y (N, O, P) = yt (O, N, P) + b[o]: one run of P floats per (o, image), b[o] in every lane.
+  (func (export "conv_output")
+    (param $yt i32) (param $b i32) (param $y i32) (param $o i32) (param $n i32) (param $pixels i32)
+    (local $oc i32) (local $img i32) (local $bias v128) (local $run i32)
+    (local.set $run (i32.shl (local.get $pixels) (i32.const 2)))
+    (loop $channels
+      (local.set $bias (v128.load32_splat (i32.add (local.get $b) (i32.shl (local.get $oc) (i32.const 2)))))
+      (local.set $img (i32.const 0))
+      (loop $images
+        (call $add_run
+          (local.get $yt)  ;; yt advances run by run: (o, image) is its natural order
+          (i32.add (local.get $y) (i32.mul (local.get $run)
+            (i32.add (i32.mul (local.get $img) (local.get $o)) (local.get $oc))))
+          (local.get $bias) (local.get $pixels))
+        (local.set $yt (i32.add (local.get $yt) (local.get $run)))
+        (local.set $img (i32.add (local.get $img) (i32.const 1)))
+        (br_if $images (i32.lt_u (local.get $img) (local.get $n))))
+      (local.set $oc (i32.add (local.get $oc) (i32.const 1)))
+      (br_if $channels (i32.lt_u (local.get $oc) (local.get $o)))))
+
+  ;; to[q] = from[q] + lane 0 of bias, q < len.
+  (func $add_run (param $from i32) (param $to i32) (param $bias v128) (param $len i32)
+    (local $end i32)
+    (local.set $end (i32.add (local.get $from) (i32.shl (i32.and (local.get $len) (i32.const -4)) (i32.const 2))))
+    (block $done
+      (loop $quads
+        (br_if $done (i32.ge_u (local.get $from) (local.get $end)))
+        (v128.store (local.get $to) (f32x4.add (v128.load (local.get $from)) (local.get $bias)))
+        (local.set $from (i32.add (local.get $from) (i32.const 16)))
+        (local.set $to (i32.add (local.get $to) (i32.const 16)))
+        (br $quads)))
+    (local.set $end (i32.add (local.get $end) (i32.shl (i32.and (local.get $len) (i32.const 3)) (i32.const 2))))
+    (block $done
+      (loop $singles
+        (br_if $done (i32.ge_u (local.get $from) (local.get $end)))
+        (f32.store (local.get $to) (f32.add (f32.load (local.get $from)) (f32x4.extract_lane 0 (local.get $bias))))
+        (local.set $from (i32.add (local.get $from) (i32.const 4)))
+        (local.set $to (i32.add (local.get $to) (i32.const 4)))
+        (br $singles))))
+
+  ;; dyt (O, N, P) = dy (N, O, P) and db[o] = the sum over images and pixels of dy[., o, .],
+  ;; summed in float64 (two lanes per f64x2) as the JavaScript sums are.
+  (func (export "conv_output_grad")
+    (param $dy i32) (param $dyt i32) (param $db i32) (param $o i32) (param $n i32) (param $pixels i32)
+    (local $oc i32) (local $img i32) (local $run i32) (local $from i32) (local $end i32)
+    (local $sum v128) (local $x v128) (local $rest f64)
+    (local.set $run (i32.shl (local.get $pixels) (i32.const 2)))
+    (loop $channels
+      (local.set $sum (v128.const f64x2 0 0))
+      (local.set $rest (f64.const 0))  ;; the runs' last P mod 4 floats
+      (local.set $img (i32.const 0))
+      (loop $images
+        (local.set $from (i32.add (local.get $dy) (i32.mul (local.get $run)
+          (i32.add (i32.mul (local.get $img) (local.get $o)) (local.get $oc)))))
+        (local.set $end (i32.add (local.get $from)
+          (i32.shl (i32.and (local.get $pixels) (i32.const -4)) (i32.const 2))))
+        (block $done
+          (loop $quads
+            (br_if $done (i32.ge_u (local.get $from) (local.get $end)))
+            (local.set $x (v128.load (local.get $from)))
+            (v128.store (local.get $dyt) (local.get $x))
+            (local.set $sum (f64x2.add (local.get $sum) (f64x2.promote_low_f32x4 (local.get $x))))
+            (local.set $sum (f64x2.add (local.get $sum) (f64x2.promote_low_f32x4
+              (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $x) (local.get $x)))))
+            (local.set $from (i32.add (local.get $from) (i32.const 16)))
+            (local.set $dyt (i32.add (local.get $dyt) (i32.const 16)))
+            (br $quads)))
+        (local.set $end (i32.add (local.get $end) (i32.shl (i32.and (local.get $pixels) (i32.const 3)) (i32.const 2))))
+        (block $done
+          (loop $singles
+            (br_if $done (i32.ge_u (local.get $from) (local.get $end)))
+            (f32.store (local.get $dyt) (f32.load (local.get $from)))
+            (local.set $rest (f64.add (local.get $rest) (f64.promote_f32 (f32.load (local.get $from)))))
+            (local.set $from (i32.add (local.get $from) (i32.const 4)))
+            (local.set $dyt (i32.add (local.get $dyt) (i32.const 4)))
+            (br $singles)))
+        (local.set $img (i32.add (local.get $img) (i32.const 1)))
+        (br_if $images (i32.lt_u (local.get $img) (local.get $n))))
+      (f32.store (i32.add (local.get $db) (i32.shl (local.get $oc) (i32.const 2)))
+        (f32.demote_f64 (f64.add (local.get $rest)
+          (f64.add (f64x2.extract_lane 0 (local.get $sum)) (f64x2.extract_lane 1 (local.get $sum))))))
+      (local.set $oc (i32.add (local.get $oc) (i32.const 1)))
+      (br_if $channels (i32.lt_u (local.get $oc) (local.get $o)))))
+
+  ;; ------------------------------------------------------------------------- ReLU
+
+  ;; y = max(x, 0): f32x4.pmax(0, x) is "0 < x ? x : 0", NaN giving 0 as in kernels.js.
+  (func (export "relu") (param $x i32) (param $y i32) (param $size i32)
+    (local $end i32) (local $v f32)
+    (local.set $end (i32.add (local.get $x) (i32.shl (i32.and (local.get $size) (i32.const -4)) (i32.const 2))))
+    (block $done
+      (loop $quads
+        (br_if $done (i32.ge_u (local.get $x) (local.get $end)))
+        (v128.store (local.get $y) (f32x4.pmax (v128.const f32x4 0 0 0 0) (v128.load (local.get $x))))
+        (local.set $x (i32.add (local.get $x) (i32.const 16)))
+        (local.set $y (i32.add (local.get $y) (i32.const 16)))
+        (br $quads)))
+    (local.set $end (i32.add (local.get $end) (i32.shl (i32.and (local.get $size) (i32.const 3)) (i32.const 2))))
+    (block $done
+      (loop $singles
+        (br_if $done (i32.ge_u (local.get $x) (local.get $end)))
+        (local.set $v (f32.load (local.get $x)))
+        (f32.store (local.get $y) (select (local.get $v) (f32.const 0) (f32.gt (local.get $v) (f32.const 0))))
+        (local.set $x (i32.add (local.get $x) (i32.const 4)))
+        (local.set $y (i32.add (local.get $y) (i32.const 4)))
+        (br $singles))))
+
+  ;; dx = dy where y > 0, else 0: the comparison's all-ones lanes mask dy.
+  (func (export "relu_backward") (param $dy i32) (param $y i32) (param $dx i32) (param $size i32)
+    (local $end i32)
+    (local.set $end (i32.add (local.get $dy) (i32.shl (i32.and (local.get $size) (i32.const -4)) (i32.const 2))))
+    (block $done
+      (loop $quads
+        (br_if $done (i32.ge_u (local.get $dy) (local.get $end)))
+        (v128.store (local.get $dx) (v128.and (v128.load (local.get $dy))
+          (f32x4.gt (v128.load (local.get $y)) (v128.const f32x4 0 0 0 0))))
+        (local.set $dy (i32.add (local.get $dy) (i32.const 16)))
+        (local.set $y (i32.add (local.get $y) (i32.const 16)))
+        (local.set $dx (i32.add (local.get $dx) (i32.const 16)))
+        (br $quads)))
+    (local.set $end (i32.add (local.get $end) (i32.shl (i32.and (local.get $size) (i32.const 3)) (i32.const 2))))
+    (block $done
+      (loop $singles
+        (br_if $done (i32.ge_u (local.get $dy) (local.get $end)))
+        (f32.store (local.get $dx) (select (f32.load (local.get $dy)) (f32.const 0)
+          (f32.gt (f32.load (local.get $y)) (f32.const 0))))
+        (local.set $dy (i32.add (local.get $dy) (i32.const 4)))
+        (local.set $y (i32.add (local.get $y) (i32.const 4)))
+        (local.set $dx (i32.add (local.get $dx) (i32.const 4)))
+        (br $singles))))
+
+  ;; ------------------------------------------------------------------ max pooling
+
+  ;; kernels.js's maxPool, one window at a time; argmax holds int32 indices into x.
+  (func (export "max_pool")
+    (param $x i32) (param $y i32) (param $argmax i32) (param $planes i32) (param $h i32)
+    (param $w i32) (param $k i32) (param $s i32) (param $ho i32) (param $wo i32)
+    (local $plane i32) (local $i i32) (local $j i32) (local $u i32) (local $v i32)
+    (local $base i32) (local $start i32) (local $best i32) (local $idx i32) (local $top f32) (local $value f32)
+    (loop $planes
+      (local.set $base (i32.mul (local.get $plane) (i32.mul (local.get $h) (local.get $w))))
+      (local.set $i (i32.const 0))
+      (loop $rows
+        (local.set $j (i32.const 0))
+        (loop $columns
+          (local.set $start (i32.add (local.get $base) (i32.add
+            (i32.mul (i32.mul (local.get $s) (local.get $i)) (local.get $w))
+            (i32.mul (local.get $s) (local.get $j)))))
+          (local.set $best (local.get $start))
+          (local.set $top (f32.load (i32.add (local.get $x) (i32.shl (local.get $best) (i32.const 2)))))
+          (local.set $u (i32.const 0))
+          (loop $us
+            (local.set $v (i32.const 0))
+            (loop $vs
+              (local.set $idx (i32.add (local.get $start)
+                (i32.add (i32.mul (local.get $u) (local.get $w)) (local.get $v))))
+              (local.set $value (f32.load (i32.add (local.get $x) (i32.shl (local.get $idx) (i32.const 2)))))
+              (if (f32.gt (local.get $value) (local.get $top))  ;; strict: ties keep the earlier
+                (then (local.set $top (local.get $value)) (local.set $best (local.get $idx))))
+              (local.set $v (i32.add (local.get $v) (i32.const 1)))
+              (br_if $vs (i32.lt_u (local.get $v) (local.get $k))))
+            (local.set $u (i32.add (local.get $u) (i32.const 1)))
+            (br_if $us (i32.lt_u (local.get $u) (local.get $k))))
+          (f32.store (local.get $y) (local.get $top))
+          (i32.store (local.get $argmax) (local.get $best))
+          (local.set $y (i32.add (local.get $y) (i32.const 4)))
+          (local.set $argmax (i32.add (local.get $argmax) (i32.const 4)))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br_if $columns (i32.lt_u (local.get $j) (local.get $wo))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $rows (i32.lt_u (local.get $i) (local.get $ho))))
+      (local.set $plane (i32.add (local.get $plane) (i32.const 1)))
+      (br_if $planes (i32.lt_u (local.get $plane) (local.get $planes)))))
+
+  ;; dx[argmax[o]] += dy[o], o < size.
+  (func (export "max_pool_backward") (param $dy i32) (param $argmax i32) (param $dx i32) (param $size i32)
+    (local $end i32) (local $at i32)
+    (local.set $end (i32.add (local.get $dy) (i32.shl (local.get $size) (i32.const 2))))
+    (block $done
+      (loop $entries
+        (br_if $done (i32.ge_u (local.get $dy) (local.get $end)))
+        (local.set $at (i32.add (local.get $dx) (i32.shl (i32.load (local.get $argmax)) (i32.const 2))))
+        (f32.store (local.get $at) (f32.add (f32.load (local.get $at)) (f32.load (local.get $dy))))
+        (local.set $dy (i32.add (local.get $dy) (i32.const 4)))
+        (local.set $argmax (i32.add (local.get $argmax) (i32.const 4)))
+        (br $entries))))
+)
