@@ -44,7 +44,9 @@ def numpy_worker(tmp: Path, server_args: list[str], steps: int) -> dict:
             check=True,
         )
     result = json.loads(report.read_text())
-    return _figures("numpy", result["steps"], result["samples"], result["compute_s"], result["comm_s"])
+    return _figures(
+        "numpy", result["steps"], result["samples"], result["compute_s"], result["comm_s"]
+    )
 
 
 def browser_worker(tmp: Path, server_args: list[str], steps: int, engine: str) -> dict:
@@ -95,8 +97,12 @@ def summary(runs: list[dict]) -> list[dict]:
         }
     reference = medians["numpy"]["samples_per_s"]
     return [
-        {"worker": worker, "runs": sum(run["worker"] == worker for run in runs), **figures,
-         "over_numpy": round(figures["samples_per_s"] / reference, 3)}
+        {
+            "worker": worker,
+            "runs": sum(run["worker"] == worker for run in runs),
+            **figures,
+            "over_numpy": round(figures["samples_per_s"] / reference, 3),
+        }
         for worker, figures in medians.items()
     ]
 
@@ -118,8 +124,15 @@ def main() -> None:
     server_args = ["--workers", "1", "--rule", "asgd", "--model", args.model]
     server_args += ["--dataset", args.dataset, "--batch-size", str(args.batch_size)]
     load = os.getloadavg()[0]
-    print(json.dumps({"machine": platform.processor() or platform.machine(), **vars(args),
-                      "load_1min": round(load, 2)}))
+    print(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                **vars(args),
+                "load_1min": round(load, 2),
+            }
+        )
+    )
     runs = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:

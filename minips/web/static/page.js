@@ -18,8 +18,8 @@ const options = {
 };
 
 const ENGINES = {
-  "wasm-simd": "WebAssembly SIMD (gemm.wasm)",
-  js: "plain JavaScript (gemm.js)",
+  "wasm-simd": "WebAssembly SIMD (kernels.wasm)",
+  js: "plain JavaScript (gemm.js, kernels.js)",
 };
 const show = (id, text) => (document.getElementById(id).textContent = text);
 window.minipsStatus = { state: "starting" };

@@ -1,6 +1,8 @@
 // The browser worker, run in a Web Worker so the page stays responsive: the same loop as
-// minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my shard ->
-// pull -> per batch {forward, backward, push (+ VSGD samples), pull} -> bye. It posts
+// minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my
+// shard -> pull -> per batch {forward, backward, push (+ VSGD samples) with the pull in its
+// reply} -> bye. The push carries `pull_since`, so the pull's parameters come back in the
+// push's reply: one round trip per step, as the NumPy worker (docs/protocol.md §5.3). It posts
 // {type: "status", status} to the page after every step and {type: "error", message}.
 
 import { bestEngine, jsEngine } from "./engine.js";
@@ -205,19 +207,19 @@ async function train(options) {
         }
       }
       const pushHeader = { op: "push", worker: workerId, seq: seq++, base: version, last: true,
-        samples: batch.y.length };
-      const pushed = (await workerRequest(pushHeader, arrays)).header;
+        samples: batch.y.length, pull_since: version };
+      reply = await workerRequest(pushHeader, arrays);
+      const pushed = reply.header; // the push's answer and the pull's fields (§5.3)
       if (pushed.stop && !pushed.applied) break outer; // arrived after the run stopped: not counted
       status.staleness.push(pushed.staleness);
-      reply = await workerRequest({ op: "pull", worker: workerId, since: version });
       applyParams(reply);
-      version = reply.header.version;
+      version = pushed.version;
       status.commSeconds += (performance.now() - sending) / 1000;
       const steps = status.steps + 1;
       const seconds = (performance.now() - started) / 1000;
       report({ steps, samples: status.samples + batch.y.length, epoch, loss, version,
         stepsPerSecond: steps / seconds, computeMs: compute, lastStaleness: pushed.staleness });
-      if (pushed.stop || reply.header.stop) break outer;
+      if (pushed.stop) break outer;
       if (options.maxSteps && steps >= options.maxSteps) break outer;
       if (performance.now() - lastEval > (options.evalSeconds || 5) * 1000) {
         report({ accuracy: accuracy(model, test) });
