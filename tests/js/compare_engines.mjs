@@ -75,6 +75,14 @@ for (const [m, k, n] of [[1, 1, 1], [3, 5, 7], [4, 8, 8], [5, 9, 17], [13, 3, 33
       (e, a, b, out) => e.gemmTB(a, b, out, m, k, n, accumulate));
   }
 }
+// product packs b one block at a time when b has more than 2^18 floats or k > m, else
+// all of it first: both orders, both remainders
+for (const [m, k, n] of [[6, 300, 1001], [9, 1100, 250], [300, 40, 1001], [301, 41, 250]]) {
+  compare(`gemm ${m}x${k}x${n}`, [randoms(m * k), randoms(k * n), randoms(m * n)],
+    (e, a, b, out) => e.gemm(a, b, out, m, k, n));
+  compare(`gemmTA ${m}x${k}x${n}`, [randoms(k * m), randoms(k * n), randoms(m * n)],
+    (e, a, b, out) => e.gemmTA(a, b, out, m, k, n, true));
+}
 // gemmTB sums k terms in slices of 512: a k that spans several
 compare("gemmTB 3x1100x5", [randoms(3 * 1100), randoms(5 * 1100), randoms(15)],
   (e, a, b, out) => e.gemmTB(a, b, out, 3, 1100, 5));

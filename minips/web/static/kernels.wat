@@ -140,50 +140,110 @@
         (local.set $packed (i32.add (local.get $packed) (i32.const 32)))
         (br $rows))))
 
-  ;; c (m, n) += A (m, k) @ b (k, n); m, n >= 1; `packed` is scratch for 8k floats.
-  ;; Column blocks of 8 outside, row tiles inside: the block of b, packed, stays in cache
-  ;; for every row tile.
+  ;; c[i0..i1, j..j+8) += A(i0..i1, :) @ the packed block of b at panel: 4-row tiles, then
+  ;; single rows. c_j is the address of c[0, j]; rows of c are sc bytes apart.
+  (func $rows_against_block
+    (param $a i32) (param $sai i32) (param $sap i32) (param $panel i32) (param $c_j i32)
+    (param $sc i32) (param $k i32) (param $i0 i32) (param $i1 i32)
+    (local $i i32)
+    (local.set $i (local.get $i0))
+    (block $fours_done
+      (loop $fours
+        (br_if $fours_done (i32.gt_u (i32.add (local.get $i) (i32.const 4)) (local.get $i1)))
+        (call $tile_4x8
+          (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
+          (local.get $sai) (local.get $sap) (local.get $panel) (i32.const 32)
+          (i32.add (local.get $c_j) (i32.mul (local.get $i) (local.get $sc)))
+          (local.get $sc) (local.get $k))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $fours)))
+    (block $ones_done
+      (loop $ones
+        (br_if $ones_done (i32.ge_u (local.get $i) (local.get $i1)))
+        (call $tile_1x8
+          (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
+          (local.get $sap) (local.get $panel) (i32.const 32)
+          (i32.add (local.get $c_j) (i32.mul (local.get $i) (local.get $sc)))
+          (local.get $k))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $ones))))
+
+  ;; Whether product packs all of b before its tiles, row by row of c: when b (k x n
+  ;; floats) fits in 1 MiB, about a core's second-level cache, and the tiles are short (k
+  ;; <= m terms, so loading and storing c's tiles is much of the work). Else one 8-column
+  ;; block at a time.
+  (func $packs_all_of_b (param $m i32) (param $k i32) (param $n i32) (result i32)
+    (i32.and (i32.le_u (i32.mul (local.get $k) (local.get $n)) (i32.const 262144))
+             (i32.le_u (local.get $k) (local.get $m))))
+
+  ;; Floats of scratch product needs for m, k and n (its `packed`).
+  (func (export "product_scratch") (param $m i32) (param $k i32) (param $n i32) (result i32)
+    (if (result i32) (call $packs_all_of_b (local.get $m) (local.get $k) (local.get $n))
+      (then (i32.mul (local.get $k) (i32.and (local.get $n) (i32.const -8))))
+      (else (i32.shl (local.get $k) (i32.const 3)))))
+
+  ;; c (m, n) += A (m, k) @ b (k, n); m, n >= 1; packed: product_scratch(m, k, n) floats.
+  ;; The tiles cover c's full 8-column blocks in one of two orders:
+  ;; - b fits in cache (packs_all_of_b): every block packed first, then 4-row groups
+  ;;   outside, blocks inside: c is walked row by row and each group's rows of A stay in
+  ;;   the first-level cache (LeNet's dcols = W^T dY: m = 500 rows, k = 50);
+  ;; - otherwise blocks outside, each packed just before its turn, every row inside: the
+  ;;   block stays in cache while A, smaller than b here, is read again per block (LeNet's
+  ;;   conv2 forward: b = cols is 8 MB).
+  ;; The last n mod 8 columns, one float at a time.
   (func (export "product")
     (param $a i32) (param $sai i32) (param $sap i32) (param $b i32) (param $c i32)
     (param $m i32) (param $k i32) (param $n i32) (param $packed i32)
-    (local $sb i32) (local $i i32) (local $j i32) (local $cj i32)
+    (local $sb i32) (local $blocks i32) (local $block i32) (local $panel i32) (local $i i32)
     (local.set $sb (i32.shl (local.get $n) (i32.const 2)))  ;; a row of b or c, in bytes
-    (block $columns_done
-      (loop $columns
-        (br_if $columns_done (i32.gt_u (i32.add (local.get $j) (i32.const 8)) (local.get $n)))
-        (call $pack_columns (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
-          (local.get $sb) (local.get $k) (local.get $packed))
-        (local.set $cj (i32.add (local.get $c) (i32.shl (local.get $j) (i32.const 2))))
-        (local.set $i (i32.const 0))
-        (block $fours_done
-          (loop $fours
-            (br_if $fours_done (i32.gt_u (i32.add (local.get $i) (i32.const 4)) (local.get $m)))
-            (call $tile_4x8
-              (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
-              (local.get $sai) (local.get $sap) (local.get $packed) (i32.const 32)
-              (i32.add (local.get $cj) (i32.mul (local.get $i) (local.get $sb)))
-              (local.get $sb) (local.get $k))
+    (local.set $blocks (i32.shr_u (local.get $n) (i32.const 3)))
+    (if (call $packs_all_of_b (local.get $m) (local.get $k) (local.get $n))
+      (then
+        (block $packed_all
+          (loop $pack
+            (br_if $packed_all (i32.ge_u (local.get $block) (local.get $blocks)))
+            (call $pack_columns (i32.add (local.get $b) (i32.shl (local.get $block) (i32.const 5)))
+              (local.get $sb) (local.get $k)
+              (i32.add (local.get $packed) (i32.mul (local.get $block) (i32.shl (local.get $k) (i32.const 5)))))
+            (local.set $block (i32.add (local.get $block) (i32.const 1)))
+            (br $pack)))
+        (block $groups_done
+          (loop $groups
+            (br_if $groups_done (i32.ge_u (local.get $i) (local.get $m)))
+            (local.set $block (i32.const 0))
+            (block $blocks_done
+              (loop $each_block
+                (br_if $blocks_done (i32.ge_u (local.get $block) (local.get $blocks)))
+                (call $rows_against_block (local.get $a) (local.get $sai) (local.get $sap)
+                  (i32.add (local.get $packed) (i32.mul (local.get $block) (i32.shl (local.get $k) (i32.const 5))))
+                  (i32.add (local.get $c) (i32.shl (local.get $block) (i32.const 5)))
+                  (local.get $sb) (local.get $k)
+                  (local.get $i) (call $min (i32.add (local.get $i) (i32.const 4)) (local.get $m)))
+                (local.set $block (i32.add (local.get $block) (i32.const 1)))
+                (br $each_block)))
             (local.set $i (i32.add (local.get $i) (i32.const 4)))
-            (br $fours)))
-        (block $ones_done
-          (loop $ones
-            (br_if $ones_done (i32.ge_u (local.get $i) (local.get $m)))
-            (call $tile_1x8
-              (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $sai)))
-              (local.get $sap) (local.get $packed) (i32.const 32)
-              (i32.add (local.get $cj) (i32.mul (local.get $i) (local.get $sb)))
-              (local.get $k))
-            (local.set $i (i32.add (local.get $i) (i32.const 1)))
-            (br $ones)))
-        (local.set $j (i32.add (local.get $j) (i32.const 8)))
-        (br $columns)))
-    (if (i32.lt_u (local.get $j) (local.get $n))
+            (br $groups))))
+      (else
+        (block $blocks_done
+          (loop $each_block
+            (br_if $blocks_done (i32.ge_u (local.get $block) (local.get $blocks)))
+            (call $pack_columns (i32.add (local.get $b) (i32.shl (local.get $block) (i32.const 5)))
+              (local.get $sb) (local.get $k) (local.get $packed))
+            (call $rows_against_block (local.get $a) (local.get $sai) (local.get $sap)
+              (local.get $packed) (i32.add (local.get $c) (i32.shl (local.get $block) (i32.const 5)))
+              (local.get $sb) (local.get $k) (i32.const 0) (local.get $m))
+            (local.set $block (i32.add (local.get $block) (i32.const 1)))
+            (br $each_block)))))
+    (if (i32.and (local.get $n) (i32.const 7))
       (then
         (call $scalar_columns
           (local.get $a) (local.get $sai) (local.get $sap)
-          (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2))) (local.get $sb)
-          (i32.add (local.get $c) (i32.shl (local.get $j) (i32.const 2))) (local.get $sb)
-          (local.get $m) (local.get $k) (i32.sub (local.get $n) (local.get $j))))))
+          (i32.add (local.get $b) (i32.shl (local.get $blocks) (i32.const 5))) (local.get $sb)
+          (i32.add (local.get $c) (i32.shl (local.get $blocks) (i32.const 5))) (local.get $sb)
+          (local.get $m) (local.get $k) (i32.and (local.get $n) (i32.const 7))))))
+
+  (func $min (param $x i32) (param $y i32) (result i32)
+    (select (local.get $x) (local.get $y) (i32.lt_u (local.get $x) (local.get $y))))
 
   ;; ------------------------------------------------------------- c += a @ b^T
 

@@ -65,7 +65,7 @@ export class WasmEngine {
   /** c (m, n) = a (m, k) @ b (k, n); c += ... when accumulate. */
   gemm(a, b, c, m, k, n, accumulate = false) {
     const operands = [[a, m * k, "in"], [b, k * n, "in"], [c, m * n, accumulate ? "inout" : "out"]];
-    this.call(operands, 8 * k, ([pa, pb, pc], packed) =>
+    this.call(operands, this.exports.product_scratch(m, k, n), ([pa, pb, pc], packed) =>
       this.exports.product(pa, 4 * k, 4, pb, pc, m, k, n, packed),
     () => this.plain.gemm(a, b, c, m, k, n, accumulate));
   }
@@ -73,7 +73,7 @@ export class WasmEngine {
   /** c (m, n) = a^T @ b with a (k, m), b (k, n); c += ... when accumulate. */
   gemmTA(a, b, c, m, k, n, accumulate = false) {
     const operands = [[a, k * m, "in"], [b, k * n, "in"], [c, m * n, accumulate ? "inout" : "out"]];
-    this.call(operands, 8 * k, ([pa, pb, pc], packed) =>
+    this.call(operands, this.exports.product_scratch(m, k, n), ([pa, pb, pc], packed) =>
       this.exports.product(pa, 4, 4 * m, pb, pc, m, k, n, packed),
     () => this.plain.gemmTA(a, b, c, m, k, n, accumulate));
   }

@@ -117,6 +117,20 @@ function accuracy(model, test) {
   return correct / test.n;
 }
 
+/**
+ * Two passes on a batch of zeros before training: the WebAssembly engine sizes its memory
+ * on the first, and the browser compiles the hot loops to optimised code, so the first
+ * steps are not several times slower than the rest (their gradients would be late, and
+ * staler). The gradients are overwritten by the first real step.
+ */
+function warmUp(model, batchSize) {
+  const zeros = { data: new Float32Array(batchSize * 784), shape: [batchSize, 1, 28, 28] };
+  for (let pass = 0; pass < 2; pass++) {
+    const { dlogits } = softmaxCrossEntropy(model.forward(zeros, true), new Int32Array(batchSize));
+    model.backward(dlogits);
+  }
+}
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function train(options) {
@@ -166,10 +180,12 @@ async function train(options) {
     labels: testLabels,
   };
 
-  // The products on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
+  // The kernels on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
   // the plain loops.
-  const engine = options.engine === "js" ? jsEngine : await bestEngine((name) => fetchBytes(new URL(name, import.meta.url)));
+  const fetchStatic = (name) => fetchBytes(new URL(name, import.meta.url));
+  const engine = options.engine === "js" ? jsEngine : await bestEngine(fetchStatic);
   const model = buildModel(config.model, engine);
+  warmUp(model, config.batch_size);
   const sampler = rule.name === "vsgd" ? new Sampler(rule.rho, rule.min_samples) : null;
   const applyParams = (reply) => {
     for (const [name, array] of reply.arrays) model.setParam(name, array.data);
