@@ -1,11 +1,13 @@
-"""kernels.wasm is the build of kernels.wat: tools/build_wasm.py, with its pinned wat2wasm
-(npm's wabt, tools/wasm/package-lock.json), reproduces the shipped file byte for byte.
+"""gemm.wasm and kernels.wasm are the builds of gemm.wat and kernels.wat: tools/build_wasm.py,
+with its pinned wat2wasm (npm's wabt, tools/wasm/package-lock.json), reproduces each
+shipped file byte for byte.
 
 Skipped, with the reason shown, only where that tool cannot be had: no node or npm, or no
 way to reach the npm registry (the script's exit code 3).
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,27 +36,28 @@ def _build(tool_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def test_the_shipped_wasm_is_the_build_of_kernels_wat(tool_dir):
+def test_the_shipped_wasm_files_are_the_builds_of_their_sources(tool_dir):
     done = _build(tool_dir, "--check")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "is the build of kernels.wat" in done.stdout
+    for name in ("gemm", "kernels"):
+        assert f"static/{name}.wasm is the build of {name}.wat" in done.stdout
 
 
 def test_the_check_fails_on_a_wasm_that_is_not_the_build(tool_dir, tmp_path):
-    stale = tmp_path / "kernels.wasm"
+    shutil.copyfile(STATIC / "kernels.wat", tmp_path / "kernels.wat")
     data = bytearray((STATIC / "kernels.wasm").read_bytes())
     data[-1] ^= 0xFF  # one byte of the code section changed
-    stale.write_bytes(bytes(data))
-    done = _build(tool_dir, "--check", "--wasm", str(stale))
-    assert done.returncode == 1 and "differs from the build" in done.stderr
+    (tmp_path / "kernels.wasm").write_bytes(bytes(data))
+    done = _build(tool_dir, "--check", str(tmp_path / "kernels.wat"))
+    assert done.returncode == 1 and "differs from the build of kernels.wat" in done.stderr
 
 
 def test_a_source_that_does_not_assemble_is_a_one_line_error(tool_dir, tmp_path):
     source = tmp_path / "broken.wat"
     source.write_text('(module (func (export "f") (f32x4.nonsense)))\n')
-    done = _build(tool_dir, "--source", str(source), "--wasm", str(tmp_path / "out.wasm"))
+    done = _build(tool_dir, str(source))
     assert done.returncode != 0 and done.stderr.startswith("error: broken.wat does not assemble")
-    assert "Traceback" not in done.stderr and not (tmp_path / "out.wasm").exists()
+    assert "Traceback" not in done.stderr and not (tmp_path / "broken.wasm").exists()
 
 
 def test_the_build_tool_is_pinned_by_exact_version_and_hash():

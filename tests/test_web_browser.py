@@ -107,11 +107,11 @@ def test_two_browser_workers_train_the_model(tmp_path, browser, gateway_for):
     assert stats["updates"] == 64 and stats["samples"] == 2000 * 2
     assert before < 0.3 and after > 0.8, (before, after)
     assert all(f["accuracy"] > 0.8 for f in finals), finals  # what the pages show
-    # Chromium has WebAssembly SIMD: the pages train on kernels.wasm, and say so
+    # Chromium has WebAssembly SIMD: the pages train on gemm.wasm and kernels.wasm, and say so
     assert [f["engine"] for f in finals] == ["wasm-simd", "wasm-simd"]
     shown = browser.call("Runtime.evaluate", sessions[0], returnByValue=True,
                          expression="document.getElementById('engine').textContent")  # fmt: skip
-    assert shown["result"]["value"] == "WebAssembly SIMD (kernels.wasm)"
+    assert shown["result"]["value"] == "WebAssembly SIMD (gemm.wasm, kernels.wasm)"
 
 
 def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, gateway_for):

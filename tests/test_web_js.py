@@ -2,7 +2,7 @@
 
 The same JS files the browser worker loads are imported by the Node scripts in tests/js/.
 Python writes weights, a batch and NumPy's logits and gradients as raw .bin files; the Node
-script recomputes them on each engine (the plain loops, and kernels.wasm) and compares
+script recomputes them on each engine (the plain loops, and the .wasm files) and compares
 (relative error < 1e-4 per array). compare_engines.mjs checks the WebAssembly kernels
 against the plain ones directly.
 """

@@ -1,12 +1,15 @@
-"""Build minips/web/static/kernels.wasm from kernels.wat with a pinned wat2wasm.
+"""Build the browser engine's .wasm files (minips/web/static/gemm.wasm, kernels.wasm) from
+their .wat sources with a pinned wat2wasm.
 
 The tool is wabt's wat2wasm from the npm package `wabt` (a WebAssembly build of WABT that
 runs on Node), at the version and integrity hash of tools/wasm/package-lock.json, installed
 with `npm ci` into --tool-dir. Its output depends on the .wat source and wabt's version
-only, so the shipped kernels.wasm can be rebuilt byte for byte anywhere:
+only, so each shipped .wasm can be rebuilt byte for byte anywhere; it sits beside its
+source, X.wat -> X.wasm:
 
-    python tools/build_wasm.py            # writes minips/web/static/kernels.wasm
-    python tools/build_wasm.py --check    # exit 1 if the shipped file differs from a build
+    python tools/build_wasm.py            # writes minips/web/static/{gemm,kernels}.wasm
+    python tools/build_wasm.py --check    # exit 1 if a shipped file differs from its build
+    python tools/build_wasm.py --check DIR/X.wat   # that source and DIR/X.wasm only
 
 Needs node and npm (Debian: apt-get install nodejs npm) and the npm registry. Exit codes:
 0 built (or, with --check, identical), 1 the shipped file differs, 2 usage, a source that
@@ -25,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "minips" / "web" / "static" / "kernels.wat"
-SHIPPED = SOURCE.with_suffix(".wasm")
+STATIC = ROOT / "minips" / "web" / "static"
+SOURCES = [STATIC / "gemm.wat", STATIC / "kernels.wat"]
 PINS = Path(__file__).resolve().parent / "wasm"  # package.json + package-lock.json
 DEFAULT_TOOL_DIR = Path.home() / ".cache" / "minips" / "wabt"
 
@@ -98,31 +101,40 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TOOL_DIR,
         help=f"where the pinned wabt is installed (default {DEFAULT_TOOL_DIR})",
     )
-    parser.add_argument("--source", type=Path, default=SOURCE, help="the .wat (default: shipped)")
-    parser.add_argument("--wasm", type=Path, default=SHIPPED, help="the .wasm to write or check")
+    parser.add_argument(
+        "sources",
+        nargs="*",
+        type=Path,
+        default=SOURCES,
+        help="the .wat files (default: the shipped ones)",
+    )
     args = parser.parse_args(argv)
     try:
         script = install_wat2wasm(args.tool_dir)
     except ToolMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    return max(build(script, source, args.check) for source in args.sources)
+
+
+def build(script: Path, source: Path, check: bool) -> int:
+    """Assemble source; write source.wasm, or (check) compare with it. 0, or 1 if it differs."""
+    wasm = source.with_suffix(".wasm")
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(tmp) / "built.wasm"
-        assemble(script, args.source, built)
+        assemble(script, source, built)
         data = built.read_bytes()
     digest = hashlib.sha256(data).hexdigest()[:16]
-    if not args.check:
-        args.wasm.write_bytes(data)
-        print(f"wrote {args.wasm}: {len(data)} bytes, sha256 {digest}...")
+    if not check:
+        wasm.write_bytes(data)
+        print(f"wrote {wasm}: {len(data)} bytes, sha256 {digest}...")
         return 0
-    if args.wasm.is_file() and args.wasm.read_bytes() == data:
-        print(
-            f"{args.wasm} is the build of {args.source.name}: {len(data)} bytes, sha256 {digest}..."
-        )
+    if wasm.is_file() and wasm.read_bytes() == data:
+        print(f"{wasm} is the build of {source.name}: {len(data)} bytes, sha256 {digest}...")
         return 0
     print(
-        f"error: {args.wasm} differs from the build of {args.source.name} "
-        f"(sha256 {digest}...): run python tools/build_wasm.py",
+        f"error: {wasm} differs from the build of {source.name} (sha256 {digest}...): "
+        "run python tools/build_wasm.py",
         file=sys.stderr,
     )
     return 1

@@ -7,9 +7,9 @@ import { readFileSync } from "node:fs";
 import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
 import { buildModel, softmaxCrossEntropy } from "../../minips/web/static/nn.js";
 
-const bytes = readFileSync(new URL("../../minips/web/static/kernels.wasm", import.meta.url));
-const wasm = await wasmEngine(bytes);
-if (!wasm) throw new Error("kernels.wasm does not validate in this Node (no WebAssembly SIMD?)");
+const staticFile = (name) => readFileSync(new URL(`../../minips/web/static/${name}`, import.meta.url));
+const wasm = await wasmEngine(staticFile);
+if (!wasm) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 
 let seed = 12345;
 const random = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648) * 2 - 1;
@@ -132,7 +132,7 @@ for (const [planes, h, w, k, s] of [[3, 5, 6, 2, 2], [2, 7, 7, 3, 2], [4, 8, 8, 
 {
   // Operands too large for scratch while this pass has arrays in the memory: the plain
   // kernel runs (the memory must not grow under a live array), and the next pass grows.
-  const engine = await wasmEngine(bytes);
+  const engine = await wasmEngine(staticFile);
   engine.floats(8); // a first pass asks for 8 floats (a plain array: no arena yet)
   engine.beginPass(); // the arena now holds them
   const live = engine.floats(8);
@@ -153,7 +153,7 @@ for (const [planes, h, w, k, s] of [[3, 5, 6, 2, 2], [2, 7, 7, 3, 2], [4, 8, 8, 
 // ----------------------------------------------------------------- whole passes
 for (const name of ["lenet5", "mlp"]) {
   const oracle = buildModel({ name }, jsEngine);
-  const model = buildModel({ name }, await wasmEngine(bytes));
+  const model = buildModel({ name }, await wasmEngine(staticFile));
   for (const [param, t] of oracle.params) {
     t.data.set(randoms(t.data.length).map((v) => 0.1 * v));
     model.setParam(param, t.data);

@@ -10,9 +10,9 @@ import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
 import { buildModel, softmaxCrossEntropy } from "../../minips/web/static/nn.js";
 
 const dir = process.argv[2];
-const wasmFile = new URL("../../minips/web/static/kernels.wasm", import.meta.url);
-const engine = process.argv[3] === "wasm" ? await wasmEngine(readFileSync(wasmFile)) : jsEngine;
-if (!engine) throw new Error("kernels.wasm does not validate in this Node (no WebAssembly SIMD?)");
+const staticFile = (name) => readFileSync(new URL(`../../minips/web/static/${name}`, import.meta.url));
+const engine = process.argv[3] === "wasm" ? await wasmEngine(staticFile) : jsEngine;
+if (!engine) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 const spec = JSON.parse(readFileSync(join(dir, "case.json"), "utf8"));
 const f32 = (file) => {
   const buf = readFileSync(join(dir, file));

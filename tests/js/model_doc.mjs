@@ -52,8 +52,8 @@ function check(what, model, label) {
   }
 }
 
-const wasm = await wasmEngine(readFileSync(root + "minips/web/static/kernels.wasm"));
-if (!wasm) throw new Error("kernels.wasm does not validate in this Node (no WebAssembly SIMD?)");
+const wasm = await wasmEngine((name) => readFileSync(`${root}minips/web/static/${name}`));
+if (!wasm) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 for (const engine of [jsEngine, wasm]) {
   check(`${engine.name} mlp`, buildModel(example("mlp").model, engine), "mlp");
   const conv = [new Conv2D(1, 2, 2), new ReLU(), new MaxPool2D(2, 2), new Flatten(), new Dense(8, 3)];

@@ -8,8 +8,8 @@
 // Engines:
 // - "js": gemm.js's and kernels.js's plain loops and fresh arrays: the oracle the tests
 //   compare the other engine against, and the fallback wherever WebAssembly SIMD is missing.
-// - "wasm-simd": the same kernels in kernels.wasm (built from kernels.wat by
-//   tools/build_wasm.py), the pass's arrays in its memory (wasm_engine.js).
+// - "wasm-simd": the same kernels in gemm.wasm and kernels.wasm (built from gemm.wat and
+//   kernels.wat by tools/build_wasm.py), the pass's arrays in their memory (wasm_engine.js).
 
 import { gemm, gemmTA, gemmTB } from "./gemm.js";
 import * as kernels from "./kernels.js";
@@ -26,20 +26,26 @@ export const jsEngine = {
   ...kernels,
 };
 
-/** The WASM engine of kernels.wasm's bytes, or null where this runtime cannot run it (no
- * WebAssembly, or no SIMD: then the module does not validate). */
-export async function wasmEngine(bytes) {
-  if (typeof WebAssembly !== "object" || !WebAssembly.validate(bytes)) return null;
-  const { instance } = await WebAssembly.instantiate(bytes);
-  return new WasmEngine(instance.exports, jsEngine);
+/**
+ * The WASM engine, or null where this runtime cannot run it (no WebAssembly, or no SIMD:
+ * then the modules do not validate). `fetchBytes(name)` returns a file of this directory
+ * (an ArrayBuffer or a byte array: fetch in a browser, readFileSync in Node).
+ */
+export async function wasmEngine(fetchBytes) {
+  if (typeof WebAssembly !== "object") return null;
+  const [gemmBytes, kernelBytes] = await Promise.all(["gemm.wasm", "kernels.wasm"].map(fetchBytes));
+  if (!WebAssembly.validate(gemmBytes) || !WebAssembly.validate(kernelBytes)) return null;
+  const gemm = (await WebAssembly.instantiate(gemmBytes)).instance.exports;
+  const imports = { gemm: { memory: gemm.memory } }; // kernels.wasm works on gemm's memory
+  const kernels = (await WebAssembly.instantiate(kernelBytes, imports)).instance.exports;
+  return new WasmEngine({ ...gemm, ...kernels }, jsEngine);
 }
 
-/** The WASM engine when kernels.wasm loads and runs here, else jsEngine. `fetchBytes(name)`
- * returns a file of this directory as an ArrayBuffer (fetch in a browser, a file in Node). */
+/** The WASM engine when its files load and run here, else jsEngine (same fetchBytes). */
 export async function bestEngine(fetchBytes) {
   try {
-    return (await wasmEngine(await fetchBytes("kernels.wasm"))) || jsEngine;
+    return (await wasmEngine(fetchBytes)) || jsEngine;
   } catch {
-    return jsEngine; // no wasm file or a runtime that refuses it: the plain loops still work
+    return jsEngine; // no wasm files or a runtime that refuses them: the plain loops still work
   }
 }

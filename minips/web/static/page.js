@@ -18,7 +18,7 @@ const options = {
 };
 
 const ENGINES = {
-  "wasm-simd": "WebAssembly SIMD (kernels.wasm)",
+  "wasm-simd": "WebAssembly SIMD (gemm.wasm, kernels.wasm)",
   js: "plain JavaScript (gemm.js, kernels.js)",
 };
 const show = (id, text) => (document.getElementById(id).textContent = text);

@@ -1,5 +1,6 @@
-// The "wasm-simd" engine (engine.js): kernels.wasm's kernels, and one pass's arrays in its
-// memory so that they reach the kernels without a copy.
+// The "wasm-simd" engine (engine.js): the kernels of gemm.wasm and kernels.wasm, and one
+// pass's arrays in their memory (gemm.wasm's, which kernels.wasm imports) so that they
+// reach the kernels without a copy.
 //
 // Its memory holds two regions, [arena | scratch]:
 // - the arena: floats() and ints() hand out views of it, one after the other, until the
@@ -22,7 +23,8 @@ const PAGE = 65536; // bytes in a WebAssembly memory page
 const padded = (bytes) => Math.ceil(bytes / ALIGN) * ALIGN;
 
 export class WasmEngine {
-  /** exports: kernels.wasm's instance exports; plain: the JS engine, for the fallbacks. */
+  /** exports: the two instances' exports (memory: gemm.wasm's); plain: the JS engine, for
+   * the fallbacks. */
   constructor(exports, plain) {
     this.name = "wasm-simd";
     this.exports = exports;
