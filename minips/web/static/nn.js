@@ -10,8 +10,9 @@
 //
 // The loops over whole tensors (matrix products, window copies, ReLU, pooling) and the
 // arrays a pass computes come from an engine (engine.js): the plain loops of gemm.js and
-// kernels.js unless the model is given another (useEngine). With the WebAssembly engine, the tensors of one pass (from a
-// forward to the end of its backward) live in its memory until the next forward begins.
+// kernels.js unless the model is given another (useEngine). With the WebAssembly engine,
+// the tensors of one pass (from a forward to the end of its backward) live in its memory
+// until the next forward begins; parameters and gradients are plain arrays.
 
 import { jsEngine } from "./engine.js";
 
