@@ -41,7 +41,7 @@ class ServerError extends Error {
 /** One WebSocket to the gateway; request() sends and waits for the reply with its rid. */
 class Connection {
   constructor(url, timeoutMs, retries) {
-    Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null });
+    Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null, outgoing: null });
   }
 
   open() {
@@ -74,7 +74,10 @@ class Connection {
           fn(value);
         };
         this.waiting = { rid, resolve: done(resolve), reject: done(reject) };
-        this.ws.send(encodeMessage({ ...header, rid }, arrays));
+        // send() copies the bytes, so the next request may reuse the same buffer
+        const message = encodeMessage({ ...header, rid }, arrays, this.outgoing);
+        this.outgoing = message.buffer;
+        this.ws.send(message);
       });
       if (reply === null) continue; // timed out: try again (a push keeps its seq)
       if (reply.header.op === "error") throw new ServerError(reply.header.code, reply.header.reason);
