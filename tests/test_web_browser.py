@@ -5,13 +5,21 @@ DevTools protocol and reads their status (window.minipsStatus) and the server's 
 Skipped, with the reason shown, where Chromium or websockets are missing.
 """
 
+import base64
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from test_web_support import Chromium, quiet_env, require_browser, server_process, wait_for
+from test_web_support import (
+    Chromium,
+    numpy_case,
+    quiet_env,
+    require_browser,
+    server_process,
+    wait_for,
+)
 
 from minips.data import load_dataset
 from minips.nn import build_model, load_model
@@ -99,6 +107,11 @@ def test_two_browser_workers_train_the_model(tmp_path, browser, gateway_for):
     assert stats["updates"] == 64 and stats["samples"] == 2000 * 2
     assert before < 0.3 and after > 0.8, (before, after)
     assert all(f["accuracy"] > 0.8 for f in finals), finals  # what the pages show
+    # Chromium has WebAssembly SIMD: the pages train on gemm.wasm and kernels.wasm, and say so
+    assert [f["engine"] for f in finals] == ["wasm-simd", "wasm-simd"]
+    shown = browser.call("Runtime.evaluate", sessions[0], returnByValue=True,
+                         expression="document.getElementById('engine').textContent")  # fmt: skip
+    assert shown["result"]["value"] == "WebAssembly SIMD (gemm.wasm, kernels.wasm)"
 
 
 def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, gateway_for):
@@ -112,7 +125,8 @@ def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, 
             + ["--report", str(report)],
             env=quiet_env(),
         )
-        _, session = browser.open(gateway.url)
+        # The plain JavaScript engine (where WebAssembly SIMD is missing) trains the same.
+        _, session = browser.open(gateway.url + "?engine=js")
         final = wait_for(lambda: _done(browser, session), 120, "the browser page to finish")
         assert numpy_worker.wait(120) == 0
     stats = _final_stats(log)
@@ -121,6 +135,7 @@ def test_mixed_cluster_numpy_and_browser_finishes_with_dasgd(tmp_path, browser, 
     assert final["steps"] == numpy_report["steps"] == 32  # 2 epochs x 16 batches
     assert stats["rule"]["name"] == "dasgd" and stats["updates"] == 64
     assert {w["info"].get("agent", "numpy") for w in stats["workers"]} == {"browser", "numpy"}
+    assert final["engine"] == "js"
 
 
 def test_a_closed_tab_is_declared_dead_and_the_run_goes_on(tmp_path, browser, gateway_for):
@@ -141,3 +156,68 @@ def test_a_closed_tab_is_declared_dead_and_the_run_goes_on(tmp_path, browser, ga
         steps_then = browser.status(staying)["steps"]
         final = wait_for(lambda: _done(browser, staying), 120, "the remaining page to finish")
     assert final["steps"] == 48 > steps_then  # 3 epochs x 16 batches, the last ones alone
+
+
+# Run in the page (its origin is the gateway's, so /static/ imports work): NumPy's case on
+# the network of nn.js with the engine the worker would pick (or the plain one), two passes
+# (the WebAssembly engine's first runs on plain arrays, the second in its memory).
+_PASSES_IN_THE_PAGE = """
+(async () => {
+  const { buildModel, softmaxCrossEntropy } = await import("/static/nn.js");
+  const { bestEngine, jsEngine } = await import("/static/engine.js");
+  const fetchBytes = async (name) => (await fetch(`/static/${name}`)).arrayBuffer();
+  const engine = CASE.engine === "js" ? jsEngine : await bestEngine(fetchBytes);
+  const f32 = (b64) => new Float32Array(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)).buffer);
+  const b64 = (a) => {
+    const bytes = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+    let text = "";
+    for (let i = 0; i < bytes.length; i += 8192) {
+      text += String.fromCharCode(...bytes.subarray(i, i + 8192));
+    }
+    return btoa(text);
+  };
+  const model = buildModel(CASE.spec, engine);
+  for (const [name, values] of Object.entries(CASE.params)) model.setParam(name, f32(values));
+  const x = { data: f32(CASE.x), shape: CASE.shape };
+  const passes = [];
+  for (let pass = 0; pass < 2; pass++) {
+    const logits = model.forward(x, true);
+    const { dlogits } = softmaxCrossEntropy(logits, CASE.labels);
+    model.backward(dlogits);
+    const grads = Object.fromEntries([...model.grads].map(([name, g]) => [name, b64(g.data)]));
+    passes.push({ logits: b64(logits.data), grads });
+  }
+  return JSON.stringify({ engine: engine.name, passes });
+})()
+"""
+
+
+def _relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize(
+    ("model_name", "engine"), [("lenet5", "wasm-simd"), ("mlp", "wasm-simd"), ("mlp", "js")]
+)
+def test_chromium_computes_numpys_gradients(tmp_path, browser, gateway_for, model_name, engine):
+    case = numpy_case(model_name, batch=16, seed=3)
+    encode = lambda a: base64.b64encode(np.ascontiguousarray(a, "<f4").tobytes()).decode()  # noqa: E731
+    given = {"engine": "js" if engine == "js" else "best", "spec": case["spec"],
+             "params": {name: encode(p) for name, p in case["params"].items()},
+             "x": encode(case["x"]), "shape": list(case["x"].shape),
+             "labels": case["labels"].tolist()}  # fmt: skip
+    with server_process(tmp_path, "--workers", "1", "--model", model_name) as endpoint:
+        gateway = gateway_for(endpoint)
+        _, session = browser.open(gateway.url + "static/page.css")  # the origin, no worker
+        wait_for(lambda: browser.status(session) == {}, 30, "the page to load")
+        expression = f"const CASE = {json.dumps(given)};" + _PASSES_IN_THE_PAGE
+        result = browser.call("Runtime.evaluate", session, expression=expression,
+                              awaitPromise=True, returnByValue=True)  # fmt: skip
+    assert "exceptionDetails" not in result, result.get("exceptionDetails")
+    answer = json.loads(result["result"]["value"])
+    assert answer["engine"] == engine  # the WebAssembly engine where Chromium has SIMD
+    decode = lambda b64: np.frombuffer(base64.b64decode(b64), "<f4")  # noqa: E731
+    for computed in answer["passes"]:
+        assert _relative_error(decode(computed["logits"]), case["logits"].ravel()) < 1e-4
+        for name, grad in case["grads"].items():
+            assert _relative_error(decode(computed["grads"][name]), grad.ravel()) < 1e-4, name

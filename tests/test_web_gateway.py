@@ -83,6 +83,11 @@ def test_http_serves_page_scripts_shards_and_clear_errors():
         assert scripts == [b"page.js"]
         for name in ("page.js", "worker.js", "nn.js", "gemm.js", "wire.js", "msgpack.js"):
             assert _get(f"{gateway.url}static/{name}")[0] == 200, name
+        # WebAssembly.instantiateStreaming accepts only this type
+        for name in ("gemm.wasm", "kernels.wasm"):
+            with urllib.request.urlopen(f"{gateway.url}static/{name}", timeout=10) as response:
+                assert response.headers["Content-Type"] == "application/wasm"
+                assert response.read()[:4] == b"\0asm"
         info = json.loads(_get(gateway.url + "data/synthetic/info")[1])
         assert info["train"] == 2000 and info["mean"] == pytest.approx(0.4949)
 

@@ -14,6 +14,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -153,3 +154,28 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
 def quiet_env() -> dict:
     """Environment for worker subprocesses: one BLAS thread, as `minips run` gives them."""
     return {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def numpy_case(model_name: str, batch: int, seed: int) -> dict:
+    """NumPy's forward and backward on one batch of the synthetic data, for the JavaScript
+    network to match: spec (the model's {name, kwargs}), params, x, labels, logits, loss,
+    grads (float32 arrays by parameter name)."""
+    from minips.data import load_dataset
+    from minips.nn import build_model, softmax_cross_entropy
+
+    model = build_model(model_name, seed=seed)
+    data = load_dataset("synthetic").shard(0, 4)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(data.y_train), batch, replace=False)
+    x, labels = data.x_train[pick], data.y_train[pick]
+    # Perturb the biases off zero so a wrong bias gradient or broadcast cannot hide.
+    for name, param in model.params.items():
+        if name.endswith(".b"):
+            param += rng.normal(0, 0.1, param.shape).astype(np.float32)
+    logits = model.forward(x)
+    loss, dlogits = softmax_cross_entropy(logits, labels)
+    model.backward(dlogits)
+    params = {name: param.copy() for name, param in model.params.items()}
+    grads = {name: model.grads[name].copy() for name in params}
+    return {"spec": model.spec, "params": params, "x": x, "labels": labels, "logits": logits,
+            "loss": float(loss), "grads": grads}  # fmt: skip

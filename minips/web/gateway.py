@@ -50,9 +50,10 @@ CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
+    ".wasm": "application/wasm",
 }
 WS_PATH = "/ws"
-_STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html))$")
+_STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html|wasm))$")
 _SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/(\d{1,6})/(\d{1,6})/(images|labels)$")
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
 _INFO = re.compile(r"^/data/([a-z0-9-]+)/info$")

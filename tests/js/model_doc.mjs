@@ -1,8 +1,10 @@
-// docs/model.md's worked examples against the JavaScript network (the Python side is
-// tests/test_model_doc.py), and docs/protocol.md's VSGD sample against sampling.js.
+// docs/model.md's worked examples against the JavaScript network on each engine (the
+// Python side is tests/test_model_doc.py), and docs/protocol.md's VSGD sample against
+// sampling.js.
 // Usage: node model_doc.mjs; exits 1 and says what differs on failure.
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
 import {
   Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, buildModel, softmaxCrossEntropy,
 } from "../../minips/web/static/nn.js";
@@ -29,29 +31,34 @@ function close(what, actual, expected, tol = 1e-5) {
   console.log(`${bad ? "FAIL" : "ok  "} ${what}${bad ? `: got ${got} want ${want}` : ""}`);
 }
 
-function check(label, model) {
+function check(what, model, label) {
   const ex = example(label);
   for (const [name, values] of Object.entries(ex.params)) {
     model.setParam(name, Float32Array.from(flat(values)));
   }
   const x = { data: Float32Array.from(flat(ex.x)), shape: shapeOf(ex.x) };
   const logits = model.forward(x, true);
-  close(`${label} logits`, logits.data, ex.logits);
+  close(`${what} logits`, logits.data, ex.logits);
   const { loss, dlogits } = softmaxCrossEntropy(logits, ex.labels);
-  close(`${label} loss`, [loss], ex.loss);
+  close(`${what} loss`, [loss], ex.loss);
   model.backward(dlogits);
   const names = [...model.grads.keys()];
   if (names.join() !== Object.keys(ex.grads).join()) {
     failures++;
-    console.log(`FAIL ${label} parameter names ${names} differ from the doc's`);
+    console.log(`FAIL ${what} parameter names ${names} differ from the doc's`);
   }
   for (const [name, values] of Object.entries(ex.grads)) {
-    close(`${label} grad ${name}`, model.grads.get(name).data, values);
+    close(`${what} grad ${name}`, model.grads.get(name).data, values);
   }
 }
 
-check("mlp", buildModel(example("mlp").model));
-check("conv", new Sequential([new Conv2D(1, 2, 2), new ReLU(), new MaxPool2D(2, 2), new Flatten(), new Dense(8, 3)]));
+const wasm = await wasmEngine((name) => readFileSync(`${root}minips/web/static/${name}`));
+if (!wasm) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
+for (const engine of [jsEngine, wasm]) {
+  check(`${engine.name} mlp`, buildModel(example("mlp").model, engine), "mlp");
+  const conv = [new Conv2D(1, 2, 2), new ReLU(), new MaxPool2D(2, 2), new Flatten(), new Dense(8, 3)];
+  check(`${engine.name} conv`, new Sequential(conv).useEngine(engine), "conv");
+}
 
 const sample = protocolDoc.match(/<!-- vsgd-sample -->\s*```\s*\n(.*?)```/s)[1].trim();
 const mine = Array.from(sampleIndices("fc1.w", 1000, 0.01, 4)).join(" ");

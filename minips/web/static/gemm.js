@@ -1,6 +1,7 @@
 // The three matrix products a network needs, on flat row-major Float32Arrays (the NumPy
-// network calls BLAS instead). Loops are ordered so the innermost one walks contiguous
-// memory, and unrolled by four so each load serves four multiply-adds.
+// network calls BLAS instead; gemm.wat has them in WebAssembly SIMD, and the tests compare
+// the two). Loops are ordered so the innermost one walks contiguous memory, and unrolled by
+// four so each load serves four multiply-adds.
 
 /**
  * c (m, n) = a (m, k) @ b (k, n), or c += ... when accumulate. i-p-j order: the inner loop

@@ -6,9 +6,15 @@
 // A tensor is {data: Float32Array, shape: [d0, d1, ...]} in C (row-major) order; batches are
 // NCHW. Every layer has forward(x, train) and backward(dy) side by side; backward fills
 // layer.grads (overwritten, never accumulated across steps) and returns dx, or null when the
-// layers below need no input gradient. The matrix products are in gemm.js.
+// layers below need no input gradient.
+//
+// The loops over whole tensors (matrix products, window copies, ReLU, pooling) and the
+// arrays a pass computes come from an engine (engine.js): the plain loops of gemm.js and
+// kernels.js unless the model is given another (useEngine). With the WebAssembly engine,
+// the tensors of one pass (from a forward to the end of its backward) live in its memory
+// until the next forward begins; parameters and gradients are plain arrays.
 
-import { gemm, gemmTA, gemmTB } from "./gemm.js";
+import { jsEngine } from "./engine.js";
 
 /** Number of elements of a shape. */
 export function sizeOf(shape) {
@@ -18,6 +24,11 @@ export function sizeOf(shape) {
 /** A zero tensor of the given shape. */
 export function zeros(shape) {
   return { data: new Float32Array(sizeOf(shape)), shape: [...shape] };
+}
+
+/** A zero tensor of one pass (an output, a gradient), in `engine`'s memory. */
+function passTensor(engine, shape) {
+  return { data: engine.floats(sizeOf(shape)), shape: [...shape] };
 }
 
 // ------------------------------------------------------------------------------ layers
@@ -32,6 +43,7 @@ export class Dense {
     this.params = { w: zeros([inFeatures, outFeatures]), b: zeros([outFeatures]) };
     this.grads = { w: zeros([inFeatures, outFeatures]), b: zeros([outFeatures]) };
     this.needInputGrad = true;
+    this.engine = jsEngine;
     this.x = null; // the forward input, for dw = x^T @ dy
   }
 
@@ -40,8 +52,8 @@ export class Dense {
     if (x.shape.length !== 2 || x.shape[1] !== this.inFeatures) {
       throw new Error(`Dense expects (N, ${this.inFeatures}), got (${x.shape})`);
     }
-    const y = zeros([n, this.outFeatures]);
-    gemm(x.data, this.params.w.data, y.data, n, this.inFeatures, this.outFeatures);
+    const y = passTensor(this.engine, [n, this.outFeatures]);
+    this.engine.gemm(x.data, this.params.w.data, y.data, n, this.inFeatures, this.outFeatures);
     const b = this.params.b.data;
     for (let i = 0; i < n; i++) {
       const row = i * this.outFeatures;
@@ -54,13 +66,13 @@ export class Dense {
   backward(dy) {
     const n = dy.shape[0];
     const [inF, outF] = [this.inFeatures, this.outFeatures];
-    gemmTA(this.x.data, dy.data, this.grads.w.data, inF, n, outF); // dw = x^T @ dy
+    this.engine.gemmTA(this.x.data, dy.data, this.grads.w.data, inF, n, outF); // dw = x^T dy
     const db = this.grads.b.data;
     db.fill(0);
     for (let i = 0; i < n; i++) for (let j = 0; j < outF; j++) db[j] += dy.data[i * outF + j];
     if (!this.needInputGrad) return null;
-    const dx = zeros([n, inF]);
-    gemmTB(dy.data, this.params.w.data, dx.data, n, outF, inF); // dx = dy @ w^T
+    const dx = passTensor(this.engine, [n, inF]);
+    this.engine.gemmTB(dy.data, this.params.w.data, dx.data, n, outF, inF); // dx = dy @ w^T
     return dx;
   }
 }
@@ -73,21 +85,21 @@ export class ReLU {
     this.params = {};
     this.grads = {};
     this.needInputGrad = true;
+    this.engine = jsEngine;
     this.y = null; // y > 0 exactly where x > 0, so the output doubles as the mask
   }
 
   forward(x, train = true) {
-    const y = { data: new Float32Array(x.data.length), shape: [...x.shape] };
-    for (let i = 0; i < x.data.length; i++) y.data[i] = x.data[i] > 0 ? x.data[i] : 0;
+    const y = passTensor(this.engine, x.shape);
+    this.engine.relu(x.data, y.data, y.data.length);
     if (train) this.y = y;
     return y;
   }
 
   backward(dy) {
     if (!this.needInputGrad) return null;
-    const dx = { data: new Float32Array(dy.data.length), shape: [...dy.shape] };
-    const mask = this.y.data;
-    for (let i = 0; i < dx.data.length; i++) dx.data[i] = mask[i] > 0 ? dy.data[i] : 0;
+    const dx = passTensor(this.engine, dy.shape);
+    this.engine.reluBackward(dy.data, this.y.data, dx.data, dx.data.length);
     return dx;
   }
 }
@@ -128,6 +140,7 @@ export class MaxPool2D {
     this.params = {};
     this.grads = {};
     this.needInputGrad = true;
+    this.engine = jsEngine;
     this.argmax = null; // Int32Array (N*C*Ho*Wo): flat input index of each window's maximum
     this.inputShape = null;
   }
@@ -137,25 +150,9 @@ export class MaxPool2D {
     const [k, s] = [this.size, this.stride];
     const ho = Math.floor((h - k) / s) + 1;
     const wo = Math.floor((w - k) / s) + 1;
-    const y = zeros([n, c, ho, wo]);
-    const argmax = new Int32Array(y.data.length);
-    let out = 0;
-    for (let plane = 0; plane < n * c; plane++) {
-      const base = plane * h * w;
-      for (let i = 0; i < ho; i++) {
-        for (let j = 0; j < wo; j++, out++) {
-          let best = base + s * i * w + s * j;
-          for (let u = 0; u < k; u++) {
-            for (let v = 0; v < k; v++) {
-              const idx = base + (s * i + u) * w + s * j + v;
-              if (x.data[idx] > x.data[best]) best = idx; // strict: ties keep the earlier
-            }
-          }
-          y.data[out] = x.data[best];
-          argmax[out] = best;
-        }
-      }
-    }
+    const y = passTensor(this.engine, [n, c, ho, wo]);
+    const argmax = this.engine.ints(y.data.length);
+    this.engine.maxPool(x.data, y.data, argmax, { planes: n * c, h, w, k, s, ho, wo });
     if (train) {
       this.argmax = argmax;
       this.inputShape = [...x.shape];
@@ -165,8 +162,8 @@ export class MaxPool2D {
 
   backward(dy) {
     if (!this.needInputGrad) return null;
-    const dx = zeros(this.inputShape);
-    for (let o = 0; o < dy.data.length; o++) dx.data[this.argmax[o]] += dy.data[o];
+    const dx = passTensor(this.engine, this.inputShape);
+    this.engine.maxPoolBackward(dy.data, this.argmax, dx.data, dy.data.length);
     return dx;
   }
 }
@@ -190,6 +187,7 @@ export class Conv2D {
     this.params = { w: zeros(wShape), b: zeros([outChannels]) };
     this.grads = { w: zeros(wShape), b: zeros([outChannels]) };
     this.needInputGrad = true;
+    this.engine = jsEngine;
     this.cols = null; // Float32Array (C*k*k, N*Ho*Wo) of the last training forward
     this.inputShape = null;
   }
@@ -198,55 +196,25 @@ export class Conv2D {
     return Math.floor((size + 2 * this.padding - this.kernelSize) / this.stride) + 1;
   }
 
-  /**
-   * im2col (toCols = true): cols[(c*k+u)*k+v][n*P + i*Wo + j] = xp[n, c, s*i+u, s*j+v];
-   * col2im (toCols = false): x[n, c, s*i+u-p, s*j+v-p] += cols[...] (padding is skipped).
-   */
-  copyWindows(x, cols, shape, toCols) {
-    const [n, c, h, w] = shape;
+  /** The window geometry of im2col.js for an input of shape (N, C, H, W). */
+  geometry([n, c, h, w]) {
     const [k, s, p] = [this.kernelSize, this.stride, this.padding];
-    const [ho, wo] = [this.outputSize(h), this.outputSize(w)];
-    const columns = n * ho * wo;
-    for (let ch = 0; ch < c; ch++) {
-      for (let u = 0; u < k; u++) {
-        for (let v = 0; v < k; v++) {
-          let col = ((ch * k + u) * k + v) * columns;
-          for (let img = 0; img < n; img++) {
-            const plane = (img * c + ch) * h * w;
-            for (let i = 0; i < ho; i++) {
-              const r = s * i + u - p;
-              for (let j = 0; j < wo; j++, col++) {
-                const q = s * j + v - p;
-                if (r < 0 || r >= h || q < 0 || q >= w) continue; // padding: cols stays 0
-                if (toCols) cols[col] = x[plane + r * w + q];
-                else x[plane + r * w + q] += cols[col];
-              }
-            }
-          }
-        }
-      }
-    }
+    return { n, c, h, w, k, s, p, ho: this.outputSize(h), wo: this.outputSize(w) };
   }
 
   forward(x, train = true) {
     const [n, c, h, w] = x.shape;
     if (c !== this.inChannels) throw new Error(`Conv2D expects ${this.inChannels} channels`);
+    const engine = this.engine;
     const [o, k] = [this.outChannels, this.kernelSize];
-    const [ho, wo] = [this.outputSize(h), this.outputSize(w)];
-    const [ckk, pixels] = [c * k * k, ho * wo];
-    const cols = new Float32Array(ckk * n * pixels);
-    this.copyWindows(x.data, cols, x.shape, true);
-    const yt = new Float32Array(o * n * pixels); // (O, N*P)
-    gemm(this.params.w.data, cols, yt, o, ckk, n * pixels);
-    const y = zeros([n, o, ho, wo]); // (O, N, P) -> (N, O, P), adding the bias on the way
-    const b = this.params.b.data;
-    for (let oc = 0; oc < o; oc++) {
-      for (let img = 0; img < n; img++) {
-        const from = (oc * n + img) * pixels;
-        const to = (img * o + oc) * pixels;
-        for (let q = 0; q < pixels; q++) y.data[to + q] = yt[from + q] + b[oc];
-      }
-    }
+    const g = this.geometry(x.shape);
+    const [ckk, pixels] = [c * k * k, g.ho * g.wo];
+    const cols = engine.floats(ckk * n * pixels);
+    engine.im2col(x.data, cols, g);
+    const yt = engine.floats(o * n * pixels); // (O, N*P)
+    engine.gemm(this.params.w.data, cols, yt, o, ckk, n * pixels);
+    const y = passTensor(engine, [n, o, g.ho, g.wo]); // (O, N, P) -> (N, O, P), plus bias
+    engine.convOutput(yt, this.params.b.data, y.data, o, n, pixels);
     if (train) {
       this.cols = cols;
       this.inputShape = [...x.shape];
@@ -255,27 +223,19 @@ export class Conv2D {
   }
 
   backward(dy) {
+    const engine = this.engine;
     const [n, c] = this.inputShape;
     const [o, k] = [this.outChannels, this.kernelSize];
     const pixels = dy.shape[2] * dy.shape[3];
     const ckk = c * k * k;
-    const dyt = new Float32Array(o * n * pixels); // (N, O, P) -> (O, N*P)
-    const gb = this.grads.b.data;
-    for (let oc = 0; oc < o; oc++) {
-      let sum = 0;
-      for (let img = 0; img < n; img++) {
-        const from = (img * o + oc) * pixels;
-        const to = (oc * n + img) * pixels;
-        for (let q = 0; q < pixels; q++) sum += dyt[to + q] = dy.data[from + q];
-      }
-      gb[oc] = sum; // db[o] = sum over images and pixels of dy
-    }
-    gemmTB(dyt, this.cols, this.grads.w.data, o, n * pixels, ckk); // dW = dY @ cols^T
+    const dyt = engine.floats(o * n * pixels); // (N, O, P) -> (O, N*P), and db
+    engine.convOutputGrad(dy.data, dyt, this.grads.b.data, o, n, pixels);
+    engine.gemmTB(dyt, this.cols, this.grads.w.data, o, n * pixels, ckk); // dW = dY cols^T
     if (!this.needInputGrad) return null;
-    const dcols = new Float32Array(ckk * n * pixels);
-    gemmTA(this.params.w.data, dyt, dcols, ckk, o, n * pixels); // dcols = W^T @ dY
-    const dx = zeros(this.inputShape);
-    this.copyWindows(dx.data, dcols, this.inputShape, false); // col2im
+    const dcols = engine.floats(ckk * n * pixels);
+    engine.gemmTA(this.params.w.data, dyt, dcols, ckk, o, n * pixels); // dcols = W^T dY
+    const dx = passTensor(engine, this.inputShape);
+    engine.col2im(dcols, dx.data, this.geometry(this.inputShape));
     return dx;
   }
 }
@@ -296,11 +256,19 @@ export class Sequential {
       this.layers.push({ name: `${layer.prefix}${counters[layer.prefix]}`, layer });
     }
     this.inputShape = inputShape;
+    this.engine = jsEngine;
     // dx of the layers up to the first one with parameters is never used: skip it.
     for (const { layer } of this.layers) {
       layer.needInputGrad = false;
       if (Object.keys(layer.params).length) break;
     }
+  }
+
+  /** Run every layer's kernels on `engine` (engine.js); returns this. */
+  useEngine(engine) {
+    for (const { layer } of this.layers) layer.engine = engine;
+    this.engine = engine;
+    return this;
   }
 
   /** Map name -> tensor of every parameter, in forward order (w before b). */
@@ -336,6 +304,7 @@ export class Sequential {
     if (this.inputShape && x.shape.slice(1).join() !== this.inputShape.join()) {
       throw new Error(`input (${x.shape}) does not match (N, ${this.inputShape})`);
     }
+    this.engine.beginPass(); // the last pass's tensors may be recycled from here on
     for (const { layer } of this.layers) x = layer.forward(x, train);
     return x;
   }
@@ -386,10 +355,10 @@ export function mlp({ hidden = [256, 128], in_features = 784, n_classes = 10 } =
   return new Sequential(layers, in_features === 784 ? [1, 28, 28] : null);
 }
 
-/** Build the model a hello's config.model names: {name, kwargs}. */
-export function buildModel(spec) {
-  if (spec.name === "lenet5") return lenet5();
-  if (spec.name === "mlp") return mlp(spec.kwargs || {});
+/** Build the model a hello's config.model names: {name, kwargs}, its products on `engine`. */
+export function buildModel(spec, engine = jsEngine) {
+  if (spec.name === "lenet5") return lenet5().useEngine(engine);
+  if (spec.name === "mlp") return mlp(spec.kwargs || {}).useEngine(engine);
   throw new Error(`unknown model ${spec.name}: this worker knows lenet5 and mlp`);
 }
 

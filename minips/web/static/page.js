@@ -1,7 +1,8 @@
 // The worker page: starts the Web Worker (worker.js) and shows what it reports. Options come
 // from the query string: ?steps=N (stop after N steps), &eval=N (test examples for the
 // accuracy, 500), &evalsec=S (seconds between accuracy checks, 5), &id=NAME (the worker id;
-// a random one by default). window.minipsStatus holds the latest status for scripts (the
+// a random one by default), &engine=js (the plain JavaScript products even where WebAssembly
+// SIMD runs). window.minipsStatus holds the latest status for scripts (the
 // tests read it through the DevTools protocol).
 
 const params = new URLSearchParams(location.search);
@@ -13,8 +14,13 @@ const options = {
   maxSteps: Number(params.get("steps")) || null,
   evalExamples: Number(params.get("eval")) || 500,
   evalSeconds: Number(params.get("evalsec")) || 5,
+  engine: params.get("engine"),
 };
 
+const ENGINES = {
+  "wasm-simd": "WebAssembly SIMD (gemm.wasm, kernels.wasm)",
+  js: "plain JavaScript (gemm.js, kernels.js)",
+};
 const show = (id, text) => (document.getElementById(id).textContent = text);
 window.minipsStatus = { state: "starting" };
 
@@ -23,6 +29,7 @@ function render(s) {
   show("state", s.state);
   if (s.rank !== undefined) show("rank", `${s.rank} of ${s.worldSize}${s.slowdown > 1 ? ` (slowdown ${s.slowdown}x)` : ""}`);
   if (s.model) show("what", `${s.model} / ${s.dataset} / ${s.rule}`);
+  if (s.engine) show("engine", ENGINES[s.engine] || s.engine);
   show("steps", `${s.steps} (${s.samples} examples, server version ${s.version ?? "-"})`);
   if (s.stepsPerSecond) show("speed", `${s.stepsPerSecond.toFixed(2)} steps/s, ${s.computeMs.toFixed(0)} ms compute per step`);
   if (s.stalenessMean !== null && s.stalenessMean !== undefined) {

@@ -9,20 +9,25 @@ if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
   throw new Error("minips's browser worker needs a little-endian platform");
 }
 
-/** Join frames (Uint8Arrays) into one WebSocket message (an ArrayBuffer). */
-export function packFrames(frames) {
+/**
+ * Join frames (Uint8Arrays) into one WebSocket message: a Uint8Array at the start of
+ * `buffer` (an ArrayBuffer to reuse: a push is megabytes, and a fresh buffer each step costs
+ * its page faults again) when it is large enough, else of a new ArrayBuffer.
+ */
+export function packFrames(frames, buffer = null) {
   const prefix = new Uint32Array(1 + frames.length);
   prefix[0] = frames.length;
   frames.forEach((f, i) => (prefix[1 + i] = f.byteLength));
   const total = prefix.byteLength + frames.reduce((s, f) => s + f.byteLength, 0);
-  const out = new Uint8Array(total);
+  const reuse = buffer !== null && buffer.byteLength >= total;
+  const out = new Uint8Array(reuse ? buffer : new ArrayBuffer(total), 0, total);
   out.set(new Uint8Array(prefix.buffer), 0);
   let at = prefix.byteLength;
   for (const f of frames) {
     out.set(f, at);
     at += f.byteLength;
   }
-  return out.buffer;
+  return out;
 }
 
 /** Split one WebSocket message (an ArrayBuffer) into its frames (Uint8Array views). */
@@ -42,9 +47,10 @@ export function unpackFrames(buffer) {
 
 /**
  * Encode a request: header (a plain object; v is added) and arrays, each
- * {name, shape, data: Float32Array} sent as float32 "dense". Returns an ArrayBuffer.
+ * {name, shape, data: Float32Array} sent as float32 "dense". Returns a Uint8Array, in
+ * `buffer` when it is large enough (packFrames).
  */
-export function encodeMessage(header, arrays = []) {
+export function encodeMessage(header, arrays = [], buffer = null) {
   const descriptors = arrays.map((a) => ({
     name: a.name,
     dtype: "float32",
@@ -55,7 +61,7 @@ export function encodeMessage(header, arrays = []) {
   if (arrays.length) full.arrays = descriptors;
   const frames = [pack(full)];
   for (const a of arrays) frames.push(new Uint8Array(a.data.buffer, a.data.byteOffset, a.data.byteLength));
-  return packFrames(frames);
+  return packFrames(frames, buffer);
 }
 
 const DTYPES = { float32: Float32Array, int32: Int32Array, int64: BigInt64Array };

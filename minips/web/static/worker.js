@@ -1,14 +1,21 @@
 // The browser worker, run in a Web Worker so the page stays responsive: the same loop as
-// minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my shard ->
-// pull -> per batch {forward, backward, push (+ VSGD samples), pull} -> bye. It posts
+// minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my
+// shard -> pull -> per batch {forward, backward, push (+ VSGD samples) with the pull in its
+// reply} -> bye. The push carries `pull_since`, so the pull's parameters come back in the
+// push's reply: one round trip per step, as the NumPy worker (docs/protocol.md §5.3). It posts
 // {type: "status", status} to the page after every step and {type: "error", message}.
 
+import { bestEngine, jsEngine } from "./engine.js";
 import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
 import { Sampler } from "./sampling.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
 import { mulberry32, normalise, parseIdx, permutation } from "./data.js";
 
-const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null };
+// computeSeconds: forward + backward; commSeconds: push + pull (encoding, the round trips,
+// decoding, copying the parameters in), both summed over the steps (as the NumPy worker's
+// report's compute_s and comm_s).
+const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null,
+  computeSeconds: 0, commSeconds: 0 };
 
 function report(fields) {
   Object.assign(status, fields);
@@ -34,7 +41,7 @@ class ServerError extends Error {
 /** One WebSocket to the gateway; request() sends and waits for the reply with its rid. */
 class Connection {
   constructor(url, timeoutMs, retries) {
-    Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null });
+    Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null, outgoing: null });
   }
 
   open() {
@@ -67,7 +74,10 @@ class Connection {
           fn(value);
         };
         this.waiting = { rid, resolve: done(resolve), reject: done(reject) };
-        this.ws.send(encodeMessage({ ...header, rid }, arrays));
+        // send() copies the bytes, so the next request may reuse the same buffer
+        const message = encodeMessage({ ...header, rid }, arrays, this.outgoing);
+        this.outgoing = message.buffer;
+        this.ws.send(message);
       });
       if (reply === null) continue; // timed out: try again (a push keeps its seq)
       if (reply.header.op === "error") throw new ServerError(reply.header.code, reply.header.reason);
@@ -108,6 +118,20 @@ function accuracy(model, test) {
     predicted.forEach((p, i) => (correct += p === y[i] ? 1 : 0));
   }
   return correct / test.n;
+}
+
+/**
+ * Two passes on a batch of zeros before training: the WebAssembly engine sizes its memory
+ * on the first, and the browser compiles the hot loops to optimised code, so the first
+ * steps are not several times slower than the rest (their gradients would be late, and
+ * staler). The gradients are overwritten by the first real step.
+ */
+function warmUp(model, batchSize) {
+  const zeros = { data: new Float32Array(batchSize * 784), shape: [batchSize, 1, 28, 28] };
+  for (let pass = 0; pass < 2; pass++) {
+    const { dlogits } = softmaxCrossEntropy(model.forward(zeros, true), new Int32Array(batchSize));
+    model.backward(dlogits);
+  }
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -159,7 +183,12 @@ async function train(options) {
     labels: testLabels,
   };
 
-  const model = buildModel(config.model);
+  // The kernels on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
+  // the plain loops.
+  const fetchStatic = (name) => fetchBytes(new URL(name, import.meta.url));
+  const engine = options.engine === "js" ? jsEngine : await bestEngine(fetchStatic);
+  const model = buildModel(config.model, engine);
+  warmUp(model, config.batch_size);
   const sampler = rule.name === "vsgd" ? new Sampler(rule.rho, rule.min_samples) : null;
   const applyParams = (reply) => {
     for (const [name, array] of reply.arrays) model.setParam(name, array.data);
@@ -168,7 +197,7 @@ async function train(options) {
   applyParams(reply);
   let version = reply.header.version;
   let stop = reply.header.stop;
-  report({ state: "training", shard: labels.length, version });
+  report({ state: "training", shard: labels.length, version, engine: engine.name });
 
   const batchSize = config.batch_size;
   const random = mulberry32((config.seed || 0) * 1000 + rank); // batch order: model.md §4.3
@@ -182,8 +211,10 @@ async function train(options) {
       const { loss, dlogits } = softmaxCrossEntropy(model.forward(batch.x, true), batch.y);
       model.backward(dlogits);
       const compute = performance.now() - tick;
+      status.computeSeconds += compute / 1000;
       if (slowdown > 1) await sleep((slowdown - 1) * compute); // imitate a slower machine
 
+      const sending = performance.now();
       const params = model.params;
       const arrays = [...model.grads].map(([name, g]) => ({ name, shape: g.shape, data: g.data }));
       if (sampler) {
@@ -195,18 +226,19 @@ async function train(options) {
         }
       }
       const pushHeader = { op: "push", worker: workerId, seq: seq++, base: version, last: true,
-        samples: batch.y.length };
-      const pushed = (await workerRequest(pushHeader, arrays)).header;
+        samples: batch.y.length, pull_since: version };
+      reply = await workerRequest(pushHeader, arrays);
+      const pushed = reply.header; // the push's answer and the pull's fields (§5.3)
       if (pushed.stop && !pushed.applied) break outer; // arrived after the run stopped: not counted
       status.staleness.push(pushed.staleness);
-      reply = await workerRequest({ op: "pull", worker: workerId, since: version });
       applyParams(reply);
-      version = reply.header.version;
+      version = pushed.version;
+      status.commSeconds += (performance.now() - sending) / 1000;
       const steps = status.steps + 1;
       const seconds = (performance.now() - started) / 1000;
       report({ steps, samples: status.samples + batch.y.length, epoch, loss, version,
         stepsPerSecond: steps / seconds, computeMs: compute, lastStaleness: pushed.staleness });
-      if (pushed.stop || reply.header.stop) break outer;
+      if (pushed.stop) break outer;
       if (options.maxSteps && steps >= options.maxSteps) break outer;
       if (performance.now() - lastEval > (options.evalSeconds || 5) * 1000) {
         report({ accuracy: accuracy(model, test) });
