@@ -188,9 +188,11 @@ class Collector:
             return "finished"
         if stats is not None:
             return "stopping" if stats.get("stopping") else "live"
-        if self.phase == "stopping":
-            return "finished"  # it said it was stopping, then went: the run is over
-        return "lost" if self.phase == "live" else self.phase
+        # Gone after saying it was stopping, after the evaluator tested the final model,
+        # or after the server wrote its final record: the run is over, not lost.
+        if self.phase == "stopping" or self.evals.final or self.updates.ended:
+            return "finished"
+        return "lost" if self.phase in ("live", "lost") else self.phase
 
     def _publish(self, stats: dict[str, Any] | None) -> None:
         self.phase = self._next_phase(stats)
@@ -214,6 +216,9 @@ class Collector:
             self._last["updates_per_s"] = 0.0  # nothing moves any more
         snapshot.update(self._last)
         snapshot["workers"] = [self._with_staleness(row) for row in self._last.get("workers", [])]
+        if self.phase == "finished":  # who was still training when the run ended: stopped
+            for row in snapshot["workers"]:
+                row["state"] = "stopped" if row["state"] == "training" else row["state"]
         snapshot["phase"] = self.phase
         snapshot["summary"] = self.summary
         snapshot["error"] = self.error

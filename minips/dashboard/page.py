@@ -36,7 +36,7 @@ PAGE = r"""<!doctype html>
  th, td { border-bottom: 1px solid #eee; padding: 1px 6px; text-align: right; white-space: nowrap; }
  th { background: #f0f0f0; position: sticky; top: 0; font-weight: 600; }
  td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
- td.left { color: #b00; } td.finished { color: #05a; } td.training { color: #080; }
+ td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
 </style></head><body>
 <h1>minips <small id="connect"></small> <small id="status" class="connecting">connecting...</small></h1>
 <div id="final" hidden></div>

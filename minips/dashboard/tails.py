@@ -45,12 +45,14 @@ class EvalTail:
     def __init__(self, path: str | Path | None) -> None:
         self.tail = JsonlTail(Path(path)) if path else None
         self.records: list[dict[str, Any]] = []
+        self.final = False  # the evaluator tested the final model (the server said stop)
 
     def poll(self) -> None:
         for record in self.tail.poll() if self.tail else ():
             if record.get("event") == "eval":
                 keys = ("time", "samples", "accuracy", "loss", "updates")
                 self.records.append({k: record.get(k) for k in keys})
+                self.final = self.final or bool(record.get("final"))
 
 
 @dataclass
@@ -86,6 +88,7 @@ class UpdateTail:
     paths: Callable[[], list[Path]]
     histogram: Counter = field(default_factory=Counter)
     by_rank: dict[int, WorkerStaleness] = field(default_factory=dict)
+    ended: bool = False
     _tails: dict[Path, JsonlTail] = field(default_factory=dict)
 
     def poll(self) -> None:
@@ -94,6 +97,9 @@ class UpdateTail:
             for record in tail.poll():
                 if record.get("event") == "update":
                     self._count(record)
+                    self.ended = False  # a server (restarted, perhaps) is updating
+                elif record.get("event") == "server":
+                    self.ended = True
 
     def _count(self, record: dict[str, Any]) -> None:
         scale = record.get("scale", 1.0)
