@@ -12,7 +12,7 @@ from minips.exercise.ps_checks import FORMULAS, dasgd_reference
 from minips.rules import make_rule
 
 ROOT = Path(__file__).resolve().parents[1]
-STARTERS = ROOT / "examples" / "exercises"
+STARTERS = ROOT / "minips" / "exercise" / "starters"
 SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
 
 
