@@ -4,6 +4,7 @@ WebSockets than its cap, more bytes in flight than its memory bound (docs/protoc
 
 import asyncio
 import http.client
+import json
 import resource
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def test_only_get_and_head_are_answered_and_errors_are_one_line():
         head_status, head_headers, head_body = _http(gateway.url, "HEAD", "/")
         assert status == head_status == 200 and head_body == b""
         assert head_headers["Content-Length"] == headers["Content-Length"] == str(len(body))
+
+        status, headers, body = _http(gateway.url, "GET", "/peer")
+        assert status == 200 and json.loads(body) == {"address": "127.0.0.1"}
 
         status, _, body = _http(gateway.url, "GET", "/nothing/here")
         assert status == 404 and body == b"error: nothing at /nothing/here (the worker page is /)\n"

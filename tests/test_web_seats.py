@@ -90,6 +90,8 @@ def test_a_reloaded_tab_keeps_its_rank_and_goes_on_where_it_was(tmp_path, browse
     assert final["outcome"] == "finished" and final["steps"] == EPOCHS * SHARD_STEPS
     # Every example of both shards trained once, plus at most the step in flight at the reload.
     assert EPOCHS * 2000 <= stats["samples"] <= EPOCHS * 2000 + 64, stats["samples"]
+    hosts = {w["info"].get("host") for w in stats["workers"] if not w["observer"]}
+    assert hosts == {"127.0.0.1"}  # the page's /peer: the address the gateway saw
     assert stats["updates"] - 2 * EPOCHS * SHARD_STEPS in (0, 1)
 
 

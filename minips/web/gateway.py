@@ -13,8 +13,8 @@ its messages unchanged. It reads only the worker id of a hello and whether a bye
 its seat is free at once. What it lets in (methods, origins, how many browsers, how many
 bytes in flight) is minips.web.admission.
 
-`Gateway.serve()` runs it in the current event loop (`minips web`); `start_gateway()` runs
-it in a background thread, for a launcher (`minips run --browser N`).
+`Gateway.serve()` runs it in the current event loop (`minips web`); minips.web.running's
+`start_gateway()` runs it in a background thread, for a launcher or a test.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -59,6 +58,7 @@ CONTENT_TYPES = {
     ".wasm": "application/wasm",
 }
 WS_PATH = "/ws"
+PEER_PATH = "/peer"
 _STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html|wasm))$")
 _SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/([^/]+)/([^/]+)/(images|labels)$")
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
@@ -248,6 +248,11 @@ class Gateway:
             response = _error(HTTPStatus.METHOD_NOT_ALLOWED, reason)
             response.headers["Allow"] = "GET, HEAD"
             return response
+        if path == PEER_PATH:  # who the browser is, to the gateway: its hello's info.host
+            peer = str((connection.remote_address or ("",))[0])
+            response = _response(HTTPStatus.OK, json.dumps({"address": peer}).encode(),
+                                 "application/json")  # fmt: skip
+            return _without_body(response) if request.method == "HEAD" else response
         if path == WS_PATH:
             headers = request.headers
             if reason := self.admission.origin_refusal(headers.get("Origin"), headers.get("Host")):
@@ -263,9 +268,7 @@ class Gateway:
         except MinipsError as exc:  # unknown dataset or bad rank (400), missing files (404)
             status = HTTPStatus.NOT_FOUND if isinstance(exc, DataError) else HTTPStatus.BAD_REQUEST
             response = _error(status, str(exc))
-        if request.method == "HEAD":  # the same headers (Content-Length too), no body
-            response = Response(response.status_code, response.reason_phrase, response.headers)
-        return response
+        return _without_body(response) if request.method == "HEAD" else response
 
     def _route(self, path: str) -> tuple[bytes, str]:
         """(body, content type) for a GET of `path`; LookupError when there is none."""
@@ -296,6 +299,11 @@ def _shard_numbers(rank: str, world_size: str) -> tuple[int, int]:
     if not (rank.isdigit() and world_size.isdigit() and len(rank) <= 6 >= len(world_size)):
         raise ConfigError(f"bad shard {rank}/{world_size}: rank and world size are numbers")
     return int(rank), int(world_size)
+
+
+def _without_body(response: Response) -> Response:
+    """The answer to a HEAD: the GET's status and headers (Content-Length too), no body."""
+    return Response(response.status_code, response.reason_phrase, response.headers)
 
 
 def _error(status: HTTPStatus, reason: str) -> Response:
@@ -349,60 +357,3 @@ def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
         ]
     )
     return Response(status.value, status.phrase, headers, body)
-
-
-class RunningGateway:
-    """A gateway serving in a background thread; `url` to open, `close()` to stop it."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="minips-web", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._loop.run_until_complete(self.gateway.serve(self._ready.set))
-        except BaseException as exc:  # reported by start(); the thread must not die silently
-            self._error = exc
-            self._ready.set()
-        finally:
-            self._loop.close()
-
-    def start(self, timeout: float = 10.0) -> RunningGateway:
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            raise ConfigError(f"web gateway did not start: {self._error or 'timed out'}")
-        return self
-
-    @property
-    def url(self) -> str:
-        return self.gateway.url
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop serving and wait for the thread (idempotent)."""
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self.gateway.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> RunningGateway:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def start_gateway(
-    connect: str,
-    listen: str = "127.0.0.1:0",
-    data_dir: str | Path | None = None,
-    admission: Admission | None = None,
-) -> RunningGateway:
-    """Start a gateway in a background thread for the server at `connect`; for launchers.
-
-    listen: "HOST:PORT" (port 0: any free port; read `.url`). Returns once it accepts
-    connections; ConfigError (one line) when it cannot (websockets missing, port taken).
-    """
-    host, port = parse_listen(listen)
-    return RunningGateway(Gateway(connect, host, port, data_dir, admission)).start()

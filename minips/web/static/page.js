@@ -23,8 +23,11 @@ const seats = (() => {
   }
 })();
 const saved = JSON.parse(seats?.getItem(SEAT) || "null");
+// The address the gateway sees this browser at: shown as its host on the dashboard.
+const peer = await fetch(new URL("/peer", location.href)).then((r) => (r.ok ? r.json() : {})).catch(() => ({}));
 const options = {
   base: new URL("/", location.href).href,
+  host: peer.address || null,
   workerId: params.get("id") || saved?.workerId || randomId(),
   resume: saved?.progress || null,
   maxSteps: Number(params.get("steps")) || null,

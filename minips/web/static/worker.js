@@ -152,6 +152,7 @@ async function train(options) {
   const conn = new Connection(wsUrl, options.timeoutMs || 60000, 3);
   await conn.open();
   const info = { role: "worker", agent: "browser", ua: navigator.userAgent.slice(0, 200) };
+  if (options.host) info.host = options.host;
   const helloHeader = { op: "hello", worker: workerId, info };
   let hello;
   try {
