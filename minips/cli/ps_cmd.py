@@ -9,8 +9,8 @@ MINIPS_WORKER_CONNECT (but `server --config FILE` takes the file and the command
 
 from __future__ import annotations
 
-import json
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,12 +27,13 @@ DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose anothe
 
 
 class _RunDashboard:
-    """`minips run --dashboard`: the live page (minips.dashboard) from the moment the
-    processes are started until the run ends. `listen` None: no page."""
+    """`minips run --dashboard`: the live page (minips.dashboard.RunDashboard) from the
+    moment the processes are started; it shows the summary once the run ends. `listen`
+    None: no page. config: the run's, for its keys (an authenticated run)."""
 
-    def __init__(self, listen: str | None, out: Path) -> None:
-        self.listen, self.out = listen, out
-        self._stop: Any = None
+    def __init__(self, listen: str | None, out: Path, config: RunConfig) -> None:
+        self.listen, self.out, self.config = listen, out, config
+        self.page: Any = None
 
     def __enter__(self) -> _RunDashboard:
         return self
@@ -40,14 +41,22 @@ class _RunDashboard:
     def start(self, endpoint: str) -> None:
         if self.listen is None:
             return
-        from minips.dashboard import start_dashboard
+        from minips.dashboard import RunDashboard
+        from minips.protocol.auth import OPERATOR, load_client_keys
 
-        url, self._stop = start_dashboard(endpoint, self.out / "eval.jsonl", self.listen)
-        click.echo(f"dashboard: {url}")
+        keys = None
+        if self.config.auth or self.config.keys:  # the key directory the run made or uses
+            keys = load_client_keys(self.config.keys or self.out / "keys", OPERATOR)
+        self.page = RunDashboard(self.listen, self.out, keys)
+        click.echo(f"dashboard: {self.page.start(endpoint)}")
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self.page is not None:
+            self.page.finish(summary)
 
     def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._stop()
+        if self.page is not None:
+            self.page.__exit__(*exc)
 
 
 if TYPE_CHECKING:
@@ -113,13 +122,14 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         config.validate()  # before anything is removed
         resume = Path(config.resume) if config.resume else None
         claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
-        with _RunDashboard(dashboard_listen if dashboard else None, Path(out)) as page:
+        with _RunDashboard(dashboard_listen if dashboard else None, Path(out), config) as page:
             hooks = {"on_start": page.start, "announce": click.echo}
             if quiet:
                 summary = run_local(config, out, eval_interval, **hooks)
             else:
                 with ProgressBar() as bar:
                     summary = run_local(config, out, eval_interval, progress=bar.update, **hooks)
+            page.finish(summary)  # the page shows "finished" and the summary, and keeps them
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "
@@ -274,7 +284,7 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
     type=click.Path(dir_okay=False),
     help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.",
 )
-@click.option("--quiet", is_flag=True, help="No progress and no final JSON line.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no final summary line.")
 @client_key_options
 def worker(
     connect: str,
@@ -305,6 +315,7 @@ def worker(
     with PSClient(
         connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
     ) as client:
+        click.echo(f"worker on {socket.gethostname()}: joining {connect} ...")
         extras = {"bandwidth": bandwidth, "trace": open_trace(trace)}
         result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
@@ -312,7 +323,23 @@ def worker(
         where = str(result.rank) if result.rank >= 0 else "late"
         write_report(result, report.replace("{rank}", where))
     if not quiet:
-        click.echo(json.dumps(result.summary()))
+        click.echo(_worker_summary(result.summary()))
+
+
+def _worker_summary(report: dict[str, Any]) -> str:
+    """The worker's last line: what it did, in words (the numbers: its --report file)."""
+    if report["rank"] < 0:
+        return "the run had already ended: nothing to do"
+    busy = report["compute_s"] + report["comm_s"] + report["slowdown_s"]
+    rate = f" ({report['samples'] / busy:.0f} samples/s)" if busy > 0 else ""
+    end = "finished its shard" if report["finished"] else "stopped before its shard was done"
+    if report["stopped_by_server"] and not report["finished"]:
+        end = "stopped: the run ended"
+    return (
+        f"rank {report['rank']}: {plural(report['steps'], 'step')}, {report['samples']} samples"
+        f" in {report['wall_s']:.1f} s{rate}, staleness mean {report['staleness_mean']:.2f}"
+        f" max {report['staleness_max']}; {end}"
+    )
 
 
 def _train_worker(
@@ -327,6 +354,8 @@ def _train_worker(
     """Run a Worker on `client`, then say bye: `finished: false` when its epochs are not
     done (--max-steps, Ctrl-C), so a restarted worker may take over its rank. extras:
     more Worker keyword arguments (bandwidth, trace)."""
+    from minips.errors import MinipsError
+    from minips.worker.client import ServerError
     from minips.worker.worker import Worker
 
     with ProgressBar(label="worker") as bar:
@@ -336,6 +365,14 @@ def _train_worker(
         )
         try:
             result = trainer.run()
+        except ServerError as exc:
+            if exc.code != "full" or rank is not None:
+                raise  # with --rank, the server's reason already says why that rank is held
+            raise MinipsError(
+                f"{exc}; to take over the shard of a worker that crashed, start this one with "
+                "--rank R: it gets rank R once the server has declared the old worker dead "
+                "(--heartbeat-timeout seconds of silence)"
+            ) from None
         except KeyboardInterrupt:
             if client.rank is not None:
                 client.bye(finished=False)
@@ -394,4 +431,10 @@ def evaluate(
         PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
-        run_evaluator(client, metrics, interval, data_dir)
+        click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
+        last = run_evaluator(client, metrics, interval, data_dir)
+    if last:
+        final = "final model" if last.get("final") else "last model seen"
+        click.echo(
+            f"test accuracy of the {final}: {last['accuracy']:.4f} (loss {last['loss']:.4f})"
+        )

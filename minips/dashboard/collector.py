@@ -11,43 +11,23 @@ server is gone the last numbers stay: the page keeps the run's final state.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import deque
 from typing import Any
 
 from minips.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.protocol.auth import ClientKeys
+from minips.web.slots import agent_name
 from minips.worker.client import PSClient, ServerUnavailable
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
 RATE_WINDOW = 3.0  # seconds of server uptime a rate is averaged over
-# The browser names a user agent string gives away, most specific first (Edge and Opera
-# also say Chrome, Chrome also says Safari).
-_BROWSERS = [
-    ("Edge", r"Edg/(\d+)"),
-    ("Opera", r"OPR/(\d+)"),
-    ("Firefox", r"Firefox/(\d+)"),
-    ("Chrome", r"(?:Headless)?Chrome/(\d+)"),
-    ("Safari", r"Version/(\d+)[.\d]* Safari"),
-]
 
 
 def rate(older: dict[str, Any], newer: dict[str, Any], key: str) -> float:
     """(newer[key] - older[key]) / elapsed server uptime; 0.0 when no time passed."""
     elapsed = newer["uptime"] - older["uptime"]
     return (newer[key] - older[key]) / elapsed if elapsed > 0 else 0.0
-
-
-def agent_name(info: dict[str, Any]) -> str:
-    """ "numpy", or the browser's name and major version ("Chrome 120") for a browser."""
-    if info.get("agent") != "browser":
-        return str(info.get("agent", "numpy"))
-    ua = str(info.get("ua", ""))
-    for name, pattern in _BROWSERS:
-        if match := re.search(pattern, ua):
-            return f"{name} {match.group(1)}"
-    return "browser"
 
 
 def worker_state(row: dict[str, Any]) -> str:

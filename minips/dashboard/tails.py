@@ -125,6 +125,6 @@ def single_log(path: str | Path | None) -> Callable[[], list[Path]]:
 
 def run_logs(run_dir: Path) -> Callable[[], list[Path]]:
     """paths() for a `minips run` directory: updates.jsonl, then updates-1.jsonl, ..."""
-    from minips.run.recovery import update_logs
+    from minips.run.rundir import RunDir
 
-    return lambda: update_logs(run_dir)
+    return RunDir(run_dir).update_logs

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -29,6 +31,7 @@ from minips.run.metrics import ProgressFn
 from minips.run.processes import Child, ProcessGroup
 from minips.run.recovery import ServerRestarts
 from minips.run.rundir import RunDir, latest_eval, write_results
+from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
@@ -69,9 +72,36 @@ def run_local(
             progress=progress, on_start=on_start, announce=announce,
         )  # fmt: skip
         try:
-            return run.run()
+            with signals_stop_the_run():
+                return run.run()
         finally:
             run_dir.server_socket.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def signals_stop_the_run() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, a scheduler) and SIGINT sent to the launcher alone stop
+    the run as Ctrl-C in its terminal does: KeyboardInterrupt in the launcher, whose cleanup
+    stops every child it started. Signals after the first are ignored, so that cleanup
+    (a few seconds at most: ProcessGroup.stop_all) always finishes. Only in the main
+    thread (the only one Python delivers signals to)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {
+        signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -196,6 +226,8 @@ class LocalRun:
         self.server_restarts = ServerRestarts(run_dir, Path(config.checkpoint or ""))
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
+        # How long the run waits for its browser seats, and what it says about empty ones.
+        self.seats = SeatWatch(config.browser, config.join_wait, config.empty_seats == "end")
         self._silent_since: float | None = None  # since when `stats` has had no answer
 
     def run(self) -> dict[str, Any]:
@@ -210,7 +242,11 @@ class LocalRun:
             self.processes.wait("server", timeout=60)
         finally:
             self._learn_ranks_from_reports()
-            self.processes.stop_all()
+            try:
+                self.processes.stop_all()
+            except KeyboardInterrupt:  # the signal came during this very cleanup: finish it
+                self.processes.stop_all()
+                raise
         restarts = self.processes.restart_records()
         codes = self.processes.exit_codes
         return write_results(self.dir, self.config.rule, self.config.workers, wall, codes, restarts)
@@ -278,6 +314,13 @@ class LocalRun:
             profile = self.dir.logs / "chromium-profile"
             self.processes.start("chromium", headless_argv(url, config.browser, profile))
 
+    def _say(self, line: str) -> None:
+        """One line for the teacher: through `announce`, else on stderr."""
+        if self.announce is not None:
+            self.announce(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def _wait_for(self, path: Path, name: str) -> str:
         return self.processes.wait_for_file(path, name, self.startup_timeout)
 
@@ -305,13 +348,12 @@ class LocalRun:
         return self.training_ended
 
     def _training(self) -> bool:
-        """A NumPy worker runs, or a browser slot trains (as the server's latest stats say)."""
-        from minips.web.slots import browsers_pending
-
+        """A NumPy worker runs, or the run waits for a browser seat (minips.web.slots)."""
+        if self.seats.end_run:
+            return False  # a seat stayed empty and the teacher chose --empty-seats end
         if self.processes.running("worker"):
             return True
-        server_up = not self.processes["server"].exited()
-        return server_up and browsers_pending(self.stats, self.config.browser)
+        return not self.processes["server"].exited() and self.seats.pending(self.stats)
 
     def _server_exited(self) -> bool:
         """The server is gone: a crash mid-training restarts it (minips.run.recovery) or is
@@ -341,6 +383,8 @@ class LocalRun:
             return  # busy, or exiting (seen on the next turn): ask again
         self._silent_since, self.stats = None, stats
         self.processes.learn_ranks(stats)
+        for notice in self.seats.update(stats):
+            self._say(notice)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
         elif self.progress is not None:

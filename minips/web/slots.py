@@ -12,6 +12,7 @@ the server's own stop (every rank finished, a sample budget) ends it too.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import sys
@@ -23,6 +24,26 @@ from typing import Any
 from minips.errors import ConfigError
 
 BROWSER_AGENT = "browser"  # the `agent` a browser worker puts in its hello's info
+# The browser names a user agent string gives away, most specific first (Edge and Opera
+# also say Chrome, Chrome also says Safari).
+_BROWSERS = [
+    ("Edge", r"Edg/(\d+)"),
+    ("Opera", r"OPR/(\d+)"),
+    ("Firefox", r"Firefox/(\d+)"),
+    ("Chrome", r"(?:Headless)?Chrome/(\d+)"),
+    ("Safari", r"Version/(\d+)[.\d]* Safari"),
+]
+
+
+def agent_name(info: dict[str, Any]) -> str:
+    """ "numpy", or the browser's name and major version ("Chrome 120") for a browser."""
+    if info.get("agent") != "browser":
+        return str(info.get("agent", "numpy"))
+    ua = str(info.get("ua", ""))
+    for name, pattern in _BROWSERS:
+        if match := re.search(pattern, ua):
+            return f"{name} {match.group(1)}"
+    return "browser"
 
 
 def find_chromium() -> str | None:

