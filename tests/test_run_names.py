@@ -80,3 +80,26 @@ def test_evaluate_says_what_it_does_and_what_it_found(tmp_path):
     assert final["final"]
     assert last == f"test accuracy of the final model: {final['accuracy']:.4f} " \
         f"(loss {final['loss']:.4f})"  # fmt: skip
+
+
+def test_the_lab_questions_name_columns_the_report_prints():
+    from pathlib import Path
+
+    from minips.run.report import format_report
+
+    root = Path(__file__).resolve().parents[1]
+    notes = (root / "docs" / "instructor-notes.md").read_text()
+    guide = (root / "examples" / "07_browser_class.md").read_text()
+    section = notes[notes.index("## The browser lab's questions") :]
+    report = {
+        "path": "runs/x", "complete": True, "evals": 1, "config": {"rule": "asgd"},
+        "summary": {"accuracy": 0.8, "wall_s": 10.0},
+        "staleness": {"count": 0, "mean": None, "p50": None, "p90": None, "max": None},
+        "workers": {},
+    }  # fmt: skip
+    header = next(line for line in format_report(report).splitlines() if "samples/s" in line)
+    columns = header.split()
+    for name in ("agent", "host", "samples/s", "mean", "max", "scale"):
+        assert name in columns, name
+        assert f"`{name}`" in section and f"`{name}`" in guide, name
+    assert "accuracy" in format_report(report) and "wall" in format_report(report)
