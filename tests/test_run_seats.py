@@ -84,3 +84,19 @@ def test_a_killed_tab_opened_again_finishes_the_runs_samples(tmp_path):
     assert summary["samples"] >= 0.95 * 3 * 2000, summary["samples"]  # all of it, and more
     report = json.loads((tmp_path / "run" / "worker-0.json").read_text())
     assert report["agent"] == "browser" and report["samples"] == summary["samples"]
+
+
+def test_the_classroom_guide_states_the_waits_the_code_has():
+    from pathlib import Path
+
+    from minips.run.config import RunConfig
+    from minips.server.server import ServerOptions
+
+    guide = " ".join(
+        (Path(__file__).resolve().parents[1] / "docs" / "classroom.md").read_text().split()
+    )
+    assert (
+        f"`--heartbeat-timeout` seconds ({ServerOptions.heartbeat_timeout:g} by default)" in guide
+    )
+    assert f"`--join-wait` seconds ({RunConfig.join_wait:g} by default)" in guide
+    assert "10 by default" not in guide
