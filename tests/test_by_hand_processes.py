@@ -90,8 +90,9 @@ def test_readme_by_hand_section_on_loopback(tmp_path):
     workers = [_minips(commands["worker"], tmp_path) for _ in range(2)]
     for worker in workers:
         out, err = _finish(worker)
-        first, *_, last = out.strip().splitlines()
+        first, joined, *_, last = out.strip().splitlines()
         assert first.startswith(f"worker on {socket.gethostname()}: joining {endpoint}")
+        assert re.fullmatch(rf"joined as rank [01] of 2 \(host {socket.gethostname()}\)", joined)
         assert re.fullmatch(r"rank [01]: 16 steps, 1000 samples in .* finished its shard", last)
         assert "samples" in err  # progress: piped, so a compact line, not a bar
     out, _ = _finish(server)  # exits by itself: nobody sent stop

@@ -4,10 +4,13 @@ class full is told about --rank, `minips evaluate` says what it does and what it
 and `minips report` shows each worker's agent, host and speed. Real processes."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
 import time
+
+import pytest
 
 from minips.worker.client import PSClient
 
@@ -25,6 +28,33 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_run_names_its_workers_by_rank_host_and_agent(tmp_path):
+    out = tmp_path / "run"
+    done = _minips("run", "--workers", "2", *FAST, "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    log = (out / "logs" / "server.log").read_text()
+    for rank in (0, 1):
+        assert f"rank {rank} ({HOST}, numpy) registered" in log
+        worker_log = next(p for p in (out / "logs").glob("worker*.log")
+                          if f"joined as rank {rank} of 2" in p.read_text())  # fmt: skip
+        assert f"joined as rank {rank} of 2 (host {HOST})" in worker_log.read_text()
+    report = _minips("report", str(out))
+    assert report.returncode == 0, report.stderr
+    header, *rows = [line for line in report.stdout.splitlines() if "samples/s" in line or
+                     re.match(r"\s+[01] numpy", line)]  # fmt: skip
+    assert header.split()[:4] == ["worker", "agent", "host", "samples/s"]
+    assert len(rows) == 2
+    for row in rows:
+        rank, agent, host, speed = row.split()[:4]
+        assert agent == "numpy" and host == HOST[:14] and float(speed) > 0
+    (summary,) = json.loads(_minips("report", str(out), "--json").stdout)
+    for rank in ("0", "1"):
+        worker = summary["workers"][rank]
+        assert worker["agent"] == "numpy" and worker["host"] == HOST
+        assert worker["samples_per_s"] > 0
 
 
 def test_a_worker_that_finds_the_class_full_is_told_about_rank(tmp_path):

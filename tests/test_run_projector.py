@@ -81,7 +81,7 @@ def test_the_runs_page_says_finished_with_its_accuracy_and_report_names_agents(t
     agents = sorted(w["agent"].split()[0] for w in shown["workers"].values())
     assert agents == ["Chrome", "Chrome", "numpy", "numpy"], shown["workers"]
     for worker in shown["workers"].values():
-        assert worker["samples_per_s"] > 0, worker
+        assert worker["host"] and worker["samples_per_s"] > 0, worker
     browsers = [w for w in shown["workers"].values() if w["agent"].startswith("Chrome")]
     assert {w["host"] for w in browsers} == {"127.0.0.1"}  # the address the gateway saw
     for name, data in (("dashboard.png", shot), ("dashboard-finished.png", finished_shot)):

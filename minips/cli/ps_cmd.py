@@ -316,7 +316,11 @@ def worker(
         connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
     ) as client:
         click.echo(f"worker on {socket.gethostname()}: joining {connect} ...")
-        extras = {"bandwidth": bandwidth, "trace": open_trace(trace)}
+
+        def joined(report: Any, world_size: int) -> None:
+            click.echo(f"joined as rank {report.rank} of {world_size} (host {report.host})")
+
+        extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined}
         result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
         # A worker that arrived after the run ended has no rank: "worker-late.json".
