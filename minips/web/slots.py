@@ -146,21 +146,6 @@ class SeatWatch:
         return f"{what}: the run goes on with the workers it has"
 
 
-def browsers_pending(stats: dict[str, Any] | None, slots: int) -> bool:
-    """True while the browser slots still train: not all taken yet, or one still alive.
-
-    stats: the server's latest `stats` reply (None before the first). A slot counts as
-    taken once a browser worker registered with its rank; a rank whose tab was closed is
-    free again for another browser, and still counts as taken (the run does not wait for
-    a replacement that may never come). SeatWatch waits for seats with a time limit.
-    """
-    if slots == 0:
-        return False
-    rows = [w for w in (stats or {}).get("workers", []) if _is_browser(w)]
-    taken = {w["rank"] for w in rows}
-    return len(taken) < slots or any(w["alive"] for w in rows)
-
-
 def browser_seats(stats: dict[str, Any] | None) -> dict[int, str]:
     """Each browser rank seen in `stats`: "training" (a browser on it is live),
     "finished" (its browser said bye after its shard), else "left". A rank can have several
