@@ -55,6 +55,13 @@ def test_a_run_names_its_workers_by_rank_host_and_agent(tmp_path):
         worker = summary["workers"][rank]
         assert worker["agent"] == "numpy" and worker["host"] == HOST
         assert worker["samples_per_s"] > 0
+    plot = _minips("plot", str(out), "--out", str(tmp_path / "fig.png"))
+    assert plot.returncode == 0, plot.stderr
+    assert plot.stdout.splitlines() == [  # both files it wrote, each named
+        f"accuracy:  {tmp_path / 'fig.png'}",
+        f"staleness: {tmp_path / 'fig-staleness.png'}",
+    ]
+    assert (tmp_path / "fig.png").exists() and (tmp_path / "fig-staleness.png").exists()
 
 
 def test_a_worker_that_finds_the_class_full_is_told_about_rank(tmp_path):
@@ -133,3 +140,19 @@ def test_the_lab_questions_name_columns_the_report_prints():
         assert name in columns, name
         assert f"`{name}`" in section and f"`{name}`" in guide, name
     assert "accuracy" in format_report(report) and "wall" in format_report(report)
+
+
+def test_a_worker_started_before_its_server_says_so_at_once():
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"  # nobody listens yet
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "minips", "worker", "--connect", endpoint, "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        first = worker.stdout.readline()
+        took = time.monotonic() - started
+    finally:
+        worker.kill()
+        worker.wait(30)
+    assert first == f"worker on {HOST}: joining {endpoint} ...\n" and took < 10, (first, took)
