@@ -26,39 +26,6 @@ from minips.run.report import plural
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 
 
-class _RunDashboard:
-    """`minips run --dashboard`: the live page (minips.dashboard.RunDashboard) from the
-    moment the processes are started; it shows the summary once the run ends. `listen`
-    None: no page. config: the run's, for its keys (an authenticated run)."""
-
-    def __init__(self, listen: str | None, out: Path, config: RunConfig) -> None:
-        self.listen, self.out, self.config = listen, out, config
-        self.page: Any = None
-
-    def __enter__(self) -> _RunDashboard:
-        return self
-
-    def start(self, endpoint: str) -> None:
-        if self.listen is None:
-            return
-        from minips.dashboard import RunDashboard
-        from minips.protocol.auth import OPERATOR, load_client_keys
-
-        keys = None
-        if self.config.auth or self.config.keys:  # the key directory the run made or uses
-            keys = load_client_keys(self.config.keys or self.out / "keys", OPERATOR)
-        self.page = RunDashboard(self.listen, self.out, keys)
-        click.echo(f"dashboard: {self.page.start(endpoint)}")
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        if self.page is not None:
-            self.page.finish(summary)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.page is not None:
-            self.page.__exit__(*exc)
-
-
 if TYPE_CHECKING:
     from minips.protocol.auth import ClientKeys
 
@@ -122,8 +89,16 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         config.validate()  # before anything is removed
         resume = Path(config.resume) if config.resume else None
         claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
-        with _RunDashboard(dashboard_listen if dashboard else None, Path(out), config) as page:
-            hooks = {"on_start": page.start, "announce": click.echo}
+        from minips.dashboard import RunDashboard
+
+        keys = config.keys or (Path(out) / "keys" if config.auth else None)  # the run's keys
+        with RunDashboard(dashboard_listen if dashboard else None, Path(out), keys) as page:
+
+            def on_start(endpoint: str) -> None:
+                if url := page.start(endpoint):
+                    click.echo(f"dashboard: {url}")
+
+            hooks = {"on_start": on_start, "announce": click.echo}
             if quiet:
                 summary = run_local(config, out, eval_interval, **hooks)
             else:
@@ -308,7 +283,7 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.worker.netlimit import parse_rate
     from minips.worker.trace import open_trace
-    from minips.worker.worker import write_report
+    from minips.worker.worker import summary_line, write_report
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
@@ -327,23 +302,7 @@ def worker(
         where = str(result.rank) if result.rank >= 0 else "late"
         write_report(result, report.replace("{rank}", where))
     if not quiet:
-        click.echo(_worker_summary(result.summary()))
-
-
-def _worker_summary(report: dict[str, Any]) -> str:
-    """The worker's last line: what it did, in words (the numbers: its --report file)."""
-    if report["rank"] < 0:
-        return "the run had already ended: nothing to do"
-    busy = report["compute_s"] + report["comm_s"] + report["slowdown_s"]
-    rate = f" ({report['samples'] / busy:.0f} samples/s)" if busy > 0 else ""
-    end = "finished its shard" if report["finished"] else "stopped before its shard was done"
-    if report["stopped_by_server"] and not report["finished"]:
-        end = "stopped: the run ended"
-    return (
-        f"rank {report['rank']}: {plural(report['steps'], 'step')}, {report['samples']} samples"
-        f" in {report['wall_s']:.1f} s{rate}, staleness mean {report['staleness_mean']:.2f}"
-        f" max {report['staleness_max']}; {end}"
-    )
+        click.echo(summary_line(result.summary()))
 
 
 def _train_worker(

@@ -208,12 +208,13 @@ class RunDashboard:
     """`minips run --dashboard`: the live page of a run directory from the moment its
     processes are started (`start(endpoint)`) until it ends (`finish(summary)`: the page
     then shows "finished" and the summary, and keeps them once the run's process exits).
-    listen None: no page. keys: the run's client keys, under --auth."""
+    listen None: no page. keys_dir: an authenticated run's key directory (the page asks
+    `stats` with its operator key)."""
 
     FINAL_GRACE = 2.0  # seconds the open pages get to receive the final snapshot
 
-    def __init__(self, listen: str | None, out: Path, keys: ClientKeys | None = None) -> None:
-        self.listen, self.out, self.keys = listen, out, keys
+    def __init__(self, listen: str | None, out: Path, keys_dir: str | Path | None = None) -> None:
+        self.listen, self.out, self.keys_dir = listen, out, keys_dir
         self.collector: Collector | None = None
         self._stop: Callable[[], None] | None = None
 
@@ -224,10 +225,12 @@ class RunDashboard:
         """Serve the page; its URL (None without a page)."""
         if self.listen is None:
             return None
+        from minips.protocol.auth import OPERATOR, load_client_keys
+
+        keys = load_client_keys(self.keys_dir, OPERATOR) if self.keys_dir else None
         url, self.collector, self._stop = _serve(
-            endpoint, self.out / "eval.jsonl", self.listen, UpdateTail(run_logs(self.out)),
-            self.keys,
-        )  # fmt: skip
+            endpoint, self.out / "eval.jsonl", self.listen, UpdateTail(run_logs(self.out)), keys
+        )
         return url
 
     def finish(self, summary: dict[str, Any] | None) -> None:

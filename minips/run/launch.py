@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -28,7 +26,7 @@ from minips.protocol import auth
 from minips.run.build import auto_rate, resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
-from minips.run.processes import Child, ProcessGroup
+from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
 from minips.run.recovery import ServerRestarts
 from minips.run.rundir import RunDir, latest_eval, write_results
 from minips.web.slots import SeatWatch
@@ -76,32 +74,6 @@ def run_local(
                 return run.run()
         finally:
             run_dir.server_socket.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def signals_stop_the_run() -> Iterator[None]:
-    """SIGTERM (`kill`, `timeout`, a scheduler) and SIGINT sent to the launcher alone stop
-    the run as Ctrl-C in its terminal does: KeyboardInterrupt in the launcher, whose cleanup
-    stops every child it started. Signals after the first are ignored, so that cleanup
-    (a few seconds at most: ProcessGroup.stop_all) always finishes. Only in the main
-    thread (the only one Python delivers signals to)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: object) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = {
-        signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)
-    }
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -219,7 +191,7 @@ class LocalRun:
         self.startup_timeout = startup_timeout
         self.progress = progress
         self.on_start = on_start
-        self.announce = announce
+        self.announce = announce or _to_stderr  # one line for the teacher
         self.t0 = time.monotonic()  # every process's clock origin: one time axis for all
         env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
         self.processes = ProcessGroup(run_dir.logs, env)
@@ -308,18 +280,10 @@ class LocalRun:
         gateway = gateway_argv(endpoint, config.listen, self.dir.web_url, config.data_dir)
         self.processes.start("gateway", gateway)
         url = self._wait_for(self.dir.web_url, "gateway")
-        if self.announce is not None:
-            self.announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
+        self.announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
         if config.browser_headless:
             profile = self.dir.logs / "chromium-profile"
             self.processes.start("chromium", headless_argv(url, config.browser, profile))
-
-    def _say(self, line: str) -> None:
-        """One line for the teacher: through `announce`, else on stderr."""
-        if self.announce is not None:
-            self.announce(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
 
     def _wait_for(self, path: Path, name: str) -> str:
         return self.processes.wait_for_file(path, name, self.startup_timeout)
@@ -384,7 +348,7 @@ class LocalRun:
         self._silent_since, self.stats = None, stats
         self.processes.learn_ranks(stats)
         for notice in self.seats.update(stats):
-            self._say(notice)
+            self.announce(notice)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
         elif self.progress is not None:
@@ -420,6 +384,10 @@ class LocalRun:
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _stop_server(operator: PSClient, server: Child, attempts: int = 10) -> None:
