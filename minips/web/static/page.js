@@ -43,8 +43,10 @@ const ENGINES = {
 const show = (id, text) => (document.getElementById(id).textContent = text);
 window.minipsStatus = { state: "starting" };
 
-/** Keep the seat for a reload: the worker id always, the progress while it trains. */
+/** Keep the seat for a reload: the worker id, and the progress while it trains. Once the
+ * tab is done its shard is trained: a reload then is a new worker, not that shard again. */
 function keepSeat(s) {
+  if (s.state === "done" || s.state === "ended") return seats?.removeItem(SEAT);
   const workerId = s.workerId || options.workerId;
   const training = s.state === "training" && s.rank !== undefined;
   const progress = training
