@@ -90,7 +90,10 @@ def test_readme_by_hand_section_on_loopback(tmp_path):
     workers = [_minips(commands["worker"], tmp_path) for _ in range(2)]
     for worker in workers:
         out, err = _finish(worker)
-        assert json.loads(out.strip().splitlines()[-1])["finished"] is True
+        first, joined, *_, last = out.strip().splitlines()
+        assert first.startswith(f"worker on {socket.gethostname()}: joining {endpoint}")
+        assert re.fullmatch(rf"joined as rank [01] of 2 \(host {socket.gethostname()}\)", joined)
+        assert re.fullmatch(r"rank [01]: 16 steps, 1000 samples in .* finished its shard", last)
         assert "samples" in err  # progress: piped, so a compact line, not a bar
     out, _ = _finish(server)  # exits by itself: nobody sent stop
     assert "every worker finished its epochs" in out and "checkpoint run.npz" in out
@@ -136,13 +139,16 @@ def test_a_killed_worker_is_replaced_with_rank_and_every_shard_is_trained(tmp_pa
         )
     _finish(fast)
     for _attempt in range(60):  # `full` until the server declares the dead one dead
-        restarted = _minips(["worker", "--connect", endpoint, "--rank", str(rank)], tmp_path)
+        restarted = _minips(
+            ["worker", "--connect", endpoint, "--rank", str(rank), "--report", "restarted.json"],
+            tmp_path,
+        )
         out, err = restarted.communicate(timeout=120)
         if restarted.returncode == 0:
             break
         assert "(full): rank" in err and "held by live worker" in err, err
         time.sleep(0.5)
-    report = json.loads(out.strip().splitlines()[-1])
+    report = json.loads((tmp_path / "restarted.json").read_text())
     assert report["rank"] == rank and report["finished"] and report["samples"] == 2 * 1000
     out, _ = _finish(server)
     assert "every worker finished its epochs" in out

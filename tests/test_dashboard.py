@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from minips.dashboard import parse_listen, start_dashboard
-from minips.dashboard.collector import EvalTail, worker_rows
+from minips.dashboard.collector import worker_rows
+from minips.dashboard.tails import EvalTail
 from minips.errors import ConfigError
 from minips.web.headless import remove_profile
 from minips.worker.client import PSClient
@@ -307,9 +308,9 @@ def test_page_in_chromium_shows_the_servers_stats(live):
     assert [int(w["rank"]) for w in page["workers"]] == sorted(rows)
     for w in page["workers"]:
         row = rows[int(w["rank"])]
-        for key in ("clock", "pushes", "samples", "bytes_in", "bytes_out"):
+        for key in ("clock", "samples", "bytes_in", "bytes_out"):
             assert int(w[key]) == row[key], (key, w, row)
-        assert w["alive"] == "false"
+        assert w["state"] == "left" and w["agent"] == "numpy"  # --max-steps: before its epochs
     assert "test accuracy vs samples" not in page["text"]  # drawn on canvas, not text
     png = base64.b64decode(shot)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

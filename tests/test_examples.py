@@ -2,6 +2,8 @@
 commands name real commands and options."""
 
 import re
+import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +83,23 @@ def test_lab_guide_commands_and_options_exist(guide):
         for word in words[1:]:
             if word.startswith("--"):
                 assert word in known, f"{guide}: minips {words[0]} has no option {word}"
+
+
+def test_the_two_machine_guides_port_check_needs_only_python():
+    # The guide's reachability check, run for real: against a listening port, then a closed one.
+    guide = (EXAMPLES / "05_two_machines.md").read_text()
+    assert "nc -" not in guide and "telnet" not in guide
+    (check,) = [line.strip() for line in guide.splitlines() if "create_connection" in line]
+    argv = shlex.split(check)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        script = argv[2].replace("'SERVER', 5555", f"'127.0.0.1', {port}")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout == "reachable\n"
+    refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert refused.returncode == 1 and "ConnectionRefusedError" in refused.stderr
 
 
 def test_new_rule_runs_in_minips_run_and_scales_by_gamma_to_the_tau():

@@ -12,7 +12,7 @@ from minips.exercise.ps_checks import FORMULAS, dasgd_reference
 from minips.rules import make_rule
 
 ROOT = Path(__file__).resolve().parents[1]
-STARTERS = ROOT / "examples" / "exercises"
+STARTERS = ROOT / "minips" / "exercise" / "starters"
 SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
 
 
@@ -73,7 +73,8 @@ def test_softmax_without_shift_overflows_with_advice(tmp_path):
     text = _variant(
         tmp_path, "softmax-xent", "logits - logits.max(axis=1, keepdims=True)", "logits"
     )
-    assert "logits near 1000" in text and "subtract each row's max" in text
+    assert "logits near 1000: exp overflows to inf" in text and "subtract each row's max" in text
+    assert "logits near -1000: exp underflows to 0 for every class" in text
     assert "small logits" not in text
 
 

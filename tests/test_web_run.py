@@ -22,7 +22,7 @@ from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.metrics import read_metrics
 from minips.run.rundir import report_from_stats
-from minips.web.slots import browsers_pending, student_url
+from minips.web.slots import student_url
 
 # As tests/test_web_browser.py: 2000 training examples, a shard of 1000 is 16 steps of 64.
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "epochs": 2}
@@ -31,17 +31,6 @@ FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "ep
 def _row(rank, alive, agent="browser", pushes=0, samples=0):
     return {"rank": rank, "alive": alive, "observer": False, "pushes": pushes,
             "samples": samples, "info": {"agent": agent}}  # fmt: skip
-
-
-def test_browser_slots_are_pending_until_all_taken_and_none_alive():
-    numpy_done = _row(0, False, agent="numpy")
-    assert browsers_pending(None, 2)  # no stats yet
-    assert not browsers_pending(None, 0)  # no slots: nothing to wait for
-    assert browsers_pending({"workers": [numpy_done, _row(1, False)]}, 2)  # one slot empty
-    assert browsers_pending({"workers": [_row(0, False), _row(1, True)]}, 2)  # one trains
-    assert not browsers_pending({"workers": [_row(0, False), _row(1, False)]}, 2)
-    observer = {**_row(1, True), "observer": True}
-    assert browsers_pending({"workers": [_row(0, False), observer]}, 2)  # not a slot
 
 
 def test_a_browser_rank_report_sums_every_worker_that_held_it():

@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "keys": ("minips.cli.keys_cmd:keys",
              "Make CURVE key pairs for a server and its clients (authentication)."),
     "exercise": ("minips.cli.exercise_cmd:exercise",
-                 "Class exercises (starters in examples/exercises/) and their automatic checks."),
+                 "Class exercises (`handout DIR` writes the starters) and their automatic checks."),
 }  # fmt: skip
 
 

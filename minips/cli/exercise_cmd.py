@@ -1,4 +1,4 @@
-"""`minips exercise list` and `minips exercise check NAME [--file PATH]`."""
+"""`minips exercise list`, `minips exercise handout DIR` and `minips exercise check NAME`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 
 @click.group()
 def exercise() -> None:
-    """Class exercises (starters in examples/exercises/) and their automatic checks."""
+    """Class exercises (`handout DIR` writes the starters) and their automatic checks."""
 
 
 @exercise.command("list")
@@ -21,11 +21,27 @@ def list_exercises() -> None:
         click.echo(f"{ex.name:22s} {ex.minutes:3d} min  {ex.starter:18s} {ex.goal}")
 
 
+@exercise.command("handout")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite starters already in DIRECTORY.")
+def handout_exercises(directory: str, force: bool) -> None:
+    """Write every exercise's starter into DIRECTORY (made if missing): the handout.
+
+    The starters ship with minips, so this works from an installed package alone; no
+    solution is in it.
+    """
+    from minips.exercise import handout
+
+    written = handout(directory, force)
+    click.echo(f"wrote {len(written)} files to {directory}: {', '.join(p.name for p in written)}")
+    click.echo(f"next: cd {directory} && minips exercise list")
+
+
 @exercise.command("check")
 @click.argument("name")
 @click.option(
     "--file", "path", type=click.Path(dir_okay=False),
-    help="Your answer (default: the starter's file name here or in examples/exercises/).",
+    help="Your answer (default: the starter's file name in the current directory).",
 )  # fmt: skip
 def check_exercise(name: str, path: str | None) -> None:
     """Check your answer to exercise NAME: say what is wrong, or what was verified.

@@ -9,8 +9,8 @@ MINIPS_WORKER_CONNECT (but `server --config FILE` takes the file and the command
 
 from __future__ import annotations
 
-import json
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,30 +24,6 @@ from minips.run.config import RunConfig
 from minips.run.report import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
-
-
-class _RunDashboard:
-    """`minips run --dashboard`: the live page (minips.dashboard) from the moment the
-    processes are started until the run ends. `listen` None: no page."""
-
-    def __init__(self, listen: str | None, out: Path) -> None:
-        self.listen, self.out = listen, out
-        self._stop: Any = None
-
-    def __enter__(self) -> _RunDashboard:
-        return self
-
-    def start(self, endpoint: str) -> None:
-        if self.listen is None:
-            return
-        from minips.dashboard import start_dashboard
-
-        url, self._stop = start_dashboard(endpoint, self.out / "eval.jsonl", self.listen)
-        click.echo(f"dashboard: {url}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._stop()
 
 
 if TYPE_CHECKING:
@@ -113,13 +89,22 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         config.validate()  # before anything is removed
         resume = Path(config.resume) if config.resume else None
         claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
-        with _RunDashboard(dashboard_listen if dashboard else None, Path(out)) as page:
-            hooks = {"on_start": page.start, "announce": click.echo}
+        from minips.dashboard import RunDashboard
+
+        keys = config.keys or (Path(out) / "keys" if config.auth else None)  # the run's keys
+        with RunDashboard(dashboard_listen if dashboard else None, Path(out), keys) as page:
+
+            def on_start(endpoint: str) -> None:
+                if url := page.start(endpoint):
+                    click.echo(f"dashboard: {url}")
+
+            hooks = {"on_start": on_start, "announce": click.echo}
             if quiet:
                 summary = run_local(config, out, eval_interval, **hooks)
             else:
                 with ProgressBar() as bar:
                     summary = run_local(config, out, eval_interval, progress=bar.update, **hooks)
+            page.finish(summary)  # the page shows "finished" and the summary, and keeps them
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "
             f"{summary['wall_s']:.1f} s; staleness mean {summary['staleness_mean'] or 0:.2f} "
@@ -274,7 +259,7 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
     type=click.Path(dir_okay=False),
     help="Write a Chrome trace (Perfetto) of compute and send/receive spans here.",
 )
-@click.option("--quiet", is_flag=True, help="No progress and no final JSON line.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no final summary line.")
 @client_key_options
 def worker(
     connect: str,
@@ -298,21 +283,26 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.worker.netlimit import parse_rate
     from minips.worker.trace import open_trace
-    from minips.worker.worker import write_report
+    from minips.worker.worker import summary_line, write_report
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
     with PSClient(
         connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
     ) as client:
-        extras = {"bandwidth": bandwidth, "trace": open_trace(trace)}
+        click.echo(f"worker on {socket.gethostname()}: joining {connect} ...")
+
+        def joined(report: Any, world_size: int) -> None:
+            click.echo(f"joined as rank {report.rank} of {world_size} (host {report.host})")
+
+        extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined}
         result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
         # A worker that arrived after the run ended has no rank: "worker-late.json".
         where = str(result.rank) if result.rank >= 0 else "late"
         write_report(result, report.replace("{rank}", where))
     if not quiet:
-        click.echo(json.dumps(result.summary()))
+        click.echo(summary_line(result.summary()))
 
 
 def _train_worker(
@@ -327,6 +317,8 @@ def _train_worker(
     """Run a Worker on `client`, then say bye: `finished: false` when its epochs are not
     done (--max-steps, Ctrl-C), so a restarted worker may take over its rank. extras:
     more Worker keyword arguments (bandwidth, trace)."""
+    from minips.errors import MinipsError
+    from minips.worker.client import ServerError
     from minips.worker.worker import Worker
 
     with ProgressBar(label="worker") as bar:
@@ -336,6 +328,14 @@ def _train_worker(
         )
         try:
             result = trainer.run()
+        except ServerError as exc:
+            if exc.code != "full" or rank is not None:
+                raise  # with --rank, the server's reason already says why that rank is held
+            raise MinipsError(
+                f"{exc}; to take over the shard of a worker that crashed, start this one with "
+                "--rank R: it gets rank R once the server has declared the old worker dead "
+                "(--heartbeat-timeout seconds of silence)"
+            ) from None
         except KeyboardInterrupt:
             if client.rank is not None:
                 client.bye(finished=False)
@@ -394,4 +394,10 @@ def evaluate(
         PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
-        run_evaluator(client, metrics, interval, data_dir)
+        click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
+        last = run_evaluator(client, metrics, interval, data_dir)
+    if last:
+        final = "final model" if last.get("final") else "last model seen"
+        click.echo(
+            f"test accuracy of the {final}: {last['accuracy']:.4f} (loss {last['loss']:.4f})"
+        )

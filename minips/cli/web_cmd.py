@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from minips.web.admission import Admission
+
 
 @click.command()
 @click.option(
@@ -30,9 +32,37 @@ import click
     type=click.Path(dir_okay=False),
     help="Write the page's URL here once serving (for launchers).",
 )
+@click.option(
+    "--allow-origin",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Also let in pages from ORIGIN, e.g. https://class.example.org (a class behind a "
+    "reverse proxy); the gateway's own page is always let in. Repeatable.",
+)
+@click.option(
+    "--max-browsers",
+    type=click.IntRange(min=1),
+    default=Admission.max_browsers,
+    show_default=True,
+    help="WebSockets at once; one more is refused with a clear message.",
+)
+@click.option(
+    "--max-memory",
+    type=click.IntRange(min=1),
+    default=Admission.max_memory >> 20,
+    show_default=True,
+    help="MiB of browsers' messages held at once, over all of them.",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def web(
-    connect: str, listen: str, data_dir: str | None, url_file: str | None, verbose: bool
+    connect: str,
+    listen: str,
+    data_dir: str | None,
+    url_file: str | None,
+    allow_origin: tuple[str, ...],
+    max_browsers: int,
+    max_memory: int,
+    verbose: bool,
 ) -> None:
     """Serve the browser worker page and relay browsers to the server at --connect.
 
@@ -48,7 +78,8 @@ def web(
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     host, port = parse_listen(listen)
-    gateway = Gateway(connect, host, port, data_dir)
+    admission = Admission(max_browsers, max_memory << 20, list(allow_origin))
+    gateway = Gateway(connect, host, port, data_dir, admission)
 
     def announce() -> None:
         # SIGTERM (a launcher's stop) ends serving as Ctrl-C does: exit code 0, not -15.

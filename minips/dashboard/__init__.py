@@ -2,26 +2,44 @@
 
     url, stop = start_dashboard("tcp://127.0.0.1:5555", "run/eval.jsonl", "127.0.0.1:8050")
 
-A standard-library HTTP server (one thread per connection) serves one page
-(minips/dashboard/page.py, no CDN), `snapshot.json` (the latest view) and `events`
-(Server-Sent Events: one `data:` line of JSON per poll). The numbers come from the
-server's `stats` op, polled every second by minips/dashboard/collector.py, and from the
-`eval` records of a metrics JSONL file when one is given.
+A standard-library HTTP server serves one page (minips/dashboard/page.py, no CDN),
+`snapshot.json` (the latest view) and `events` (Server-Sent Events: one `data:` line of JSON
+per poll). The numbers come from the server's `stats` op, polled every second by
+minips/dashboard/collector.py, from the `eval` records of a metrics JSONL file and the
+`update` records of the server's update log when they are given. `RunDashboard` is the
+page of `minips run --dashboard`, which shows the run's summary when it ends.
+
+Bounded, whoever connects: at most MAX_THREADS requests are served at once (one more gets
+503 at once), at most MAX_STREAMS of them event streams; a connection that sends nothing,
+or half a request, for SOCKET_TIMEOUT seconds is dropped, and so is a stream its reader
+stopped reading; an event stream ends after STREAM_LIFETIME seconds (the page's
+EventSource opens a new one by itself).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
+from typing import Any
 
 from minips.dashboard.collector import Collector
 from minips.dashboard.page import PAGE
+from minips.dashboard.tails import UpdateTail, run_logs, single_log
 from minips.errors import ConfigError
+from minips.protocol.auth import ClientKeys
 
 KEEPALIVE = 15.0  # seconds between SSE comments when nothing changed (proxies close idle streams)
+MAX_THREADS = 32  # requests served at once
+MAX_STREAMS = 16  # of them, event streams (open dashboard pages)
+SOCKET_TIMEOUT = 10.0  # seconds a connection may stay silent (or a stream unread)
+STREAM_LIFETIME = 300.0  # seconds an event stream lasts before the page opens a new one
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -32,9 +50,58 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that runs at most MAX_THREADS handler threads: a connection
+    past that is answered 503 at once and closed, from the accepting thread."""
+
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a class's pages may connect at once
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_THREADS)
+        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that went away mid-answer is not an error worth a traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def _refuse_busy(request: socket.socket) -> None:
+    body = b"error: the dashboard is busy (too many connections); try again in a moment\n"
+    head = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+    try:
+        request.settimeout(1.0)
+        request.sendall(head + body)
+    except OSError:
+        pass  # it was not listening anyway
+
+
 def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         """GET / (the page), /snapshot.json, /events (SSE); nothing else, nothing written."""
+
+        timeout = SOCKET_TIMEOUT  # the socket's: a silent or half-sent request is dropped
+        server: BoundedHTTPServer
 
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
             path = self.path.split("?")[0]
@@ -46,7 +113,7 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             elif path == "/events":
                 self._stream()
             else:
-                self._send(404, "text/plain", b"not found\n")
+                self._send(404, "text/plain; charset=utf-8", f"error: nothing at {path}\n".encode())
 
         def _send(self, code: int, content_type: str, body: bytes) -> None:
             self.send_response(code)
@@ -57,22 +124,32 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _stream(self) -> None:
+            if not self.server.streams.acquire(blocking=False):
+                body = f"error: {MAX_STREAMS} dashboard pages are open already\n".encode()
+                self._send(503, "text/plain; charset=utf-8", body)
+                return
+            try:
+                self._events()
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                pass  # the browser went away, or stopped reading
+            finally:
+                self.server.streams.release()
+
+        def _events(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
-            seq = -1
-            try:
-                while not collector.stopped:
-                    snapshot = collector.wait_newer(seq, KEEPALIVE)
-                    if snapshot["seq"] > seq:
-                        seq = snapshot["seq"]
-                        self.wfile.write(b"data: " + json.dumps(snapshot).encode() + b"\n\n")
-                    else:
-                        self.wfile.write(b": keep-alive\n\n")
-                    self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the browser went away
+            self.wfile.write(b"retry: 1000\n\n")  # EventSource: reconnect after 1 s
+            seq, ends = -1, time.monotonic() + STREAM_LIFETIME
+            while not collector.stopped and (left := ends - time.monotonic()) > 0:
+                snapshot = collector.wait_newer(seq, min(KEEPALIVE, left))
+                if snapshot["seq"] > seq:
+                    seq = snapshot["seq"]
+                    self.wfile.write(b"data: " + json.dumps(snapshot).encode() + b"\n\n")
+                else:
+                    self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # a request log line per second of SSE would drown the terminal
@@ -81,20 +158,38 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
 
 
 def start_dashboard(
-    connect: str, metrics_path: str | Path | None = None, listen: str = "127.0.0.1:8050"
+    connect: str,
+    metrics_path: str | Path | None = None,
+    listen: str = "127.0.0.1:8050",
+    updates: UpdateTail | str | Path | None = None,
+    keys: ClientKeys | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Serve the dashboard for the server at `connect`; return (page URL, stop function).
 
-    listen "HOST:PORT" (port 0: any free port; the URL says which). Runs in daemon threads;
-    call the stop function to close the HTTP server and the `stats` poller.
+    listen "HOST:PORT" (port 0: any free port; the URL says which). updates: the server's
+    update log (a path, or a tails.UpdateTail), for the staleness histogram. keys: the
+    client keys of an authenticated server. Runs in daemon threads; call the stop function
+    to close the HTTP server and the `stats` poller.
     """
+    url, collector, stop = _serve(connect, metrics_path, listen, updates, keys)
+    return url, stop
+
+
+def _serve(
+    connect: str,
+    metrics_path: str | Path | None,
+    listen: str,
+    updates: UpdateTail | str | Path | None,
+    keys: ClientKeys | None,
+) -> tuple[str, Collector, Callable[[], None]]:
     host, port = parse_listen(listen)
-    collector = Collector(connect, metrics_path)
+    if not isinstance(updates, UpdateTail):
+        updates = UpdateTail(single_log(updates))
+    collector = Collector(connect, metrics_path, updates=updates, keys=keys)
     try:
-        httpd = ThreadingHTTPServer((host, port), _handler(collector))
+        httpd = BoundedHTTPServer((host, port), _handler(collector))
     except OSError as exc:
         raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-    httpd.daemon_threads = True
     collector.start()
     thread = Thread(target=httpd.serve_forever, name="dashboard-http", daemon=True)
     thread.start()
@@ -106,7 +201,47 @@ def start_dashboard(
         httpd.server_close()
         thread.join(timeout=10)
 
-    return url, stop
+    return url, collector, stop
 
 
-__all__ = ["start_dashboard"]
+class RunDashboard:
+    """`minips run --dashboard`: the live page of a run directory from the moment its
+    processes are started (`start(endpoint)`) until it ends (`finish(summary)`: the page
+    then shows "finished" and the summary, and keeps them once the run's process exits).
+    listen None: no page. keys_dir: an authenticated run's key directory (the page asks
+    `stats` with its operator key)."""
+
+    FINAL_GRACE = 2.0  # seconds the open pages get to receive the final snapshot
+
+    def __init__(self, listen: str | None, out: Path, keys_dir: str | Path | None = None) -> None:
+        self.listen, self.out, self.keys_dir = listen, out, keys_dir
+        self.collector: Collector | None = None
+        self._stop: Callable[[], None] | None = None
+
+    def __enter__(self) -> RunDashboard:
+        return self
+
+    def start(self, endpoint: str) -> str | None:
+        """Serve the page; its URL (None without a page)."""
+        if self.listen is None:
+            return None
+        from minips.protocol.auth import OPERATOR, load_client_keys
+
+        keys = load_client_keys(self.keys_dir, OPERATOR) if self.keys_dir else None
+        url, self.collector, self._stop = _serve(
+            endpoint, self.out / "eval.jsonl", self.listen, UpdateTail(run_logs(self.out)), keys
+        )
+        return url
+
+    def finish(self, summary: dict[str, Any] | None) -> None:
+        """The run ended: show its summary, give the open pages a moment to receive it."""
+        if self.collector is not None:
+            self.collector.finish(summary)
+            time.sleep(self.FINAL_GRACE)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop()
+
+
+__all__ = ["RunDashboard", "start_dashboard"]

@@ -1,17 +1,23 @@
 """What the dashboard shows, collected in one background thread: the server's `stats`
-(polled through PSClient.stats(), read-only: no hello, no rank) and the `eval` records of
-a metrics JSONL file, turned into one JSON-ready snapshot with rates computed from
-consecutive polls.
+(polled through PSClient.stats(), read-only: no hello, no rank), the `eval` records of a
+metrics JSONL file and the `update` records of the server's update log (minips.dashboard
+.tails), turned into one JSON-ready snapshot with rates computed from consecutive polls.
+
+A snapshot's `phase` says where the run is: "connecting" (no answer yet), "live",
+"stopping", "finished" (the server stopped after saying so, or the launcher said the run
+ended: `finish(summary)`), or "lost" (a server that was live stopped answering). Once the
+server is gone the last numbers stay: the page keeps the run's final state.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Any
 
+from minips.dashboard.tails import EvalTail, UpdateTail, single_log
+from minips.protocol.auth import ClientKeys
+from minips.web.slots import agent_name
 from minips.worker.client import PSClient, ServerUnavailable
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
@@ -22,6 +28,14 @@ def rate(older: dict[str, Any], newer: dict[str, Any], key: str) -> float:
     """(newer[key] - older[key]) / elapsed server uptime; 0.0 when no time passed."""
     elapsed = newer["uptime"] - older["uptime"]
     return (newer[key] - older[key]) / elapsed if elapsed > 0 else 0.0
+
+
+def worker_state(row: dict[str, Any]) -> str:
+    """ "training" (live), "finished" (said bye after its shard), or "left" (closed its tab,
+    crashed, or declared dead: its rank is free for a replacement)."""
+    if row["alive"]:
+        return "training"
+    return "finished" if row.get("finished") else "left"
 
 
 def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -43,10 +57,12 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 samples_per_s = (w["samples"] - old["samples"]) / span
                 steps_per_s = (w["clock"] - old["clock"]) / span
                 break
+        info = w.get("info") or {}
         rows.append(
             {
                 "rank": w["rank"],
                 "alive": w["alive"],
+                "state": worker_state(w),
                 "clock": w["clock"],
                 "pushes": w["pushes"],
                 "samples": w["samples"],
@@ -55,65 +71,68 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "behind": fastest - w["clock"],
                 "bytes_in": w["bytes_in"],
                 "bytes_out": w["bytes_out"],
-                "host": (w.get("info") or {}).get("host", ""),
+                "host": str(info.get("host", "")),
+                "agent": agent_name(info),
             }
         )
     return rows
-
-
-class EvalTail:
-    """Reads `eval` records appended to a JSONL file, a complete line at a time."""
-
-    def __init__(self, path: str | Path | None) -> None:
-        self.path = Path(path) if path else None
-        self.offset = 0
-        self.records: list[dict[str, Any]] = []
-
-    def poll(self) -> None:
-        if self.path is None or not self.path.is_file():
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        self.offset += end
-        for line in chunk[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # not ours to judge: the dashboard only reads
-            if isinstance(record, dict) and record.get("event") == "eval":
-                keys = ("time", "samples", "accuracy", "loss", "updates")
-                self.records.append({k: record.get(k) for k in keys})
 
 
 class Collector:
     """Polls `stats` every `interval` s in a thread; `snapshot()` is the latest view.
 
     `wait_newer(seq, timeout)` blocks until a snapshot newer than `seq` exists (for SSE).
+    updates: the server's update logs (tails.UpdateTail), for the staleness histogram and
+    each rank's staleness. keys: the client keys of an authenticated server (`stats` is open
+    to every admitted key).
     """
 
-    def __init__(self, connect: str, metrics_path: str | Path | None, interval: float = 1.0):
+    def __init__(
+        self,
+        connect: str,
+        metrics_path: Any = None,
+        interval: float = 1.0,
+        updates: UpdateTail | None = None,
+        keys: ClientKeys | None = None,
+    ) -> None:
         self.connect = connect
         self.interval = interval
+        self.keys = keys
         self.evals = EvalTail(metrics_path)
+        self.updates = updates or UpdateTail(single_log(None))
         self.polls: deque[dict[str, Any]] = deque(maxlen=64)
         self.history: deque[dict[str, float]] = deque(maxlen=HISTORY)
         self.seq = 0
         self.error: str | None = None
-        self._snapshot: dict[str, Any] = {"seq": 0, "connected": False, "connect": connect}
+        self.phase = "connecting"
+        self.summary: dict[str, Any] | None = None  # the run's summary, once it ended
+        self._last: dict[str, Any] = {}  # the last snapshot's stats and workers
+        self._snapshot: dict[str, Any] = {"seq": 0, "phase": self.phase, "connect": connect}
         self._changed = threading.Condition()
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # everything: the poller and the event streams
+        self._polling = threading.Event()  # set: the poller stops (the run ended)
         self._thread = threading.Thread(target=self._run, name="dashboard-poll", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        self._polling.set()
         self._stopped.set()
         with self._changed:
             self._changed.notify_all()
         self._thread.join(timeout=10)
+
+    def finish(self, summary: dict[str, Any] | None) -> None:
+        """The run ended (its launcher says so, with its summary): publish the final view and
+        poll no more."""
+        self._polling.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.summary, self.phase = summary, "finished"
+        self.evals.poll()
+        self.updates.poll()
+        self._publish(None)
 
     @property
     def stopped(self) -> bool:
@@ -132,17 +151,31 @@ class Collector:
 
     def _run(self) -> None:
         # A short timeout and no retries: a stopped server must not freeze the page.
-        with PSClient(self.connect, timeout=2.0, retries=0) as client:
-            while not self._stopped.is_set():
+        with PSClient(self.connect, timeout=2.0, retries=0, keys=self.keys) as client:
+            while not self._polling.is_set():
                 try:
                     stats, self.error = client.stats(), None
                 except ServerUnavailable as exc:
                     stats, self.error = None, str(exc)
                 self.evals.poll()
-                self._publish(stats)
-                self._stopped.wait(self.interval)
+                self.updates.poll()
+                if not self._polling.is_set():  # finish() may have published the end
+                    self._publish(stats)
+                self._polling.wait(self.interval)
+
+    def _next_phase(self, stats: dict[str, Any] | None) -> str:
+        if self.phase == "finished":
+            return "finished"
+        if stats is not None:
+            return "stopping" if stats.get("stopping") else "live"
+        # Gone after saying it was stopping, after the evaluator tested the final model,
+        # or after the server wrote its final record: the run is over, not lost.
+        if self.phase == "stopping" or self.evals.final or self.updates.ended:
+            return "finished"
+        return "lost" if self.phase in ("live", "lost") else self.phase
 
     def _publish(self, stats: dict[str, Any] | None) -> None:
+        self.phase = self._next_phase(stats)
         snapshot: dict[str, Any] = {"connect": self.connect, "connected": stats is not None}
         if stats is not None:
             window = self._window(stats)
@@ -154,17 +187,36 @@ class Collector:
             keys = ("version", "updates", "dropped", "samples", "rule", "world_size",
                     "live_workers", "bytes_in", "bytes_out", "staleness_mean",
                     "staleness_max", "uptime", "stopping")  # fmt: skip
-            snapshot["stats"] = {key: stats.get(key) for key in keys}
-            snapshot["updates_per_s"] = per_s
-            snapshot["workers"] = worker_rows(stats, window)
+            self._last = {
+                "stats": {key: stats.get(key) for key in keys},
+                "updates_per_s": per_s,
+                "workers": worker_rows(stats, window),
+            }
+        else:
+            self._last["updates_per_s"] = 0.0  # nothing moves any more
+        snapshot.update(self._last)
+        snapshot["workers"] = [self._with_staleness(row) for row in self._last.get("workers", [])]
+        if self.phase == "finished":  # who was still training when the run ended: stopped
+            for row in snapshot["workers"]:
+                row["state"] = "stopped" if row["state"] == "training" else row["state"]
+        snapshot["phase"] = self.phase
+        snapshot["summary"] = self.summary
         snapshot["error"] = self.error
         snapshot["history"] = list(self.history)
         snapshot["evals"] = list(self.evals.records)
+        snapshot["staleness_histogram"] = self.updates.bins()
         with self._changed:
             self.seq += 1
             snapshot["seq"] = self.seq
             self._snapshot = snapshot
             self._changed.notify_all()
+
+    def _with_staleness(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A copy of a worker's row with its pushes' staleness and scale (None: none seen)."""
+        pushes = self.updates.by_rank.get(row["rank"])
+        if pushes is None:
+            return {**row, "staleness_mean": None, "staleness_max": None, "scale_mean": None}
+        return {**row, **pushes.summary()}
 
     def _window(self, stats: dict[str, Any]) -> list[dict[str, Any]]:
         """The kept polls within RATE_WINDOW s before this one (at least the last), oldest

@@ -1,29 +1,45 @@
 # ruff: noqa: E501  (HTML and JavaScript lines, not Python)
-"""The dashboard's one page: HTML, CSS and a small canvas chart in plain JavaScript.
+"""The dashboard's one page: HTML, CSS and small canvas charts in plain JavaScript.
 
 Shipped as a Python string so it is inside the package whatever the packaging does, and
 so the page needs nothing from the network (no CDN): it works offline, on a lab machine.
 The page fetches `snapshot.json` once, then listens to `events` (Server-Sent Events). Each
 number is also in a `data-value` attribute (raw, unformatted) for tests and scripts.
+
+Made for a projector: the whole page fits the window (1280x720 with a class of 30: the
+worker table scrolls inside its box), and the pictures a class looks at come first:
+accuracy against time, each worker's contribution as bars, the staleness histogram. When
+the run ends it says "finished" with the final accuracy, time and summary, and keeps them
+after the server (and the dashboard itself) are gone.
 """
 
 PAGE = r"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>minips dashboard</title>
 <style>
- body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; color: #222; background: #fafafa; }
- h1 { font-size: 18px; margin: 0 0 8px; } h1 small { color: #666; font-weight: normal; }
- .tiles { display: flex; flex-wrap: wrap; gap: 8px; margin-bottom: 12px; }
- .tile { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; min-width: 96px; }
- .tile b { display: block; font-size: 18px; } .tile span { color: #666; font-size: 12px; }
- .charts { display: flex; flex-wrap: wrap; gap: 8px; }
- canvas { background: #fff; border: 1px solid #ddd; border-radius: 6px; }
- table { border-collapse: collapse; margin-top: 12px; background: #fff; }
- th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
- th { background: #f0f0f0; } td.dead { color: #b00; }
- #status.ok { color: #080; } #status.down { color: #b00; }
+ html, body { height: 100%; margin: 0; }
+ body { font: 13px/1.35 system-ui, sans-serif; color: #222; background: #fafafa; display: flex;
+        flex-direction: column; padding: 10px 14px; box-sizing: border-box; gap: 8px; }
+ h1 { font-size: 17px; margin: 0; } h1 small { color: #666; font-weight: normal; margin-left: 8px; }
+ #status { font-weight: bold; } #status.live { color: #080; } #status.finished { color: #05a; }
+ #status.lost, #status.connecting { color: #b00; }
+ #final { background: #e8f1fb; border: 1px solid #9bc; border-radius: 6px; padding: 4px 10px; font-size: 15px; }
+ .tiles { display: flex; flex-wrap: wrap; gap: 6px; }
+ .tile { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 3px 8px; min-width: 84px; }
+ .tile b { display: block; font-size: 16px; } .tile span { color: #666; font-size: 11px; }
+ .charts { display: flex; gap: 8px; flex: 0 0 auto; }
+ canvas { background: #fff; border: 1px solid #ddd; border-radius: 6px; width: 100%; height: 190px; }
+ .charts > div { flex: 1 1 0; min-width: 0; }
+ #table-box { flex: 1 1 auto; min-height: 90px; overflow: auto; background: #fff; border: 1px solid #ddd; border-radius: 6px; }
+ table { border-collapse: collapse; width: 100%; font-size: 12px; }
+ th, td { border-bottom: 1px solid #eee; padding: 1px 6px; text-align: right; white-space: nowrap; }
+ th { background: #f0f0f0; position: sticky; top: 0; font-weight: 600; }
+ td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
+ td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
 </style></head><body>
-<h1>minips <small id="connect"></small> <small id="status">connecting...</small></h1>
+<h1>minips <small id="connect"></small> <small id="status" class="connecting">connecting...</small></h1>
+<div id="final" hidden></div>
 <div class="tiles">
  <div class="tile"><span>rule</span><b id="stat-rule">-</b></div>
  <div class="tile"><span>test accuracy</span><b id="stat-accuracy">-</b></div>
@@ -38,19 +54,22 @@ PAGE = r"""<!doctype html>
  <div class="tile"><span>server uptime</span><b id="stat-uptime">-</b></div>
 </div>
 <div class="charts">
- <canvas id="chart-acc-time" width="420" height="240"></canvas>
- <canvas id="chart-acc-samples" width="420" height="240"></canvas>
- <canvas id="chart-updates" width="420" height="240"></canvas>
+ <div><canvas id="chart-accuracy"></canvas></div>
+ <div><canvas id="chart-contribution"></canvas></div>
+ <div><canvas id="chart-staleness"></canvas></div>
 </div>
-<table id="workers"><thead><tr><th>rank</th><th>host</th><th>alive</th><th>steps (clock)</th>
- <th>pushes</th><th>samples</th><th>samples/s</th><th>steps/s</th><th>clocks behind fastest</th>
- <th>bytes up</th><th>bytes down</th></tr></thead><tbody></tbody></table>
+<div id="table-box"><table id="workers"><thead><tr><th>rank</th><th>agent</th><th>host</th><th>state</th>
+ <th>steps</th><th>samples</th><th>samples/s</th><th>steps/s</th><th>behind fastest</th>
+ <th>staleness mean</th><th>max</th><th>scale mean</th><th>bytes up</th><th>bytes down</th></tr></thead><tbody></tbody></table></div>
 <script>
 "use strict";
 const fmtBytes = b => b >= 1e9 ? (b / 1e9).toFixed(2) + " GB" : b >= 1e6 ? (b / 1e6).toFixed(1) + " MB"
   : b >= 1e3 ? (b / 1e3).toFixed(1) + " kB" : b + " B";
 const fmt = (v, digits) => typeof v === "number" ? (Number.isInteger(v) && digits === undefined
   ? v.toLocaleString("en") : v.toFixed(digits === undefined ? 2 : digits)) : "-";
+const pct = a => (100 * a).toFixed(1) + "%";
+const AGENT_COLOURS = { numpy: "#1f77b4" };  // browsers: orange
+let last = null;
 
 function setValue(id, value, text) {
   const el = document.getElementById(id);
@@ -58,40 +77,102 @@ function setValue(id, value, text) {
   el.textContent = text;
 }
 
-function chart(id, points, title, xLabel, yMin, yMax) {
-  // A line chart of [x, y] points on a canvas: axes, min/max ticks, the line, the last value.
-  const c = document.getElementById(id), g = c.getContext("2d");
-  const left = 48, right = 12, top = 24, bottom = 32, w = c.width - left - right, h = c.height - top - bottom;
-  g.clearRect(0, 0, c.width, c.height);
-  g.fillStyle = "#222"; g.font = "13px system-ui"; g.fillText(title, left, 16);
-  g.strokeStyle = "#999"; g.beginPath(); g.moveTo(left, top); g.lineTo(left, top + h); g.lineTo(left + w, top + h); g.stroke();
-  g.font = "11px system-ui"; g.fillStyle = "#666"; g.fillText(xLabel, left + w / 2 - 30, c.height - 6);
-  if (points.length === 0) { g.fillText("no data yet", left + w / 2 - 30, top + h / 2); return; }
+function canvas(id) {
+  // The canvas at its displayed size (CSS pixels), cleared; [context, width, height].
+  const c = document.getElementById(id), w = c.clientWidth, h = c.clientHeight;
+  if (c.width !== w || c.height !== h) { c.width = w; c.height = h; }
+  const g = c.getContext("2d");
+  g.clearRect(0, 0, w, h);
+  return [g, w, h];
+}
+
+function frame(g, w, h, title, xLabel) {
+  const box = { left: 44, right: 10, top: 22, bottom: 28 };
+  box.w = w - box.left - box.right; box.h = h - box.top - box.bottom;
+  g.fillStyle = "#222"; g.font = "12px system-ui"; g.fillText(title, 8, 14);
+  g.strokeStyle = "#999"; g.beginPath(); g.moveTo(box.left, box.top); g.lineTo(box.left, box.top + box.h);
+  g.lineTo(box.left + box.w, box.top + box.h); g.stroke();
+  g.font = "11px system-ui"; g.fillStyle = "#666"; g.fillText(xLabel, box.left + box.w / 2 - 20, h - 4);
+  return box;
+}
+
+function lineChart(id, points, title, xLabel, yMin, yMax, yText) {
+  const [g, w, h] = canvas(id), b = frame(g, w, h, title, xLabel);
+  if (points.length === 0) { g.fillText("no data yet", b.left + b.w / 2 - 30, b.top + b.h / 2); return; }
   const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1e-9);
-  const y0 = yMin !== undefined ? yMin : Math.min(...ys), y1 = yMax !== undefined ? yMax : Math.max(...ys, y0 + 1e-9);
-  const px = x => left + (x - x0) / (x1 - x0) * w, py = y => top + h - (y - y0) / (y1 - y0) * h;
-  g.fillText(fmt(y1), 4, top + 4); g.fillText(fmt(y0), 4, top + h);
-  g.fillText(fmt(x0, 0), left, top + h + 14); g.fillText(fmt(x1, 0), left + w - 30, top + h + 14);
+  const px = x => b.left + (x - x0) / (x1 - x0) * b.w, py = y => b.top + b.h - (y - yMin) / (yMax - yMin) * b.h;
+  g.fillText(yText(yMax), 4, b.top + 4); g.fillText(yText(yMin), 4, b.top + b.h);
+  g.fillText(fmt(x0, 0), b.left, b.top + b.h + 12); g.fillText(fmt(x1, 0), b.left + b.w - 24, b.top + b.h + 12);
   g.strokeStyle = "#1f77b4"; g.lineWidth = 2; g.beginPath();
   points.forEach((p, i) => i ? g.lineTo(px(p[0]), py(p[1])) : g.moveTo(px(p[0]), py(p[1])));
-  g.stroke(); g.fillStyle = "#1f77b4";
-  points.forEach(p => { g.beginPath(); g.arc(px(p[0]), py(p[1]), 2.5, 0, 7); g.fill(); });
+  g.stroke(); g.lineWidth = 1;
+  const end = points[points.length - 1];
+  g.fillStyle = "#1f77b4"; g.font = "bold 13px system-ui";
+  g.fillText(yText(end[1]), Math.min(px(end[0]) - 40, b.left + b.w - 48), Math.max(py(end[1]) - 6, b.top + 12));
+}
+
+function barChart(id, bars, title, xLabel) {
+  // bars: [{label, value, colour}]; labels are drawn when there is room for them.
+  const [g, w, h] = canvas(id), b = frame(g, w, h, title, xLabel);
+  if (bars.length === 0) { g.fillText("no data yet", b.left + b.w / 2 - 30, b.top + b.h / 2); return; }
+  const top = Math.max(...bars.map(x => x.value), 1), step = b.w / bars.length, gap = Math.min(4, step / 4);
+  g.fillText(fmt(top), 4, b.top + 4); g.fillText("0", 4, b.top + b.h);
+  const every = Math.ceil(bars.length / Math.max(1, Math.floor(b.w / 22)));
+  bars.forEach((bar, i) => {
+    const bh = bar.value / top * b.h;
+    g.fillStyle = bar.colour || "#1f77b4";
+    g.fillRect(b.left + i * step + gap / 2, b.top + b.h - bh, step - gap, bh);
+    if (i % every === 0) { g.fillStyle = "#444"; g.fillText(bar.label, b.left + i * step + step / 2 - 6, b.top + b.h + 12); }
+  });
+}
+
+function showFinal(s) {
+  const box = document.getElementById("final"), evals = s.evals || [];
+  if (s.phase !== "finished") { box.hidden = true; return; }
+  const sum = s.summary || {}, lastEval = evals.length ? evals[evals.length - 1] : {};
+  const accuracy = sum.accuracy !== undefined ? sum.accuracy : lastEval.accuracy;
+  const seconds = sum.wall_s !== undefined ? sum.wall_s : lastEval.time;
+  const parts = ["finished"];
+  if (accuracy !== undefined && accuracy !== null) parts.push("final accuracy " + pct(accuracy));
+  if (seconds !== undefined && seconds !== null) parts.push(fmt(seconds, 1) + " s");
+  const samples = sum.samples !== undefined ? sum.samples : (s.stats || {}).samples;
+  if (samples !== undefined) parts.push(fmt(samples) + " samples");
+  const updates = sum.updates !== undefined ? sum.updates : (s.stats || {}).updates;
+  if (updates !== undefined) parts.push(fmt(updates) + " updates");
+  if (sum.staleness_mean !== undefined && sum.staleness_mean !== null)
+    parts.push("staleness mean " + fmt(sum.staleness_mean) + " max " + fmt(sum.staleness_max));
+  box.hidden = false;
+  box.textContent = parts.join(" · ");
+  box.dataset.accuracy = accuracy === undefined || accuracy === null ? "" : String(accuracy);
+}
+
+function showStatus(s, gone) {
+  const status = document.getElementById("status");
+  const words = { connecting: "connecting...", live: "live", stopping: "stopping",
+    finished: "finished", lost: "no answer from the server: " + (s.error || "") };
+  status.textContent = s.phase === "finished" ? "finished" : gone ? "the dashboard has stopped (its run ended)" : words[s.phase] || s.phase;
+  status.className = gone && s.phase !== "finished" ? "lost" : s.phase;
+  document.body.dataset.phase = s.phase;
 }
 
 function render(s) {
+  last = s;
   document.getElementById("connect").textContent = s.connect;
-  const status = document.getElementById("status");
-  status.textContent = s.connected ? (s.stats.stopping ? "stopping" : "live") : "no server: " + (s.error || "");
-  status.className = s.connected ? "ok" : "down";
+  showStatus(s, false);
+  showFinal(s);
   document.body.dataset.seq = s.seq;
   const evals = s.evals || [];
   document.body.dataset.evals = evals.length;
-  const last = evals.length ? evals[evals.length - 1] : null;
-  setValue("stat-accuracy", last && last.accuracy, last ? (100 * last.accuracy).toFixed(2) + " %" : "-");
-  chart("chart-acc-time", evals.map(e => [e.time, e.accuracy]), "test accuracy vs time", "seconds", 0, 1);
-  chart("chart-acc-samples", evals.map(e => [e.samples, e.accuracy]), "test accuracy vs samples", "samples", 0, 1);
-  chart("chart-updates", (s.history || []).map(p => [p.uptime, p.updates_per_s]), "updates/s", "server uptime (s)", 0);
+  const lastEval = evals.length ? evals[evals.length - 1] : null;
+  setValue("stat-accuracy", lastEval && lastEval.accuracy, lastEval ? (100 * lastEval.accuracy).toFixed(2) + " %" : "-");
+  lineChart("chart-accuracy", evals.map(e => [e.time, e.accuracy]), "test accuracy vs time", "seconds", 0, 1, pct);
+  const workers = s.workers || [];
+  barChart("chart-contribution", workers.map(w => ({ label: String(w.rank), value: w.samples,
+    colour: AGENT_COLOURS[w.agent] || "#ff7f0e" })), "samples per worker (blue: NumPy, orange: browser)", "rank");
+  barChart("chart-staleness", (s.staleness_histogram || []).map((n, tau, all) => ({
+    label: tau === all.length - 1 && tau >= 30 ? "30+" : String(tau), value: n, colour: "#2ca02c" })),
+    "pushes by staleness", "staleness tau");
   if (!s.stats) return;
   const t = s.stats, rule = t.rule || {};
   setValue("stat-rule", rule.name, Object.entries(rule).map(([k, v]) => k === "name" ? v : k + "=" + v).join(" "));
@@ -103,18 +184,20 @@ function render(s) {
   setValue("stat-bytes-out", t.bytes_out, fmtBytes(t.bytes_out));
   setValue("stat-uptime", t.uptime, fmt(t.uptime, 0) + " s");
   const body = document.querySelector("#workers tbody");
-  body.replaceChildren(...s.workers.map(w => {
+  body.replaceChildren(...workers.map(w => {
     const tr = document.createElement("tr"); tr.dataset.rank = w.rank;
-    const cells = [["rank", w.rank, w.rank], ["host", w.host, w.host], ["alive", w.alive, w.alive ? "yes" : "no"],
-      ["clock", w.clock, fmt(w.clock)], ["pushes", w.pushes, fmt(w.pushes)], ["samples", w.samples, fmt(w.samples)],
+    const cells = [["rank", w.rank, w.rank], ["agent", w.agent, w.agent], ["host", w.host, w.host || "-"],
+      ["state", w.state, w.state], ["clock", w.clock, fmt(w.clock)], ["samples", w.samples, fmt(w.samples)],
       ["samples_per_s", w.samples_per_s, fmt(w.samples_per_s, 0)], ["steps_per_s", w.steps_per_s, fmt(w.steps_per_s, 1)],
-      ["behind", w.behind, fmt(w.behind)], ["bytes_in", w.bytes_in, fmtBytes(w.bytes_in)],
-      ["bytes_out", w.bytes_out, fmtBytes(w.bytes_out)]];
+      ["behind", w.behind, fmt(w.behind)], ["staleness_mean", w.staleness_mean, fmt(w.staleness_mean)],
+      ["staleness_max", w.staleness_max, fmt(w.staleness_max)], ["scale_mean", w.scale_mean, fmt(w.scale_mean, 3)],
+      ["bytes_in", w.bytes_in, fmtBytes(w.bytes_in)], ["bytes_out", w.bytes_out, fmtBytes(w.bytes_out)]];
     for (const [key, value, text] of cells) {
       const td = document.createElement("td"); td.dataset.key = key; td.dataset.value = value; td.textContent = text;
-      if (key === "alive" && !value) td.className = "dead";
+      if (key === "state") td.className = value;
       tr.appendChild(td);
     }
+    tr.dataset.pushes = w.pushes;
     return tr;
   }));
 }
@@ -122,5 +205,7 @@ function render(s) {
 fetch("snapshot.json").then(r => r.json()).then(render);
 const events = new EventSource("events");
 events.onmessage = e => render(JSON.parse(e.data));
+events.onerror = () => { if (last && events.readyState !== EventSource.OPEN) showStatus(last, true); };
+window.addEventListener("resize", () => last && render(last));
 </script></body></html>
 """

@@ -1,17 +1,21 @@
 """Exercises a teacher hands out, and the automatic checks `minips exercise check` runs.
 
-Each exercise is a starter file in examples/exercises/ (TODOs, the learning goal, the
-expected time) and a check here that runs the student's code against references (minips's
-own layers, centred differences, a real in-process server) and says *what* is wrong:
+Each exercise is a starter file in minips/exercise/starters/ (TODOs, the learning goal,
+the expected time) and a check here that runs the student's code against references
+(minips's own layers, centred differences, a real in-process server) and says *what* is
+wrong:
 
+    minips exercise handout DIR          # every starter, for a student with the package only
     minips exercise list
     minips exercise check dense-backward --file my_dense.py
 
-Solutions are not shipped: the tests keep theirs in tests/exercise_solutions/.
+The starters ship in the package; solutions do not (the tests keep theirs in
+tests/exercise_solutions/, which is not part of the package).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +38,7 @@ from minips.exercise.ps_checks import (
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: its starter file (in examples/exercises/), goal, time and check.
+    """One exercise: its starter file (in STARTERS), goal, time and check.
 
     module_check: takes the student's imported module; file_check: takes the path (for
     exercises whose answer is data, not code). Exactly one of the two is set.
@@ -48,6 +52,7 @@ class Exercise:
     file_check: Callable[[Path], CheckResult] | None = None
 
 
+STARTERS = Path(__file__).resolve().parent / "starters"
 EXERCISES: dict[str, Exercise] = {
     e.name: e
     for e in [
@@ -82,20 +87,34 @@ def get_exercise(name: str) -> Exercise:
 
 
 def find_answer(exercise: Exercise, path: str | Path | None, cwd: Path | None = None) -> Path:
-    """The file to check: `path`, else the starter's name here or in examples/exercises/."""
+    """The file to check: `path`, else the starter's name in the current directory."""
     if path is not None:
         if not Path(path).is_file():
             raise MinipsError(f"no file {path}")
         return Path(path)
-    cwd = cwd or Path.cwd()
-    places = [cwd / exercise.starter, cwd / "examples" / "exercises" / exercise.starter]
-    for place in places:
-        if place.is_file():
-            return place
+    place = (cwd or Path.cwd()) / exercise.starter
+    if place.is_file():
+        return place
     raise MinipsError(
-        f"no {exercise.starter} in {places[0].parent} or {places[1].parent}; "
-        "give the file with --file"
+        f"no {exercise.starter} in {place.parent}; give the file with --file "
+        "(`minips exercise handout DIR` writes the starters)"
     )
+
+
+def handout(directory: str | Path, force: bool = False) -> list[Path]:
+    """Write every starter (and the handout's README.md) into `directory`; the files written.
+
+    Made if missing. MinipsError (one line) when a file there already exists, unless
+    `force` (a student's work is never overwritten by accident).
+    """
+    target = Path(directory)
+    files = sorted(p for p in STARTERS.iterdir() if p.is_file() and p.suffix != ".pyc")
+    existing = [target / p.name for p in files if (target / p.name).exists()]
+    if existing and not force:
+        names = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
+        raise MinipsError(f"{target} already holds {names}; choose another folder or --force")
+    target.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copyfile(p, target / p.name)) for p in files]
 
 
 def check(name: str, path: str | Path | None = None) -> tuple[Path, CheckResult]:
@@ -114,4 +133,13 @@ def check(name: str, path: str | Path | None = None) -> tuple[Path, CheckResult]
         return answer, CheckResult(findings=[str(exc)])
 
 
-__all__ = ["EXERCISES", "CheckResult", "Exercise", "check", "find_answer", "get_exercise"]
+__all__ = [
+    "EXERCISES",
+    "STARTERS",
+    "CheckResult",
+    "Exercise",
+    "check",
+    "find_answer",
+    "get_exercise",
+    "handout",
+]

@@ -143,8 +143,11 @@ def check_softmax_cross_entropy(module: ModuleType) -> CheckResult:
         got_loss, got_grad = got
         n = logits.shape[0]
         if not np.isfinite(np.asarray(got_loss, dtype=np.float64)).all():
+            # Near +1000 exp overflows to inf (inf / inf is nan); near -1000 every exp
+            # underflows to 0 (log 0 = -inf, 0 / 0 is nan).
+            flow = "overflows to inf" if shift > 0 else "underflows to 0 for every class"
             result.fail(
-                f"loss is {got_loss} for {case}: exp overflows; subtract each row's max "
+                f"loss is {got_loss} for {case}: exp {flow}; subtract each row's max "
                 "before exp (softmax(z) = softmax(z - max z))"
             )
         elif np.ndim(got_loss) != 0:

@@ -239,6 +239,13 @@ class RunConfig(ConfigBase):
     listen: str = setting("127.0.0.1:8080", "HOST:PORT of the worker page with --browser "
                           "(0.0.0.0:8080: other machines join; port 0: any free one).",
                           commands=("run",))
+    join_wait: float = setting(30.0, "Seconds the run waits for a browser seat not taken yet "
+                               "(from the start), or left before its shard was done (from "
+                               "then); past it, --empty-seats says what happens.",
+                               commands=("run",), minimum=0)
+    empty_seats: str = setting("go-on", "A browser seat still empty after --join-wait: the "
+                               "run goes on with the workers it has (go-on), or ends (end).",
+                               commands=("run",), choices=("go-on", "end"))
     # the server's optimizer and update rule
     lr: float = setting(0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True,
                         minimum=0, min_open=True)

@@ -26,9 +26,10 @@ from minips.protocol import auth
 from minips.run.build import auto_rate, resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
-from minips.run.processes import Child, ProcessGroup
+from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
 from minips.run.recovery import ServerRestarts
 from minips.run.rundir import RunDir, latest_eval, write_results
+from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
 # Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
@@ -69,7 +70,8 @@ def run_local(
             progress=progress, on_start=on_start, announce=announce,
         )  # fmt: skip
         try:
-            return run.run()
+            with signals_stop_the_run():
+                return run.run()
         finally:
             run_dir.server_socket.unlink(missing_ok=True)
 
@@ -189,13 +191,15 @@ class LocalRun:
         self.startup_timeout = startup_timeout
         self.progress = progress
         self.on_start = on_start
-        self.announce = announce
+        self.announce = announce or _to_stderr  # one line for the teacher
         self.t0 = time.monotonic()  # every process's clock origin: one time axis for all
         env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
         self.processes = ProcessGroup(run_dir.logs, env)
         self.server_restarts = ServerRestarts(run_dir, Path(config.checkpoint or ""))
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
+        # How long the run waits for its browser seats, and what it says about empty ones.
+        self.seats = SeatWatch(config.browser, config.join_wait, config.empty_seats == "end")
         self._silent_since: float | None = None  # since when `stats` has had no answer
 
     def run(self) -> dict[str, Any]:
@@ -210,7 +214,11 @@ class LocalRun:
             self.processes.wait("server", timeout=60)
         finally:
             self._learn_ranks_from_reports()
-            self.processes.stop_all()
+            try:
+                self.processes.stop_all()
+            except KeyboardInterrupt:  # the signal came during this very cleanup: finish it
+                self.processes.stop_all()
+                raise
         restarts = self.processes.restart_records()
         codes = self.processes.exit_codes
         return write_results(self.dir, self.config.rule, self.config.workers, wall, codes, restarts)
@@ -272,8 +280,7 @@ class LocalRun:
         gateway = gateway_argv(endpoint, config.listen, self.dir.web_url, config.data_dir)
         self.processes.start("gateway", gateway)
         url = self._wait_for(self.dir.web_url, "gateway")
-        if self.announce is not None:
-            self.announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
+        self.announce(f"{config.browser} browser slot(s): open {student_url(url)} in a browser")
         if config.browser_headless:
             profile = self.dir.logs / "chromium-profile"
             self.processes.start("chromium", headless_argv(url, config.browser, profile))
@@ -305,13 +312,12 @@ class LocalRun:
         return self.training_ended
 
     def _training(self) -> bool:
-        """A NumPy worker runs, or a browser slot trains (as the server's latest stats say)."""
-        from minips.web.slots import browsers_pending
-
+        """A NumPy worker runs, or the run waits for a browser seat (minips.web.slots)."""
+        if self.seats.end_run:
+            return False  # a seat stayed empty and the teacher chose --empty-seats end
         if self.processes.running("worker"):
             return True
-        server_up = not self.processes["server"].exited()
-        return server_up and browsers_pending(self.stats, self.config.browser)
+        return not self.processes["server"].exited() and self.seats.pending(self.stats)
 
     def _server_exited(self) -> bool:
         """The server is gone: a crash mid-training restarts it (minips.run.recovery) or is
@@ -341,6 +347,8 @@ class LocalRun:
             return  # busy, or exiting (seen on the next turn): ask again
         self._silent_since, self.stats = None, stats
         self.processes.learn_ranks(stats)
+        for notice in self.seats.update(stats):
+            self.announce(notice)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
         elif self.progress is not None:
@@ -376,6 +384,10 @@ class LocalRun:
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _stop_server(operator: PSClient, server: Child, attempts: int = 10) -> None:

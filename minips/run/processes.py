@@ -9,10 +9,12 @@ all, in whatever phase it is.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -177,3 +179,29 @@ class ProcessGroup:
             pid = (entry.get("info") or {}).get("pid")
             if not entry.get("observer") and pid is not None:
                 self._rank_names[pid] = f"worker-{entry['rank']}"
+
+
+@contextlib.contextmanager
+def signals_stop_the_run() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, a scheduler) and SIGINT sent to the launcher alone stop
+    the run as Ctrl-C in its terminal does: KeyboardInterrupt in the launcher, whose cleanup
+    stops every child it started. Signals after the first are ignored, so that cleanup
+    (a few seconds at most: ProcessGroup.stop_all) always finishes. Only in the main
+    thread (the only one Python delivers signals to)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {
+        signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from minips.run.rundir import Run
+from minips.web.slots import agent_name
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
@@ -92,6 +93,25 @@ def staleness_by_worker(updates: list[dict[str, Any]]) -> dict[int, list[int]]:
     return dict(sorted(by_worker.items()))
 
 
+def push_rate_by_worker(
+    updates: list[dict[str, Any]], samples: dict[int, int | None]
+) -> dict[int, float]:
+    """Samples per second of each rank while it trained: its samples times (n - 1) / n over
+    the time from its first to its last applied push (n pushes: the first push's samples
+    were computed before that time began). Ranks with one push, or none, have no rate."""
+    times: dict[int, list[float]] = {}
+    for update in updates:
+        for rank in update.get("workers", []):
+            if isinstance(update.get("time"), (int, float)):
+                times.setdefault(int(rank), []).append(float(update["time"]))
+    rates = {}
+    for rank, seen in times.items():
+        span, n, done = max(seen) - min(seen), len(seen), samples.get(rank)
+        if n > 1 and span > 0 and done:
+            rates[rank] = done * (n - 1) / n / span
+    return rates
+
+
 def scale_by_worker(updates: list[dict[str, Any]]) -> dict[int, float]:
     """Mean applied scale per worker (a per-layer scale counts as its mean over layers)."""
     sums: dict[int, list[float]] = {}
@@ -149,11 +169,15 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     workers = {int(w["rank"]): w for w in run.events("worker") if "rank" in w}
     staleness = staleness_by_worker(updates)
     scales = scale_by_worker(updates)
+    rates = push_rate_by_worker(updates, {r: w.get("samples") for r, w in workers.items()})
     hetero = run.config.get("hetero") or []
     per_worker = {}
     for rank in sorted(set(staleness) | set(workers)):
         report = workers.get(rank, {})
         per_worker[str(rank)] = {
+            "agent": agent_name({"agent": report.get("agent", "numpy"), "ua": report.get("ua")}),
+            "host": report.get("host"),
+            "samples_per_s": rates.get(rank),
             "slowdown": report.get("slowdown", hetero[rank] if rank < len(hetero) else 1.0),
             "steps": report.get("steps"),
             "samples": report.get("samples"),
@@ -268,14 +292,24 @@ def _wall_text(wall: float | None, logged: float | None) -> str:
     return f"logged {logged:.2f} s" if logged is not None else "wall unknown"
 
 
-def _staleness_row(name: str, slow: str, steps: Any, dist: dict[str, Any], scale: Any) -> str:
+def _staleness_row(
+    name: str, who: str, slow: str, steps: Any, dist: dict[str, Any], scale: Any
+) -> str:
     hist = dist.get("histogram") or {}
     bins = " ".join(f"{label}:{count}" for label, count in hist.items() if count)
     return (
-        f"  {name:>6} {slow:>5} {_num(steps):>6} {dist['count']:>6} {_num(dist['mean']):>6}"
+        f"  {name:>6} {who} {slow:>5} {_num(steps):>6} {dist['count']:>6} {_num(dist['mean']):>6}"
         f" {_num(dist['p50']):>4} {_num(dist['p90']):>4} {_num(dist['max']):>4}"
         f" {_num(scale, '.3g'):>6}  {sparkline(hist)} {bins}"
     ).rstrip()
+
+
+def _who(worker: dict[str, Any]) -> str:
+    """A worker's agent, host and speed columns of the per-worker table."""
+    host = str(worker.get("host") or "-")[:14]
+    return (
+        f"{worker.get('agent') or '-':<11} {host:<14} {_num(worker.get('samples_per_s'), '.0f'):>9}"
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -317,13 +351,15 @@ def format_report(report: dict[str, Any]) -> str:
         )
     lines.append("  clock staleness per push (updates applied between a worker's pull and push):")
     lines.append(
-        f"  {'worker':>6} {'slow':>5} {'steps':>6} {'pushes':>6} {'mean':>6} {'p50':>4}"
-        f" {'p90':>4} {'max':>4} {'scale':>6}  histogram"
+        f"  {'worker':>6} {'agent':<11} {'host':<14} {'samples/s':>9} {'slow':>5} {'steps':>6}"
+        f" {'pushes':>6} {'mean':>6} {'p50':>4} {'p90':>4} {'max':>4} {'scale':>6}  histogram"
     )
     for rank, w in report["workers"].items():
         slow = f"{w['slowdown']:g}x" if w["slowdown"] is not None else "-"
-        lines.append(_staleness_row(rank, slow, w["steps"], w["staleness"], w["scale_mean"]))
-    lines.append(_staleness_row("all", "", "", report["staleness"], None))
+        who = _who(w)
+        lines.append(_staleness_row(rank, who, slow, w["steps"], w["staleness"], w["scale_mean"]))
+    blank = " " * len(_who({}))
+    lines.append(_staleness_row("all", blank, "", "", report["staleness"], None))
     if "bytes_by_layer" in report:
         lines.append(
             "  bytes per layer (workers' pushes up, their pulls down; per step and in all):"

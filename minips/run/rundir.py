@@ -137,14 +137,18 @@ def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None
     For workers that write no report of their own (browser slots, or a worker that
     failed): steps are the pushes the server accepted from that rank (a push that arrived
     after the run stopped counts, though not applied), over every worker that held it (a
-    closed tab's and its replacement's); the agent is the one named in its hello.
+    closed tab's and its replacement's); the agent, user agent and host are those of its
+    last hello.
     """
     rows = [w for w in stats.get("workers", []) if w.get("rank") == rank and not w.get("observer")]
     if not rows:
         return None
+    info = rows[-1].get("info") or {}
     return {
         "rank": rank,
-        "agent": (rows[-1].get("info") or {}).get("agent", "numpy"),
+        "agent": info.get("agent", "numpy"),
+        "ua": info.get("ua"),  # a browser's user agent: the report names the browser
+        "host": info.get("host"),
         "steps": sum(w["pushes"] for w in rows),
         "samples": sum(w["samples"] for w in rows),
         "from_server_stats": True,

@@ -117,7 +117,9 @@ class Membership:
 
 
 def describe(worker: WorkerState) -> str:
-    """ "worker ab12 (rank 1)" or "observer cd34" (an observer holds no rank), for logs."""
+    """ "rank 1 (lab-pc-3, numpy)" (its host and agent, as its hello's info says) or
+    "observer cd34" (an observer holds no rank), for logs a person reads."""
     if worker.observer:
         return f"observer {worker.worker_id}"
-    return f"worker {worker.worker_id} (rank {worker.rank})"
+    host = worker.info.get("host") or "host unknown"
+    return f"rank {worker.rank} ({host}, {worker.info.get('agent', 'numpy')})"

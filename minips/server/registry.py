@@ -176,6 +176,7 @@ class WorkerState:
             "worker": self.worker_id,
             "rank": self.rank,
             "alive": self.alive,
+            "finished": self.finished,
             "observer": self.observer,
             "clock": self.clock,
             "pushes": self.pushes,

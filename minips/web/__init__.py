@@ -8,6 +8,7 @@ WebSocket messages to a parameter server (docs/protocol.md §14, docs/model.md).
 Needs the optional extra: pip install 'minips[web]'.
 """
 
-from minips.web.gateway import Gateway, RunningGateway, check_installed, start_gateway
+from minips.web.gateway import Gateway, check_installed
+from minips.web.running import RunningGateway, start_gateway
 
 __all__ = ["Gateway", "RunningGateway", "check_installed", "start_gateway"]

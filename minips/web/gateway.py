@@ -7,12 +7,14 @@ Browsers cannot speak ZeroMQ, so one asyncio process sits between them and the s
             one binary WS message = one ZeroMQ message (framing.py, protocol.md §14)
 
 Each WebSocket gets its own DEALER socket, so to the server every browser is an ordinary
-worker; the gateway never reads the messages it relays (the browser says hello, pulls,
-pushes and says bye itself). When a tab closes, its DEALER closes and the server, hearing
-nothing more from that worker, declares it dead after its heartbeat timeout.
+worker: the browser says hello, pulls, pushes and says bye itself, and the gateway relays
+its messages unchanged. It reads only the worker id of a hello and whether a bye came
+(minips.web.seats): when a tab closes without `bye`, the gateway says it for the tab, so
+its seat is free at once. What it lets in (methods, origins, how many browsers, how many
+bytes in flight) is minips.web.admission.
 
-`Gateway.serve()` runs it in the current event loop (`minips web`); `start_gateway()` runs
-it in a background thread, for a launcher (`minips run --browser N`).
+`Gateway.serve()` runs it in the current event loop (`minips web`); minips.web.running's
+`start_gateway()` runs it in a background thread, for a launcher or a test.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import asyncio
 import json
 import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -32,7 +33,9 @@ import zmq.asyncio
 
 from minips.errors import ConfigError, DataError, MinipsError
 from minips.protocol.wire import DEFAULT_LIMITS
+from minips.web.admission import CLOSE_FULL, CLOSE_MEMORY, FRAME_OVERHEAD, Admission, MemoryBudget
 from minips.web.framing import FramingError, pack_frames, unpack_frames
+from minips.web.seats import GATEWAY_RID, Seat, peek_header
 from minips.web.shards import DatasetCache
 
 try:  # the optional extra: pip install 'minips[web]'
@@ -40,8 +43,10 @@ try:  # the optional extra: pip install 'minips[web]'
     from websockets.datastructures import Headers
     from websockets.exceptions import ConnectionClosed
     from websockets.http11 import Request, Response
+    from websockets.protocol import State
 except ImportError:  # pragma: no cover - reported by check_installed()
     serve = None
+    ServerConnection = object  # the base of _BudgetedConnection, never instantiated then
 
 log = logging.getLogger("minips.web")
 
@@ -53,12 +58,17 @@ CONTENT_TYPES = {
     ".wasm": "application/wasm",
 }
 WS_PATH = "/ws"
+PEER_PATH = "/peer"
 _STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html|wasm))$")
-_SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/(\d{1,6})/(\d{1,6})/(images|labels)$")
+_SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/([^/]+)/([^/]+)/(images|labels)$")
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
 _INFO = re.compile(r"^/data/([a-z0-9-]+)/info$")
 # A WebSocket message holds a whole ZeroMQ message plus the frame lengths.
 MAX_WS_MESSAGE = DEFAULT_LIMITS.max_message_bytes + DEFAULT_LIMITS.max_header_bytes
+# Keepalive pings: a browser whose network went away (Wi-Fi lost, laptop asleep) is seen
+# gone within PING_INTERVAL + PING_TIMEOUT seconds, and its seat given back then.
+PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0
+BYE_TIMEOUT = 2.0  # seconds the gateway waits for the server to answer its bye for a tab
 
 
 def check_installed() -> None:
@@ -83,6 +93,7 @@ class GatewayStats:
     open: int = 0  # WebSockets open now
     messages_up: int = 0  # browser -> server
     messages_down: int = 0  # server -> browser
+    seats_given_back: int = 0  # byes the gateway said for tabs that closed without one
     refused: list[str] = field(default_factory=list)  # why connections were closed by us
 
 
@@ -91,7 +102,7 @@ class Gateway:
 
     connect: the parameter server ("tcp://HOST:PORT"). host, port: where to listen (loopback
     by default: browsers on other machines need host "0.0.0.0"). data_dir: where to look for
-    datasets, as `minips worker --data-dir`.
+    datasets, as `minips worker --data-dir`. admission: its limits (minips.web.admission).
     """
 
     def __init__(
@@ -100,13 +111,18 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 8080,
         data_dir: str | Path | None = None,
+        admission: Admission | None = None,
     ) -> None:
         check_installed()
         self.connect = connect
         self.host, self.port = host, port
         self.datasets = DatasetCache(data_dir)
+        self.admission = admission or Admission()
+        self.budget = MemoryBudget(self.admission.max_memory)
         self.stats = GatewayStats()
         self._context = zmq.asyncio.Context()
+        # ZeroMQ's own cap on sockets (1023 by default) must not be what refuses a browser.
+        self._context.set(zmq.MAX_SOCKETS, self.admission.max_browsers + 16)
         self._stop: asyncio.Event | None = None
 
     @property
@@ -118,13 +134,22 @@ class Gateway:
     async def serve(self, ready: Callable[[], object] | None = None) -> None:
         """Serve until `stop()` is called (or the task is cancelled); `ready()` once listening."""
         self._stop = asyncio.Event()
+        self.admission.raise_fd_limit()
+        budget, refused = self.budget, self.stats.refused
+
+        class Connection(_BudgetedConnection):
+            memory, refusals = budget, refused
+
         async with serve(
             self._relay,
             self.host,
             self.port,
             process_request=self._http,
+            create_connection=Connection,
             max_size=MAX_WS_MESSAGE,
             compression=None,  # gradients do not compress; deflate would only cost CPU
+            ping_interval=PING_INTERVAL,
+            ping_timeout=PING_TIMEOUT,
         ) as server:
             self.port = server.sockets[0].getsockname()[1]
             log.info("minips web gateway on %s, relaying to %s", self.url, self.connect)
@@ -140,8 +165,11 @@ class Gateway:
 
     # ------------------------------------------------------------------------ WebSocket
 
-    async def _relay(self, ws: ServerConnection) -> None:
+    async def _relay(self, ws: _BudgetedConnection) -> None:
         """Pump one browser's messages to its own DEALER socket and the replies back."""
+        if reason := self.admission.full_refusal(self.stats.open):
+            await self._refuse(ws, CLOSE_FULL, reason)
+            return
         self.stats.connections += 1
         self.stats.open += 1
         peer = ws.remote_address
@@ -149,6 +177,7 @@ class Gateway:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.connect)
+        seat = Seat()
         down = asyncio.create_task(self._downstream(sock, ws))
         try:
             async for message in ws:
@@ -160,12 +189,16 @@ class Gateway:
                 except FramingError as exc:
                     await self._refuse(ws, 1007, f"bad framing: {exc}")
                     return
+                seat.watch(frames)
                 await sock.send_multipart(frames, copy=False)
+                ws.release(len(message) + FRAME_OVERHEAD)
                 self.stats.messages_up += 1
         except ConnectionClosed:
             pass
         finally:
             down.cancel()
+            await asyncio.gather(down, return_exceptions=True)
+            await self._give_back_seat(sock, seat, peer)
             sock.close(linger=0)
             self.stats.open -= 1
             log.info("browser %s disconnected", peer)
@@ -180,6 +213,25 @@ class Gateway:
         except ConnectionClosed:
             pass
 
+    async def _give_back_seat(self, sock: zmq.asyncio.Socket, seat: Seat, peer: object) -> None:
+        """Say `bye` (finished: false) for a browser that left without one, on its own
+        DEALER, and wait briefly for the server's answer (then its rank is free)."""
+        header = seat.goodbye()
+        if header is None:
+            return
+        log.info("browser %s (worker %s) left without bye: its seat is free", peer, seat.worker_id)
+        self.stats.seats_given_back += 1
+        try:
+            await sock.send_multipart([header])
+            await asyncio.wait_for(self._bye_answered(sock), BYE_TIMEOUT)
+        except (asyncio.TimeoutError, zmq.ZMQError):
+            log.warning("the server did not answer the bye for worker %s", seat.worker_id)
+
+    @staticmethod
+    async def _bye_answered(sock: zmq.asyncio.Socket) -> None:
+        while peek_header((await sock.recv_multipart())[0]).get("rid") != GATEWAY_RID:
+            pass  # a late reply to the browser's own last request: nobody to give it to
+
     async def _refuse(self, ws: ServerConnection, code: int, reason: str) -> None:
         log.warning("closing browser %s: %s", ws.remote_address, reason)
         self.stats.refused.append(reason)
@@ -188,18 +240,35 @@ class Gateway:
     # ----------------------------------------------------------------------------- HTTP
 
     async def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Answer plain GETs; return None to let a WebSocket handshake on /ws go on."""
+        """Answer GET and HEAD; return None to let a WebSocket handshake on /ws go on.
+
+        Every refusal is a status and a one-line `error: ...` body (protocol.md §14.1)."""
         path = request.path.split("?", 1)[0]
+        if reason := self.admission.method_refusal(request.method):
+            response = _error(HTTPStatus.METHOD_NOT_ALLOWED, reason)
+            response.headers["Allow"] = "GET, HEAD"
+            return response
+        if path == PEER_PATH:  # who the browser is, to the gateway: its hello's info.host
+            peer = str((connection.remote_address or ("",))[0])
+            response = _response(HTTPStatus.OK, json.dumps({"address": peer}).encode(),
+                                 "application/json")  # fmt: skip
+            return _without_body(response) if request.method == "HEAD" else response
         if path == WS_PATH:
+            headers = request.headers
+            if reason := self.admission.origin_refusal(headers.get("Origin"), headers.get("Host")):
+                log.warning("refused a WebSocket from %s: %s", connection.remote_address, reason)
+                self.stats.refused.append(reason)
+                return _error(HTTPStatus.FORBIDDEN, reason)
             return None
         try:
             body, content_type = await asyncio.to_thread(self._route, path)
+            response = _response(HTTPStatus.OK, body, content_type)
         except LookupError:
-            return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            response = _error(HTTPStatus.NOT_FOUND, f"nothing at {path} (the worker page is /)")
         except MinipsError as exc:  # unknown dataset or bad rank (400), missing files (404)
             status = HTTPStatus.NOT_FOUND if isinstance(exc, DataError) else HTTPStatus.BAD_REQUEST
-            return _response(status, f"error: {exc}\n".encode(), "text/plain")
-        return _response(HTTPStatus.OK, body, content_type)
+            response = _error(status, str(exc))
+        return _without_body(response) if request.method == "HEAD" else response
 
     def _route(self, path: str) -> tuple[bytes, str]:
         """(body, content type) for a GET of `path`; LookupError when there is none."""
@@ -215,13 +284,67 @@ class Gateway:
             return json.dumps(info).encode(), "application/json"
         if match := _SHARD.match(path):
             name, rank, world_size, part = match.groups()
-            body = self.datasets.get(name).train_shard(int(rank), int(world_size), part)
+            rank_n, world_n = _shard_numbers(rank, world_size)
+            body = self.datasets.get(name).train_shard(rank_n, world_n, part)
             return body, "application/octet-stream"
         if match := _TEST.match(path):
             return self.datasets.get(match.group(1)).test_set(match.group(2)), (
                 "application/octet-stream"
             )
         raise LookupError(path)
+
+
+def _shard_numbers(rank: str, world_size: str) -> tuple[int, int]:
+    """RANK and WORLD_SIZE of a shard path as numbers; ConfigError (400) otherwise."""
+    if not (rank.isdigit() and world_size.isdigit() and len(rank) <= 6 >= len(world_size)):
+        raise ConfigError(f"bad shard {rank}/{world_size}: rank and world size are numbers")
+    return int(rank), int(world_size)
+
+
+def _without_body(response: Response) -> Response:
+    """The answer to a HEAD: the GET's status and headers (Content-Length too), no body."""
+    return Response(response.status_code, response.reason_phrase, response.headers)
+
+
+def _error(status: HTTPStatus, reason: str) -> Response:
+    """A refusal: `status` with the one-line body "error: REASON"."""
+    return _response(status, f"error: {reason}\n".encode(), "text/plain; charset=utf-8")
+
+
+class _BudgetedConnection(ServerConnection):
+    """A WebSocket whose received bytes count against the gateway's MemoryBudget: what
+    arrives is taken from it, a relayed message gives its bytes back (`release`), and so
+    does closing; the WebSocket whose bytes would pass the bound is closed (1009)."""
+
+    memory: MemoryBudget  # set by Gateway.serve on a subclass, with
+    refusals: list[str]  # where the gateway counts why it closed connections
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_flight = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self.protocol.state is State.OPEN:
+            if self.memory.take(len(data)):
+                self.in_flight += len(data)
+            else:  # close now; the closing protocol discards whatever else arrives
+                reason = self.memory.refusal()
+                log.warning("closing browser %s: %s", self.remote_address, reason)
+                self.refusals.append(reason)
+                self.protocol.fail(CLOSE_MEMORY, reason[:120])
+                self.release(self.in_flight)  # what it sent so far is dropped with it
+                data = b""
+        super().data_received(data)
+
+    def release(self, n: int) -> None:
+        """Give back `n` bytes (a relayed message and its frame header) to the budget."""
+        n = min(n, self.in_flight)
+        self.in_flight -= n
+        self.memory.give_back(n)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.release(self.in_flight)
+        super().connection_lost(exc)
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
@@ -234,57 +357,3 @@ def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
         ]
     )
     return Response(status.value, status.phrase, headers, body)
-
-
-class RunningGateway:
-    """A gateway serving in a background thread; `url` to open, `close()` to stop it."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="minips-web", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._loop.run_until_complete(self.gateway.serve(self._ready.set))
-        except BaseException as exc:  # reported by start(); the thread must not die silently
-            self._error = exc
-            self._ready.set()
-        finally:
-            self._loop.close()
-
-    def start(self, timeout: float = 10.0) -> RunningGateway:
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            raise ConfigError(f"web gateway did not start: {self._error or 'timed out'}")
-        return self
-
-    @property
-    def url(self) -> str:
-        return self.gateway.url
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop serving and wait for the thread (idempotent)."""
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self.gateway.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> RunningGateway:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def start_gateway(
-    connect: str, listen: str = "127.0.0.1:0", data_dir: str | Path | None = None
-) -> RunningGateway:
-    """Start a gateway in a background thread for the server at `connect`; for launchers.
-
-    listen: "HOST:PORT" (port 0: any free port; read `.url`). Returns once it accepts
-    connections; ConfigError (one line) when it cannot (websockets missing, port taken).
-    """
-    host, port = parse_listen(listen)
-    return RunningGateway(Gateway(connect, host, port, data_dir)).start()

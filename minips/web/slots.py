@@ -4,22 +4,46 @@
 opening the worker page (the other workers are NumPy processes). The launcher starts the
 gateway (`minips web`) beside the server, prints the page's URL, and, with
 `--browser-headless`, fills the slots itself with tabs of a headless Chromium
-(minips.web.headless). The run is over for the browsers once every slot has been taken and
-no browser worker is alive any more (each said `bye`, or closed its tab and was declared
-dead); the server's own stop (a sample budget) ends it too.
+(minips.web.headless). SeatWatch says how long the run waits for the seats: a seat never
+taken, or left by its browser before its shard was done, is waited for a limited time
+(the join wait), after which the run goes on without it or ends, as the teacher chose;
+the server's own stop (every rank finished, a sample budget) ends it too.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
 
 BROWSER_AGENT = "browser"  # the `agent` a browser worker puts in its hello's info
+# The browser names a user agent string gives away, most specific first (Edge and Opera
+# also say Chrome, Chrome also says Safari).
+_BROWSERS = [
+    ("Edge", r"Edg/(\d+)"),
+    ("Opera", r"OPR/(\d+)"),
+    ("Firefox", r"Firefox/(\d+)"),
+    ("Chrome", r"(?:Headless)?Chrome/(\d+)"),
+    ("Safari", r"Version/(\d+)[.\d]* Safari"),
+]
+
+
+def agent_name(info: dict[str, Any]) -> str:
+    """ "numpy", or the browser's name and major version ("Chrome 120") for a browser."""
+    if info.get("agent") != "browser":
+        return str(info.get("agent", "numpy"))
+    ua = str(info.get("ua", ""))
+    for name, pattern in _BROWSERS:
+        if match := re.search(pattern, ua):
+            return f"{name} {match.group(1)}"
+    return "browser"
 
 
 def find_chromium() -> str | None:
@@ -53,19 +77,87 @@ def headless_argv(url: str, tabs: int, profile: Path) -> list[str]:
     return argv + ["--profile", str(profile)]
 
 
-def browsers_pending(stats: dict[str, Any] | None, slots: int) -> bool:
-    """True while the browser slots still train: not all taken yet, or one still alive.
+@dataclass
+class SeatWatch:
+    """The launcher's view of the browser seats, from the server's `stats`: whether the run
+    still waits for browsers, and what to tell the teacher about empty seats.
 
-    stats: the server's latest `stats` reply (None before the first). A slot counts as
-    taken once a browser worker registered with its rank; a rank whose tab was closed is
-    free again for another browser, and still counts as taken (the run does not wait for
-    a replacement that may never come).
+    A seat is waited for while a browser trains on it, while it was never taken and the
+    run is younger than `join_wait` seconds, and for `join_wait` seconds after its browser
+    left unfinished (a reloaded tab comes back within seconds, a student who closed hers
+    may open the page again; minips.web.seats gives the rank back at once). Past that the
+    run goes on without the seat, or, with `end_if_empty`, ends: `update()` says so in
+    one line, once per seat. A seat whose browser said `bye` after its shard is done.
     """
-    if slots == 0:
-        return False
-    rows = [w for w in (stats or {}).get("workers", []) if _is_browser(w)]
-    taken = {w["rank"] for w in rows}
-    return len(taken) < slots or any(w["alive"] for w in rows)
+
+    slots: int
+    join_wait: float
+    end_if_empty: bool = False
+    started: float = field(default_factory=time.monotonic)
+    _left_at: dict[int, float] = field(default_factory=dict)  # rank -> when seen gone
+    _given_up: set[int] = field(default_factory=set)  # ranks announced as not waited for
+    _untaken_told: bool = False
+    end_run: bool = False  # set by update(): the teacher chose to end on an empty seat
+
+    def update(self, stats: dict[str, Any] | None, now: float | None = None) -> list[str]:
+        """Follow the latest stats; the one-line notices to print (empty: nothing new)."""
+        now = time.monotonic() if now is None else now
+        if self.slots == 0:
+            return []
+        seats = browser_seats(stats)
+        notices = self._untaken(len(seats), now)
+        for rank, seat in sorted(seats.items()):
+            if seat != "left":
+                self._left_at.pop(rank, None)
+                self._given_up.discard(rank)
+                continue
+            left = self._left_at.setdefault(rank, now)
+            if now - left >= self.join_wait and rank not in self._given_up:
+                self._given_up.add(rank)
+                what = f"the browser on rank {rank} left and did not come back within"
+                notices.append(self._notice(f"{what} {self.join_wait:g} s"))
+        return notices
+
+    def pending(self, stats: dict[str, Any] | None, now: float | None = None) -> bool:
+        """True while the run waits for a browser seat (after `update()` with these stats)."""
+        now = time.monotonic() if now is None else now
+        if self.slots == 0 or self.end_run:
+            return False
+        seats = browser_seats(stats)
+        if "training" in seats.values():
+            return True
+        if len(seats) < self.slots and now - self.started < self.join_wait:
+            return True
+        left = [rank for rank, seat in seats.items() if seat == "left"]
+        return any(now - self._left_at.get(rank, now) < self.join_wait for rank in left)
+
+    def _untaken(self, taken: int, now: float) -> list[str]:
+        if self._untaken_told or taken >= self.slots or now - self.started < self.join_wait:
+            return []
+        self._untaken_told = True
+        empty = self.slots - taken
+        seats = "1 browser seat was" if empty == 1 else f"{empty} browser seats were"
+        return [self._notice(f"{seats} not taken within {self.join_wait:g} s")]
+
+    def _notice(self, what: str) -> str:
+        if self.end_if_empty:
+            self.end_run = True
+            return f"{what}: the run ends, as --empty-seats end asks"
+        return f"{what}: the run goes on with the workers it has"
+
+
+def browser_seats(stats: dict[str, Any] | None) -> dict[int, str]:
+    """Each browser rank seen in `stats`: "training" (a browser on it is live),
+    "finished" (its browser said bye after its shard), else "left". A rank can have several
+    rows (a closed tab's and its replacement's): the live one counts."""
+    order = ["left", "finished", "training"]  # the later wins
+    seats: dict[int, str] = {}
+    for row in (stats or {}).get("workers", []):
+        if _is_browser(row):
+            seat = "training" if row["alive"] else "finished" if row.get("finished") else "left"
+            if order.index(seat) >= order.index(seats.get(row["rank"], "left")):
+                seats[row["rank"]] = seat
+    return seats
 
 
 def _is_browser(row: dict[str, Any]) -> bool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ class WorkerReport:
 
     rank: int = -1
     pid: int = field(default_factory=os.getpid)  # lets a launcher match process and rank
+    host: str = field(default_factory=socket.gethostname)  # the machine it trained on
+    agent: str = "numpy"  # what computed its gradients (a browser worker says "browser")
     slowdown: float = 1.0
     steps: int = 0
     samples: int = 0
@@ -82,8 +86,10 @@ class Worker:
         progress: ProgressFn | None = None,
         bandwidth: str | None = None,
         trace: Trace | NullTrace | None = None,
+        on_join: Callable[[WorkerReport, int], None] | None = None,
     ) -> None:
         self.client = client
+        self.on_join = on_join
         self.bandwidth = bandwidth
         self.trace = trace or NullTrace()
         self.plan = Plan()
@@ -113,6 +119,8 @@ class Worker:
             return WorkerReport(stopped_by_server=True, wall_s=time.monotonic() - start)
         config = hello["config"]
         shard, rng = self._join(hello)
+        if self.on_join is not None:
+            self.on_join(self.report, int(hello["world_size"]))
         tick = time.monotonic()
         self.report.stopped_by_server = self._pull(since=None)
         self.report.comm_s += time.monotonic() - tick
@@ -139,8 +147,9 @@ class Worker:
                     self.progress(self.report.samples, total, self._latest)
 
     def hello_info(self) -> dict[str, Any]:
-        """hello's `info`: role and pid (shown in stats), and the rank asked for, if any."""
-        info: dict[str, Any] = {"role": "worker", "pid": os.getpid()}
+        """hello's `info`: role, pid and host (shown in stats and the server's log), and the
+        rank asked for, if any."""
+        info: dict[str, Any] = {"role": "worker", "pid": os.getpid(), "host": socket.gethostname()}
         if self.rank is not None:
             info["rank"] = self.rank
         return info
@@ -290,6 +299,21 @@ def model_from_hello(config: dict[str, Any]) -> Sequential:
 def dataset_from_hello(config: dict[str, Any], data_dir: str | None = None) -> Dataset:
     """The dataset hello's config names, from `data_dir` if given (this machine's copy)."""
     return load_dataset(config["dataset"], data_dir or config.get("data_dir"))
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """A worker's report (WorkerReport.summary()) in one line of words, for a person."""
+    if report["rank"] < 0:
+        return "the run had already ended: nothing to do"
+    busy = report["compute_s"] + report["comm_s"] + report["slowdown_s"]
+    rate = f" ({report['samples'] / busy:.0f} samples/s)" if busy > 0 else ""
+    end = "finished its shard" if report["finished"] else "stopped before its shard was done"
+    if report["stopped_by_server"] and not report["finished"]:
+        end = "stopped: the run ended"
+    steps = f"{report['steps']} step{'s' * (report['steps'] != 1)}"
+    staleness = f"staleness mean {report['staleness_mean']:.2f} max {report['staleness_max']}"
+    took = f"{report['samples']} samples in {report['wall_s']:.1f} s{rate}"
+    return f"rank {report['rank']}: {steps}, {took}, {staleness}; {end}"
 
 
 def write_report(report: WorkerReport, path: str | Path) -> None:

@@ -4,13 +4,32 @@
 // a random one by default), &engine=js (the plain JavaScript products even where WebAssembly
 // SIMD runs). window.minipsStatus holds the latest status for scripts (the
 // tests read it through the DevTools protocol).
+//
+// The tab's seat survives a reload: its worker id and progress are kept in sessionStorage
+// (one tab's, kept across reloads), so a reloaded page is the same worker coming back: it
+// gets its rank and shard again and goes on from the step it had reached (protocol.md §14.3).
+
+import { explain, stateMessage } from "./words.js";
 
 const params = new URLSearchParams(location.search);
 const randomId = () =>
   "browser-" + Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16).padStart(2, "0")).join("");
+const SEAT = "minips-seat";
+const seats = (() => {
+  try {
+    return window.sessionStorage;
+  } catch {
+    return null; // storage disabled: every load is a new worker
+  }
+})();
+const saved = JSON.parse(seats?.getItem(SEAT) || "null");
+// The address the gateway sees this browser at: shown as its host on the dashboard.
+const peer = await fetch(new URL("/peer", location.href)).then((r) => (r.ok ? r.json() : {})).catch(() => ({}));
 const options = {
   base: new URL("/", location.href).href,
-  workerId: params.get("id") || randomId(),
+  host: peer.address || null,
+  workerId: params.get("id") || saved?.workerId || randomId(),
+  resume: saved?.progress || null,
   maxSteps: Number(params.get("steps")) || null,
   evalExamples: Number(params.get("eval")) || 500,
   evalSeconds: Number(params.get("evalsec")) || 5,
@@ -24,9 +43,22 @@ const ENGINES = {
 const show = (id, text) => (document.getElementById(id).textContent = text);
 window.minipsStatus = { state: "starting" };
 
+/** Keep the seat for a reload: the worker id, and the progress while it trains. Once the
+ * tab is done its shard is trained: a reload then is a new worker, not that shard again. */
+function keepSeat(s) {
+  if (s.state === "done" || s.state === "ended") return seats?.removeItem(SEAT);
+  const workerId = s.workerId || options.workerId;
+  const training = s.state === "training" && s.rank !== undefined;
+  const progress = training
+    ? { rank: s.rank, worldSize: s.worldSize, steps: s.steps, samples: s.samples, version: s.version }
+    : null;
+  seats?.setItem(SEAT, JSON.stringify({ workerId, progress }));
+}
+
 function render(s) {
   window.minipsStatus = s;
-  show("state", s.state);
+  keepSeat(s);
+  show("state", stateMessage(s));
   if (s.rank !== undefined) show("rank", `${s.rank} of ${s.worldSize}${s.slowdown > 1 ? ` (slowdown ${s.slowdown}x)` : ""}`);
   if (s.model) show("what", `${s.model} / ${s.dataset} / ${s.rule}`);
   if (s.engine) show("engine", ENGINES[s.engine] || s.engine);
@@ -40,18 +72,22 @@ function render(s) {
   document.title = `minips: ${s.state}, step ${s.steps}`;
 }
 
+/** A failure in words a student can act on; the technical line goes under "details". */
+function fail(error) {
+  const { what, todo } = explain(error, window.minipsStatus);
+  window.minipsStatus = { ...window.minipsStatus, state: "failed", error: error.message, code: error.code, message: what };
+  show("state", what);
+  const box = document.getElementById("error");
+  box.hidden = false;
+  show("error-what", todo);
+  show("error-details", error.message);
+  document.title = "minips: stopped";
+}
+
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 worker.onmessage = (event) => {
   if (event.data.type === "status") render(event.data.status);
-  if (event.data.type === "error") {
-    window.minipsStatus = { ...window.minipsStatus, state: "failed", error: event.data.message };
-    const box = document.getElementById("error");
-    box.hidden = false;
-    box.textContent = `error: ${event.data.message}`;
-  }
+  if (event.data.type === "error") fail(event.data);
 };
-worker.onerror = (event) => {
-  window.minipsStatus = { state: "failed", error: event.message };
-  show("state", `failed: ${event.message}`);
-};
+worker.onerror = (event) => fail({ message: event.message });
 worker.postMessage({ type: "start", options });

@@ -3,7 +3,8 @@
 // shard -> pull -> per batch {forward, backward, push (+ VSGD samples) with the pull in its
 // reply} -> bye. The push carries `pull_since`, so the pull's parameters come back in the
 // push's reply: one round trip per step, as the NumPy worker (docs/protocol.md §5.3). It posts
-// {type: "status", status} to the page after every step and {type: "error", message}.
+// {type: "status", status} to the page after every step and {type: "error", message, code,
+// closeCode} (the server's error code, the WebSocket's close code: words.js explains them).
 
 import { bestEngine, jsEngine } from "./engine.js";
 import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
@@ -38,6 +39,14 @@ class ServerError extends Error {
   }
 }
 
+/** The WebSocket closed (by the gateway, or the teacher's computer went away). */
+class ClosedError extends Error {
+  constructor(code, reason) {
+    super(`the connection closed (code ${code}${reason ? `: ${reason}` : ""})`);
+    this.closeCode = code;
+  }
+}
+
 /** One WebSocket to the gateway; request() sends and waits for the reply with its rid. */
 class Connection {
   constructor(url, timeoutMs, retries) {
@@ -49,10 +58,10 @@ class Connection {
       this.ws = new WebSocket(this.url);
       this.ws.binaryType = "arraybuffer";
       this.ws.onopen = () => resolve();
-      this.ws.onerror = () => reject(new Error(`cannot connect to ${this.url}`));
+      this.ws.onerror = () => reject(Object.assign(new Error(`cannot connect to ${this.url}`), { unreachable: true }));
       this.ws.onclose = (event) => {
-        const reason = `gateway closed the connection (${event.code} ${event.reason})`;
-        if (this.waiting) this.waiting.reject(new Error(reason));
+        this.closed = new ClosedError(event.code, event.reason);
+        if (this.waiting) this.waiting.reject(this.closed);
       };
       this.ws.onmessage = (event) => {
         const reply = decodeMessage(event.data);
@@ -66,6 +75,7 @@ class Connection {
   async request(header, arrays = []) {
     for (let attempt = 0; attempt <= this.retries; attempt++) {
       const rid = ++this.rid;
+      if (this.closed) throw this.closed;
       const reply = await new Promise((resolve, reject) => {
         const timer = setTimeout(() => resolve(null), this.timeoutMs);
         const done = (fn) => (value) => {
@@ -142,13 +152,14 @@ async function train(options) {
   const conn = new Connection(wsUrl, options.timeoutMs || 60000, 3);
   await conn.open();
   const info = { role: "worker", agent: "browser", ua: navigator.userAgent.slice(0, 200) };
+  if (options.host) info.host = options.host;
   const helloHeader = { op: "hello", worker: workerId, info };
   let hello;
   try {
-    hello = (await conn.request(helloHeader)).header;
+    hello = await join(conn, helloHeader);
   } catch (err) {
     if (err.code !== "stopping") throw err;
-    report({ state: "the run has already ended" });
+    report({ state: "ended", outcome: "ended before joining" });
     return conn.close();
   }
   // Requests that need registration say hello again once if the server declared us dead.
@@ -164,6 +175,8 @@ async function train(options) {
 
   const config = hello.config;
   const [rank, worldSize] = [hello.rank, hello.world_size];
+  const resumed = resumeFrom(options.resume, hello);
+  report({ workerId: helloHeader.worker, steps: resumed.steps, samples: resumed.samples });
   const rule = config.rule || { name: "asgd" };
   const slowdown = (config.hetero || [])[rank] || 1;
   report({ state: "loading data", rank, worldSize, rule: rule.name, model: config.model.name,
@@ -202,10 +215,11 @@ async function train(options) {
   const batchSize = config.batch_size;
   const random = mulberry32((config.seed || 0) * 1000 + rank); // batch order: model.md §4.3
   const started = performance.now();
-  let [seq, lastEval] = [0, -Infinity];
+  let [seq, lastEval, skip] = [0, -Infinity, resumed.steps];
   outer: for (let epoch = 0; epoch < config.epochs && !stop; epoch++) {
     const order = permutation(labels.length, random);
     for (let start = 0; start < order.length; start += batchSize) {
+      if (skip > 0 && skip--) continue; // trained before a reload: the same order goes on
       const batch = gather(x, labels, order.subarray(start, start + batchSize));
       const tick = performance.now();
       const { loss, dlogits } = softmaxCrossEntropy(model.forward(batch.x, true), batch.y);
@@ -229,7 +243,10 @@ async function train(options) {
         samples: batch.y.length, pull_since: version };
       reply = await workerRequest(pushHeader, arrays);
       const pushed = reply.header; // the push's answer and the pull's fields (§5.3)
-      if (pushed.stop && !pushed.applied) break outer; // arrived after the run stopped: not counted
+      if (pushed.stop && !pushed.applied) { // arrived after the run stopped: not counted
+        stop = true;
+        break outer;
+      }
       status.staleness.push(pushed.staleness);
       applyParams(reply);
       version = pushed.version;
@@ -237,8 +254,12 @@ async function train(options) {
       const steps = status.steps + 1;
       const seconds = (performance.now() - started) / 1000;
       report({ steps, samples: status.samples + batch.y.length, epoch, loss, version,
-        stepsPerSecond: steps / seconds, computeMs: compute, lastStaleness: pushed.staleness });
-      if (pushed.stop) break outer;
+        stepsPerSecond: (steps - resumed.steps) / seconds, computeMs: compute,
+        lastStaleness: pushed.staleness });
+      if (pushed.stop) {
+        stop = true;
+        break outer;
+      }
       if (options.maxSteps && steps >= options.maxSteps) break outer;
       if (performance.now() - lastEval > (options.evalSeconds || 5) * 1000) {
         report({ accuracy: accuracy(model, test) });
@@ -256,13 +277,37 @@ async function train(options) {
     if (err.code !== "unknown_worker") throw err; // already gone: nothing to leave
   }
   conn.close();
-  report({ state: "done" });
+  report({ state: "done", outcome: finished ? "finished" : stop ? "ended" : "stopped" });
+}
+
+/** hello, patient with `not_owner`: right after a reload the gateway may still be saying
+ * the old page's bye (protocol.md §14.3). Still refused after that, this is a copy of a
+ * tab (the same sessionStorage): it joins as a new worker. */
+async function join(conn, helloHeader) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return (await conn.request(helloHeader)).header;
+    } catch (err) {
+      if (err.code !== "not_owner" || attempt >= 8) throw err;
+      if (attempt === 5) helloHeader.worker = `${helloHeader.worker}-${attempt}${Date.now() % 1000}`;
+      await sleep(500);
+    }
+  }
+}
+
+/** Where a reloaded page goes on: the steps it had trained, if it got its rank back in the
+ * same run (the server's version has not gone back), else from the start. */
+function resumeFrom(saved, hello) {
+  const same = saved && saved.rank === hello.rank && saved.worldSize === hello.world_size
+    && saved.version <= hello.version && saved.steps > 0;
+  return same ? { steps: saved.steps, samples: saved.samples } : { steps: 0, samples: 0 };
 }
 
 onmessage = (event) => {
   if (event.data.type !== "start") return;
   train(event.data.options).catch((err) => {
     report({ state: "failed" });
-    postMessage({ type: "error", message: String(err && err.message ? err.message : err) });
+    const { code, closeCode, unreachable } = err || {};
+    postMessage({ type: "error", message: String(err && err.message ? err.message : err), code, closeCode, unreachable });
   });
 };

@@ -1,0 +1,92 @@
+"""The dashboard under hostile connections, for real: more connections than its threads,
+requests sent in part and never finished, event streams opened and never read. It stays
+bounded, drops what is silent, and keeps serving the page."""
+
+import select
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from test_dashboard import free_port
+
+import minips.dashboard as dashboard_module
+from minips.dashboard import MAX_STREAMS, MAX_THREADS, start_dashboard
+
+
+@pytest.fixture
+def quick_timeouts(monkeypatch):
+    monkeypatch.setattr(dashboard_module, "SOCKET_TIMEOUT", 1.0)
+    monkeypatch.setattr(dashboard_module, "STREAM_LIFETIME", 2.0)
+
+
+@pytest.fixture
+def page(quick_timeouts):
+    url, stop = start_dashboard(f"tcp://127.0.0.1:{free_port()}", None, "127.0.0.1:0")
+    try:
+        yield url
+    finally:
+        stop()
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    return host, int(port)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _handler_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-"))
+
+
+def test_partial_requests_hold_at_most_the_thread_bound_and_are_dropped(page):
+    before = _handler_threads()
+    held = []
+    for _ in range(MAX_THREADS + 10):  # half a request each, never finished
+        sock = socket.create_connection(_address(page), timeout=5)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        held.append(sock)
+    time.sleep(0.3)
+    assert _handler_threads() - before <= MAX_THREADS
+    busy, _, _ = select.select(held, [], [], 0)
+    assert len(busy) >= 10  # the ones past the bound were answered at once
+    assert all(s.recv(200).startswith(b"HTTP/1.1 503 ") for s in busy)
+    time.sleep(1.5)  # past the socket timeout: every partial request was dropped
+    assert all(s.recv(10) == b"" for s in held if s not in busy)
+    assert _handler_threads() - before <= 1
+    assert _get(page)[0] == 200  # and the page is served
+    for sock in held:
+        sock.close()
+
+
+def test_unread_event_streams_are_bounded_and_end(page):
+    streams = []
+    for _ in range(MAX_STREAMS):  # pages that open the stream and never read it
+        sock = socket.create_connection(_address(page), timeout=5)
+        sock.sendall(b"GET /events HTTP/1.0\r\n\r\n")
+        streams.append(sock)
+    time.sleep(0.5)
+    status, body = _get(page + "events")
+    assert (
+        status == 503
+        and body == f"error: {MAX_STREAMS} dashboard pages are open already\n".encode()
+    )
+    assert _get(page + "snapshot.json")[0] == 200  # threads are left for everything else
+    time.sleep(2.5)  # past the stream lifetime: the unread streams ended
+    with urllib.request.urlopen(page + "events", timeout=10) as stream:
+        assert stream.status == 200 and stream.readline() == b"retry: 1000\n"
+    for sock in streams:
+        sock.close()
+
+
+def test_unknown_paths_get_a_one_line_error(page):
+    assert _get(page + "nothing") == (404, b"error: nothing at /nothing\n")

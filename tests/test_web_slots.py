@@ -1,0 +1,62 @@
+"""How long a run waits for its browser seats (minips.web.slots.SeatWatch), on the server's
+`stats` rows as they come: seats never taken, left and taken back, finished."""
+
+from minips.web.slots import SeatWatch, browser_seats
+
+
+def _row(rank, alive, finished=False, agent="browser", worker=None):
+    return {"rank": rank, "alive": alive, "finished": finished, "observer": False,
+            "worker": worker or f"w{rank}", "info": {"agent": agent}}  # fmt: skip
+
+
+def _stats(*rows):
+    return {"workers": list(rows)}
+
+
+def test_an_untaken_seat_is_waited_for_the_join_wait_then_announced_once():
+    watch = SeatWatch(slots=2, join_wait=30.0, started=0.0)
+    stats = _stats(_row(0, True), _row(1, True, agent="numpy"))  # one seat of 2 taken
+    assert watch.update(stats, now=10.0) == [] and watch.pending(stats, now=10.0)
+    stats = _stats(_row(0, False, finished=True))
+    assert watch.update(stats, now=29.9) == [] and watch.pending(stats, now=29.9)
+    assert watch.update(stats, now=30.0) == [
+        "1 browser seat was not taken within 30 s: the run goes on with the workers it has"
+    ]
+    assert not watch.pending(stats, now=30.0) and not watch.end_run
+    assert watch.update(stats, now=40.0) == []  # said once
+
+
+def test_the_teacher_may_choose_to_end_on_an_empty_seat():
+    watch = SeatWatch(slots=3, join_wait=5.0, end_if_empty=True, started=0.0)
+    stats = _stats(_row(0, True))
+    assert watch.update(stats, now=6.0) == [
+        "2 browser seats were not taken within 5 s: the run ends, as --empty-seats end asks"
+    ]
+    assert watch.end_run and not watch.pending(stats, now=6.0)  # even with one training
+
+
+def test_a_seat_left_unfinished_is_waited_for_and_taken_back():
+    watch = SeatWatch(slots=1, join_wait=10.0, started=0.0)
+    watch.update(_stats(_row(0, True)), now=1.0)
+    gone = _stats(_row(0, False))  # a reload: the gateway gave the seat back
+    assert watch.update(gone, now=2.0) == [] and watch.pending(gone, now=2.0)
+    back = _stats(_row(0, False), _row(0, True, worker="w0-again"))  # two rows, one live
+    assert browser_seats(back) == {0: "training"}
+    assert watch.update(back, now=3.0) == [] and watch.pending(back, now=3.0)
+    gone_again = _stats(_row(0, False), _row(0, False, worker="w0-again"))
+    assert watch.update(gone_again, now=20.0) == [] and watch.pending(gone_again, now=20.0)
+    assert watch.update(gone_again, now=30.0) == [
+        "the browser on rank 0 left and did not come back within 10 s: "
+        "the run goes on with the workers it has"
+    ]
+    assert not watch.pending(gone_again, now=30.0)
+
+
+def test_finished_seats_and_other_workers_are_not_waited_for():
+    watch = SeatWatch(slots=2, join_wait=10.0, started=0.0)
+    done = _stats(_row(0, False, finished=True), _row(1, False, finished=True),
+                  _row(2, True, agent="numpy"), {**_row(3, True), "observer": True})  # fmt: skip
+    assert browser_seats(done) == {0: "finished", 1: "finished"}
+    assert watch.update(done, now=1.0) == [] and not watch.pending(done, now=1.0)
+    assert not SeatWatch(slots=0, join_wait=10.0).pending(None)
+    assert SeatWatch(slots=1, join_wait=10.0, started=0.0).pending(None, now=1.0)
