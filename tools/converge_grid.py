@@ -50,8 +50,9 @@ def run_cell(out: Path, name: str, seeds: list[int], options: list[str], lock: s
         if (run_dir / "summary.json").exists():
             continue
         command = ["minips", "run", *options, "--seed", str(seed), "--out", str(run_dir)]
-        held = ["flock", lock, "sh", "-c", 'cat /proc/loadavg > "$0/../load-$1.txt"; shift; exec "$@"']
-        held += [str(run_dir), str(seed), *command]
+        # The load average as the lock is taken, beside the run: load-<seed>.txt
+        note_load = 'cat /proc/loadavg > "$0/../load-$1.txt"; shift; exec "$@"'
+        held = ["flock", lock, "sh", "-c", note_load, str(run_dir), str(seed), *command]
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(cell / f"log-{seed}.txt", "w") as log:
             status = subprocess.call(held, stdout=log, stderr=subprocess.STDOUT)

@@ -94,8 +94,10 @@ class DANA(ASGD):
                 total = self._sum.get(name)
                 self._sum[name] = new.copy() if total is None else total + new
             else:
-                velocity[name] = new = gamma * old + grad
-                self._sum[name] = self._sum[name] + (new - old)  # sum_j v_j, kept as it changes
+                velocity[name] = new = np.multiply(old, gamma)
+                new += grad
+                # sum_j v_j, kept as it changes: sum + (new - old), in place (old is done)
+                self._sum[name] += np.subtract(new, old, out=old)
         steps = [(name, velocity[name], 1.0) for name in grads]  # the server's SGD: w -= lr v_i
         return Outcome(
             updates=[Update([push], steps, value_staleness=telemetry)], answers=[(push, True)]
@@ -105,12 +107,14 @@ class DANA(ASGD):
         """w_hat = w - float32(eta * gamma) * sum_j v_j for each name (fresh arrays)."""
         ahead = np.float32(self.store.optimizer.lr * self.momentum)
         params = self.store.params
-        return {
-            name: params[name] - ahead * self._sum[name]
-            if name in self._sum
-            else self.store.snapshot(name)
-            for name in names
-        }
+        values = {}
+        for name in names:
+            if name not in self._sum:
+                values[name] = self.store.snapshot(name)
+                continue
+            values[name] = ahead_values = np.multiply(self._sum[name], ahead)
+            np.subtract(params[name], ahead_values, out=ahead_values)  # w - ahead * S
+        return values
 
     def on_worker_left(self, worker: WorkerState) -> Outcome:
         for name, velocity in self._velocity.pop(worker.worker_id, {}).items():
@@ -154,7 +158,7 @@ class DANAGap(DANA):
 
     def gradient(self, push: Push) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
         params = self.store.params
-        self._before = {name: params[name].copy() for name in push.grads}
+        self._before = {name: params[name] for name in push.grads}  # by reference, as gap's
         then = self.pulled.at(push.worker.worker_id, push.base)
         if then is None:
             return push.grads, None  # no reference point: plain DANA
