@@ -158,9 +158,16 @@ def test_gap_penalty_enters_before_the_servers_momentum():
 
 
 def test_dana_needs_the_servers_momentum_off():
-    with pytest.raises(ConfigError, match="--momentum 0"):
+    with pytest.raises(ConfigError, match="leave --momentum unset, not 0.9"):
         with running_server("dana", momentum=0.9):
             pass
+
+
+def test_a_rule_with_its_own_momentum_sets_the_servers_and_the_others_get_the_default():
+    assert RunConfig().rule == "dana-gap" and RunConfig().momentum == 0.0
+    assert RunConfig(rule="dana").momentum == 0.0
+    assert RunConfig(rule="asgd").momentum == RunConfig(rule="ssgd").momentum == 0.9
+    assert RunConfig(rule="asgd", momentum=0.5).momentum == 0.5
 
 
 @pytest.mark.parametrize(
@@ -290,13 +297,14 @@ def test_two_workers_converge_over_sockets(rule, momentum, options):
 
 def test_minips_run_dana_gap_from_the_cli(tmp_path, capsys):
     main(
-        ["run", "--rule", "dana-gap", "--rule-option", "momentum=0.5", "--momentum", "0",
+        ["run", "--rule", "dana-gap", "--rule-option", "momentum=0.5",
          "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--epochs", "2",
          "--out", str(tmp_path), "--quiet", "--eval-interval", "0.5"]
     )  # fmt: skip
     assert "test accuracy" in capsys.readouterr().out
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["rule"] == "dana-gap" and config["rule_options"] == {"momentum": 0.5}
+    assert config["momentum"] == 0.0  # the rule's own choice: no --momentum 0 needed
     records = read_metrics(tmp_path / "metrics.jsonl")
     updates = [r for r in records if r["event"] == "update"]
     assert updates and all(r["rule"] == "dana-gap" for r in updates)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minips.errors import ConfigError
 from minips.rules.base import (
     Outcome,
     Push,
@@ -46,8 +45,9 @@ class DANA(ASGD):
     The worker computes its gradient at w_hat as it would at any pulled values (nothing
     extra on the wire; docs/protocol.md §6.5); an observer's pull (the evaluator) gets w.
 
-    The momentum is the rule's, per worker, so the server's own SGD must have none: run
-    it with --momentum 0 (a ConfigError otherwise); weight decay, if any, is added by the
+    The momentum is the rule's, per worker, so the server's own SGD must have none: the
+    rule sets it to 0 (`server_momentum`; another --momentum given is a ConfigError);
+    weight decay, if any, is added by the
     server's SGD outside the momentum. Costs: one model-sized velocity per worker plus their
     running sum on the server; one look-ahead computed per pull (no shared snapshot). A
     worker that leaves takes its momentum out of the sum.
@@ -56,9 +56,10 @@ class DANA(ASGD):
     name = "dana"
     options = (
         RuleOption("momentum", "--dana-momentum", float, 0.9,
-                   "dana: momentum gamma, one buffer per worker (server --momentum 0).",
+                   "dana: momentum gamma, one buffer per worker (the server's is then 0).",
                    minimum=0, maximum=1, max_open=True),
     )  # fmt: skip
+    server_momentum = 0.0
 
     def __init__(self, momentum: float | None = None) -> None:
         momentum = option_default(DANA, "momentum") if momentum is None else momentum
@@ -69,11 +70,7 @@ class DANA(ASGD):
         self._sum: dict[str, np.ndarray] = {}  # name -> sum_j v_j
 
     def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
-        if store.optimizer.momentum:
-            raise ConfigError(
-                f"rule {self.name} keeps one momentum per worker (--dana-momentum); run the"
-                f" server with --momentum 0, not {store.optimizer.momentum:g}"
-            )
+        self.check_server_momentum(store.optimizer.momentum)
         super().attach(store, registry)
 
     def describe(self) -> dict[str, Any]:
