@@ -1,0 +1,157 @@
+"""Has the model collapsed? The signs of a run that diverged or stopped learning.
+
+A model that diverges in minips ends one of two ways (docs/results.md): its gradients
+overflow, so its workers' pushes are refused as non-finite; or its units die and it gives
+the same output whatever the input, so the loss sits at ln(C) (C classes: the loss of a
+uniform guess) and the test accuracy at chance, 1/C, to the end of the run. A
+`CollapseWatch` is told what the server sees (pushes applied or refused, the training
+loss workers report with their pushes) or what an evaluator sees (test accuracy and
+loss), and returns a `Collapse` the first time one of these signs holds:
+
+    nonfinite  pushes refused as non-finite from min(NONFINITE_WORKERS, workers)
+               different workers with no update applied in between
+    loss       the mean of the last LOSS_WINDOW training losses above GROWN * ln(C) (far
+               worse than a guess: diverging); or, once WARMUP_UPDATES updates were
+               applied, every one of them within AT_LN_C * ln(C) of ln(C) (a constant
+               output: a model still learning scatters more than that from batch to batch)
+    accuracy   CHANCE_EVALS evaluations in a row, each after WARMUP_UPDATES updates, at a
+               test accuracy <= CHANCE / C with a test loss >= (1 - AT_LN_C) * ln(C)
+
+The warm-up keeps a fresh model, at chance too, from being taken for a dead one. The
+caller says so in one line (`Collapse.line`): the server logs it and shows it in `stats`
+(`collapse`, docs/protocol.md 5.5), the evaluator logs it and writes it to its metrics,
+and `minips run` stops the run and exits with status 3 (docs/protocol.md 7).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from minips.rules import DEFAULT_RULE
+
+NONFINITE_WORKERS = 2
+LOSS_WINDOW = 20
+GROWN = 10.0
+AT_LN_C = 0.01
+WARMUP_UPDATES = 200
+CHANCE_EVALS = 3
+CHANCE = 1.2
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """What collapsed and when: `sign` is "nonfinite", "loss" or "accuracy"; `what` says
+    what was seen, `advice` what to try; `updates` the updates applied by then."""
+
+    sign: str
+    what: str
+    advice: str
+    updates: int
+
+    def line(self) -> str:
+        """The one line a run shows: "collapsed: <what>; <advice>"."""
+        return f"collapsed: {self.what}; {self.advice}"
+
+    def record(self) -> dict[str, Any]:
+        """As summary.json, `stats` and the metrics log keep it."""
+        return {**asdict(self), "line": self.line()}
+
+
+class CollapseWatch:
+    """Watches one run for the signs of a collapse (module docstring); pure bookkeeping.
+
+    classes: C, the model's number of outputs. workers: the run's number of workers (None:
+    not fixed). lr and rule: the run's, named in the advice. Each `on_*` method returns
+    the Collapse the first time a sign holds, then None; `collapse` keeps it.
+    """
+
+    def __init__(
+        self,
+        classes: int,
+        workers: int | None = None,
+        lr: float | None = None,
+        rule: str | None = None,
+    ) -> None:
+        self.ln_c = math.log(classes)
+        self.classes = classes
+        self.nonfinite_needed = min(NONFINITE_WORKERS, workers or NONFINITE_WORKERS)
+        self.lr, self.rule = lr, rule
+        self.updates = 0
+        self.collapse: Collapse | None = None
+        self._refused: set[str] = set()  # workers refused since the last applied update
+        self._losses: deque[float] = deque(maxlen=LOSS_WINDOW)
+        self._chance_evals = 0
+
+    # --------------------------------------------------------------- what the server sees
+
+    def on_applied(self) -> None:
+        """An update was applied."""
+        self.updates += 1
+        self._refused.clear()
+
+    def on_nonfinite(self, worker: str) -> Collapse | None:
+        """A push of `worker` was refused as non-finite."""
+        self._refused.add(worker)
+        if len(self._refused) < self.nonfinite_needed:
+            return None
+        count = len(self._refused)
+        what = f"pushes from {count} worker{'s' * (count > 1)} refused as non-finite"
+        return self._found("nonfinite", what + " (the gradients overflowed)")
+
+    def on_train_loss(self, loss: float) -> Collapse | None:
+        """A worker reported the training loss of the batch behind its push."""
+        if not math.isfinite(loss):
+            return None  # its gradients are non-finite too: on_nonfinite sees the push
+        self._losses.append(loss)
+        if len(self._losses) < LOSS_WINDOW:
+            return None
+        mean = sum(self._losses) / LOSS_WINDOW
+        if mean > GROWN * self.ln_c:
+            what = f"training loss {mean:.3g}, above {GROWN:g} x ln {self.classes} (diverging)"
+            return self._found("loss", what)
+        if self.updates >= WARMUP_UPDATES and all(
+            abs(value - self.ln_c) <= AT_LN_C * self.ln_c for value in self._losses
+        ):
+            what = (
+                f"training loss {mean:.4f} = ln {self.classes} (a constant output) for "
+                f"{LOSS_WINDOW} pushes after {self.updates} updates"
+            )
+            return self._found("loss", what)
+        return None
+
+    # ------------------------------------------------------------ what an evaluator sees
+
+    def on_evaluation(self, accuracy: float, loss: float, updates: int) -> Collapse | None:
+        """One evaluation of the model after `updates` updates: test accuracy and loss."""
+        self.updates = max(self.updates, updates)
+        at_chance = accuracy <= CHANCE / self.classes and not loss < (1 - AT_LN_C) * self.ln_c
+        if updates < WARMUP_UPDATES or not at_chance:
+            self._chance_evals = 0
+            return None
+        self._chance_evals += 1
+        if self._chance_evals < CHANCE_EVALS:
+            return None
+        what = (
+            f"test accuracy {accuracy:.3f} (chance: {1 / self.classes:.3f}) and loss "
+            f"{loss:.3g} for {CHANCE_EVALS} evaluations after {updates} updates"
+        )
+        return self._found("accuracy", what)
+
+    # -------------------------------------------------------------------------------------
+
+    def _found(self, sign: str, what: str) -> Collapse | None:
+        if self.collapse is not None:
+            return None
+        self.collapse = Collapse(sign, what, self._advice(), self.updates)
+        return self.collapse
+
+    def _advice(self) -> str:
+        advice = "try a smaller --lr"
+        if self.lr is not None:
+            advice += f" than {self.lr:g} (e.g. {self.lr / 10:g})"
+        if self.rule is not None and self.rule != DEFAULT_RULE:
+            advice += f", or the default --rule {DEFAULT_RULE} (docs/algorithms.md)"
+        return advice
