@@ -101,7 +101,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     ) -> None:
         """Run a server, N workers and an evaluator on this machine, as processes.
 
-        With no options: lenet5 on the bundled sample with 2 asgd workers.
+        With no options: lenet5 on the bundled sample with 2 workers, rule dana-gap.
         Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz. OUT must be
         new or empty (the default, runs/latest, is replaced by each run; --force replaces
         another).
