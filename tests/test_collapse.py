@@ -49,13 +49,21 @@ def test_a_loss_ten_times_a_guess_is_diverging_at_any_time():
     assert "--rule" not in found[-1].advice  # it is the default rule already
 
 
-def test_a_loss_stuck_at_ln_c_after_the_warm_up_is_a_constant_output():
-    watch = CollapseWatch(10)
+def test_a_loss_no_better_than_a_guess_after_the_warm_up_is_a_collapse():
+    watch = CollapseWatch(10, lr=3.0)
     for _ in range(collapse.LOSS_WINDOW):  # a fresh small-weight model: ln 10 too, too early
         assert watch.on_train_loss(LN10 + 0.001) is None
     _trained(watch, collapse.WARMUP_UPDATES)
-    found = watch.on_train_loss(LN10 - 0.001)
-    assert found.sign == "loss" and "= ln 10 (a constant output)" in found.what
+    found = watch.on_train_loss(LN10 - 0.01)  # a dead model's constant output: about ln C
+    assert found.sign == "loss" and "no better than a guess (ln 10 = 2.3026)" in found.what
+    assert found.advice == "try a smaller --lr than 3 (e.g. 0.3)"
+
+
+def test_a_model_that_never_learned_with_a_tiny_lr_is_told_so():
+    watch = CollapseWatch(10, lr=1e-5)
+    _trained(watch, collapse.WARMUP_UPDATES)
+    found = [watch.on_train_loss(3.0) for _ in range(collapse.LOSS_WINDOW)][-1]
+    assert found.advice == "--lr 1e-05 may be too small to learn at all: try 0.01"
 
 
 def test_a_model_passing_through_ln_c_while_it_learns_is_not_stuck():
@@ -71,7 +79,7 @@ def test_a_model_passing_through_ln_c_while_it_learns_is_not_stuck():
     [
         ([(0.10, LN10, 300)] * 3, True),
         ([(0.10, 3.2, 300)] * 3, True),  # above a guess is not better
-        ([(0.10, LN10, 100)] * 3, False),  # before the warm-up: a fresh model is at chance
+        ([(0.10, LN10, 50)] * 3, False),  # before the warm-up: a fresh model is at chance
         ([(0.10, LN10, 300), (0.35, 2.1, 320), (0.10, LN10, 340)], False),  # not in a row
         ([(0.12, 2.0, 300)] * 3, False),  # its loss falls: learning, slowly
         ([(0.30, LN10, 300)] * 3, False),

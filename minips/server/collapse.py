@@ -12,23 +12,30 @@ loss), and returns a `Collapse` the first time one of these signs holds:
                different workers with no update applied in between
     loss       the mean of the last LOSS_WINDOW training losses above GROWN * ln(C) (far
                worse than a guess: diverging); or, once WARMUP_UPDATES updates were
-               applied, every one of them within AT_LN_C * ln(C) of ln(C) (a constant
-               output: a model still learning scatters more than that from batch to batch)
+               applied, every one of them at or above (1 - AT_LN_C) * ln(C): no better
+               than a uniform guess on any of LOSS_WINDOW batches (a dead model gives
+               one output whatever the input; one still learning, however slowly, beats
+               the guess on most batches by then)
     accuracy   CHANCE_EVALS evaluations in a row, each after WARMUP_UPDATES updates, at a
                test accuracy <= CHANCE / C with a test loss >= (1 - AT_LN_C) * ln(C)
 
-The warm-up keeps a fresh model, at chance too, from being taken for a dead one. The
-caller says so in one line (`Collapse.line`): the server logs it and shows it in `stats`
-(`collapse`, docs/protocol.md 5.5), the evaluator logs it and writes it to its metrics,
-and `minips run` stops the run and exits with status 3 (docs/protocol.md 7).
+The warm-up keeps a fresh model, at chance too, from being taken for a dead one (a model
+that learns nothing in WARMUP_UPDATES updates, its learning rate far too small, is
+called collapsed as well, and told so). The caller says it in one line (`Collapse.line`):
+the server logs it and shows it in `stats` (`collapse`, docs/protocol.md 7.1), the
+evaluator logs it and writes it to its metrics, and `minips run` stops the run and exits
+with status 3.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from minips.rules import DEFAULT_RULE
 
@@ -36,9 +43,10 @@ NONFINITE_WORKERS = 2
 LOSS_WINDOW = 20
 GROWN = 10.0
 AT_LN_C = 0.01
-WARMUP_UPDATES = 200
+WARMUP_UPDATES = 100
 CHANCE_EVALS = 3
 CHANCE = 1.2
+TINY_LR = 0.001  # below it, a model that learned nothing may simply be too slow
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,12 @@ class Collapse:
         return {**asdict(self), "line": self.line()}
 
 
+def output_classes(params: Mapping[str, np.ndarray]) -> int:
+    """C: the number of the model's outputs, the last dimension of its last parameter (in
+    model order, the output layer's bias or weight)."""
+    return int(list(params.values())[-1].shape[-1])
+
+
 class CollapseWatch:
     """Watches one run for the signs of a collapse (module docstring); pure bookkeeping.
 
@@ -76,6 +90,7 @@ class CollapseWatch:
         rule: str | None = None,
     ) -> None:
         self.ln_c = math.log(classes)
+        self._guess = (1 - AT_LN_C) * self.ln_c  # a loss this high: no better than a guess
         self.classes = classes
         self.nonfinite_needed = min(NONFINITE_WORKERS, workers or NONFINITE_WORKERS)
         self.lr, self.rule = lr, rule
@@ -112,14 +127,12 @@ class CollapseWatch:
         if mean > GROWN * self.ln_c:
             what = f"training loss {mean:.3g}, above {GROWN:g} x ln {self.classes} (diverging)"
             return self._found("loss", what)
-        if self.updates >= WARMUP_UPDATES and all(
-            abs(value - self.ln_c) <= AT_LN_C * self.ln_c for value in self._losses
-        ):
+        if self.updates >= WARMUP_UPDATES and min(self._losses) >= self._guess:
             what = (
-                f"training loss {mean:.4f} = ln {self.classes} (a constant output) for "
-                f"{LOSS_WINDOW} pushes after {self.updates} updates"
+                f"training loss {mean:.4f}, no better than a guess (ln {self.classes} = "
+                f"{self.ln_c:.4f}) on any of {LOSS_WINDOW} batches after {self.updates} updates"
             )
-            return self._found("loss", what)
+            return self._found("loss", what, learning=False)
         return None
 
     # ------------------------------------------------------------ what an evaluator sees
@@ -127,7 +140,7 @@ class CollapseWatch:
     def on_evaluation(self, accuracy: float, loss: float, updates: int) -> Collapse | None:
         """One evaluation of the model after `updates` updates: test accuracy and loss."""
         self.updates = max(self.updates, updates)
-        at_chance = accuracy <= CHANCE / self.classes and not loss < (1 - AT_LN_C) * self.ln_c
+        at_chance = accuracy <= CHANCE / self.classes and not loss < self._guess
         if updates < WARMUP_UPDATES or not at_chance:
             self._chance_evals = 0
             return None
@@ -138,17 +151,21 @@ class CollapseWatch:
             f"test accuracy {accuracy:.3f} (chance: {1 / self.classes:.3f}) and loss "
             f"{loss:.3g} for {CHANCE_EVALS} evaluations after {updates} updates"
         )
-        return self._found("accuracy", what)
+        return self._found("accuracy", what, learning=False)
 
     # -------------------------------------------------------------------------------------
 
-    def _found(self, sign: str, what: str) -> Collapse | None:
+    def _found(self, sign: str, what: str, learning: bool = True) -> Collapse | None:
+        """Record the first collapse; `learning` False: the sign cannot tell a dead model
+        from one that never learned (a tiny learning rate)."""
         if self.collapse is not None:
             return None
-        self.collapse = Collapse(sign, what, self._advice(), self.updates)
+        self.collapse = Collapse(sign, what, self._advice(learning), self.updates)
         return self.collapse
 
-    def _advice(self) -> str:
+    def _advice(self, learning: bool) -> str:
+        if not learning and self.lr is not None and self.lr < TINY_LR:
+            return f"--lr {self.lr:g} may be too small to learn at all: try {10 * TINY_LR:g}"
         advice = "try a smaller --lr"
         if self.lr is not None:
             advice += f" than {self.lr:g} (e.g. {self.lr / 10:g})"
