@@ -44,7 +44,6 @@ from minips.server.server import ServerOptions
 TRAIN_RUN_SERVER = ("train", "run", "server")
 RUN_SERVER = ("run", "server")
 RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
-MOMENTUM = click.FloatRange(0, 1, max_open=True)  # --momentum's type (its default: None)
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,10 @@ class Setting:
     help: the option's help. commands: the commands that take it as an option. to_workers:
     sent to workers in hello's config. server_option: the ServerOptions field it sets.
     minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
-    by the CLI and by `validate()`. cli_type: a click type for fields whose default does
-    not say it (paths). parse: option text -> value, for values that are not a plain
+    by the CLI and by `validate()`. kind: the value's type when the default does not say
+    it (a default of None that stands for a number: `momentum`; else a None default
+    holds text). cli_type: a click type for fields whose default does not say it (paths).
+    parse: option text -> value, for values that are not a plain
     number or word (a comma list); `multiple`: the option may repeat.
     flag: the option's name when it is not "--" + the field's name with dashes.
     """
@@ -69,6 +70,7 @@ class Setting:
     maximum: float | None = None
     max_open: bool = False
     choices: tuple[str, ...] = ()
+    kind: type | None = None
     cli_type: click.ParamType | None = None
     parse: Callable[[Any], Any] | None = None
     multiple: bool = False
@@ -184,9 +186,9 @@ class ConfigBase:
 
 def _check_type(item: Field, value: Any, path: str | Path) -> None:
     """ConfigError when a config.json value is not of its field's kind (the default's type;
-    a field that defaults to None holds text)."""
+    a field that defaults to None holds text unless its Setting names a kind)."""
     default = item.default_factory() if item.default is MISSING else item.default
-    kind = str if default is None else type(default)
+    kind = setting_of(item).kind or (str if default is None else type(default))
     if value is None and default is None:
         return
     if kind is float and type(value) is int:
@@ -261,7 +263,7 @@ class RunConfig(ConfigBase):
     momentum: float | None = setting(None, "Momentum of the (server's) SGD [default: "
                                      f"{DEFAULT_MOMENTUM}; 0 under dana and dana-gap, which "
                                      "keep their own per worker].", commands=TRAIN_RUN_SERVER,
-                                     minimum=0, maximum=1, max_open=True, cli_type=MOMENTUM)
+                                     minimum=0, maximum=1, max_open=True, kind=float)
     weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
     rule: str = setting(DEFAULT_RULE, f"Update rule: {', '.join(RULES)} (docs/algorithms.md), "
                                       "or FILE.py:CLASS / MODULE:CLASS of your own.")
