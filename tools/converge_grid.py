@@ -11,9 +11,10 @@ reused, so an interrupted grid resumes. A run that ended at or below --chance (d
         --workers 4 --dataset fashion-mnist --max-samples 60000 --rule asgd
     python tools/converge_grid.py table DIR/asgd-4w DIR/ssgd-4w ...   # markdown rows
 
-The table gives per cell: the options, each seed's final accuracy, mean, min, how many
-collapsed, mean wall time, mean clock staleness, and the load averages seen at the runs'
-starts.
+The table gives per cell: each seed's final accuracy, mean, min, how many ended at or
+below --chance, mean wall time, mean CPU seconds of all the run's processes (cpu-S.txt,
+for the runs that recorded it: how many in brackets), mean clock staleness, and the load
+averages seen at the runs' starts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -54,8 +56,14 @@ def run_cell(out: Path, name: str, seeds: list[int], options: list[str], lock: s
         note_load = 'cat /proc/loadavg > "$0/../load-$1.txt"; shift; exec "$@"'
         held = ["flock", lock, "sh", "-c", note_load, str(run_dir), str(seed), *command]
         run_dir.mkdir(parents=True, exist_ok=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         with open(cell / f"log-{seed}.txt", "w") as log:
             status = subprocess.call(held, stdout=log, stderr=subprocess.STDOUT)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # CPU seconds of every process of the run (each waits for its children): what the
+        # run cost, much less dependent on other people's load than its wall time
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        (cell / f"cpu-{seed}.txt").write_text(f"{cpu:.2f}\n")
         load = (cell / f"load-{seed}.txt").read_text().split()[:3]
         summary = _summary(run_dir)
         print(
@@ -73,7 +81,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 def cell_row(cell: Path, chance: float) -> dict[str, Any]:
     """The figures of one cell's finished runs."""
     runs = sorted(cell.glob("seed*"), key=lambda p: int(p.name[4:]))
-    accs, walls, stale, loads, seeds = [], [], [], [], []
+    accs, walls, stale, loads, seeds, cpus = [], [], [], [], [], []
     for run_dir in runs:
         summary = _summary(run_dir)
         if summary.get("accuracy") is None:
@@ -85,6 +93,8 @@ def cell_row(cell: Path, chance: float) -> dict[str, Any]:
         load_file = cell / f"load-{seeds[-1]}.txt"
         if load_file.exists():
             loads.append(float(load_file.read_text().split()[0]))
+        if (cpu_file := cell / f"cpu-{seeds[-1]}.txt").exists():
+            cpus.append(float(cpu_file.read_text()))
     options = (cell / "options.txt").read_text().strip() if (cell / "options.txt").exists() else ""
     return {
         "name": cell.name, "options": options, "seeds": seeds, "accuracy": accs,
@@ -93,22 +103,25 @@ def cell_row(cell: Path, chance: float) -> dict[str, Any]:
         "wall": statistics.mean(walls) if walls else None,
         "staleness": statistics.mean(stale) if stale else None,
         "load": (min(loads), max(loads)) if loads else None,
+        "cpu": statistics.mean(cpus) if cpus else None, "cpu_runs": len(cpus),
     }  # fmt: skip
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| cell | accuracy per seed | mean | min | collapsed | wall (s) | staleness | load |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| cell | accuracy per seed | mean | min | <= chance | wall (s) | CPU (s) | staleness "
+        "| load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         if not row["accuracy"]:
             continue
         per_seed = ", ".join(f"{a:.4f}" for a in row["accuracy"])
         load = f"{row['load'][0]:.1f}-{row['load'][1]:.1f}" if row["load"] else "-"
+        cpu = f"{row['cpu']:.1f} ({row['cpu_runs']})" if row["cpu"] is not None else "-"
         lines.append(
             f"| {row['name']} | {per_seed} | {row['mean']:.4f} | {row['min']:.4f} | "
-            f"{row['collapsed']}/{len(row['accuracy'])} | {row['wall']:.1f} | "
+            f"{row['collapsed']}/{len(row['accuracy'])} | {row['wall']:.1f} | {cpu} | "
             f"{row['staleness']:.2f} | {load} |"
         )
     return "\n".join(lines)
