@@ -16,7 +16,8 @@ def _trained(watch, updates):
 
 
 def test_nonfinite_pushes_from_two_workers_in_a_row_are_a_collapse_and_said_once():
-    watch = CollapseWatch(10, workers=4, lr=3.0, rule="asgd")
+    said = []
+    watch = CollapseWatch(10, workers=4, lr=3.0, rule="asgd", say=said.append)
     assert watch.on_nonfinite("a") is None
     assert watch.on_nonfinite("a") is None  # one worker, twice: could be that worker alone
     found = watch.on_nonfinite("b")
@@ -27,6 +28,7 @@ def test_nonfinite_pushes_from_two_workers_in_a_row_are_a_collapse_and_said_once
         "(docs/algorithms.md)"
     )
     assert watch.on_nonfinite("c") is None and watch.collapse is found  # said once
+    assert said == [found.line()]
 
 
 def test_an_applied_update_between_nonfinite_pushes_starts_the_count_again():

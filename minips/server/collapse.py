@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,8 +78,9 @@ class CollapseWatch:
     """Watches one run for the signs of a collapse (module docstring); pure bookkeeping.
 
     classes: C, the model's number of outputs. workers: the run's number of workers (None:
-    not fixed). lr and rule: the run's, named in the advice. Each `on_*` method returns
-    the Collapse the first time a sign holds, then None; `collapse` keeps it.
+    not fixed). lr and rule: the run's, named in the advice. say(line): told the one line
+    when a collapse is found (the server logs it). Each `on_*` method returns the Collapse
+    the first time a sign holds, then None; `collapse` keeps it.
     """
 
     def __init__(
@@ -88,12 +89,13 @@ class CollapseWatch:
         workers: int | None = None,
         lr: float | None = None,
         rule: str | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.ln_c = math.log(classes)
         self._guess = (1 - AT_LN_C) * self.ln_c  # a loss this high: no better than a guess
         self.classes = classes
         self.nonfinite_needed = min(NONFINITE_WORKERS, workers or NONFINITE_WORKERS)
-        self.lr, self.rule = lr, rule
+        self.lr, self.rule, self.say = lr, rule, say
         self.updates = 0
         self.collapse: Collapse | None = None
         self._refused: set[str] = set()  # workers refused since the last applied update
@@ -161,6 +163,8 @@ class CollapseWatch:
         if self.collapse is not None:
             return None
         self.collapse = Collapse(sign, what, self._advice(learning), self.updates)
+        if self.say is not None:
+            self.say(self.collapse.line())
         return self.collapse
 
     def _advice(self, learning: bool) -> str:

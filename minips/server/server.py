@@ -35,7 +35,7 @@ from minips.protocol.wire import Message, ProtocolError
 from minips.rules import Outcome, Rule
 from minips.server import checks
 from minips.server.checkpoints import Checkpointer
-from minips.server.collapse import Collapse, CollapseWatch, output_classes
+from minips.server.collapse import CollapseWatch, output_classes
 from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
@@ -80,8 +80,8 @@ class ParameterServer:
         self.rule = rule
         rule.attach(self.store, self.registry)
         self.telemetry = Telemetry(on_update)
-        self.collapse = CollapseWatch(  # beside the path: has the model collapsed?
-            output_classes(params), options.world_size, optimizer.lr, rule.name
+        self.collapse = CollapseWatch(  # beside the path: has the model collapsed? (logged)
+            output_classes(params), options.world_size, optimizer.lr, rule.name, log.warning
         )  # fmt: skip
         self.checkpoints = Checkpointer(
             self.store, self.telemetry.counters, options.checkpoint_path,
@@ -150,7 +150,7 @@ class ParameterServer:
         except ProtocolError as exc:
             self.outbox.error(envelope, exc, body)
             if exc.code == "nonfinite":  # the model may have diverged (server/collapse.py)
-                self.say_collapse(self.collapse.on_nonfinite(envelope.origin.routing_id.hex()))
+                self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("internal error handling a request")
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
@@ -250,7 +250,7 @@ class ParameterServer:
             self.answer_push(push, applied=False)
             return
         if "loss" in header:  # the workers' training loss: watched for a collapse
-            self.say_collapse(self.collapse.on_train_loss(float(header["loss"])))
+            self.collapse.on_train_loss(float(header["loss"]))
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
@@ -348,13 +348,6 @@ class ParameterServer:
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """The `stats` reply: counters, versions, staleness, the worker table, and the
-        collapse the watch found (None: none)."""
+        """The `stats` reply: counters, versions, staleness, the worker table, a collapse."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
-        found = self.collapse.collapse
-        return {**stats, "collapse": found.record() if found else None}
-
-    def say_collapse(self, found: Collapse | None) -> None:
-        """Log a collapse the watch just found, once, in its one line (`stats` shows it)."""
-        if found is not None:
-            log.warning(found.line())
+        return {**stats, "collapse": self.collapse.collapse and self.collapse.collapse.record()}

@@ -34,7 +34,9 @@ def run_evaluator(
     data = dataset_from_hello(config, data_dir)
     model = model_from_hello(config)
     rule = (config.get("rule") or {}).get("name")
-    watch = CollapseWatch(output_classes(model.params), hello["world_size"], config.get("lr"), rule)
+    watch = CollapseWatch(
+        output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
+    )
     version: int | None = None
     last: dict | None = None
     next_eval = time.monotonic()
@@ -68,8 +70,7 @@ def run_evaluator(
             final=bool(reply.stop),
         )
         if (found := watch.on_evaluation(accuracy, loss, last["updates"])) is not None:
-            log.warning(found.line())  # and for `minips run`, which stops the run on it:
-            metrics.write("collapse", **found.record())
+            metrics.write("collapse", **found.record())  # `minips run` stops the run on it
         if reply.stop:
             break
         next_eval = time.monotonic() + interval
