@@ -160,7 +160,8 @@ def test_gap_penalty_enters_before_the_servers_momentum():
 
 
 def test_dana_needs_the_servers_momentum_off():
-    with pytest.raises(ConfigError, match="leave --momentum unset, not 0.9"):
+    wanted = "leave --momentum unset \\(not 0.9\\), or choose a --rule"
+    with pytest.raises(ConfigError, match=wanted):
         with running_server("dana", momentum=0.9):
             pass
 

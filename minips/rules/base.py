@@ -132,7 +132,8 @@ class Rule:
         if cls.server_momentum is not None and momentum != cls.server_momentum:
             raise ConfigError(
                 f"rule {cls.name} keeps one momentum per worker, so the server's is"
-                f" {cls.server_momentum:g}: leave --momentum unset, not {momentum:g}"
+                f" {cls.server_momentum:g}: leave --momentum unset (not {momentum:g}), or"
+                f" choose a --rule that uses it, e.g. asgd"
             )
 
     @classmethod
