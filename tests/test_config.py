@@ -20,7 +20,7 @@ from minips.run.config import RunConfig, TrainConfig, setting
 from minips.server.server import ServerOptions
 from minips.worker.client import PSClient
 
-FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
+FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}
 RUN_OWN = (
     "out",
     "eval_interval",
@@ -110,7 +110,18 @@ def test_a_field_added_at_runtime_reaches_the_cli_config_json_the_server_and_hel
 
 
 def _fast_args() -> list[str]:
-    return ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+    return [
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.5",
+        "--rule",
+        "asgd",
+    ]
 
 
 def test_hello_config_keeps_its_keys_and_their_order():

@@ -23,6 +23,7 @@ from minips.dashboard import parse_listen, start_dashboard
 from minips.dashboard.collector import worker_rows
 from minips.dashboard.tails import EvalTail
 from minips.errors import ConfigError
+from minips.rules import DEFAULT_RULE
 from minips.web.headless import remove_profile
 from minips.worker.client import PSClient
 
@@ -301,7 +302,7 @@ def test_page_in_chromium_shows_the_servers_stats(live):
         assert 0 <= stats[key] - int(shown["stat-" + key.replace("_", "-")]) < 20_000, key
     assert float(shown["stat-staleness-mean"]) == pytest.approx(stats["staleness_mean"])
     assert int(shown["stat-staleness-max"]) == stats["staleness_max"]
-    assert shown["stat-rule"] == "asgd"
+    assert shown["stat-rule"] == DEFAULT_RULE
     last_eval = json.loads(metrics.read_text().splitlines()[-1])
     assert float(shown["stat-accuracy"]) == last_eval["accuracy"]
     rows = {w["rank"]: w for w in stats["workers"] if not w["observer"]}
@@ -334,7 +335,8 @@ def test_snapshot_matches_stats_and_eval_file(cluster):
         assert snapshot["stats"][key] == stats[key], key
     for key in ("bytes_in", "bytes_out"):  # `stats` requests and replies count too: a few
         assert 0 <= stats[key] - snapshot["stats"][key] < 20_000, key  # polls' worth, no more
-    assert snapshot["stats"]["updates"] == 2 * STEPS and snapshot["stats"]["rule"]["name"] == "asgd"
+    assert snapshot["stats"]["updates"] == 2 * STEPS
+    assert snapshot["stats"]["rule"]["name"] == DEFAULT_RULE
     rows = {w["rank"]: w for w in stats["workers"] if not w["observer"]}
     assert [w["rank"] for w in snapshot["workers"]] == [0, 1]  # the evaluator is left out
     for row in snapshot["workers"]:

@@ -16,11 +16,11 @@ from minips.run.launch import run_local
 from minips.run.metrics import read_metrics
 from minips.worker.client import PSClient
 
-FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
+FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}
 
 
 def test_two_workers_converge_on_synthetic_data(tmp_path):
-    spec = RunConfig(epochs=2, workers=2, rule="asgd", **FAST)
+    spec = RunConfig(epochs=2, workers=2, **FAST)
     summary = run_local(spec, tmp_path, eval_interval=0.5)
     assert summary["accuracy"] >= 0.9
     assert summary["samples"] == 2 * 2000  # two epochs over two disjoint halves

@@ -148,7 +148,7 @@ class RecordingClient:
         self.delay = delay
         self.lock = threading.Lock()
 
-    def push(self, grads, base, extra=None, last=True, codecs=None, samples=None):
+    def push(self, grads, base, extra=None, last=True, codecs=None, samples=None, loss=None):
         with self.lock:
             parts = self.encoder.encode(grads, codecs)
             self.pushes.append(

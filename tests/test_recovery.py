@@ -25,7 +25,8 @@ from minips.run.metrics import read_metrics
 from minips.run.recovery import checkpoint_state
 from minips.worker.client import PSClient, ServerUnavailable
 
-RUN = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5",
+RUN = ("--rule", "asgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
+       "--momentum", "0.5",
        "--epochs", "100", "--max-samples", "60000", "--seed", "0", "--eval-interval", "0.5",
        "--checkpoint-interval", "1")  # fmt: skip
 CHECKPOINT_INTERVAL = 1.0

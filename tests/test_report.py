@@ -30,7 +30,7 @@ from minips.run.report import (
 from minips.run.rundir import load_run
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}
+FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

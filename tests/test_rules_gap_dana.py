@@ -15,11 +15,13 @@ from minips.cli import main
 from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
+from minips.protocol.plan import ParamPlan, Plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.metrics import read_metrics
 from minips.trainer import evaluate
 from minips.worker.client import PSClient
+from minips.worker.worker import apply_delta
 
 F32 = np.float32
 
@@ -158,9 +160,17 @@ def test_gap_penalty_enters_before_the_servers_momentum():
 
 
 def test_dana_needs_the_servers_momentum_off():
-    with pytest.raises(ConfigError, match="--momentum 0"):
+    wanted = "leave --momentum unset \\(not 0.9\\), or choose a --rule"
+    with pytest.raises(ConfigError, match=wanted):
         with running_server("dana", momentum=0.9):
             pass
+
+
+def test_a_rule_with_its_own_momentum_sets_the_servers_and_the_others_get_the_default():
+    assert RunConfig().rule == "dana-gap" and RunConfig().momentum == 0.0
+    assert RunConfig(rule="dana").momentum == 0.0
+    assert RunConfig(rule="asgd").momentum == RunConfig(rule="ssgd").momentum == 0.9
+    assert RunConfig(rule="asgd", momentum=0.5).momentum == 0.5
 
 
 @pytest.mark.parametrize(
@@ -290,13 +300,14 @@ def test_two_workers_converge_over_sockets(rule, momentum, options):
 
 def test_minips_run_dana_gap_from_the_cli(tmp_path, capsys):
     main(
-        ["run", "--rule", "dana-gap", "--rule-option", "momentum=0.5", "--momentum", "0",
+        ["run", "--rule", "dana-gap", "--rule-option", "momentum=0.5",
          "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--epochs", "2",
          "--out", str(tmp_path), "--quiet", "--eval-interval", "0.5"]
     )  # fmt: skip
     assert "test accuracy" in capsys.readouterr().out
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["rule"] == "dana-gap" and config["rule_options"] == {"momentum": 0.5}
+    assert config["momentum"] == 0.0  # the rule's own choice: no --momentum 0 needed
     records = read_metrics(tmp_path / "metrics.jsonl")
     updates = [r for r in records if r["event"] == "update"]
     assert updates and all(r["rule"] == "dana-gap" for r in updates)
@@ -319,3 +330,27 @@ def test_gap_and_dana_flags_belong_to_their_rule(tmp_path, capsys, args, message
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_dana_under_a_plan_sends_the_look_ahead_in_the_plans_pull_encodings():
+    """fp16 pulls carry the look-ahead rounded; delta pulls bring the worker's copy to it."""
+    lr, gamma = 0.5, 0.75
+    params = make_params()
+    g1 = _grads(1)
+    plan = Plan(
+        {"fc.w": ParamPlan(pull={"codec": "delta", "ratio": 1.0}), "fc.b": ParamPlan(pull="fp16")}
+    )
+    with running_server("dana", params=params, lr=lr, rule_options={"momentum": gamma}) as server:
+        server.use_plan(plan)
+        with PSClient(server.endpoint) as a:
+            a.hello()
+            first = a.pull()
+            copy = {name: np.array(v, np.float32) for name, v in first.params.items()}
+            w0 = _copy(params)  # the server's own (its fc.b went out rounded to fp16)
+            reply = a.push(g1, base=0, pull_since=0).pull
+    ahead = _look_ahead(_sgd(w0, g1, lr), g1, lr, gamma)
+    assert reply.params["fc.b"].dtype == np.float16
+    np.testing.assert_array_equal(reply.params["fc.b"], ahead["fc.b"].astype(np.float16))
+    apply_delta(copy["fc.w"], reply.deltas["fc.w"]["indices"], reply.deltas["fc.w"]["values"])
+    np.testing.assert_allclose(copy["fc.w"], ahead["fc.w"], rtol=0, atol=1e-6)
+    assert not np.allclose(copy["fc.w"], _sgd(w0, g1, lr)["fc.w"])  # not w itself

@@ -21,7 +21,18 @@ from minips.run.build import make_server
 from minips.run.config import RunConfig
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
-FAST = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5")
+FAST = (
+    "--rule",
+    "asgd",
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--lr",
+    "0.05",
+    "--momentum",
+    "0.5",
+)
 
 
 def _start_run(out: Path, *args: str) -> subprocess.Popen:

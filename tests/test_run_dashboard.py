@@ -8,6 +8,8 @@ import sys
 import time
 import urllib.request
 
+from minips.rules import DEFAULT_RULE
+
 
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as reply:
@@ -33,7 +35,7 @@ def test_run_dashboard_prints_its_url_and_serves_the_runs_stats(tmp_path):
         while not (snapshot["connected"] and snapshot["stats"]) and time.monotonic() < deadline:
             time.sleep(0.2)
             snapshot = _get_json(url + "snapshot.json")
-        assert snapshot["stats"]["rule"]["name"] == "asgd"
+        assert snapshot["stats"]["rule"]["name"] == DEFAULT_RULE
         assert snapshot["stats"]["world_size"] == 2
         rest, err = proc.communicate(timeout=120)
     finally:

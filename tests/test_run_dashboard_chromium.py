@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_dashboard import READ_PAGE, ROOT, _get, chromium_page
 
+from minips.rules import DEFAULT_RULE
 from minips.worker.client import PSClient
 
 
@@ -124,7 +125,7 @@ def _check_page_against_stats(page: dict, before: dict, stats: dict, evals: list
     assert int(shown["stat-version"]) == stats["version"]
     assert float(shown["stat-staleness-mean"]) == pytest.approx(stats["staleness_mean"])
     assert int(shown["stat-staleness-max"]) == stats["staleness_max"]
-    assert shown["stat-rule"] == "asgd"
+    assert shown["stat-rule"] == DEFAULT_RULE
     for key in ("bytes_in", "bytes_out"):  # the evaluator's pulls and `stats` go on
         assert before[key] <= int(shown["stat-" + key.replace("_", "-")]) <= stats[key], key
     eval_records = [e for e in evals if e.get("event") == "eval"]

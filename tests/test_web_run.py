@@ -25,7 +25,14 @@ from minips.run.rundir import report_from_stats
 from minips.web.slots import student_url
 
 # As tests/test_web_browser.py: 2000 training examples, a shard of 1000 is 16 steps of 64.
-FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "epochs": 2}
+FAST = {
+    "model": "mlp",
+    "dataset": "synthetic",
+    "lr": 0.05,
+    "momentum": 0.5,
+    "epochs": 2,
+    "rule": "asgd",
+}
 
 
 def _row(rank, alive, agent="browser", pushes=0, samples=0):
@@ -106,9 +113,9 @@ def test_mixed_run_with_dasgd_and_a_sample_budget_stops_the_browser_too(tmp_path
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     lines = []
     # Epochs to spare: the budget (two passes over the data) is what ends the run.
-    options = {**FAST, "epochs": 20}
+    options = {**FAST, "epochs": 20, "rule": "dasgd"}
     config = RunConfig(workers=2, browser=1, browser_headless=True, listen="127.0.0.1:0",
-                       rule="dasgd", max_samples=4000, **options)  # fmt: skip
+                       max_samples=4000, **options)  # fmt: skip
     summary = run_local(config, tmp_path / "run", eval_interval=0.5, announce=lines.append)
     assert len(lines) == 1 and "1 browser slot(s): open http://127.0.0.1:" in lines[0]
     reports = {}

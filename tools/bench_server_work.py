@@ -7,7 +7,7 @@ median time of that call over 300 steps after 30 warm-up steps. Replies go to a 
 socket with no peer (ZeroMQ drops them), so what is timed is decoding, checks, the update
 and encoding the reply.
 
-    python tools/bench_server_work.py pushpull|fused [--momentum 0.9]
+    python tools/bench_server_work.py pushpull|fused [--momentum 0.9] [--rule dana-gap]
     PYTHONPATH=<a checkout of an older commit> python tools/bench_server_work.py pushpull
 
 The second form times an older version of minips (one from before `ServerOptions`, whose
@@ -39,12 +39,12 @@ from minips.rules import make_rule  # noqa: E402
 NEW = hasattr(server_module, "ServerOptions")
 
 
-def _server(momentum: float):
+def _server(momentum: float, rule: str = "asgd"):
     params = _tensors()
     cls = server_module.ParameterServer
     optimizer = SGD(params, lr=1e-6, momentum=momentum)
     if NEW:
-        server = cls(params, make_rule("asgd"), optimizer, server_module.ServerOptions())
+        server = cls(params, make_rule(rule), optimizer, server_module.ServerOptions())
         return server, server.serve
     server = cls(params, make_rule("asgd"), optimizer, {})
     return server, server._handle
@@ -54,11 +54,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", nargs="?", default="pushpull", choices=("pushpull", "fused"))
     parser.add_argument("--momentum", type=float, default=0.0, help="the server's SGD momentum")
+    parser.add_argument("--rule", default="asgd", help="the update rule (dana-gap: --momentum 0)")
     args = parser.parse_args()
     mode = args.mode
     if mode == "fused" and not NEW:
         raise SystemExit("this version has no fused exchange")
-    server, serve = _server(args.momentum)
+    server, serve = _server(args.momentum, args.rule)
     grads, rid = _tensors(1), [0]
 
     def frames(header, arrays=None):
@@ -89,6 +90,7 @@ def main() -> None:
     times = [step() for _ in range(300)]
     label = "current" if NEW else "old"
     extra = f", momentum {args.momentum:g}" if args.momentum else ""
+    extra = (f", {args.rule}" if args.rule != "asgd" else "") + extra
     print(f"{label} {mode}{extra}: {statistics.median(times) * 1e3:.3f} ms (median of 300)")
     server.close()
 

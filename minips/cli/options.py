@@ -61,7 +61,7 @@ def _field_option(item: Field) -> Callable:
         flag = _flag(item)
         return click.option(f"{flag}/--no-{flag[2:]}", item.name, **kwargs)
     else:
-        kwargs["type"] = spec.cli_type or click_type(type(default), spec)
+        kwargs["type"] = spec.cli_type or click_type(spec.kind or type(default), spec)
     return click.option(_flag(item), item.name, **kwargs)
 
 

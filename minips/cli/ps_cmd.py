@@ -24,6 +24,7 @@ from minips.run.config import RunConfig
 from minips.run.report import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
+COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
 
 
 if TYPE_CHECKING:
@@ -77,10 +78,11 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     ) -> None:
         """Run a server, N workers and an evaluator on this machine, as processes.
 
-        With no options: lenet5 on the bundled sample with 2 asgd workers.
+        With no options: lenet5 on the bundled sample with 2 workers, rule dana-gap.
         Writes OUT/config.json, metrics.jsonl, summary.json and checkpoint.npz. OUT must be
         new or empty (the default, runs/latest, is replaced by each run; --force replaces
-        another).
+        another). A model that collapsed (diverged, or at chance after a warm-up) stops the
+        run early, says so in one line, and the exit status is 3.
         """
         from minips.run.launch import run_local
         from minips.run.rundir import claim_run_dir
@@ -112,6 +114,9 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         )
         click.echo(f"run directory: {out}")
         click.echo(f"test accuracy: {summary['accuracy']:.4f}")
+        if summary.get("collapse"):
+            click.echo(f"stopped early, exit status {COLLAPSED}: {summary['collapse']['line']}")
+            raise SystemExit(COLLAPSED)
 
     return run
 

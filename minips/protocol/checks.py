@@ -68,6 +68,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "base": ("uint", True),
         "last": ("bool", False),
         "samples": ("uint", False),
+        "loss": ("number", False),  # the batch's training loss: the collapse watch's (5.3)
         "pull_since": ("uint?", False),  # present: a fused push + pull (protocol.md 5.3)
     },
     "ping": {"worker": _WORKER},

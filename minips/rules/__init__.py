@@ -38,6 +38,25 @@ RULES: dict[str, type[Rule]] = {
     cls.name: cls for cls in (ASGD, SSGD, SSP, DASGD, VSGD, DCASGD, GapAware, DANA, DANAGap)
 }
 
+# The rule and momentum a run gets when it names none. dana-gap, because it is the rule
+# measured to converge at every number of workers from 1 to 16, homogeneous or not, on
+# every link, where asgd with momentum 0.9 ended at chance in some runs from 4 workers on
+# (docs/algorithms.md, "The default", has the table). Its momentum is its own, per worker
+# (the server's is then 0, DANA.server_momentum); rules that use the server's get 0.9.
+DEFAULT_RULE = DANAGap.name
+DEFAULT_MOMENTUM = 0.9
+
+
+def server_momentum(rule: str | None) -> float:
+    """The server's momentum under `rule` when the run gives none: the rule's own choice
+    (0 under dana and dana-gap), else DEFAULT_MOMENTUM. A name that is not a rule gets
+    DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
+    try:
+        chosen = rule_class(rule).server_momentum if rule else None
+    except ConfigError:
+        chosen = None
+    return DEFAULT_MOMENTUM if chosen is None else chosen
+
 
 def make_rule(name: str, **options: Any) -> Rule:
     """Build a rule by name: make_rule("ssp", staleness=2), or from outside minips as
@@ -95,6 +114,6 @@ def worker_side(described: dict[str, Any]) -> WorkerSide:
 
 __all__ = [
     "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "GapAware", "SSGD", "SSP", "VSGD",
-    "Outcome", "Push", "Rule", "RuleOption", "Update", "WorkerSide", "layer_of", "make_rule",
-    "rule_class", "worker_side",
+    "DEFAULT_MOMENTUM", "DEFAULT_RULE", "Outcome", "Push", "Rule", "RuleOption", "Update",
+    "WorkerSide", "layer_of", "make_rule", "rule_class", "server_momentum", "worker_side",
 ]  # fmt: skip

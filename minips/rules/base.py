@@ -119,8 +119,22 @@ class Rule:
 
     name: ClassVar[str] = ""
     options: ClassVar[tuple[RuleOption, ...]] = ()  # its settings, declared once
+    # The momentum the server's SGD must have under this rule when --momentum is not
+    # given; None: the run's default (minips.rules.DEFAULT_MOMENTUM). DANA keeps one
+    # momentum per worker itself, so the server's shared one must be off: 0.
+    server_momentum: ClassVar[float | None] = None
     store: ParameterStore
     registry: WorkerRegistry
+
+    @classmethod
+    def check_server_momentum(cls, momentum: float) -> None:
+        """ConfigError when the server's momentum is not the one this rule needs."""
+        if cls.server_momentum is not None and momentum != cls.server_momentum:
+            raise ConfigError(
+                f"rule {cls.name} keeps one momentum per worker, so the server's is"
+                f" {cls.server_momentum:g}: leave --momentum unset (not {momentum:g}), or"
+                f" choose a --rule that uses it, e.g. asgd"
+            )
 
     @classmethod
     def worker_side(cls, described: dict[str, Any]) -> WorkerSide:

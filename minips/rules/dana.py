@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minips.errors import ConfigError
 from minips.rules.base import (
     Outcome,
     Push,
@@ -46,8 +45,9 @@ class DANA(ASGD):
     The worker computes its gradient at w_hat as it would at any pulled values (nothing
     extra on the wire; docs/protocol.md §6.5); an observer's pull (the evaluator) gets w.
 
-    The momentum is the rule's, per worker, so the server's own SGD must have none: run
-    it with --momentum 0 (a ConfigError otherwise); weight decay, if any, is added by the
+    The momentum is the rule's, per worker, so the server's own SGD must have none: the
+    rule sets it to 0 (`server_momentum`; another --momentum given is a ConfigError);
+    weight decay, if any, is added by the
     server's SGD outside the momentum. Costs: one model-sized velocity per worker plus their
     running sum on the server; one look-ahead computed per pull (no shared snapshot). A
     worker that leaves takes its momentum out of the sum.
@@ -56,9 +56,10 @@ class DANA(ASGD):
     name = "dana"
     options = (
         RuleOption("momentum", "--dana-momentum", float, 0.9,
-                   "dana: momentum gamma, one buffer per worker (server --momentum 0).",
+                   "dana: momentum gamma, one buffer per worker (the server's is then 0).",
                    minimum=0, maximum=1, max_open=True),
     )  # fmt: skip
+    server_momentum = 0.0
 
     def __init__(self, momentum: float | None = None) -> None:
         momentum = option_default(DANA, "momentum") if momentum is None else momentum
@@ -69,11 +70,7 @@ class DANA(ASGD):
         self._sum: dict[str, np.ndarray] = {}  # name -> sum_j v_j
 
     def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
-        if store.optimizer.momentum:
-            raise ConfigError(
-                f"rule {self.name} keeps one momentum per worker (--dana-momentum); run the"
-                f" server with --momentum 0, not {store.optimizer.momentum:g}"
-            )
+        self.check_server_momentum(store.optimizer.momentum)
         super().attach(store, registry)
 
     def describe(self) -> dict[str, Any]:
@@ -94,8 +91,10 @@ class DANA(ASGD):
                 total = self._sum.get(name)
                 self._sum[name] = new.copy() if total is None else total + new
             else:
-                velocity[name] = new = gamma * old + grad
-                self._sum[name] = self._sum[name] + (new - old)  # sum_j v_j, kept as it changes
+                velocity[name] = new = np.multiply(old, gamma)
+                new += grad
+                # sum_j v_j, kept as it changes: sum + (new - old), in place (old is done)
+                self._sum[name] += np.subtract(new, old, out=old)
         steps = [(name, velocity[name], 1.0) for name in grads]  # the server's SGD: w -= lr v_i
         return Outcome(
             updates=[Update([push], steps, value_staleness=telemetry)], answers=[(push, True)]
@@ -105,12 +104,14 @@ class DANA(ASGD):
         """w_hat = w - float32(eta * gamma) * sum_j v_j for each name (fresh arrays)."""
         ahead = np.float32(self.store.optimizer.lr * self.momentum)
         params = self.store.params
-        return {
-            name: params[name] - ahead * self._sum[name]
-            if name in self._sum
-            else self.store.snapshot(name)
-            for name in names
-        }
+        values = {}
+        for name in names:
+            if name not in self._sum:
+                values[name] = self.store.snapshot(name)
+                continue
+            values[name] = ahead_values = np.multiply(self._sum[name], ahead)
+            np.subtract(params[name], ahead_values, out=ahead_values)  # w - ahead * S
+        return values
 
     def on_worker_left(self, worker: WorkerState) -> Outcome:
         for name, velocity in self._velocity.pop(worker.worker_id, {}).items():
@@ -154,7 +155,7 @@ class DANAGap(DANA):
 
     def gradient(self, push: Push) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
         params = self.store.params
-        self._before = {name: params[name].copy() for name in push.grads}
+        self._before = {name: params[name] for name in push.grads}  # by reference, as gap's
         then = self.pulled.at(push.worker.worker_id, push.base)
         if then is None:
             return push.grads, None  # no reference point: plain DANA

@@ -84,7 +84,8 @@ class GapPenalty:
         count = self._count.get(name, 0)
         if not count:
             return None
-        return np.sqrt(self._mean_sq[name] / np.float32(1.0 - self.decay**count))
+        size = self._mean_sq[name] / np.float32(1.0 - self.decay**count)
+        return np.sqrt(size, out=size)
 
     def penalize(
         self,
@@ -100,21 +101,29 @@ class GapPenalty:
             size = self.step_size(name)
             if size is None:  # nothing has moved yet: there is no gap to measure
                 penalized[name], steps_behind = grad, np.zeros(grad.shape, np.float32)
-            else:
-                divisor = np.where(size > 0, size, np.float32(np.inf))
-                steps_behind = np.abs(current[name] - then[name]) / divisor
-                penalized[name] = grad / (np.float32(1) + steps_behind)
+            else:  # in place where it can be: this runs on every push, over the model
+                size[size == 0] = np.inf  # a coordinate that never moved has no gap
+                steps_behind = np.subtract(current[name], then[name])
+                np.abs(steps_behind, out=steps_behind)
+                steps_behind /= size
+                penalized[name] = divisor = steps_behind + np.float32(1)
+                np.divide(grad, divisor, out=divisor)
             layer = layer_of(name)
             gap_sum[layer] = gap_sum.get(layer, 0.0) + float(steps_behind.sum(dtype=np.float64))
             sizes[layer] = sizes.get(layer, 0) + grad.size
         return penalized, {layer: gap_sum[layer] / sizes[layer] for layer in gap_sum}
 
     def record_move(self, name: str, move: np.ndarray) -> None:
-        """One update moved w_name by `move` (float32): fold it into A_p."""
-        decay = np.float32(self.decay)
-        square = np.float32(1.0 - self.decay) * (move * move)
+        """One update moved w_name by `move` (float32, a fresh array this overwrites):
+        fold it into A_p."""
+        square = np.multiply(move, move, out=move)
+        square *= np.float32(1.0 - self.decay)
         old = self._mean_sq.get(name)
-        self._mean_sq[name] = square if old is None else decay * old + square
+        if old is None:
+            self._mean_sq[name] = square
+        else:  # decay * A + square, in place
+            old *= np.float32(self.decay)
+            old += square
         self._count[name] = self._count.get(name, 0) + 1
 
 
@@ -170,7 +179,9 @@ class GapAware(ASGD):
 
     def on_push(self, push: Push) -> Outcome:
         params = self.store.params
-        self._before = {name: params[name].copy() for name in push.grads}
+        # The values before the update, by reference: the store never writes an array it
+        # holds (each update replaces them with new ones), so these stay as they are.
+        self._before = {name: params[name] for name in push.grads}
         then = self.pulled.at(push.worker.worker_id, push.base)
         if then is None:
             return Outcome.update_now(push)  # no reference point: plain ASGD

@@ -31,7 +31,14 @@ from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
 from minips.protocol.auth import load_server_keys
-from minips.rules import RULES, RuleOption, make_rule
+from minips.rules import (
+    DEFAULT_MOMENTUM,
+    DEFAULT_RULE,
+    RULES,
+    RuleOption,
+    make_rule,
+    server_momentum,
+)
 from minips.server.server import ServerOptions
 
 TRAIN_RUN_SERVER = ("train", "run", "server")
@@ -46,8 +53,10 @@ class Setting:
     help: the option's help. commands: the commands that take it as an option. to_workers:
     sent to workers in hello's config. server_option: the ServerOptions field it sets.
     minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
-    by the CLI and by `validate()`. cli_type: a click type for fields whose default does
-    not say it (paths). parse: option text -> value, for values that are not a plain
+    by the CLI and by `validate()`. kind: the value's type when the default does not say
+    it (a default of None that stands for a number: `momentum`; else a None default
+    holds text). cli_type: a click type for fields whose default does not say it (paths).
+    parse: option text -> value, for values that are not a plain
     number or word (a comma list); `multiple`: the option may repeat.
     flag: the option's name when it is not "--" + the field's name with dashes.
     """
@@ -61,6 +70,7 @@ class Setting:
     maximum: float | None = None
     max_open: bool = False
     choices: tuple[str, ...] = ()
+    kind: type | None = None
     cli_type: click.ParamType | None = None
     parse: Callable[[Any], Any] | None = None
     multiple: bool = False
@@ -124,6 +134,12 @@ Config = TypeVar("Config", bound="ConfigBase")
 class ConfigBase:
     """What every configuration dataclass here can do with its declared settings."""
 
+    def __post_init__(self) -> None:
+        # An unset momentum is the rule's choice (0 under dana: its momentum is its own),
+        # decided here, once, so config.json and the server's arguments say what ran.
+        if getattr(self, "momentum", 0.0) is None:
+            object.__setattr__(self, "momentum", server_momentum(getattr(self, "rule", None)))
+
     @classmethod
     def from_options(
         cls: type[Config], values: Mapping[str, Any], base: Config | None = None
@@ -170,9 +186,9 @@ class ConfigBase:
 
 def _check_type(item: Field, value: Any, path: str | Path) -> None:
     """ConfigError when a config.json value is not of its field's kind (the default's type;
-    a field that defaults to None holds text)."""
+    a field that defaults to None holds text unless its Setting names a kind)."""
     default = item.default_factory() if item.default is MISSING else item.default
-    kind = str if default is None else type(default)
+    kind = setting_of(item).kind or (str if default is None else type(default))
     if value is None and default is None:
         return
     if kind is float and type(value) is int:
@@ -203,9 +219,11 @@ def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
 class RunConfig(ConfigBase):
     """Everything that defines a distributed run (`minips run`, `minips server`).
 
-    `epochs` counts passes over each worker's shard. The field order is the order of the
-    options in --help and of the keys of hello's config (kept so the protocol's bytes do
-    not change).
+    `epochs` counts passes over each worker's shard. `momentum` None (not given) is the
+    rule's choice, filled in when the config is made (minips.rules.server_momentum: 0 under
+    dana and dana-gap, else 0.9), so `replace(config, rule=...)` keeps the one chosen for
+    the first rule. The field order is the order of the options in --help and of the keys
+    of hello's config (kept so the protocol's bytes do not change).
     """
 
     # fmt: off
@@ -249,11 +267,13 @@ class RunConfig(ConfigBase):
     # the server's optimizer and update rule
     lr: float = setting(0.01, "Learning rate.", commands=TRAIN_RUN_SERVER, to_workers=True,
                         minimum=0, min_open=True)
-    momentum: float = setting(0.9, "Momentum of the (server's) SGD.", commands=TRAIN_RUN_SERVER,
-                              minimum=0, maximum=1, max_open=True)
+    momentum: float | None = setting(None, "Momentum of the (server's) SGD [default: "
+                                     f"{DEFAULT_MOMENTUM}; 0 under dana and dana-gap, which "
+                                     "keep their own per worker].", commands=TRAIN_RUN_SERVER,
+                                     minimum=0, maximum=1, max_open=True, kind=float)
     weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
-    rule: str = setting("asgd", f"Update rule: {', '.join(RULES)} (docs/algorithms.md), "
-                                "or FILE.py:CLASS / MODULE:CLASS of your own.")
+    rule: str = setting(DEFAULT_RULE, f"Update rule: {', '.join(RULES)} (docs/algorithms.md), "
+                                      "or FILE.py:CLASS / MODULE:CLASS of your own.")
     rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
                                            flag="--rule-option", multiple=True,
                                            parse=_rule_option_pairs)
@@ -314,7 +334,8 @@ class RunConfig(ConfigBase):
             )
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
-        make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
+        rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
+        rule.check_server_momentum(self.momentum)  # here, not later in the server process
         _check_browser_slots(self)
         from minips.data import find_dataset, load_dataset
 

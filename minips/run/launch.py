@@ -28,7 +28,7 @@ from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
 from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
 from minips.run.recovery import ServerRestarts
-from minips.run.rundir import RunDir, latest_eval, write_results
+from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
@@ -293,8 +293,10 @@ class LocalRun:
     def watch(self, operator: PSClient) -> float:
         """Follow the run until training is over, stop the server; return the training time.
 
-        Training is over when the server starts stopping (its sample budget is spent) or
-        when the last worker is done; shutdown is not training.
+        Training is over when the server starts stopping (its sample budget is spent), when
+        the model collapsed (the server's `stats` or the evaluator says so: the line is
+        announced and the server stopped, rather than train on at chance), or when the last
+        worker is done; shutdown is not training.
         """
         total = self._progress_total()
         server = self.processes["server"]
@@ -351,6 +353,10 @@ class LocalRun:
             self.announce(notice)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
+        elif (collapse := stats.get("collapse") or latest_collapse(self.dir.eval_log)) is not None:
+            self.training_ended = self._elapsed()
+            self.announce(collapse["line"])
+            _stop_server(operator, self.processes["server"])
         elif self.progress is not None:
             latest = latest_eval(self.dir.eval_log)
             latest["updates"] = stats.get("updates", 0)

@@ -340,6 +340,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"
     )
+    if s.get("collapse"):
+        c = s["collapse"]
+        lines.append(
+            f"  COLLAPSED, stopped after {c['updates']} updates: {c['what']}; {c['advice']}"
+        )
     if report.get("dropped"):
         lines.append(f"  dropped updates {report['dropped']} (logged but not applied)")
     if "target" in report:

@@ -12,7 +12,8 @@ RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is m
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
-RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness
+RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness,
+                        and `collapse` (the model collapsed, minips.server.collapse; else null)
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
 RUN_DIR/logs/           each process's output
 
@@ -121,6 +122,14 @@ def latest_eval(path: Path) -> dict[str, Any]:
     return dict(evals[-1]) if evals else {}
 
 
+def latest_collapse(path: Path) -> dict[str, Any] | None:
+    """The evaluator's `collapse` record (minips.server.collapse), None while it has none."""
+    if not path.exists():
+        return None
+    found = next((r for r in read_metrics(path) if r.get("event") == "collapse"), None)
+    return {k: v for k, v in found.items() if k not in ("event", "time")} if found else None
+
+
 def bytes_by_layer(by_param: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}."""
     layers: dict[str, dict[str, int]] = {}
@@ -211,6 +220,9 @@ def write_results(
         "restarts": len(restarts),
         "updates_lost": sum(restart["updates_lost"] for restart in restarts),
         "restart_log": restarts,
+        # the model collapsed (minips.server.collapse): the server's finding, else the
+        # evaluator's; None when training went on to its end
+        "collapse": stats.get("collapse") or latest_collapse(run_dir.eval_log),
     }
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:

@@ -94,11 +94,11 @@ class Pulls:
         rule's own values (DANA's look-ahead), or encoded by the plan."""
         held, worker.held_pull = worker.held_pull, None
         worker.pulls += 1
-        if self.encoder is not None:
-            parts = self.encoder.parts(worker, held.since)
+        names = self.store.changed_since(held.since)
+        values = None if worker.observer else self.rule.pull_values(worker, names)
+        if self.encoder is not None:  # encoded by the plan, the rule's values included
+            parts = self.encoder.parts(worker, held.since, values)
         else:
-            names = self.store.changed_since(held.since)
-            values = None if worker.observer else self.rule.pull_values(worker, names)
             if values is None:  # every rule but DANA: the parameters, as they are
                 values = {name: self.store.snapshot(name) for name in names}
             parts = [WirePart(name, array) for name, array in values.items()]
@@ -136,12 +136,26 @@ class PullEncoder:
             self.store.params
         )
 
-    def parts(self, worker: WorkerState, since: int | None) -> list[WirePart]:
-        """The arrays of `worker`'s pull reply for its `since`, encoded by the plan."""
+    def parts(
+        self,
+        worker: WorkerState,
+        since: int | None,
+        values: dict[str, np.ndarray] | None = None,
+    ) -> list[WirePart]:
+        """The arrays of `worker`'s pull reply for its `since`, encoded by the plan.
+
+        values: what the rule sends this worker instead of the parameters (DANA's
+        look-ahead, Rule.pull_values), by name; the parameters for the names it lacks.
+        """
         store = self.store
         changed = set(store.changed_since(since))
         if worker.observer:
             return [WirePart(name, store.snapshot(name)) for name in self.order if name in changed]
+        sent = values or {}
+
+        def now(name: str) -> np.ndarray:
+            return sent[name] if name in sent else store.snapshot(name)
+
         held = self._replicas.get(worker.worker_id)
         in_sync = held is not None and since is not None and held[0] == since
         parts: list[WirePart] = []
@@ -149,14 +163,14 @@ class PullEncoder:
             codec, options = self.specs[name]
             if codec == "delta" and in_sync:
                 if store.version > since:
-                    parts += self._delta(name, held[1][name], options)
+                    parts += self._delta(name, held[1][name], options, now(name))
             elif codec == "delta":
-                parts.append(WirePart(name, store.snapshot(name)))
+                parts.append(WirePart(name, now(name)))
             elif name in changed:
-                parts.append(self._single(name, codec))
+                parts.append(self._single(name, codec, sent.get(name)))
         if self.delta and (not in_sync or store.version > since):
-            if not in_sync:  # dense sent: the replicas restart from the current values
-                held = (0, {name: store.snapshot(name).copy() for name in self.delta})
+            if not in_sync:  # dense sent: the replicas restart from the values sent
+                held = (0, {name: now(name).copy() for name in self.delta})
             self._replicas[worker.worker_id] = (store.version, held[1])
         return parts
 
@@ -164,7 +178,11 @@ class PullEncoder:
         """Drop a departed worker's replicas."""
         self._replicas.pop(worker.worker_id, None)
 
-    def _single(self, name: str, codec: str) -> WirePart:
+    def _single(self, name: str, codec: str, value: np.ndarray | None = None) -> WirePart:
+        """`name` dense or fp16: the parameter (fp16 made once per version, shared by every
+        worker), or the rule's `value` for this worker."""
+        if value is not None:
+            return WirePart(name, value if codec == "dense" else value.astype(np.float16), codec)
         if codec == "dense":
             return WirePart(name, self.store.snapshot(name))
         version = self.store.param_versions[name]
@@ -173,10 +191,12 @@ class PullEncoder:
             cached = self._fp16[name] = (version, self.store.params[name].astype(np.float16))
         return WirePart(name, cached[1], "fp16")
 
-    def _delta(self, name: str, replica: np.ndarray, options: dict) -> list[WirePart]:
+    def _delta(
+        self, name: str, replica: np.ndarray, options: dict, current: np.ndarray
+    ) -> list[WirePart]:
         """Top-k of (current - replica) as indices + values; the replica takes them in."""
         flat = replica.reshape(-1)
-        diff = self.store.params[name].reshape(-1) - flat
+        diff = current.reshape(-1) - flat
         k = min(diff.size, math.ceil(options["ratio"] * diff.size))
         indices = top_k_indices(np.abs(diff), k, self._rng).astype(np.int32)
         values = diff[indices].astype(np.dtype(options.get("dtype", "float32")))

@@ -35,6 +35,7 @@ from minips.protocol.wire import Message, ProtocolError
 from minips.rules import Outcome, Rule
 from minips.server import checks
 from minips.server.checkpoints import Checkpointer
+from minips.server.collapse import CollapseWatch, output_classes
 from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
@@ -79,6 +80,9 @@ class ParameterServer:
         self.rule = rule
         rule.attach(self.store, self.registry)
         self.telemetry = Telemetry(on_update)
+        self.collapse = CollapseWatch(  # beside the path: has the model collapsed? (logged)
+            output_classes(params), options.world_size, optimizer.lr, rule.name, log.warning
+        )  # fmt: skip
         self.checkpoints = Checkpointer(
             self.store, self.telemetry.counters, options.checkpoint_path,
             options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
@@ -145,6 +149,8 @@ class ParameterServer:
                 self.after_leaving(left)
         except ProtocolError as exc:
             self.outbox.error(envelope, exc, body)
+            if exc.code == "nonfinite":  # the model may have diverged (server/collapse.py)
+                self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("internal error handling a request")
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
@@ -243,6 +249,8 @@ class ParameterServer:
         if self.stopping:
             self.answer_push(push, applied=False)
             return
+        if "loss" in header:  # the workers' training loss: watched for a collapse
+            self.collapse.on_train_loss(float(header["loss"]))
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
@@ -287,6 +295,7 @@ class ParameterServer:
                 push.staleness = self.store.version - push.base  # tau, t just before it
             version = self.store.write(update.steps)
             self.overflow.carry(update.steps)  # its norm bounds, to the versions just written
+            self.collapse.on_applied()
             self.rule.after_update(update)
             self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
             self.checkpoints.after_update(version)
@@ -339,5 +348,6 @@ class ParameterServer:
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """The `stats` reply: counters, versions, staleness and the worker table."""
-        return self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
+        """The `stats` reply: counters, versions, staleness, the worker table, a collapse."""
+        stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
+        return {**stats, "collapse": self.collapse.collapse and self.collapse.collapse.record()}

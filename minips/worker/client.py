@@ -197,6 +197,7 @@ class PSClient:
         codecs: Mapping[str, Spec] | None = None,
         samples: int | None = None,
         pull_since: Any = _NO_PULL,
+        loss: float | None = None,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
 
@@ -206,6 +207,7 @@ class PSClient:
         when more pushes of the same step follow (only the last one advances the worker's
         clock). codecs: name -> codec spec ("dense" when absent; docs/protocol.md 13).
         samples: training examples behind this push (summed in the server's stats).
+        loss: their mean training loss (the server watches it for a collapse).
         Encoding happens once: retries resend the same bytes, and codec state (top-k's
         residual) counts the push as sent even if it finally fails (ServerUnavailable).
         pull_since: also pull, in the same round trip, the parameters changed since this
@@ -222,6 +224,8 @@ class PSClient:
                       "last": last}  # fmt: skip
             if samples is not None:
                 header["samples"] = samples
+            if loss is not None:
+                header["loss"] = loss
             if pull_since is not _NO_PULL:
                 header["pull_since"] = pull_since
             message = self._worker_request(header, parts + extras)

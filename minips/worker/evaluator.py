@@ -3,18 +3,23 @@
 It registers as an *observer* (no rank, never part of a barrier) and writes `eval`
 records {time, samples, updates, version, accuracy, loss} to the run's JSONL log. When
 the server says stop it evaluates the final parameters once more and exits, so the last
-`eval` line is the model the run ended with.
+`eval` line is the model the run ended with. A model at chance for several evaluations
+(minips.server.collapse) is logged in one line and written as a `collapse` record.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from minips.run.metrics import MetricsLog
+from minips.server.collapse import CollapseWatch, output_classes
 from minips.trainer import evaluate
 from minips.worker.client import PSClient, ServerUnavailable
 from minips.worker.worker import dataset_from_hello, model_from_hello
+
+log = logging.getLogger("minips.evaluator")
 
 
 def run_evaluator(
@@ -28,6 +33,10 @@ def run_evaluator(
     config = hello["config"]
     data = dataset_from_hello(config, data_dir)
     model = model_from_hello(config)
+    rule = (config.get("rule") or {}).get("name")
+    watch = CollapseWatch(
+        output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
+    )
     version: int | None = None
     last: dict | None = None
     next_eval = time.monotonic()
@@ -60,6 +69,8 @@ def run_evaluator(
             loss=loss,
             final=bool(reply.stop),
         )
+        if (found := watch.on_evaluation(accuracy, loss, last["updates"])) is not None:
+            metrics.write("collapse", **found.record())  # `minips run` stops the run on it
         if reply.stop:
             break
         next_eval = time.monotonic() + interval

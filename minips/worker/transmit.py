@@ -106,12 +106,17 @@ class StepSender:
             self._ready.append(layer)
 
     def finish(
-        self, extra: dict[str, np.ndarray], samples: int, pull_since: int | None = None
+        self,
+        extra: dict[str, np.ndarray],
+        samples: int,
+        pull_since: int | None = None,
+        loss: float | None = None,
     ) -> PushReply:
         """Wait for the sender thread, then push what is left with `last=True`.
 
         pull_since: fuse the step's pull into this last push (one round trip per step);
-        the reply's `pull` then holds the parameters changed since that version.
+        the reply's `pull` then holds the parameters changed since that version. loss:
+        the step's training loss, sent with this last push.
         """
         if self._thread is not None:
             self._queue.join()
@@ -127,7 +132,8 @@ class StepSender:
         fused = {} if pull_since is None else {"pull_since": pull_since}
         with self.trace.span("last push+pull", SEND, args={"params": list(grads), **fused}):
             return self.client.push(grads, base=self.base, extra=extra, last=True,
-                                    codecs=self.specs, samples=samples, **fused)  # fmt: skip
+                                    codecs=self.specs, samples=samples, loss=loss,
+                                    **fused)  # fmt: skip
 
     def close(self) -> None:
         """Stop the sender thread (idempotent)."""

@@ -173,7 +173,7 @@ class Worker:
         # Still the parameters of the last pull (set only by apply_pull below): VSGD's
         # samples are exactly the values the gradient was computed at.
         extra = self.rule_side.extras(self.model.params, self.model.grads)
-        pushed = self.push(extra, samples=len(xb))  # None: the server went back in time
+        pushed = self.push(extra, len(xb), float(loss))  # None: the server went back in time
         trained = pushed is not None and (pushed.applied or not pushed.stop)  # else: not used
         if trained:
             self.apply_pull(pushed.pull)
@@ -207,17 +207,18 @@ class Worker:
         if pushed is not None and (pushed.stop or pushed.pull.stop):
             report.stopped_by_server = True
 
-    def push(self, extra: dict[str, np.ndarray], samples: int) -> PushReply | None:
-        """Push this step's gradients by the plan and pull in the same round trip: the
-        plan's StepSender (minips/worker/transmit.py) sends what is left of the step, all
-        of it in one fused push under the default dense plan.
+    def push(self, extra: dict[str, np.ndarray], samples: int, loss: float) -> PushReply | None:
+        """Push this step's gradients (their batch's `samples` and training `loss` with
+        them) by the plan and pull in the same round trip: the plan's StepSender
+        (minips/worker/transmit.py) sends what is left of the step, all of it in one fused
+        push under the default dense plan.
 
         None when the server answers `bad_base`: it restarted from a checkpoint older than
         our parameters (docs/protocol.md 7), so pull them all again and go on from there
         (the gradient, of a version it forgot, is dropped).
         """
         try:
-            return self.sender.finish(extra, samples=samples, pull_since=self.version)
+            return self.sender.finish(extra, samples, self.version, loss)
         except ServerError as exc:
             if exc.code != "bad_base":
                 raise
