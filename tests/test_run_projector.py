@@ -17,7 +17,7 @@ from test_dashboard import READ_PAGE, ROOT, chromium_page
 from test_web_support import require_browser
 
 pytestmark = pytest.mark.slow
-FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05"]
 
 
 def _start_run(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:

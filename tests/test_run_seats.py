@@ -14,7 +14,7 @@ from test_web_seats import _crash
 from test_web_support import Chromium, require_browser, wait_for
 
 pytestmark = pytest.mark.slow
-FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05"]
 SEATS = ["--listen", "127.0.0.1:0", "--quiet"]
 
 
