@@ -9,6 +9,9 @@ For an input x (N, C, H, W), a kernel w (O, C, kh, kw) and stride s, padding p:
 windows of xp into columns turns this into a GEMM (Chellapilla et al. 2006, "High
 Performance Convolutional Neural Networks for Document Processing"); the backward pass is
 two more GEMMs, dW = dY · cols^T and dcols = W^T · dY, and col2im scatters dcols back.
+The bias rides in the GEMMs (the "bias trick"): cols has one more row, all ones, and W
+one more column, b, so Y = [W | b] · [cols; 1] and [dW | db] = dY · [cols; 1]^T, with no
+separate pass over Y for the add or over dY for the sum.
 
 Memory order: batch last. The layer computes in (C, H, W, N) order, the batch the
 innermost axis, because then every piece of the work is long contiguous runs:
@@ -87,9 +90,9 @@ def col2im_add(dcols: np.ndarray, padded_shape: tuple[int, ...], stride: int) ->
 class ConvCache:
     """What Conv2D.backward needs from its forward pass, and its reusable work buffers."""
 
-    cols: np.ndarray  # im2col matrix (C, k, k, Ho, Wo, N), batch last
+    cols: np.ndarray  # (C*k*k + 1, Ho*Wo*N): the im2col matrix, batch last, and a row of ones
     input_shape: tuple[int, ...]  # (N, C, H, W) before padding
-    dcols: np.ndarray | None = None  # backward's W^T @ dY, same shape as cols (scratch)
+    dcols: np.ndarray | None = None  # (C*k*k, Ho*Wo*N) backward's W^T @ dY (scratch)
 
 
 class Conv2D(Layer):
@@ -146,10 +149,11 @@ class Conv2D(Layer):
             raise ShapeError(f"input {h}x{wd} (padding {p}) is smaller than the {k}x{k} kernel")
         ho, wo = conv_output_size(h, k, s, p), conv_output_size(wd, k, s, p)
         old = self.cache if train else None  # an evaluation must not clobber the cache
-        cols = reuse_or_empty(old.cols if old else None, (c, k, k, ho, wo, n), w.dtype)
-        im2col(pad_hw(batch_last(x), p), k, s, out=cols)
-        yt = self.params["w"].reshape(self.out_channels, -1) @ cols.reshape(c * k * k, -1)
-        yt += b[:, None]  # (O, Ho*Wo*N)
+        cols = reuse_or_empty(old.cols if old else None, (c * k * k + 1, ho * wo * n), w.dtype)
+        im2col(pad_hw(batch_last(x), p), k, s, out=cols[:-1].reshape(c, k, k, ho, wo, n))
+        cols[-1] = 1.0  # the bias row
+        w_b = np.concatenate([w.reshape(self.out_channels, -1), b[:, None]], axis=1)
+        yt = w_b @ cols  # (O, Ho*Wo*N)
         if train:
             self.cache = ConvCache(cols, input_shape=x.shape, dcols=old.dcols if old else None)
         return yt.reshape(-1, ho, wo, n).transpose(3, 0, 1, 2)  # (N, O, Ho, Wo) view
@@ -160,16 +164,18 @@ class Conv2D(Layer):
         n, c, h, wd = cache.input_shape
         k, s, p = self.kernel_size, self.stride, self.padding
         o = self.out_channels
-        cols = cache.cols.reshape(c * k * k, -1)  # (C*k*k, Ho*Wo*N)
-        dyt = batch_last(np.asarray(dy, dtype=cols.dtype)).reshape(o, -1)  # (O, Ho*Wo*N)
-        # db = dY @ 1 and dW = dY @ cols^T, the latter computed as its transpose
-        # cols @ dY^T (C*k*k, O): the same product, a faster BLAS kernel for these shapes.
-        np.matmul(dyt, np.ones(dyt.shape[1], dtype=dyt.dtype), out=self.grads["b"])
-        np.copyto(self.grads["w"].reshape(o, -1), (cols @ dyt.T).T)
+        dyt = batch_last(np.asarray(dy, dtype=cache.cols.dtype)).reshape(o, -1)  # (O, Ho*Wo*N)
+        # [dW | db]^T = [cols; 1] @ dY^T, (C*k*k + 1, O): computed transposed, the same
+        # product is a faster BLAS kernel for these shapes than dY @ [cols; 1]^T.
+        grad_w_b = cache.cols @ dyt.T
+        np.copyto(self.grads["w"].reshape(o, -1), grad_w_b[:-1].T)
+        np.copyto(self.grads["b"], grad_w_b[-1])
         if not self.need_input_grad:
             return None
-        cache.dcols = reuse_or_empty(cache.dcols, cache.cols.shape, cols.dtype)
-        w2d = self.params["w"].reshape(o, -1)
-        np.matmul(w2d.T, dyt, out=cache.dcols.reshape(cols.shape))  # (C*k*k, Ho*Wo*N)
-        dxpt = col2im_add(cache.dcols, (c, h + 2 * p, wd + 2 * p, n), s)  # (C, Hp, Wp, N)
+        ho, wo = conv_output_size(h, k, s, p), conv_output_size(wd, k, s, p)
+        dcols_shape = (c * k * k, ho * wo * n)
+        cache.dcols = dcols = reuse_or_empty(cache.dcols, dcols_shape, dyt.dtype)
+        np.matmul(self.params["w"].reshape(o, -1).T, dyt, out=dcols)  # (C*k*k, Ho*Wo*N)
+        padded = (c, h + 2 * p, wd + 2 * p, n)
+        dxpt = col2im_add(dcols.reshape(c, k, k, ho, wo, n), padded, s)  # (C, Hp, Wp, N)
         return dxpt[:, p : p + h, p : p + wd].transpose(3, 0, 1, 2)  # (N, C, H, W) view
