@@ -5,6 +5,7 @@ import pytest
 
 from minips.errors import ShapeError
 from minips.nn import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
+from minips.nn.conv import batch_last
 from minips.nn.gradcheck import numerical_gradient, relative_error
 from minips.nn.naive import (
     conv2d_backward_naive,
@@ -22,19 +23,28 @@ CONV_CASES = [
     (3, 5, 1, 1, 0, 4, 5),
     (2, 2, 4, 3, 2, 7, 8),
 ]
-# Force each im2col layout: the threshold picks "chwn" below it, "nchw" at or above it.
-LAYOUTS = {"nchw": 0, "chwn": 10**9}
+# Memory orders an (N, C, H, W) batch can come in: layers must give the same numbers for
+# each. "batch_last" is what conv and pool layers hand on; "channels_last" is neither.
+MEMORY_ORDERS = {"c": (0, 1, 2, 3), "batch_last": (1, 2, 3, 0), "channels_last": (0, 2, 3, 1)}
 
 
-def make_conv(case, layout, dtype=np.float64, seed=0):
+def in_memory_order(x, order):
+    """x (N, C, H, W) with the same shape and values, laid out in memory in `order`."""
+    axes = MEMORY_ORDERS[order]
+    stored = np.ascontiguousarray(x.transpose(axes))
+    y = stored.transpose(np.argsort(axes))
+    assert y.shape == x.shape and np.array_equal(y, x)
+    return y
+
+
+def make_conv(case, order, dtype=np.float64, seed=0):
     c_in, c_out, k, s, p, h, w = case
     rng = np.random.default_rng(seed)
     conv = Conv2D(c_in, c_out, k, stride=s, padding=p, rng=rng)
     conv.cast(dtype)
     conv.params["b"][:] = rng.standard_normal(c_out)
-    conv.CHWN_BELOW_PIXELS = LAYOUTS[layout]
     x = rng.standard_normal((3, c_in, h, w)).astype(dtype)
-    return conv, x
+    return conv, in_memory_order(x, order)
 
 
 def check_layer_gradients(layer, x, seed=1, before_forward=lambda: None):
@@ -57,10 +67,10 @@ def check_layer_gradients(layer, x, seed=1, before_forward=lambda: None):
         assert relative_error(analytic[name], numerical_gradient(loss, param)) < 1e-5, name
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("order", MEMORY_ORDERS)
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv_matches_naive_loops(case, layout):
-    conv, x = make_conv(case, layout)
+def test_conv_matches_naive_loops(case, order):
+    conv, x = make_conv(case, order)
     stride, padding = conv.stride, conv.padding
     w, b = conv.params["w"], conv.params["b"]
     y = conv.forward(x)
@@ -68,18 +78,19 @@ def test_conv_matches_naive_loops(case, layout):
     assert y.shape == y_naive.shape
     np.testing.assert_allclose(y, y_naive, rtol=1e-10, atol=1e-10)
 
-    dy = np.random.default_rng(2).standard_normal(y.shape)
+    dy = in_memory_order(np.random.default_rng(2).standard_normal(y.shape), order)
     dx = conv.backward(dy)
+    assert dx.shape == x.shape
     dx_naive, dw_naive, db_naive = conv2d_backward_naive(dy, x, w, stride, padding)
     np.testing.assert_allclose(dx, dx_naive, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(conv.grads["w"], dw_naive, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(conv.grads["b"], db_naive, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("order", ["c", "batch_last"])
 @pytest.mark.parametrize("case", CONV_CASES[:3])
-def test_conv_gradients_match_centred_differences(case, layout):
-    conv, x = make_conv(case, layout)
+def test_conv_gradients_match_centred_differences(case, order):
+    conv, x = make_conv(case, order)
     check_layer_gradients(conv, x)
 
 
@@ -88,10 +99,40 @@ def test_conv_float32_stays_float32_and_skips_input_grad():
     conv.need_input_grad = False
     x = np.random.default_rng(1).standard_normal((2, 1, 6, 6)).astype(np.float32)
     y = conv.forward(x)
-    assert y.dtype == np.float32 and y.flags.c_contiguous and y.shape == (2, 4, 4, 4)
+    assert y.dtype == np.float32 and y.shape == (2, 4, 4, 4)
     assert conv.backward(np.ones_like(y)) is None
     assert conv.grads["w"].dtype == np.float32
     np.testing.assert_allclose(conv.grads["b"], np.full(4, 2 * 16), rtol=1e-6)
+
+
+def test_conv_hands_on_batch_last_arrays_that_the_next_conv_takes_without_a_copy():
+    rng = np.random.default_rng(0)
+    conv1, conv2 = Conv2D(1, 3, 3, rng=rng), Conv2D(3, 2, 3, rng=rng)
+    y = conv1.forward(rng.standard_normal((4, 1, 9, 9)).astype(np.float32))  # (4, 3, 7, 7)
+    assert np.shares_memory(batch_last(y), y)  # the (C, H, W, N) view is y's own memory
+    dx = conv2.backward(rng.standard_normal(conv2.forward(y).shape).astype(np.float32))
+    assert dx.shape == y.shape and np.shares_memory(batch_last(dx), dx)
+
+
+def test_conv_training_forward_reuses_its_buffers_and_evaluation_leaves_the_cache():
+    conv, x = make_conv(CONV_CASES[1], "c", dtype=np.float32)
+    rng = np.random.default_rng(5)
+    other = rng.standard_normal(x.shape).astype(np.float32)
+    dy = rng.standard_normal(conv.forward(x).shape).astype(np.float32)
+    conv.backward(dy)
+    expected = {"dx": conv.backward(dy)} | {k: g.copy() for k, g in conv.grads.items()}
+    cols, dcols = conv.cache.cols, conv.cache.dcols
+
+    conv.forward(other)  # a training forward of another batch, then the first one again
+    conv.forward(x)
+    conv.forward(other, train=False)  # must not touch what backward reads
+    got = {"dx": conv.backward(dy)} | conv.grads
+    assert conv.cache.cols is cols and conv.cache.dcols is dcols  # no new work buffers
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+    conv.forward(x[:2])  # another batch size gets buffers of its own
+    assert conv.cache.cols is not cols and conv.cache.cols.shape[1] == cols.shape[1] * 2 // 3
 
 
 @pytest.mark.parametrize("bad_shape", [(2, 2, 6, 6), (2, 1, 6), (2, 1, 2, 2)])
@@ -105,16 +146,23 @@ def test_conv_rejects_wrong_input(bad_shape):
 POOL_CASES = [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 8), (3, 3, 9, 9), (2, 1, 5, 6)]
 
 
+@pytest.mark.parametrize("order", MEMORY_ORDERS)
 @pytest.mark.parametrize("case", POOL_CASES)
-def test_maxpool_matches_naive_loops(case):
+def test_maxpool_matches_naive_loops(case, order):
     size, stride, h, w = case
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, h, w))
+    x[0, 1, :4, :4] = 0.5  # whole windows of ties: the first maximum takes the gradient
+    x = in_memory_order(x, order)
     pool = MaxPool2D(size, stride)
     y = pool.forward(x)
     np.testing.assert_array_equal(y, maxpool_forward_naive(x, size, stride))
-    dy = rng.standard_normal(y.shape)
-    np.testing.assert_allclose(pool.backward(dy), maxpool_backward_naive(dy, x, size, stride))
+    dy = in_memory_order(rng.standard_normal(y.shape), order)
+    dx = pool.backward(dy)
+    np.testing.assert_allclose(dx, maxpool_backward_naive(dy, x, size, stride), rtol=1e-14)
+    # Outputs keep the input's memory order: on batch-last input every view runs along N.
+    assert np.argsort(y.strides).tolist() == np.argsort(x.strides).tolist()
+    assert dx.strides == x.strides
 
 
 def test_maxpool_ties_route_gradient_to_the_first_maximum():
@@ -159,12 +207,16 @@ def test_relu_gradients():
     check_layer_gradients(relu, x)
 
 
-def test_flatten_round_trip():
-    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+@pytest.mark.parametrize("order", ["c", "batch_last"])
+def test_flatten_round_trip(order):
+    x = in_memory_order(np.random.default_rng(0).standard_normal((2, 3, 4, 5)), order)
     flat = Flatten()
     y = flat.forward(x)
     assert y.shape == (2, 60)
-    np.testing.assert_array_equal(y[1], x[1].ravel())
+    np.testing.assert_array_equal(y[1], x[1].ravel())  # C order, whatever x's memory order
+    dx = flat.backward(y)
+    np.testing.assert_array_equal(dx, x)
+    assert dx.strides == x.strides  # handed back in the memory order x came in
     check_layer_gradients(flat, x)
 
 

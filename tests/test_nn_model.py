@@ -19,6 +19,7 @@ from minips.nn import (
     softmax_cross_entropy,
 )
 from minips.nn.gradcheck import numerical_gradient, relative_error
+from minips.nn.model import run_order
 
 
 def batch(n=4, seed=0, dtype=np.float32):
@@ -170,6 +171,48 @@ def test_first_layers_skip_input_gradient():
         False,
         True,
     ]
+
+
+def test_run_order_moves_each_relu_after_the_max_pool_it_feeds():
+    layers = dict(
+        relu1=ReLU(), pool1=MaxPool2D(), conv1=Conv2D(1, 1, 1), relu2=ReLU(), relu3=ReLU(),
+        pool2=MaxPool2D(), pool3=MaxPool2D(), relu4=ReLU(),
+    )  # fmt: skip
+    assert run_order(layers) == (
+        "pool1", "relu1", "conv1", "relu2", "pool2", "relu3", "pool3", "relu4",
+    )  # fmt: skip
+    assert lenet5()._run_order[:6] == ("conv1", "pool1", "relu1", "conv2", "pool2", "relu2")
+
+
+@pytest.mark.parametrize("size, stride", [(2, 2), (3, 1), (3, 2)])
+def test_pool_then_relu_gives_exactly_what_relu_then_pool_gives(size, stride):
+    rng = np.random.default_rng(0)
+    model = Sequential(
+        [Conv2D(1, 4, 3, rng=rng), ReLU(), MaxPool2D(size, stride), Conv2D(4, 3, 2, rng=rng),
+         ReLU(), MaxPool2D(2, 2), Flatten()],
+        input_shape=(1, 12, 12),
+    ).astype(np.float64)  # fmt: skip
+    for name in ("conv1.b", "conv2.b"):  # biases of both signs: ties above and below zero
+        model.params[name][:] = rng.choice([-0.5, 0.5], model.params[name].shape)
+    x = rng.standard_normal((3, 1, 12, 12))
+    x[:, :, :6, :6] = 0.0  # flat background: every window there is all ties (the bias)
+    declared = model.astype(np.float64)  # the same weights, run layer by layer as declared
+
+    y = model.forward(x)
+    dy = rng.standard_normal(y.shape)
+    model.backward(dy)
+    y_declared = x
+    for layer in declared.layers.values():
+        y_declared = layer.forward(y_declared)
+    grad = dy
+    for layer in reversed(declared.layers.values()):
+        grad = layer.backward(grad)
+        if grad is None:
+            break
+    np.testing.assert_array_equal(y, y_declared)
+    for name, g in model.grads.items():
+        np.testing.assert_array_equal(g, declared.grads[name], err_msg=name)
+    assert np.any(model.grads["conv1.w"] != 0)
 
 
 def test_naming_of_unnamed_and_named_layers():

@@ -5,8 +5,10 @@
     loss, dlogits = softmax_cross_entropy(model.forward(x), y)   # x (N, 1, 28, 28) float32
     model.backward(dlogits)                                      # fills model.grads
 
-Layout NCHW, float32 on the hot path; every layer also runs in float64 (`model.astype`)
-for gradient checks. naive.py keeps loop implementations as the test oracle.
+Shapes NCHW, float32 on the hot path; every layer also runs in float64 (`model.astype`)
+for gradient checks. Conv and pool outputs are NCHW-shaped views of batch-last
+(C, H, W, N) memory (conv.py says why); np.ascontiguousarray gives C order where it
+matters. naive.py keeps loop implementations as the test oracle.
 """
 
 from minips.nn.base import Layer

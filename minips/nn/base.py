@@ -92,6 +92,17 @@ def make_weights(
     raise ValueError(f"unknown init {init!r}; use 'he' or 'glorot'")
 
 
+def reuse_or_empty(
+    buffer: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype
+) -> np.ndarray:
+    """`buffer` when it has this shape and dtype (its old contents are dead), else a new
+    uninitialised array: how a layer keeps its work buffers from one training step to the next.
+    """
+    if buffer is not None and buffer.shape == tuple(shape) and buffer.dtype == dtype:
+        return buffer
+    return np.empty(shape, dtype=dtype)
+
+
 def check_ndim(x: np.ndarray, ndim: int, what: str) -> None:
     """Raise ShapeError unless x has `ndim` dimensions (`what` names the expected layout)."""
     if x.ndim != ndim:

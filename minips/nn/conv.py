@@ -9,6 +9,21 @@ For an input x (N, C, H, W), a kernel w (O, C, kh, kw) and stride s, padding p:
 windows of xp into columns turns this into a GEMM (Chellapilla et al. 2006, "High
 Performance Convolutional Neural Networks for Document Processing"); the backward pass is
 two more GEMMs, dW = dY · cols^T and dcols = W^T · dY, and col2im scatters dcols back.
+The bias rides in the GEMMs (the "bias trick"): cols has one more row, all ones, and W
+one more column, b, so Y = [W | b] · [cols; 1] and [dW | db] = dY · [cols; 1]^T, with no
+separate pass over Y for the add or over dY for the sum.
+
+Memory order: batch last. The layer computes in (C, H, W, N) order, the batch the
+innermost axis, because then every piece of the work is long contiguous runs:
+- im2col is k*k slice copies, each a whole batch of rows of Wo*N contiguous floats, into
+  cols (C*k*k, Ho*Wo*N); one GEMM W (O, C*k*k) @ cols gives y already in (O, Ho, Wo, N)
+  order, and the backward's GEMMs take dy in that order as it is;
+- col2im is k*k slice adds of the same long rows.
+Arrays keep their NCHW *shape* at the layer's boundary: y is returned as the (N, O, Ho, Wo)
+transposed view of the batch-last result, and dx likewise. A NumPy array's shape is its
+meaning; its strides only say where the numbers sit. ReLU and MaxPool2D keep the memory
+order they are given, so the next conv receives a batch-last array and its
+`batch_last(x)` is a view, not a copy (the first conv copies its (N, 1, 28, 28) input once).
 """
 
 from __future__ import annotations
@@ -16,10 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from minips.errors import ShapeError
-from minips.nn.base import Layer, check_ndim, make_weights
+from minips.nn.base import Layer, check_ndim, make_weights, reuse_or_empty
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -27,70 +41,74 @@ def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
-def pad_hw(x: np.ndarray, padding: int) -> np.ndarray:
-    """Zero-pad the two spatial axes of (N, C, H, W) by `padding` on each side."""
-    if padding == 0:
-        return x
-    return np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+def batch_last(x: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> the same numbers as a C-contiguous (C, H, W, N) array.
 
-
-def windows(xp: np.ndarray, kh: int, kw: int, stride: int) -> np.ndarray:
-    """View of every kh x kw window of xp: (N, C, Ho, Wo, kh, kw), no copy."""
-    return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride]
-
-
-def col2im_add(
-    dcols: np.ndarray, padded_shape: tuple[int, ...], stride: int, layout: str
-) -> np.ndarray:
-    """Scatter-add window gradients back onto the padded input grid.
-
-    dcols is (N, C, kh, kw, Ho, Wo) for layout "nchw" or (C, kh, kw, Ho, Wo, N) for "chwn";
-    returns dxp of padded_shape (N, C, Hp, Wp) resp. (C, Hp, Wp, N). One strided-slice add
-    per kernel offset (kh * kw adds of a whole batch) instead of np.add.at's per-element work.
+    A view (no copy) when x is the transposed view of such an array, as conv and pool
+    outputs are; a copy otherwise.
     """
-    dxp = np.zeros(padded_shape, dtype=dcols.dtype)
-    if layout == "nchw":
-        kh, kw, ho, wo = dcols.shape[2:]
-        for u in range(kh):
-            for v in range(kw):
-                dxp[:, :, u : u + stride * ho : stride, v : v + stride * wo : stride] += dcols[
-                    :, :, u, v
-                ]
-    else:
-        kh, kw, ho, wo = dcols.shape[1:5]
-        for u in range(kh):
-            for v in range(kw):
-                dxp[:, u : u + stride * ho : stride, v : v + stride * wo : stride] += dcols[:, u, v]
-    return dxp
+    return np.ascontiguousarray(x.transpose(1, 2, 3, 0))
+
+
+def pad_hw(xt: np.ndarray, padding: int) -> np.ndarray:
+    """Zero-pad the two spatial axes of a batch-last (C, H, W, N) array by `padding`."""
+    if padding == 0:
+        return xt
+    return np.pad(xt, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+
+
+def im2col(xpt: np.ndarray, k: int, stride: int, out: np.ndarray) -> np.ndarray:
+    """Fill out (C, k, k, Ho, Wo, N) with every k x k window of xpt (C, Hp, Wp, N).
+
+    out[c, u, v, i, j, n] = xpt[c, s*i + u, s*j + v, n]: one strided slice copy of the
+    whole batch per kernel offset (u, v). Reshaped to (C*k*k, Ho*Wo*N), out is the im2col
+    matrix; returns out.
+    """
+    ho, wo = out.shape[3:5]
+    for u in range(k):
+        for v in range(k):
+            out[:, u, v] = xpt[:, u : u + stride * ho : stride, v : v + stride * wo : stride]
+    return out
+
+
+def col2im_add(dcols: np.ndarray, padded_shape: tuple[int, ...], stride: int) -> np.ndarray:
+    """The adjoint of im2col: scatter-add window gradients back onto the padded grid.
+
+    dcols (C, k, k, Ho, Wo, N) -> dxpt (C, Hp, Wp, N) = padded_shape, with
+    dxpt[c, s*i + u, s*j + v, n] += dcols[c, u, v, i, j, n]: one strided slice add of the
+    whole batch per kernel offset, instead of np.add.at's per-element work.
+    """
+    dxpt = np.zeros(padded_shape, dtype=dcols.dtype)
+    k, _, ho, wo = dcols.shape[1:5]
+    for u in range(k):
+        for v in range(k):
+            dxpt[:, u : u + stride * ho : stride, v : v + stride * wo : stride] += dcols[:, u, v]
+    return dxpt
 
 
 @dataclass
 class ConvCache:
-    """What Conv2D.backward needs from its forward pass."""
+    """What Conv2D.backward needs from its forward pass, and its reusable work buffers."""
 
-    layout: str  # "nchw" or "chwn" (see Conv2D)
-    cols: np.ndarray  # im2col matrix: (N, C*kh*kw, Ho*Wo) or (C*kh*kw, Ho*Wo*N)
+    cols: np.ndarray  # (C*k*k + 1, Ho*Wo*N): the im2col matrix, batch last, and a row of ones
     input_shape: tuple[int, ...]  # (N, C, H, W) before padding
-    output_hw: tuple[int, int]  # (Ho, Wo)
+    dcols: np.ndarray | None = None  # (C*k*k, Ho*Wo*N) backward's W^T @ dY (scratch)
 
 
 class Conv2D(Layer):
-    """2-D convolution, NCHW. w: (out, in, kh, kw) (PyTorch's layout), b: (out,).
+    """2-D convolution. w: (out, in, kh, kw) (PyTorch's layout), b: (out,).
 
-    forward: x (N, in, H, W) -> y (N, out, Ho, Wo); backward: dy (N, out, Ho, Wo) -> dx.
+    forward: x (N, in, H, W) -> y (N, out, Ho, Wo); backward: dy (N, out, Ho, Wo) -> dx
+    (N, in, H, W). Any memory order is accepted; y and dx are batch-last in memory (see the
+    module docstring): call np.ascontiguousarray on them where C order matters.
 
-    Two im2col layouts, chosen per call by the output size, both giving the same numbers:
-    - "nchw" (large images, few channels, e.g. LeNet's conv1): cols (N, C*kh*kw, Ho*Wo) and one
-      batched GEMM W (O, C*kh*kw) @ cols[n], whose result is already (N, O, Ho*Wo).
-    - "chwn" (small images, many channels, e.g. conv2): the batch goes last, cols
-      (C*kh*kw, Ho*Wo*N), so each GEMM is one big product and col2im adds long contiguous
-      rows; it pays for two small transposes of x and y.
+    A training forward reuses the previous training forward's im2col buffer (that cache
+    is dead once a new forward replaces it), and backward its scratch, so a steady training
+    loop allocates neither (a fresh 8 MB array costs its page faults on every step).
     """
 
     kind = "conv"
     prefix = "conv"
-    # Below this many output pixels per image, per-image GEMMs are too small to run fast.
-    CHWN_BELOW_PIXELS = 256
 
     def __init__(
         self,
@@ -119,7 +137,7 @@ class Conv2D(Layer):
         self.cache: ConvCache | None = None
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
-        """y = conv(x, w) + b: x (N, C, H, W) -> y (N, O, Ho, Wo)."""
+        """y = conv(x, w) + b: x (N, C, H, W) -> y (N, O, Ho, Wo), batch-last in memory."""
         w, b = self.params["w"], self.params["b"]
         x = np.asarray(x, dtype=w.dtype)
         check_ndim(x, 4, "(N, C, H, W)")
@@ -130,52 +148,34 @@ class Conv2D(Layer):
         if h + 2 * p < k or wd + 2 * p < k:
             raise ShapeError(f"input {h}x{wd} (padding {p}) is smaller than the {k}x{k} kernel")
         ho, wo = conv_output_size(h, k, s, p), conv_output_size(wd, k, s, p)
-        w2d = w.reshape(self.out_channels, -1)  # (O, C*k*k)
-        layout = "nchw" if ho * wo >= self.CHWN_BELOW_PIXELS else "chwn"
-        if layout == "nchw":
-            win = windows(pad_hw(x, p), k, k, s)  # (N, C, Ho, Wo, k, k) view
-            cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * k * k, ho * wo)  # one copy
-            y = np.matmul(w2d, cols)  # (N, O, Ho*Wo)
-            y += b[:, None]
-            y = y.reshape(n, self.out_channels, ho, wo)
-        else:
-            xt = np.ascontiguousarray(pad_hw(x, p).transpose(1, 2, 3, 0))  # (C, Hp, Wp, N)
-            win = sliding_window_view(xt, (k, k), axis=(1, 2))[:, ::s, ::s]  # (C,Ho,Wo,N,k,k)
-            cols = win.transpose(0, 4, 5, 1, 2, 3).reshape(c * k * k, ho * wo * n)  # one copy
-            yt = w2d @ cols  # (O, Ho*Wo*N)
-            yt += b[:, None]
-            y = np.ascontiguousarray(yt.reshape(-1, ho, wo, n).transpose(3, 0, 1, 2))
+        old = self.cache if train else None  # an evaluation must not clobber the cache
+        cols = reuse_or_empty(old.cols if old else None, (c * k * k + 1, ho * wo * n), w.dtype)
+        im2col(pad_hw(batch_last(x), p), k, s, out=cols[:-1].reshape(c, k, k, ho, wo, n))
+        cols[-1] = 1.0  # the bias row
+        w_b = np.concatenate([w.reshape(self.out_channels, -1), b[:, None]], axis=1)
+        yt = w_b @ cols  # (O, Ho*Wo*N)
         if train:
-            self.cache = ConvCache(layout, cols, input_shape=x.shape, output_hw=(ho, wo))
-        return y  # (N, O, Ho, Wo)
+            self.cache = ConvCache(cols, input_shape=x.shape, dcols=old.dcols if old else None)
+        return yt.reshape(-1, ho, wo, n).transpose(3, 0, 1, 2)  # (N, O, Ho, Wo) view
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         """dy (N, O, Ho, Wo) -> grads w, b and dx (N, C, H, W) (None if not needed)."""
         cache = self._cached()
         n, c, h, wd = cache.input_shape
-        ho, wo = cache.output_hw
         k, s, p = self.kernel_size, self.stride, self.padding
         o = self.out_channels
-        w2d = self.params["w"].reshape(o, -1)  # (O, C*k*k)
-        grad_w2d = self.grads["w"].reshape(o, -1)  # view: writes land in grads["w"]
-        padded_n = (n, c, h + 2 * p, wd + 2 * p)
-        if cache.layout == "nchw":
-            dy3 = np.ascontiguousarray(dy).reshape(n, o, ho * wo)  # (N, O, P)
-            np.sum(dy3, axis=(0, 2), out=self.grads["b"])
-            # Per-image dW_n = dy_n @ cols_n^T, summed over the batch.
-            np.sum(np.matmul(dy3, cache.cols.transpose(0, 2, 1)), axis=0, out=grad_w2d)
-            if not self.need_input_grad:
-                return None
-            dcols = np.matmul(w2d.T, dy3).reshape(n, c, k, k, ho, wo)
-            dxp = col2im_add(dcols, padded_n, s, "nchw")  # (N, C, Hp, Wp)
-        else:
-            dyt = np.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, -1)  # (O, P*N)
-            np.sum(dyt, axis=1, out=self.grads["b"])
-            np.matmul(dyt, cache.cols.T, out=grad_w2d)  # (O, C*k*k)
-            if not self.need_input_grad:
-                return None
-            dcols = (w2d.T @ dyt).reshape(c, k, k, ho, wo, n)
-            padded_t = (c, h + 2 * p, wd + 2 * p, n)
-            dxp = col2im_add(dcols, padded_t, s, "chwn").transpose(3, 0, 1, 2)  # (N,C,Hp,Wp)
-        dx = dxp[:, :, p : p + h, p : p + wd]
-        return np.ascontiguousarray(dx)  # (N, C, H, W)
+        dyt = batch_last(np.asarray(dy, dtype=cache.cols.dtype)).reshape(o, -1)  # (O, Ho*Wo*N)
+        # [dW | db]^T = [cols; 1] @ dY^T, (C*k*k + 1, O): computed transposed, the same
+        # product is a faster BLAS kernel for these shapes than dY @ [cols; 1]^T.
+        grad_w_b = cache.cols @ dyt.T
+        np.copyto(self.grads["w"].reshape(o, -1), grad_w_b[:-1].T)
+        np.copyto(self.grads["b"], grad_w_b[-1])
+        if not self.need_input_grad:
+            return None
+        ho, wo = conv_output_size(h, k, s, p), conv_output_size(wd, k, s, p)
+        dcols_shape = (c * k * k, ho * wo * n)
+        cache.dcols = dcols = reuse_or_empty(cache.dcols, dcols_shape, dyt.dtype)
+        np.matmul(self.params["w"].reshape(o, -1).T, dyt, out=dcols)  # (C*k*k, Ho*Wo*N)
+        padded = (c, h + 2 * p, wd + 2 * p, n)
+        dxpt = col2im_add(dcols.reshape(c, k, k, ho, wo, n), padded, s)  # (C, Hp, Wp, N)
+        return dxpt[:, p : p + h, p : p + wd].transpose(3, 0, 1, 2)  # (N, C, H, W) view

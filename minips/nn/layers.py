@@ -122,7 +122,23 @@ class PoolCache:
     """What MaxPool2D.backward needs: where each maximum came from."""
 
     argmax: np.ndarray  # (N, C, Ho, Wo) uint8: flat offset u * size + v of the max in its window
-    input_shape: tuple[int, ...]  # (N, C, H, W)
+    x: np.ndarray  # the forward input (a reference): dx takes its shape and memory order
+
+
+def first_max_offset(views: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    """Offset of each window's first maximum, given the window element views and the max y.
+
+    Every element is <= the max, so "below the max" is "not the max", and the first maximum
+    sits after as many offsets as lead the window below it:
+        argmax = sum_{o < K-1} prod_{q <= o} [view_q < y]      (K = len(views))
+    views: K arrays (N, C, Ho, Wo), y (N, C, Ho, Wo) -> uint8 (N, C, Ho, Wo), y's memory order.
+    """
+    below = views[0] < y  # (N, C, Ho, Wo): the offsets 0..o are all below the max
+    argmax = below.astype(np.uint8)
+    for view in views[1:-1]:
+        below &= view < y
+        argmax += below
+    return argmax
 
 
 class MaxPool2D(Layer):
@@ -131,7 +147,9 @@ class MaxPool2D(Layer):
     forward: x (N, C, H, W) -> y (N, C, Ho, Wo), Ho = (H - size) // stride + 1;
     backward: dy -> dx, each dy routed to the first maximum of its window (row-major order,
     as PyTorch does). Both passes loop over the size*size window offsets, each step one
-    strided view of the whole batch, so no window matrix is ever copied.
+    strided view of the whole batch, so no window matrix is ever copied. y and dx keep the
+    memory order of x: on a conv's batch-last output every view's innermost axis is the
+    contiguous batch.
     """
 
     kind = "pool"
@@ -157,18 +175,12 @@ class MaxPool2D(Layer):
         if h < k or w < k:
             raise ShapeError(f"input {h}x{w} is smaller than the {k}x{k} pooling window")
         ho, wo = (h - k) // s + 1, (w - k) // s + 1
-        y = self._offset_view(x, 0, 0, ho, wo).copy()  # (N, C, Ho, Wo) running max
-        argmax = np.zeros(y.shape, dtype=np.uint8)  # (N, C, Ho, Wo) offset of the running max
-        for offset in range(1, k * k):
-            candidate = self._offset_view(x, *divmod(offset, k), ho, wo)  # (N, C, Ho, Wo)
-            if train:
-                better = candidate > y  # strict: ties keep the earlier offset
-                # argmax = better ? offset : argmax, as uint8 arithmetic (wraps exactly mod
-                # 256); several times faster than np.where / copyto(where=) / mask indexing.
-                argmax += better * (np.uint8(offset) - argmax)
-            np.maximum(y, candidate, out=y)
+        views = [self._offset_view(x, *divmod(o, k), ho, wo) for o in range(k * k)]
+        y = views[0].copy(order="K")  # (N, C, Ho, Wo), in x's memory order
+        for view in views[1:]:
+            np.maximum(y, view, out=y)
         if train:
-            self.cache = PoolCache(argmax=argmax, input_shape=x.shape)
+            self.cache = PoolCache(argmax=first_max_offset(views, y), x=x)
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
@@ -177,9 +189,15 @@ class MaxPool2D(Layer):
         if not self.need_input_grad:
             return None
         ho, wo = dy.shape[2:]
-        dx = np.zeros(cache.input_shape, dtype=dy.dtype)
-        k = self.size
-        overlapping = self.stride < k
+        k, s = self.size, self.stride
+        h, w = cache.x.shape[2:]
+        overlapping = s < k
+        # Windows that tile x exactly write every element of dx once: no zeroing needed.
+        tiled = s == k and h == k * ho and w == k * wo
+        if tiled:
+            dx = np.empty_like(cache.x, dtype=dy.dtype)
+        else:
+            dx = np.zeros_like(cache.x, dtype=dy.dtype)
         for offset in range(k * k):
             target = self._offset_view(dx, *divmod(offset, k), ho, wo)  # (N, C, Ho, Wo) view
             if overlapping:  # windows share inputs: contributions add up
@@ -191,13 +209,18 @@ class MaxPool2D(Layer):
 
 @dataclass
 class FlattenCache:
-    """Flatten's saved shape."""
+    """Flatten's saved input."""
 
-    input_shape: tuple[int, ...]  # (N, d1, d2, ...)
+    x: np.ndarray  # (N, d1, d2, ...) the forward input (a reference): dx takes its memory order
 
 
 class Flatten(Layer):
-    """Reshape (N, ...) -> (N, prod(...)); backward reshapes dy back."""
+    """Reshape (N, ...) -> (N, prod(...)) in C order; backward reshapes dy back.
+
+    The reshape is a view of a C-contiguous x and a copy of any other (a conv's batch-last
+    output); backward returns dx in the memory order x had, so the layers below it keep
+    working on the order they chose.
+    """
 
     kind = "flatten"
     prefix = "flatten"
@@ -211,7 +234,7 @@ class Flatten(Layer):
         if x.ndim < 1:
             raise ShapeError("expected a batch, got a scalar")
         if train:
-            self.cache = FlattenCache(input_shape=x.shape)
+            self.cache = FlattenCache(x=x)
         return x.reshape(x.shape[0], -1)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
@@ -219,7 +242,12 @@ class Flatten(Layer):
         cache = self._cached()
         if not self.need_input_grad:
             return None
-        return dy.reshape(cache.input_shape)
+        dx = dy.reshape(cache.x.shape)
+        if cache.x.flags.c_contiguous:
+            return dx
+        in_x_order = np.empty_like(cache.x, dtype=dy.dtype)
+        in_x_order[...] = dx
+        return in_x_order
 
 
 @dataclass

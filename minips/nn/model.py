@@ -13,6 +13,7 @@ import numpy as np
 
 from minips.errors import DataError, ShapeError
 from minips.nn.base import Layer
+from minips.nn.layers import MaxPool2D, ReLU
 
 # Key of the JSON metadata entry inside a saved .npz (parameter names never start with "__").
 META_KEY = "__minips__"
@@ -38,6 +39,9 @@ class Sequential:
     and a per-prefix counter (conv1, conv2, fc1, relu1, pool1, flatten1, dropout1).
     input_shape: per-example shape, e.g. (1, 28, 28), checked by `forward` when given.
     spec: {"name": ..., "kwargs": {...}} that rebuilds the model with `build_model`, or None.
+
+    `forward` runs a ReLU that is directly followed by a MaxPool2D after the pool instead
+    (see `run_order`): the same outputs and gradients, the ReLU's work on fewer values.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class Sequential:
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.spec = spec
         self._hooks: list[Callable[[str], None]] = []
+        self._run_order = run_order(self.layers)  # names; backward runs it reversed
         # dx of the layers up to the first one with parameters is never used: skip computing it
         # (for LeNet's conv1 that is the whole col2im).
         for layer in self.layers.values():
@@ -77,9 +82,9 @@ class Sequential:
             expected = ", ".join(str(d) for d in ("N", *self.input_shape))
             raise ShapeError(f"input batch has shape {x.shape}, model expects ({expected})")
         x = np.ascontiguousarray(x, dtype=self.dtype)  # no copy when already right
-        for name, layer in self.layers.items():
+        for name in self._run_order:
             try:
-                x = layer.forward(x, train=train)
+                x = self.layers[name].forward(x, train=train)
             except ShapeError as err:  # say which layer could not take its input
                 raise ShapeError(f"layer {name}: {err}") from None
         return x
@@ -91,7 +96,8 @@ class Sequential:
         reverse layer order, only for layers with parameters (wait-free backprop sends them).
         """
         grad: np.ndarray | None = np.asarray(dlogits, dtype=self.dtype)
-        for name, layer in reversed(self.layers.items()):
+        for name in reversed(self._run_order):
+            layer = self.layers[name]
             grad = layer.backward(grad)
             if layer.params:
                 for hook in self._hooks:
@@ -233,6 +239,30 @@ class Sequential:
     def __repr__(self) -> str:
         lines = [f"  {name}: {layer!r}" for name, layer in self.layers.items()]
         return "Sequential(\n" + "\n".join(lines) + f"\n)  # {self.n_params:,} parameters"
+
+
+def run_order(layers: dict[str, Layer]) -> tuple[str, ...]:
+    """The layer names in the order `Sequential.forward` runs them: as given, except that a
+    ReLU directly followed by a MaxPool2D runs after it (relu, pool -> pool, relu).
+
+    Max pooling commutes with ReLU, which is monotone: max_w relu(x_w) = relu(max_w x_w).
+    The gradients agree too: either way dy reaches the window's first maximum when that
+    maximum is > 0, and nothing when it is <= 0 (pool-then-ReLU masks dy first; ReLU-then-pool
+    routes it to a ReLU zero, then masks it). After the pool the ReLU touches size*size
+    times fewer values, in forward and backward (4x for LeNet's 2x2 pools).
+    """
+    names = list(layers)
+    order: list[str] = []
+    i = 0
+    while i < len(names):
+        pair = names[i : i + 2]
+        if len(pair) == 2 and type(layers[pair[0]]) is ReLU and type(layers[pair[1]]) is MaxPool2D:
+            order += [pair[1], pair[0]]
+            i += 2
+        else:
+            order.append(names[i])
+            i += 1
+    return tuple(order)
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
