@@ -21,7 +21,8 @@ from minips.run.rundir import load_run
 
 pytestmark = pytest.mark.slow
 # 2000 synthetic training examples: a shard of 1000 is 16 steps of 64 (the last one 40).
-FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+FAST = ["--model", "mlp", "--dataset", "synthetic", "--rule", "asgd", "--lr", "0.05"]
+FAST += ["--momentum", "0.5"]
 
 
 def _run(tmp_path, name, *args):

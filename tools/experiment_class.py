@@ -8,9 +8,10 @@ Every run is a real `minips run` (minips.run.launch.run_local): the server behin
 link shared by every worker (`--netem RATE`, as a classroom's Wi-Fi access point: root
 only), N NumPy workers and B browser workers in headless Chromium (`--browser B
 --browser-headless`; the browsers' WebSockets end at the gateway, whose connections to the
-server cross the link like the NumPy workers'), Fashion-MNIST, batch 64, lr 0.01, momentum
-0.9, one global sample budget, evaluations every 2 s. A mix is "N+B". `auto` is the
-planner's plan for that link and class (browser steps counted as slower, ssgd's barrier).
+server cross the link like the NumPy workers'), Fashion-MNIST, batch 64, lr 0.01, the
+rule's momentum (ssgd's SGD 0.9, dana-gap's own), one global sample budget, evaluations
+every 2 s. A mix is "N+B". `auto` is the planner's plan for that link and class (browser
+steps counted as slower, ssgd's barrier).
 
 Writes OUT/<mix>-<rule>-<plan>/ (run directories; a finished one is reused, so an
 interrupted grid resumes), OUT/results.json, and prints a markdown table: time to the
@@ -62,7 +63,7 @@ def one_run(args: argparse.Namespace, mix: str, rule: str, plan: str) -> dict[st
     config = RunConfig(
         model=args.model, dataset="fashion-mnist", epochs=args.epochs, batch_size=64,
         workers=numpy_workers + browsers, browser=browsers, browser_headless=browsers > 0,
-        listen="127.0.0.1:0", lr=0.01, momentum=0.9, rule=rule, max_samples=args.budget,
+        listen="127.0.0.1:0", lr=0.01, rule=rule, max_samples=args.budget,
         netem=args.link, plan=plan, heartbeat_timeout=60.0,
     )  # fmt: skip
     loads = None
