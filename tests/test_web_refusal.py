@@ -142,6 +142,8 @@ def test_a_page_without_the_engine_it_was_asked_for_refuses_in_a_real_run(tmp_pa
     assert "WebAssembly SIMD engine the page was asked for" in lines[0]
     assert lines[0].startswith("browser browser-")
     assert "this page cannot follow this run: this browser cannot run" in page["error"]
+    assert page["code"] == "cannot_follow"  # what the student reads (words.js), then why:
+    assert page["message"].startswith("This browser cannot take part in this run")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["samples"] == 1000  # the NumPy worker's shard, trained without the page
 
