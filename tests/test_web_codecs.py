@@ -212,3 +212,52 @@ def test_the_documented_examples_in_chromium(tmp_path):
 def _evaluate(chromium, session, expression):
     result = chromium.call("Runtime.evaluate", session, expression=expression, returnByValue=True)
     return result["result"].get("value")
+
+
+@needs_node
+def test_a_pull_reply_of_every_encoding_lands_in_the_parameters_as_numpy_computes(tmp_path):
+    """dense, fp16 and delta (float32 and float16 values) of a reply built by the reference
+    wire code, at whatever offsets the header leaves them, written into the parameters."""
+    from minips.protocol import wire
+    from minips.protocol.wire import WirePart
+
+    rng = np.random.default_rng(3)
+    start = {name: rng.standard_normal(n).astype(np.float32)
+             for name, n in (("a", 35), ("b", 7), ("c", 9), ("d", 20))}  # fmt: skip
+    idx_a, idx_d = np.array([0, 4, 11, 34], np.int32), np.array([2, 3, 19], np.int32)
+    val_a = rng.standard_normal(4).astype(np.float32)
+    val_d = rng.standard_normal(3).astype(np.float16)
+    new_b, new_c = (
+        rng.standard_normal(7).astype(np.float16),
+        rng.standard_normal(9).astype(np.float32),
+    )
+    parts = [
+        WirePart("b", new_b, "fp16"),
+        WirePart("a", idx_a, "delta", "indices", (35,)),
+        WirePart("a", val_a, "delta", "values", (35,)),
+        WirePart("c", new_c),
+        WirePart("d", idx_d, "delta", "indices", (20,)),
+        WirePart("d", val_d, "delta", "values", (20,)),
+    ]
+    header = {
+        "op": "pull",
+        "rid": 7,
+        "version": 3,
+        "param_versions": {},
+        "stop": False,
+        "worker_name_padding": "x",
+    }  # an odd-sized header: unaligned array frames
+    for i, frame in enumerate(wire.encode_parts(header, parts)):
+        (tmp_path / f"frame-{i}.bin").write_bytes(bytes(frame))
+    for name, values in start.items():
+        values.tofile(tmp_path / f"{name}.bin")
+    result = _node(str(JS_TESTS / "apply_pull.mjs"), str(tmp_path), *start)
+    assert result.returncode == 0, result.stderr
+    expected = {name: values.copy() for name, values in start.items()}
+    expected["a"][idx_a] += val_a
+    expected["b"] = new_b.astype(np.float32)
+    expected["c"] = new_c
+    expected["d"][idx_d] += val_d.astype(np.float32)
+    for name, values in expected.items():
+        got = np.fromfile(tmp_path / f"{name}.out.bin", np.float32)
+        assert got.tobytes() == values.tobytes(), name
