@@ -53,7 +53,8 @@ def server_process(tmp_path: Path, *args: str):
 class Chromium:
     """Headless Chromium with one DevTools WebSocket; tabs are opened and read through it."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, flags: tuple[str, ...] = ()) -> None:
+        """flags: more command-line flags (e.g. --js-flags=--jitless: no WebAssembly)."""
         from websockets.sync.client import connect
 
         profile = tmp_path / "chromium-profile"
@@ -71,6 +72,7 @@ class Chromium:
                 "--remote-debugging-address=127.0.0.1",
                 "--remote-debugging-port=0",
                 f"--user-data-dir={profile}",
+                *flags,
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,

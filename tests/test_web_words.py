@@ -20,6 +20,7 @@ ERRORS = {  # what worker.js posts for each way a page stops
     "stopping": {"code": "stopping", "message": "server refused the request (stopping): ..."},
     "nonfinite": {"code": "nonfinite", "message": "server refused the request (nonfinite): ..."},
     "not_owner": {"code": "not_owner", "message": "server refused the request (not_owner): ..."},
+    "cannot follow": {"code": "cannot_follow", "message": "this page cannot follow this run: ..."},
     "gateway full": {"closeCode": 1013, "message": "the connection closed (code 1013: ...)"},
     "gateway memory": {"closeCode": 1009, "message": "the connection closed (code 1009: ...)"},
     "teacher's Ctrl-C": {"closeCode": 1001, "message": "the connection closed (code 1001)"},

@@ -73,7 +73,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "ping": {"worker": _WORKER},
     "stats": {},
-    "bye": {"worker": _WORKER, "finished": ("bool", False)},
+    "bye": {"worker": _WORKER, "finished": ("bool", False), "refused": ("str", False)},
     "stop": {},
     "checkpoint": {},
 }

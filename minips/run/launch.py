@@ -28,6 +28,7 @@ from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
 from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
 from minips.run.recovery import ServerRestarts
+from minips.run.refusals import Refusals
 from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
@@ -201,6 +202,7 @@ class LocalRun:
         # How long the run waits for its browser seats, and what it says about empty ones.
         self.seats = SeatWatch(config.browser, config.join_wait, config.empty_seats == "end")
         self._silent_since: float | None = None  # since when `stats` has had no answer
+        self.refusals = Refusals()  # workers that could not follow the run, said once each
 
     def run(self) -> dict[str, Any]:
         """Start, watch, shut down; write the results and return the summary."""
@@ -351,6 +353,8 @@ class LocalRun:
         self.processes.learn_ranks(stats)
         for notice in self.seats.update(stats):
             self.announce(notice)
+        for line in self.refusals.update(stats):
+            self.announce(line)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
         elif (collapse := stats.get("collapse") or latest_collapse(self.dir.eval_log)) is not None:

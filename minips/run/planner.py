@@ -269,6 +269,25 @@ def predict_step_ms(
     return sender + down
 
 
+def link_share(
+    rate: float, workers: int, shared: bool, step_factors: list[float] | None, barrier: bool
+) -> tuple[float, float]:
+    """(bytes/s a worker's step gets, the compute factor of the step it must fit beside).
+
+    step_factors: each worker's compute per step as a multiple of this machine's measure
+    (None: all 1; a browser worker's is larger, minips.run.build). The plan is one for all,
+    so it is sized for the step that sets the pace: the slowest one under a barrier (every
+    worker waits for it each round), the fastest one otherwise. A shared link is split in
+    proportion to how often each worker steps: a worker k times slower uses 1/k of a
+    share, leaving the rest to the others (all equal under a barrier: rate / workers).
+    """
+    factors = step_factors or [1.0] * workers
+    pace = max(factors) if barrier else min(factors)
+    if not shared:
+        return rate, pace
+    return rate / sum(pace / max(pace, f) for f in factors), pace
+
+
 def make_plan(
     model: Sequential,
     batch_size: int,
@@ -276,15 +295,20 @@ def make_plan(
     rate: float | None,
     shared: bool = True,
     repeats: int = 7,
+    step_factors: list[float] | None = None,
+    barrier: bool = False,
 ) -> PlanReport:
     """Measure `model` here and choose a plan for a link of `rate` bytes/s (None: unlimited).
 
     shared: the rate is the server's link, split among `workers` (minips/run/netem.py, --netem);
-    otherwise each worker's own (--bandwidth).
+    otherwise each worker's own (--bandwidth). step_factors, barrier: slower workers in the
+    class (a browser's step) and whether the rule waits for the slowest (`link_share`).
     """
     layers = measure_layers(model, batch_size, repeats)
     kinds = {t.layer: t.kind for t in layers}
-    per_worker = None if rate is None else (rate / workers if shared else rate)
+    per_worker, pace = None, 1.0
+    if rate is not None:
+        per_worker, pace = link_share(rate, workers, shared, step_factors, barrier)
     choices = []
     for name, param in model.params.items():
         layer = name.rsplit(".", 1)[0]
@@ -294,7 +318,7 @@ def make_plan(
         choices.append(ParamChoice(name, layer, shape, ladder, _pull_ladder(shape, kind)))
     compute = sum(t.forward_ms + t.backward_ms for t in layers)
     if per_worker is not None:
-        _descend(choices, batch_size, per_worker, budget_ms=BUDGET * compute)
+        _descend(choices, batch_size, per_worker, budget_ms=BUDGET * compute * pace)
     params = {c.name: ParamPlan(push=c.push, pull=c.pull) for c in choices}
     limited = any(not p.is_dense() for p in params.values())
     up, down = _traffic(choices, batch_size)
@@ -307,6 +331,7 @@ def make_plan(
         "up_bytes_by_param": {c.name: push_bytes(c.push, c.shape, batch_size) for c in choices},
         "down_bytes_by_param": {c.name: pull_bytes(c.pull, c.shape) for c in choices},
         "compute_ms": round(compute, 3),
+        "pace_factor": pace,  # the pace-setting step's compute, in units of compute_ms
         "step_ms": round(predict_step_ms(layers, choices, batch_size, per_worker, limited), 3),
     }
     plan = Plan(params=params if limited else {}, wait_free=limited, predicted=predicted)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from minips.server.store import ParameterStore
 
 log = logging.getLogger("minips.server")
+MAX_REASON_CHARS = 256  # of a bye's `refused` reason kept for stats
 
 
 class Membership:
@@ -90,8 +91,14 @@ class Membership:
         """A worker leaves (finished its shard unless it says `finished: false`); the
         rule's decision on its departure."""
         worker = self.registry.sender(request, envelope.origin)
+        refused = request.header.get("refused")
         worker.finished = request.header.get("finished", True) and not worker.observer
+        worker.finished = worker.finished and refused is None
         why = "said bye" if worker.finished or worker.observer else "left unfinished"
+        if refused is not None:
+            worker.refused = refused[:MAX_REASON_CHARS]
+            log.warning("%s cannot follow this run: %s", describe(worker), worker.refused)
+            why = "refused the run"
         left = self.retire(worker, why)
         self.outbox.reply(envelope, {"op": "bye"}, worker=worker)
         # With a fixed world size a run ends once every rank's shard is finished (each

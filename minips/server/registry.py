@@ -80,6 +80,7 @@ class WorkerState:
     last_seen: float  # time.monotonic() of its last request
     alive: bool = True
     finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
+    refused: str | None = None  # why it left at once: it cannot follow the run (bye `refused`)
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
     clock: int = 0  # completed steps (pushes with `last`)
     pushes: int = 0
@@ -188,6 +189,7 @@ class WorkerState:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "info": self.info,
+            **({"refused": self.refused} if self.refused is not None else {}),
         }
 
 

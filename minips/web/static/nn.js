@@ -45,6 +45,13 @@ export class Dense {
     this.needInputGrad = true;
     this.engine = jsEngine;
     this.x = null; // the forward input, for dw = x^T @ dy
+    this.dy = null; // the output's gradient of the last backward: the `sf` codec's factor
+  }
+
+  /** The weight gradient's sufficient factors {x (N, in), dy (N, out)}: dw = x^T dy (the
+   * `sf` codec, docs/protocol.md §13.3); valid until the next forward. */
+  sufficientFactors() {
+    return { x: this.x, dy: this.dy };
   }
 
   forward(x, train = true) {
@@ -66,6 +73,7 @@ export class Dense {
   backward(dy) {
     const n = dy.shape[0];
     const [inF, outF] = [this.inFeatures, this.outFeatures];
+    this.dy = dy;
     this.engine.gemmTA(this.x.data, dy.data, this.grads.w.data, inF, n, outF); // dw = x^T dy
     const db = this.grads.b.data;
     db.fill(0);

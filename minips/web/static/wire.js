@@ -46,51 +46,35 @@ export function unpackFrames(buffer) {
 }
 
 /**
- * Encode a request: header (a plain object; v is added) and arrays, each
- * {name, shape, data: Float32Array} sent as float32 "dense". Returns a Uint8Array, in
- * `buffer` when it is large enough (packFrames).
+ * Encode a request: header (a plain object; v is added) and its arrays, each a wire part
+ * {name, dtype, shape, codec, part?, of?, data} (codecs.js; dtype and codec default to
+ * "float32" and "dense") whose data is a typed array of the dtype (float16 as the bits, a
+ * Uint16Array). Returns a Uint8Array, in `buffer` when it is large enough (packFrames).
  */
 export function encodeMessage(header, arrays = [], buffer = null) {
-  const descriptors = arrays.map((a) => ({
-    name: a.name,
-    dtype: "float32",
-    shape: a.shape,
-    codec: "dense",
-  }));
   const full = { v: 1, ...header };
-  if (arrays.length) full.arrays = descriptors;
+  if (arrays.length) full.arrays = arrays.map(descriptor);
   const frames = [pack(full)];
   for (const a of arrays) frames.push(new Uint8Array(a.data.buffer, a.data.byteOffset, a.data.byteLength));
   return packFrames(frames, buffer);
 }
 
-const DTYPES = { float32: Float32Array, int32: Int32Array, int64: BigInt64Array };
-
-/** float16 bits -> number (for the "fp16" codec). */
-function halfToFloat(h) {
-  const sign = h & 0x8000 ? -1 : 1;
-  const exp = (h >> 10) & 0x1f;
-  const frac = h & 0x3ff;
-  if (exp === 0) return sign * 2 ** -14 * (frac / 1024);
-  if (exp === 31) return frac ? NaN : sign * Infinity;
-  return sign * 2 ** (exp - 15) * (1 + frac / 1024);
+/** An array's descriptor, its keys in protocol.md §4's order. */
+function descriptor(a) {
+  const d = { name: a.name, dtype: a.dtype || "float32", shape: a.shape, codec: a.codec || "dense" };
+  if (a.part !== undefined) Object.assign(d, { part: a.part, of: a.of });
+  return d;
 }
 
-/** Decode a reply: {header, arrays: Map name -> {shape, data}} (fp16 widened to float32). */
+/**
+ * Decode a reply: {header, frames}, frames[i] the bytes of header.arrays[i] (views of the
+ * message, unaligned: pulls.js copies them straight into the parameters).
+ */
 export function decodeMessage(buffer) {
   const [head, ...frames] = unpackFrames(buffer);
   const header = unpack(head);
-  const arrays = new Map();
-  (header.arrays || []).forEach((d, i) => {
-    const bytes = frames[i].slice(); // copy: aligned, and independent of the message
-    let data;
-    if (d.dtype === "float16") {
-      const half = new Uint16Array(bytes.buffer);
-      data = Float32Array.from(half, halfToFloat);
-    } else {
-      data = new DTYPES[d.dtype](bytes.buffer);
-    }
-    arrays.set(d.name, { shape: d.shape, data });
-  });
-  return { header, arrays };
+  if ((header.arrays || []).length !== frames.length) {
+    throw new Error(`a reply with ${frames.length} array frames for ${(header.arrays || []).length} descriptors`);
+  }
+  return { header, frames };
 }

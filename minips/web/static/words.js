@@ -46,6 +46,9 @@ export function explain(error, status = {}) {
     case "nonfinite":
       return { what: "The training diverged: the model's numbers overflowed, so the server refused them.",
         todo: "Tell your teacher: the next run needs a smaller learning rate (--lr)." };
+    case "cannot_follow": // this page refused the run at hello (follow.js): the reason is in the details
+      return { what: "This browser cannot take part in this run: the run asks for something this page cannot do.",
+        todo: "Tell your teacher (the details are below), or open the page in another browser." };
     case "not_owner":
       return { what: "Another tab of this browser is already this worker.",
         todo: "Close the other tab, or open the page in a new window." };

@@ -2,13 +2,17 @@
 // minips/worker/worker.py (docs/model.md §4.4, docs/protocol.md §12). hello -> download my
 // shard -> pull -> per batch {forward, backward, push (+ VSGD samples) with the pull in its
 // reply} -> bye. The push carries `pull_since`, so the pull's parameters come back in the
-// push's reply: one round trip per step, as the NumPy worker (docs/protocol.md §5.3). It posts
-// {type: "status", status} to the page after every step and {type: "error", message, code,
-// closeCode} (the server's error code, the WebSocket's close code: words.js explains them).
+// push's reply: one round trip per step, as the NumPy worker (docs/protocol.md §5.3).
+// Gradients and parameters travel by the run's plan (transmit.js); a page that cannot follow
+// the run says bye with its reason at once (follow.js). It posts {type: "status", status} to
+// the page after every step and {type: "error", message, code, closeCode} (the server's
+// error code, the WebSocket's close code: words.js explains them).
 
 import { bestEngine, jsEngine } from "./engine.js";
+import { cannotFollow } from "./follow.js";
 import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
 import { Sampler } from "./sampling.js";
+import { StepSender, applyPull } from "./transmit.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
 import { mulberry32, normalise, parseIdx, permutation } from "./data.js";
 
@@ -30,6 +34,14 @@ function report(fields) {
       stalenessMax: status.staleness.length ? Math.max(...status.staleness) : null,
     },
   });
+}
+
+/** This page cannot do what the run asks; said to the server in its bye (follow.js). */
+class RefusedError extends Error {
+  constructor(reason) {
+    super(`this page cannot follow this run: ${reason}`);
+    this.code = "cannot_follow";
+  }
 }
 
 class ServerError extends Error {
@@ -175,6 +187,17 @@ async function train(options) {
 
   const config = hello.config;
   const [rank, worldSize] = [hello.rank, hello.world_size];
+  // The kernels on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
+  // the plain loops.
+  const fetchStatic = (name) => fetchBytes(new URL(name, import.meta.url));
+  const engine = options.engine === "js" ? jsEngine : await bestEngine(fetchStatic);
+  const refusal = cannotFollow(config, engine, options);
+  if (refusal) {
+    // `finished: false`: the rank is free for a browser that can (protocol.md §5.6)
+    await conn.request({ op: "bye", worker: helloHeader.worker, finished: false, refused: refusal.slice(0, 256) });
+    conn.close();
+    throw new RefusedError(refusal);
+  }
   const resumed = resumeFrom(options.resume, hello);
   report({ workerId: helloHeader.worker, steps: resumed.steps, samples: resumed.samples });
   const rule = config.rule || { name: "asgd" };
@@ -196,16 +219,11 @@ async function train(options) {
     labels: testLabels,
   };
 
-  // The kernels on WebAssembly SIMD where this browser has it, unless ?engine=js asks for
-  // the plain loops.
-  const fetchStatic = (name) => fetchBytes(new URL(name, import.meta.url));
-  const engine = options.engine === "js" ? jsEngine : await bestEngine(fetchStatic);
   const model = buildModel(config.model, engine);
   warmUp(model, config.batch_size);
   const sampler = rule.name === "vsgd" ? new Sampler(rule.rho, rule.min_samples) : null;
-  const applyParams = (reply) => {
-    for (const [name, array] of reply.arrays) model.setParam(name, array.data);
-  };
+  const sender = new StepSender(model, config.plan);
+  const applyParams = (reply) => applyPull(model, reply);
   let reply = await workerRequest({ op: "pull", worker: workerId, since: null });
   applyParams(reply);
   let version = reply.header.version;
@@ -230,7 +248,7 @@ async function train(options) {
 
       const sending = performance.now();
       const params = model.params;
-      const arrays = [...model.grads].map(([name, g]) => ({ name, shape: g.shape, data: g.data }));
+      const { parts: arrays, base } = sender.step(version); // the gradients due, encoded
       if (sampler) {
         // The parameters are still those of the last pull: the values the gradient was
         // computed at (protocol.md §6.4).
@@ -239,7 +257,7 @@ async function train(options) {
           arrays.push({ name: `extra/sample/${name}`, shape: [values.length], data: values });
         }
       }
-      const pushHeader = { op: "push", worker: workerId, seq: seq++, base: version, last: true,
+      const pushHeader = { op: "push", worker: workerId, seq: seq++, base, last: true,
         samples: batch.y.length, pull_since: version };
       reply = await workerRequest(pushHeader, arrays);
       const pushed = reply.header; // the push's answer and the pull's fields (§5.3)
