@@ -1,6 +1,7 @@
 """How strong is the test suite? Plant small, plausible bugs one at a time and count the kills.
 
-    python tools/mutate.py tools/mutants.json [--jobs 2] [--only ID ...] [--out results.json]
+    nice -n 10 python tools/mutate.py tools/mutants.json --jobs 2 [--only ID ...] [--out FILE]
+    python tools/mutate.py tools/mutants.json --check     # every mutant still matches the code
 
 A mutant is one text edit of one file of a clean copy of this checkout (`git archive HEAD`):
 
@@ -10,10 +11,13 @@ A mutant is one text edit of one file of a clean copy of this checkout (`git arc
 
 `find` must occur exactly once in the file (otherwise the mutant is "invalid": the list no
 longer matches the code). The mutant is "killed" when the tests that could see it fail (or
-time out), "survived" when they pass. Which tests: those that name the mutated module (its
-dotted name, its path, or `from <package> import <module>`) or, when none does, any module
-of its package; a mutant's own "tests" list adds to them, and `--all` runs the whole suite.
-The score is the share of valid mutants killed, overall and for those marked "recent".
+time out), "survived" when they pass. Which tests: a mutant's own "tests" list (test files
+or node ids: the tests written for that code) when it has one; else those that name the
+mutated module (its dotted name, its path, or `from <package> import <module>`) or, when
+none does, any module of its package; `--all` runs the whole suite for every mutant. A
+chosen subset can only kill fewer mutants than the whole suite: the score is a lower bound.
+The score is the share of valid mutants killed, overall, for those marked "recent", and by
+kind.
 
 Each job has its own copy of the tree, so `--jobs 2` runs two mutants at once; a mutant's
 file is restored after its run, so a copy serves every mutant of its job.
@@ -54,6 +58,8 @@ def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_*.py"))
     if run_all:
         return files
+    if mutant.get("tests"):
+        return list(mutant["tests"])
     dotted = module_name(mutant["file"])
     package, _, stem = dotted.rpartition(".")
     naming = re.compile(
@@ -63,7 +69,7 @@ def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     chosen = [f for f in files if naming.search((tree / f).read_text())]
     if not chosen:
         chosen = [f for f in files if re.search(rf"{re.escape(package)}\b", (tree / f).read_text())]
-    return sorted(set(chosen) | set(mutant.get("tests", [])))
+    return chosen
 
 
 def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
@@ -102,7 +108,23 @@ def score(results: list[dict]) -> dict:
         return {"valid": len(valid), "killed": killed,
                 "score": round(killed / len(valid), 3) if valid else None}  # fmt: skip
 
-    return {"all": share(results), "recent": share([r for r in results if r.get("recent")])}
+    kinds = sorted({r["kind"] for r in results})
+    return {"all": share(results), "recent": share([r for r in results if r.get("recent")]),
+            "older": share([r for r in results if not r.get("recent")]),
+            "by_kind": {kind: share([r for r in results if r["kind"] == kind]) for kind in kinds}}  # fmt: skip
+
+
+def check(mutants: list[dict]) -> int:
+    """1 when an id repeats or a mutant's `find` does not occur exactly once in this checkout."""
+    bad = [m["id"] for m in mutants if [n["id"] for n in mutants].count(m["id"]) > 1]
+    for mutant in mutants:
+        found = (ROOT / mutant["file"]).read_text().count(mutant["find"])
+        if found != 1 or mutant["find"] == mutant["replace"]:
+            bad.append(mutant["id"])
+            print(f"invalid: {mutant['id']}: 'find' occurs {found} times in {mutant['file']}")
+    recent = sum(bool(m.get("recent")) for m in mutants)
+    print(f"{len(mutants)} mutants, {recent} recent, {len(set(bad))} invalid")
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--all", action="store_true", help="run the whole suite per mutant")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
+    parser.add_argument("--check", action="store_true", help="only check that each mutant matches")
     args = parser.parse_args(argv)
     mutants = json.loads(args.mutants.read_text())
     if args.only:
         mutants = [m for m in mutants if m["id"] in set(args.only)]
+    if args.check:
+        return check(mutants)
     workdir = Path(tempfile.mkdtemp(prefix="minips-mutate-"))
     try:
         trees = [clean_copy(workdir / f"job{j}") for j in range(max(1, args.jobs))]
