@@ -109,9 +109,12 @@ def score(results: list[dict]) -> dict:
                 "score": round(killed / len(valid), 3) if valid else None}  # fmt: skip
 
     kinds = sorted({r["kind"] for r in results})
-    return {"all": share(results), "recent": share([r for r in results if r.get("recent")]),
-            "older": share([r for r in results if not r.get("recent")]),
-            "by_kind": {kind: share([r for r in results if r["kind"] == kind]) for kind in kinds}}  # fmt: skip
+    return {
+        "all": share(results),
+        "recent": share([r for r in results if r.get("recent")]),
+        "older": share([r for r in results if not r.get("recent")]),
+        "by_kind": {kind: share([r for r in results if r["kind"] == kind]) for kind in kinds},
+    }
 
 
 def check(mutants: list[dict]) -> int:
