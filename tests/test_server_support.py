@@ -149,3 +149,33 @@ def train_two_workers(spec):
         loop.join(timeout=10)
         server.close()
     return server.store.params, records, reports, stats
+
+
+# Hand-built requests for RawPeer (the fields a worker in another language would send).
+
+
+def full(name: str, value: float) -> dict[str, np.ndarray]:
+    """One gradient of parameter `name` (SHAPES) filled with `value`."""
+    return {name: np.full(SHAPES[name], value, np.float32)}
+
+
+def filled(value: float) -> dict[str, np.ndarray]:
+    """A gradient of every parameter (SHAPES) filled with `value`."""
+    return {name: np.full(shape, value, np.float32) for name, shape in SHAPES.items()}
+
+
+def copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.array(array) for name, array in arrays.items()}
+
+
+def raw_hello(peer: RawPeer, worker: str) -> None:
+    reply = peer.request({"op": "hello", "worker": worker})
+    assert reply.op == "hello", reply.header
+
+
+def push_header(worker: str, seq: int, base: int, rid: int, last: bool = True) -> dict:
+    return {"op": "push", "worker": worker, "seq": seq, "base": base, "last": last, "rid": rid}
+
+
+def pull_header(worker: str, rid: int) -> dict:
+    return {"op": "pull", "worker": worker, "rid": rid}
