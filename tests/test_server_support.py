@@ -28,10 +28,12 @@ def snapshot(server: ParameterServer) -> dict[str, bytes]:
 
 
 @contextlib.contextmanager
-def running_server(rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, **kw):
+def running_server(
+    rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, weight_decay=0.0, **kw
+):
     """A ParameterServer serving in a background thread; stopped and joined on exit."""
     params = make_params() if params is None else params
-    optimizer = SGD(params, lr=lr, momentum=momentum)
+    optimizer = SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     rule = make_rule(rule, **(rule_options or {})) if isinstance(rule, str) else rule
     kw.setdefault("stop_grace", 0.2)
     kw.setdefault("poll_interval", 0.02)
