@@ -26,13 +26,16 @@ file is restored after its run, so a copy serves every mutant of its job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -85,18 +88,33 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    # Its own process group: a timeout or an interrupt ends the tests' servers and runs too.
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    proc = subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, **output)
+    RUNNING.add(proc)
     try:
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-        verdict = "survived" if done.returncode == 0 else "killed"
-        tail = done.stdout.strip().splitlines()[-1:] if done.stdout else []
+        stdout, _ = proc.communicate(timeout=timeout)
+        verdict = "survived" if proc.returncode == 0 else "killed"
+        tail = stdout.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
         verdict, tail = "killed", ["timeout"]
     finally:
+        end_group(proc)
+        RUNNING.discard(proc)
         target.write_text(original)
     seconds = round(time.monotonic() - start, 1)
     return {**result, "verdict": verdict, "seconds": seconds, "tests": len(tests),
             "last_line": tail[0] if tail else ""}  # fmt: skip
+
+
+RUNNING: set[subprocess.Popen] = set()  # the test runs under way (ended on an interrupt)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a test run's whole process group (whatever of it is still there)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def score(results: list[dict]) -> dict:
@@ -146,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return check(mutants)
     workdir = Path(tempfile.mkdtemp(prefix="minips-mutate-"))
+    stopping = threading.Event()
     try:
         trees = [clean_copy(workdir / f"job{j}") for j in range(max(1, args.jobs))]
         queues = [mutants[j :: len(trees)] for j in range(len(trees))]
@@ -153,13 +172,22 @@ def main(argv: list[str] | None = None) -> int:
         def run_queue(j: int) -> list[dict]:
             rows = []
             for mutant in queues[j]:
+                if stopping.is_set():
+                    break
                 row = run_mutant(trees[j], mutant, args.timeout, args.all)
                 print(f"{row['verdict']:9} {row['id']:40} {row.get('seconds', '')}", flush=True)
                 rows.append(row)
             return rows
 
         with ThreadPoolExecutor(len(trees)) as pool:
-            results = [row for rows in pool.map(run_queue, range(len(trees))) for row in rows]
+            futures = [pool.submit(run_queue, j) for j in range(len(trees))]
+            try:
+                results = [row for future in futures for row in future.result()]
+            except KeyboardInterrupt:
+                stopping.set()
+                for proc in list(RUNNING):
+                    end_group(proc)
+                raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     totals = score(results)
