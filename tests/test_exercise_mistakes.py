@@ -57,7 +57,12 @@ DASGD = [  # (old, new, what the check must say)
     ),  # fmt: skip
     ("math.exp(-beta * tau)", "math.exp(-beta * (tau + 1))", "f(0) = 0.818"),
     ("math.exp(-beta * tau)", "math.exp(-0.2 * tau)", "schedule 'exp' with {'beta': 0.7"),
-    ("math.exp(-beta * tau)", "round(math.exp(-beta * tau), 3)", "schedule 'exp'"),
+    (
+        "math.exp(-beta * tau)",
+        "round(math.exp(-beta * tau), 3)",
+        "schedule 'exp' with {'beta': 0.2, 'power': 0.5, 'tau_max': 8}: f(1) = 0.819,",
+    ),  # fmt: skip
+    ("math.exp(-beta * tau)", "math.exp(-beta * tau) * (1 + 1e-6)", "f(0) = 1.000001, expected 1"),
     (
         "(1.0 + tau) ** -power",
         "max(1, tau) ** -power",
