@@ -78,6 +78,10 @@ def test_one_array_frame_at_and_past_the_limit():
     at = decode_request(wire.encode(PUSH, {"a": np.arange(16, dtype=np.float32)}), limits)
     assert at.arrays["a"][-1] == 15
     assert code_of(wire.encode(PUSH, {"a": np.zeros(17, np.float32)}), limits) == "too_large"
+    # One byte past: an odd limit (a frame's size is a whole number of entries).
+    odd = Limits(max_frame_bytes=63)
+    assert code_of(wire.encode(PUSH, {"a": np.zeros(16, np.float32)}), odd) == "too_large"
+    assert code_of(wire.encode(PUSH, {"a": np.zeros(31, np.float16)}, {"a": "fp16"}), odd) is None
 
 
 def test_array_names_at_and_past_the_limit():
