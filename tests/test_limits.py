@@ -6,6 +6,8 @@ defaults are read back from the table. The server's own limits (hello's `info`, 
 worker ids, answered pushes) are met through a real server over sockets.
 """
 
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -248,3 +250,18 @@ def test_the_sample_budget_stops_at_and_past_it(budget, pushes_to_stop):
             assert peer.request(header, grads).header["applied"]
             stops.append(peer.request({"op": "ping", "worker": "w"}).header["stop"])
         assert stops == [False] * (pushes_to_stop - 1) + [True]
+
+
+def test_a_silent_observer_is_kept_three_heartbeat_timeouts_then_forgotten():
+    # Its silence counts from its own last request (the stats asked here are not its own):
+    # it cannot be forgotten before 3 x 0.2 s, whatever the machine's speed, and must be soon
+    # after.
+    with running_server(heartbeat_timeout=0.2) as server, RawPeer(server.endpoint) as peer:
+        with RawPeer(server.endpoint) as observer:
+            assert hello(observer, "obs", {"role": "observer"}).op == "hello"
+            said_hello = time.monotonic()
+            deadline = said_hello + 10
+            while peer.request({"op": "stats"}).header["stats"]["workers"][0]["alive"]:
+                assert time.monotonic() < deadline, "a silent observer was never forgotten"
+                time.sleep(0.02)
+            assert time.monotonic() - said_hello >= 3 * 0.2
