@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from test_server_support import SHAPES, make_params, running_server
+from test_server_support import SHAPES, copied, full, make_params, running_server
 
 from minips.codecs import Factors, decode_gradients
 from minips.errors import MinipsError
@@ -239,3 +239,26 @@ def test_a_sender_thread_and_the_main_thread_share_one_client():
             assert all(reply.applied for reply in replies)
             assert versions == sorted(versions)
             assert ps.stats()["updates"] == 40
+
+
+def test_after_a_push_failed_with_server_unavailable_the_next_push_is_a_new_one():
+    params = make_params()
+    before = copied(params)
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        with (
+            PSClient(server.endpoint, worker_id="a", timeout=10.0, retries=0) as a,
+            PSClient(server.endpoint, worker_id="b") as b,
+        ):
+            a.hello()
+            b.hello()
+            a.timeout = 0.3  # b never pushes: a's push is held past its timeout
+            with pytest.raises(ServerUnavailable):
+                a.push(full("fc.b", 1.0), base=0)
+            a.timeout = 10.0
+            b.bye()  # the round completes with a's lost push alone: version 1
+            # Re-using the failed push's seq would get that push's old answer (version 1)
+            # and this gradient would be lost.
+            reply = a.push(full("fc.b", 2.0), base=1)
+    assert reply.applied and reply.version == 2 and reply.staleness == 0
+    expected = before["fc.b"] - np.float32(1.0) - np.float32(2.0)
+    np.testing.assert_array_equal(params["fc.b"], expected)

@@ -15,7 +15,16 @@ import threading
 import time
 
 import numpy as np
-from test_server_support import running_server
+from test_server_support import (
+    RawPeer,
+    copied,
+    full,
+    make_params,
+    push_header,
+    raw_hello,
+    running_server,
+    send_then_fence,
+)
 
 from minips.worker.client import PSClient
 
@@ -91,3 +100,27 @@ def test_every_acknowledged_push_is_applied_exactly_once_across_deaths():
     # The hidden conditions really happened: replies were lost and workers declared dead.
     assert len(lost) >= 10
     assert deaths.count("heartbeat timeout") >= 10
+
+
+def test_ssgd_held_push_retried_from_a_new_socket_is_answered_there():
+    params = make_params()
+    before = copied(params)
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        old = RawPeer(server.endpoint, routing_id=b"\x01worker-a")
+        with old, PSClient(server.endpoint) as other:
+            raw_hello(old, "a")
+            other.hello()
+            grads_a = full("fc.b", 1.0)
+            assert send_then_fence(old, push_header("a", 0, 0, rid=1), grads_a) is None  # held
+            with RawPeer(server.endpoint, routing_id=b"\x01worker-a") as new:
+                # The worker timed out and reconnected: same worker, same seq, new rid.
+                assert send_then_fence(new, push_header("a", 0, 0, rid=2), grads_a) is None
+                other_reply = other.push(full("fc.b", 3.0), base=0)  # completes the round
+                reply = new.recv()
+            assert not old.has_reply(0.3)  # the retry replaced the held request
+    assert reply.op == "push" and reply.header["rid"] == 2
+    assert reply.header["applied"] is True and reply.header["version"] == 1
+    assert reply.header["seq"] == 0 and reply.header["stop"] is False
+    assert other_reply.applied and other_reply.version == 1
+    # a's gradient counted once: mean(1, 3) = 2, not mean(1, 1, 3).
+    np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - np.float32(2.0))

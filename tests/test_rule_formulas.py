@@ -6,7 +6,7 @@ operations done by hand (lr * scale is a Python float cast once to float32, as t
 server's SGD does; momentum 0 unless the test is about momentum). Branches already pinned
 exactly elsewhere are not repeated: DASGD at tau 4 and the cutoff drop (dropped record, t
 unchanged, applied false), DC-ASGD with a matching base and without one (test_rules.py);
-the partial-push case of SSGD is in test_pinned_behaviour.py.
+the partial-push cases of SSGD are in test_server_rules.py.
 """
 
 import math

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_server_support import SHAPES, make_params, running_server, snapshot
+from test_server_support import SHAPES, copied, full, make_params, running_server, snapshot
 
 from minips.errors import ConfigError
 from minips.protocol.sampling import (
@@ -384,3 +384,26 @@ def test_dcasgd_keeps_one_copy_per_worker_and_forgets_a_departed_one():
             assert len(rule._bak) == 1
     with pytest.raises(ConfigError, match="lam must be a number >= 0"):
         make_rule("dcasgd", lam=-1)
+
+
+def test_dcasgd_compensates_with_the_latest_pull_not_the_first():
+    lam, lr = 0.5, 0.25
+    params = make_params()
+    with running_server("dcasgd", params=params, lr=lr, rule_options={"lam": lam}) as server:
+        with PSClient(server.endpoint) as slow, PSClient(server.endpoint) as fast:
+            slow.hello()
+            fast.hello()
+            first = copied(slow.pull().params)  # version 0
+            fast.push(full("fc.w", 2.0), base=0)  # version 1
+            second = slow.pull()  # the backup is now these parameters
+            at_second = copied(second.params)
+            fast.push(full("fc.w", -1.5), base=1)  # version 2: w moves on
+            w = copied(params)
+            g = np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4  # (3, 4)
+            reply = slow.push({"fc.w": g}, base=second.version)
+    assert second.version == 1 and reply.applied and reply.staleness == 1
+    lam32, lr32 = np.float32(lam), np.float32(lr)
+    latest = g + lam32 * g * g * (w["fc.w"] - at_second["fc.w"])
+    np.testing.assert_array_equal(params["fc.w"], w["fc.w"] - lr32 * latest)
+    with_first = g + lam32 * g * g * (w["fc.w"] - first["fc.w"])
+    assert not np.array_equal(latest, with_first)  # the two backups tell apart

@@ -8,7 +8,21 @@ import time
 
 import numpy as np
 import pytest
-from test_server_support import SHAPES, make_params, running_server
+from test_server_support import (
+    SHAPES,
+    RawPeer,
+    copied,
+    filled,
+    full,
+    make_params,
+    pull_header,
+    push_header,
+    raw_hello,
+    running_server,
+    send_then_fence,
+    snapshot,
+    worker_rows,
+)
 
 from minips.rules import ASGD, SSP, Outcome
 from minips.worker.client import PSClient, ServerError
@@ -274,3 +288,136 @@ def test_ssgd_starts_without_a_worker_that_never_comes():
             reply = alone.push(_grads(1.0), base=0)  # released after the assembly grace
             assert reply.applied and reply.version == 1
             assert server.stats()["live_workers"] == 1
+
+
+def test_stop_answers_every_push_held_at_the_barrier_at_once():
+    with running_server("ssgd", stop_grace=30.0) as server:
+        with (
+            RawPeer(server.endpoint) as a,
+            RawPeer(server.endpoint) as b,
+            PSClient(server.endpoint) as idle,
+            PSClient(server.endpoint) as operator,
+        ):
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            idle.hello()  # never pushes: the round cannot complete
+            before = snapshot(server)
+            assert send_then_fence(a, push_header("a", 0, 0, rid=11), filled(1.0)) is None
+            assert send_then_fence(b, push_header("b", 0, 0, rid=12), filled(2.0)) is None
+            operator.stop()
+            # Answered now, not when the 30 s grace ends (recv gives up after 5 s).
+            replies = {"a": a.recv(), "b": b.recv()}
+            assert snapshot(server) == before
+            for peer, worker in ((a, "a"), (b, "b")):
+                assert peer.request({"op": "bye", "worker": worker}).op == "bye"
+            idle.bye()  # the last worker left: the loop ends without the grace
+    for worker, rid in (("a", 11), ("b", 12)):
+        header = replies[worker].header
+        assert replies[worker].op == "push" and header["rid"] == rid, header
+        assert header["applied"] is False and header["stop"] is True
+        assert header["version"] == 0
+
+
+def test_ssp_late_joiner_starts_at_the_slowest_clock_and_a_rejoiner_keeps_a_higher_one():
+    with running_server("ssp", rule_options={"staleness": 1}) as server:
+        endpoint = server.endpoint
+        with (
+            PSClient(endpoint, worker_id="a") as a,
+            PSClient(endpoint, worker_id="b") as b,
+            RawPeer(endpoint) as a_raw,
+            PSClient(endpoint) as operator,
+        ):
+            a.hello()
+            b.hello()
+            for _ in range(5):
+                a.push(filled(0.01), base=0)  # ssp holds pulls, never pushes
+            for _ in range(3):
+                b.push(filled(0.01), base=0)
+            assert {w: r["clock"] for w, r in worker_rows(operator).items()} == {"a": 5, "b": 3}
+            with RawPeer(endpoint) as late:
+                raw_hello(late, "late")
+                assert worker_rows(operator)["late"]["clock"] == 3  # the slowest live, not 0
+                # So it holds nobody back: b (clock 3) and itself may pull at once.
+                assert b.pull().version == 8  # not held (a held pull would time out)
+                assert send_then_fence(late, pull_header("late", rid=22)) is not None
+                assert late.request({"op": "bye", "worker": "late"}).op == "bye"
+            # a leaves at clock 5 and comes back: it keeps 5 (higher than the slowest, 3)...
+            a.bye()
+            raw_hello(a_raw, "a")  # the raw peer is "a" now (a live id answers to who said hello)
+            assert worker_rows(operator)["a"]["clock"] == 5
+            # ...so it is still 2 > 1 clocks ahead of b: its pull is held until b steps.
+            assert send_then_fence(a_raw, pull_header("a", rid=23)) is None
+            b.push(filled(0.01), base=0)
+            released = a_raw.recv()
+    assert released.op == "pull" and released.header["rid"] == 23
+
+
+def test_ssgd_bye_after_the_last_push_keeps_that_gradient_in_the_round():
+    params = make_params()
+    before = copied(params)
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        with RawPeer(server.endpoint) as leaver, PSClient(server.endpoint) as stayer:
+            raw_hello(leaver, "leaver")
+            stayer.hello()
+            pushed = send_then_fence(leaver, push_header("leaver", 0, 0, rid=31), full("fc.b", 1.0))
+            assert pushed is None  # held at the barrier
+            assert leaver.request({"op": "bye", "worker": "leaver"}).op == "bye"
+            reply = stayer.push(full("fc.b", 3.0), base=0)  # completes the round
+            answered = leaver.recv()  # the leaver's push is answered too
+    assert reply.applied and reply.version == 1
+    assert answered.header["rid"] == 31 and answered.header["applied"] is True
+    np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - np.float32(2.0))  # mean(1,3)
+
+
+@pytest.mark.parametrize("leave", ["bye", "hello again"])
+def test_ssgd_partial_push_of_a_worker_that_leaves_is_discarded_also_when_it_rejoins(leave):
+    params = make_params()
+    before = copied(params)
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        with RawPeer(server.endpoint) as leaver, PSClient(server.endpoint) as stayer:
+            raw_hello(leaver, "leaver")
+            stayer.hello()
+            partial = leaver.request(
+                push_header("leaver", 0, 0, rid=41, last=False), full("fc.w", 5.0)
+            )
+            assert partial.header["applied"] is False
+            version = 0
+            if leave == "bye":
+                assert leaver.request({"op": "bye", "worker": "leaver"}).op == "bye"
+                # Round 1 without it: its partial is not in the mean.
+                assert stayer.push(full("fc.w", 1.0), base=0).version == 1
+                version = 1
+            raw_hello(leaver, "leaver")  # rejoins (or re-registers) under the same id
+            # The next round: only what it sends now counts for it.
+            mine = push_header("leaver", 1, version, rid=42)
+            assert send_then_fence(leaver, mine, full("fc.w", 2.0)) is None
+            reply = stayer.push(full("fc.w", 4.0), base=version)
+            assert leaver.recv().header["applied"] is True
+    assert reply.applied and reply.version == version + 1
+    expected = before["fc.w"]
+    if leave == "bye":
+        expected = expected - np.float32(1.0)
+    expected = expected - np.float32(3.0)  # mean(2, 4); with the partial it would be 5.5
+    np.testing.assert_array_equal(params["fc.w"], expected)
+
+
+def test_a_clock_advances_on_last_pushes_only():
+    with running_server("ssp", rule_options={"staleness": 0}) as server:
+        with (
+            PSClient(server.endpoint, worker_id="a") as a,
+            PSClient(server.endpoint, worker_id="b") as b,
+            RawPeer(server.endpoint) as a_raw,
+        ):
+            a.hello()
+            b.hello()
+            a.push(full("fc.w", 0.1), base=0, last=False)  # one step in two pushes
+            a.push(full("fc.b", 0.1), base=0, last=True)
+            rows = worker_rows(a)
+            assert rows["a"]["clock"] == 1 and rows["a"]["pushes"] == 2
+            b.push(filled(0.1), base=0)  # b's step: both at clock 1
+            # Bound 0: a may pull only because its two pushes made one clock.
+            assert send_then_fence(a_raw, pull_header("a", rid=51)) is not None
+            a.push(full("fc.w", 0.1), base=0, last=False)
+            assert worker_rows(a)["a"]["clock"] == 1  # a partial push alone: no step
+            a.push(full("fc.b", 0.1), base=0)
+            assert worker_rows(a)["a"]["clock"] == 2

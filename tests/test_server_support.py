@@ -28,10 +28,12 @@ def snapshot(server: ParameterServer) -> dict[str, bytes]:
 
 
 @contextlib.contextmanager
-def running_server(rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, **kw):
+def running_server(
+    rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, weight_decay=0.0, **kw
+):
     """A ParameterServer serving in a background thread; stopped and joined on exit."""
     params = make_params() if params is None else params
-    optimizer = SGD(params, lr=lr, momentum=momentum)
+    optimizer = SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     rule = make_rule(rule, **(rule_options or {})) if isinstance(rule, str) else rule
     kw.setdefault("stop_grace", 0.2)
     kw.setdefault("poll_interval", 0.02)
@@ -149,3 +151,33 @@ def train_two_workers(spec):
         loop.join(timeout=10)
         server.close()
     return server.store.params, records, reports, stats
+
+
+# Hand-built requests for RawPeer (the fields a worker in another language would send).
+
+
+def full(name: str, value: float) -> dict[str, np.ndarray]:
+    """One gradient of parameter `name` (SHAPES) filled with `value`."""
+    return {name: np.full(SHAPES[name], value, np.float32)}
+
+
+def filled(value: float) -> dict[str, np.ndarray]:
+    """A gradient of every parameter (SHAPES) filled with `value`."""
+    return {name: np.full(shape, value, np.float32) for name, shape in SHAPES.items()}
+
+
+def copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.array(array) for name, array in arrays.items()}
+
+
+def raw_hello(peer: RawPeer, worker: str) -> None:
+    reply = peer.request({"op": "hello", "worker": worker})
+    assert reply.op == "hello", reply.header
+
+
+def push_header(worker: str, seq: int, base: int, rid: int, last: bool = True) -> dict:
+    return {"op": "push", "worker": worker, "seq": seq, "base": base, "last": last, "rid": rid}
+
+
+def pull_header(worker: str, rid: int) -> dict:
+    return {"op": "pull", "worker": worker, "rid": rid}

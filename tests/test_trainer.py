@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -10,6 +11,7 @@ from minips.cli import cli
 from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
+from minips.nn.losses import softmax_cross_entropy
 from minips.run.metrics import MetricsLog, read_metrics
 from minips.trainer import TrainConfig, evaluate, train
 
@@ -124,3 +126,17 @@ def test_damaged_idx_file_is_one_line_error_from_the_cli(tmp_path, damage):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "train-images-idx3-ubyte.gz" in lines[0]
+
+
+def test_evaluate_reports_the_same_loss_whatever_the_batch_size():
+    model = build_model("mlp", seed=3, hidden=[16], in_features=12, n_classes=5)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((103, 12)).astype(np.float32)  # 103: batches of 7 leave 5
+    y = rng.integers(0, 5, 103)
+    logits = model.forward(x, train=False)
+    whole_loss, _ = softmax_cross_entropy(logits, y)
+    whole_accuracy = float((logits.argmax(axis=1) == y).mean())
+    for batch_size in (1, 7, 50, 103, 1000):
+        accuracy, loss = evaluate(model, x, y, batch_size=batch_size)
+        assert accuracy == pytest.approx(whole_accuracy, abs=1e-12), batch_size
+        assert loss == pytest.approx(whole_loss, rel=1e-5), batch_size

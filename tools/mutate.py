@@ -1,6 +1,7 @@
 """How strong is the test suite? Plant small, plausible bugs one at a time and count the kills.
 
-    python tools/mutate.py tools/mutants.json [--jobs 2] [--only ID ...] [--out results.json]
+    nice -n 10 python tools/mutate.py tools/mutants.json --jobs 2 [--only ID ...] [--out FILE]
+    python tools/mutate.py tools/mutants.json --check     # every mutant still matches the code
 
 A mutant is one text edit of one file of a clean copy of this checkout (`git archive HEAD`):
 
@@ -10,10 +11,13 @@ A mutant is one text edit of one file of a clean copy of this checkout (`git arc
 
 `find` must occur exactly once in the file (otherwise the mutant is "invalid": the list no
 longer matches the code). The mutant is "killed" when the tests that could see it fail (or
-time out), "survived" when they pass. Which tests: those that name the mutated module (its
-dotted name, its path, or `from <package> import <module>`) or, when none does, any module
-of its package; a mutant's own "tests" list adds to them, and `--all` runs the whole suite.
-The score is the share of valid mutants killed, overall and for those marked "recent".
+time out), "survived" when they pass. Which tests: a mutant's own "tests" list (test files
+or node ids: the tests written for that code) when it has one; else those that name the
+mutated module (its dotted name, its path, or `from <package> import <module>`) or, when
+none does, any module of its package; `--all` runs the whole suite for every mutant. A
+chosen subset can only kill fewer mutants than the whole suite: the score is a lower bound.
+The score is the share of valid mutants killed, overall, for those marked "recent", and by
+kind.
 
 Each job has its own copy of the tree, so `--jobs 2` runs two mutants at once; a mutant's
 file is restored after its run, so a copy serves every mutant of its job.
@@ -22,13 +26,16 @@ file is restored after its run, so a copy serves every mutant of its job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +61,8 @@ def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_*.py"))
     if run_all:
         return files
+    if mutant.get("tests"):
+        return list(mutant["tests"])
     dotted = module_name(mutant["file"])
     package, _, stem = dotted.rpartition(".")
     naming = re.compile(
@@ -63,7 +72,7 @@ def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     chosen = [f for f in files if naming.search((tree / f).read_text())]
     if not chosen:
         chosen = [f for f in files if re.search(rf"{re.escape(package)}\b", (tree / f).read_text())]
-    return sorted(set(chosen) | set(mutant.get("tests", [])))
+    return chosen
 
 
 def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
@@ -79,18 +88,33 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    # Its own process group: a timeout or an interrupt ends the tests' servers and runs too.
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    proc = subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, **output)
+    RUNNING.add(proc)
     try:
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-        verdict = "survived" if done.returncode == 0 else "killed"
-        tail = done.stdout.strip().splitlines()[-1:] if done.stdout else []
+        stdout, _ = proc.communicate(timeout=timeout)
+        verdict = "survived" if proc.returncode == 0 else "killed"
+        tail = stdout.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
         verdict, tail = "killed", ["timeout"]
     finally:
+        end_group(proc)
+        RUNNING.discard(proc)
         target.write_text(original)
     seconds = round(time.monotonic() - start, 1)
     return {**result, "verdict": verdict, "seconds": seconds, "tests": len(tests),
             "last_line": tail[0] if tail else ""}  # fmt: skip
+
+
+RUNNING: set[subprocess.Popen] = set()  # the test runs under way (ended on an interrupt)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a test run's whole process group (whatever of it is still there)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def score(results: list[dict]) -> dict:
@@ -102,7 +126,26 @@ def score(results: list[dict]) -> dict:
         return {"valid": len(valid), "killed": killed,
                 "score": round(killed / len(valid), 3) if valid else None}  # fmt: skip
 
-    return {"all": share(results), "recent": share([r for r in results if r.get("recent")])}
+    kinds = sorted({r["kind"] for r in results})
+    return {
+        "all": share(results),
+        "recent": share([r for r in results if r.get("recent")]),
+        "older": share([r for r in results if not r.get("recent")]),
+        "by_kind": {kind: share([r for r in results if r["kind"] == kind]) for kind in kinds},
+    }
+
+
+def check(mutants: list[dict]) -> int:
+    """1 when an id repeats or a mutant's `find` does not occur exactly once in this checkout."""
+    bad = [m["id"] for m in mutants if [n["id"] for n in mutants].count(m["id"]) > 1]
+    for mutant in mutants:
+        found = (ROOT / mutant["file"]).read_text().count(mutant["find"])
+        if found != 1 or mutant["find"] == mutant["replace"]:
+            bad.append(mutant["id"])
+            print(f"invalid: {mutant['id']}: 'find' occurs {found} times in {mutant['file']}")
+    recent = sum(bool(m.get("recent")) for m in mutants)
+    print(f"{len(mutants)} mutants, {recent} recent, {len(set(bad))} invalid")
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,11 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--all", action="store_true", help="run the whole suite per mutant")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
+    parser.add_argument("--check", action="store_true", help="only check that each mutant matches")
     args = parser.parse_args(argv)
     mutants = json.loads(args.mutants.read_text())
     if args.only:
         mutants = [m for m in mutants if m["id"] in set(args.only)]
+    if args.check:
+        return check(mutants)
     workdir = Path(tempfile.mkdtemp(prefix="minips-mutate-"))
+    stopping = threading.Event()
     try:
         trees = [clean_copy(workdir / f"job{j}") for j in range(max(1, args.jobs))]
         queues = [mutants[j :: len(trees)] for j in range(len(trees))]
@@ -125,13 +172,22 @@ def main(argv: list[str] | None = None) -> int:
         def run_queue(j: int) -> list[dict]:
             rows = []
             for mutant in queues[j]:
+                if stopping.is_set():
+                    break
                 row = run_mutant(trees[j], mutant, args.timeout, args.all)
                 print(f"{row['verdict']:9} {row['id']:40} {row.get('seconds', '')}", flush=True)
                 rows.append(row)
             return rows
 
         with ThreadPoolExecutor(len(trees)) as pool:
-            results = [row for rows in pool.map(run_queue, range(len(trees))) for row in rows]
+            futures = [pool.submit(run_queue, j) for j in range(len(trees))]
+            try:
+                results = [row for future in futures for row in future.result()]
+            except KeyboardInterrupt:
+                stopping.set()
+                for proc in list(RUNNING):
+                    end_group(proc)
+                raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     totals = score(results)

@@ -1,0 +1,130 @@
+"""A run's child processes (minips.run.processes), with real processes: stopping every
+child whatever it does with SIGTERM, the log of each start, the restart budget, the names
+of the exit codes, and the launcher's signal handling in a process of its own."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from minips.run.processes import Child, ProcessGroup
+
+IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"  # noqa: E501
+SLEEPS = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def _wait_for_line(group: ProcessGroup, name: str, text: str) -> None:
+    deadline = time.monotonic() + 30
+    log = group.logs / f"{group[name].log_name}.log"
+    while text not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{name} never printed {text!r}"
+        time.sleep(0.02)
+
+
+def test_stop_all_stops_a_child_that_ignores_sigterm_and_one_that_does_not(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    group.start("stubborn", _python(IGNORES_TERM))
+    group.start("polite", _python(SLEEPS))
+    _wait_for_line(group, "stubborn", "up")  # its handler is in place
+    _wait_for_line(group, "polite", "up")
+    started = time.monotonic()
+    group.stop_all(grace=0.5)
+    assert group.exit_codes == {"stubborn": -signal.SIGKILL, "polite": -signal.SIGTERM}
+    assert not group.running("")
+    assert time.monotonic() - started < 10
+
+
+class Budget:
+    """A restart policy allowing `n` restarts, recording each."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done = n, []
+
+    def allows(self, child: Child) -> bool:
+        return len(self.done) < self.n
+
+    def prepare(self, child: Child) -> None:
+        self.done.append({"generation": child.generation, "code": child.code()})
+
+    def records(self) -> list[dict]:
+        return list(self.done)
+
+
+def test_restarts_within_the_budget_each_with_its_own_log(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    crash = lambda generation: _python(f"print('start {generation}'); raise SystemExit(3)")  # noqa: E731
+    child = group.start("server", crash, Budget(2))
+    for generation in range(3):
+        child.proc.wait(30)
+        assert child.crashed() and child.generation == generation
+        assert group.restart("server") is (generation < 2)
+    assert child.generation == 2
+    logs = {path.name: path.read_text() for path in tmp_path.glob("server*.log")}
+    assert logs == {
+        "server.log": "start 0\n",
+        "server-1.log": "start 1\n",
+        "server-2.log": "start 2\n",
+    }
+    assert group.restart_records() == [{"generation": 0, "code": 3}, {"generation": 1, "code": 3}]
+    assert "exited with code 3: start 2" in _check_alive_error(group, "server")
+
+
+def _check_alive_error(group: ProcessGroup, name: str) -> str:
+    try:
+        group.check_alive(name)
+    except Exception as exc:  # MinipsError naming the child and its last words
+        return str(exc)
+    raise AssertionError("check_alive said nothing of a dead child")
+
+
+def test_a_child_without_policy_is_never_restarted(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    child = group.start("worker-x", _python("raise SystemExit(1)"))
+    child.proc.wait(30)
+    assert group.restart("worker-x") is False and child.generation == 0
+
+
+def test_exit_codes_are_named_by_the_ranks_the_server_gave_not_the_observers(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    first = group.start("worker-a", _python(SLEEPS))
+    second = group.start("worker-b", _python(SLEEPS))
+    evaluator = group.start("evaluator", _python(SLEEPS))
+    group.learn_ranks({"workers": [
+        {"rank": 1, "observer": False, "info": {"pid": first.proc.pid}},
+        {"rank": 0, "observer": False, "info": {"pid": second.proc.pid}},
+        {"rank": 2, "observer": True, "info": {"pid": evaluator.proc.pid}},
+    ]})  # fmt: skip
+    group.stop_all(grace=5)
+    assert set(group.exit_codes) == {"worker-1", "worker-0", "evaluator"}
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import os, signal, time
+    from minips.run.processes import signals_stop_the_run
+    with signals_stop_the_run():
+        try:
+            os.kill(os.getpid(), signal.{first})
+            time.sleep(10)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # signals during the cleanup are ignored
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            print("cleaned up", flush=True)
+    print("handlers", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    """
+)
+
+
+def test_sigterm_and_sigint_interrupt_the_launcher_once_and_spare_its_cleanup():
+    for first in ("SIGTERM", "SIGINT"):
+        done = subprocess.run(_python(LAUNCHER.format(first=first)), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n")[:3] == ["interrupted", "cleaned up", "handlers True"]
