@@ -24,6 +24,7 @@ from minips.rules.base import (
 from minips.rules.classic import ASGD
 
 if TYPE_CHECKING:
+    from minips.rules.state import StateReader, StateWriter
     from minips.server.registry import WorkerState
 
 
@@ -240,6 +241,13 @@ class VSGD(ASGD):
                 move if old is None else (self.step_decay * old + (1 - self.step_decay) * move)
             )
 
+    def write_state(self, writer: StateWriter) -> None:
+        """step_p of every parameter (a checkpoint: minips/rules/state.py)."""
+        writer.shared("step", self._step)
+
+    def read_state(self, reader: StateReader) -> None:
+        self._step = {name: float(step) for name, step in reader.shared_numbers("step").items()}
+
 
 class VSGDWorkerSide(WorkerSide):
     """A VSGD worker sends, with each gradient, the sampled values it was computed at."""
@@ -300,6 +308,22 @@ class DCASGD(ASGD):
     def on_worker_left(self, worker: WorkerState) -> Outcome:
         self._bak.pop(worker.worker_id, None)  # a returning worker pulls afresh
         return Outcome()
+
+    def on_tick(self, now: float) -> Outcome:
+        for worker_id in self.forget_absent(now):  # resumed, and did not come back
+            self._bak.pop(worker_id, None)
+        return Outcome()
+
+    def write_state(self, writer: StateWriter) -> None:
+        """Each worker's w_bak and its version (a checkpoint: minips/rules/state.py)."""
+        for worker_id, (version, copies, _) in self._bak.items():
+            writer.worker_number("pulled_version", worker_id, version)
+            writer.worker_arrays("pulled", worker_id, copies)
+
+    def read_state(self, reader: StateReader) -> None:
+        # Without the copies' parameter versions the next pull refreshes every copy.
+        versions, copies = reader.worker_numbers("pulled_version"), reader.worker_arrays("pulled")
+        self._bak = {w: (version, copies.get(w, {}), {}) for w, version in versions.items()}
 
     def on_push(self, push: Push) -> Outcome:
         bak = self._bak.get(push.worker.worker_id)

@@ -82,6 +82,7 @@ class ParameterServer:
         self.checkpoints = Checkpointer(
             self.store, self.telemetry.counters, options.checkpoint_path,
             options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
+            rule_state=rule,
         )  # fmt: skip
         if options.resume:
             self.checkpoints.resume(options.resume)
