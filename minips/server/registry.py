@@ -97,13 +97,11 @@ class WorkerState:
     origin: Origin | None = None  # who said hello: its routing id and CURVE key
 
     def check_owner(self, origin: Origin) -> None:
-        """`not_owner` unless `origin` said this worker's hello: the same CURVE key, or
-        without keys the same connection (routing id)."""
-        if self.origin.key is not None or origin.key is not None:
-            owned = self.origin.key == origin.key
-        else:
-            owned = self.origin.routing_id == origin.routing_id
-        if not owned:
+        """`not_owner` unless `origin` said this worker's hello: the same connection (its
+        routing id, which a client keeps for life) and, under CURVE, the same key. Both
+        together: clients may share a key (minips run's workers do), and another client
+        holding it still cannot act as this worker (docs/protocol.md 15)."""
+        if self.origin != origin:
             raise ProtocolError(
                 f"worker id {self.worker_id!r} belongs to another live client", "not_owner"
             )
