@@ -78,6 +78,7 @@ class WorkerState:
     rank: int
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
+    last_answered: float = 0.0  # ... and of the server's last reply to it (Outbox.reply)
     alive: bool = True
     finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
@@ -111,6 +112,11 @@ class WorkerState:
         being declared dead, say), so a retry of a push it already sent is still answered
         from `answered`, never applied twice."""
         self.highest_seq, self.answered = old.highest_seq, old.answered
+
+    def silent_for(self, now: float) -> float:
+        """Seconds of silence: since its last request or the server's last reply to it,
+        whichever came later (a held reply is answered late: the silence starts then)."""
+        return now - max(self.last_seen, self.last_answered)
 
     @property
     def waiting(self) -> bool:
@@ -347,11 +353,11 @@ class WorkerRegistry:
             self.assembling = False
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
-        """Live workers with nothing held that have sent nothing for `timeout` seconds, and
-        observers silent for OBSERVER_EXPIRY heartbeat timeouts (they hold nothing)."""
-        workers = [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
+        """Live workers with nothing held that have been silent (`silent_for`) for `timeout`
+        seconds, and observers silent for OBSERVER_EXPIRY heartbeat timeouts."""
+        workers = [w for w in self.live() if not w.waiting and w.silent_for(now) > timeout]
         expiry = OBSERVER_EXPIRY * timeout
-        return workers + [w for w in self.observers() if now - w.last_seen > expiry]
+        return workers + [w for w in self.observers() if w.silent_for(now) > expiry]
 
 
 def _add_gradients(into: Push, push: Push) -> None:

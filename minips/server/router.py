@@ -9,6 +9,7 @@ bytes. Nothing here knows what a request means.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,12 +87,14 @@ class Outbox:
         worker: WorkerState | None = None,
         parts: Sequence[wire.WirePart] = (),
     ) -> None:
-        """Send a reply (with the request's rid) and count its bytes, also the worker's."""
+        """Send a reply (with the request's rid) and count its bytes; booked on the worker
+        too, with the time: its silence (liveness) counts from its last reply."""
         if envelope.rid is not None:
             header = {**header, "rid": envelope.rid}
         nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
         if worker is not None:
             worker.bytes_out += nbytes
+            worker.last_answered = time.monotonic()
 
     def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
         """Answer a request that failed with `error` (its rid read from `body` if need be)."""
