@@ -209,10 +209,11 @@ class VSGD(ASGD):
             k = len(self.sampler.indices(name, size))
             if sample is None:
                 raise ProtocolError(f"vsgd needs {key!r} with the gradient of {name!r}", "rule")
-            if sample.dtype != np.float32 or sample.shape != (k,):
+            codec = push.codecs.get(key, "dense")  # widened from fp16, it would pass as float32
+            if codec != "dense" or sample.dtype != np.float32 or sample.shape != (k,):
                 raise ProtocolError(
-                    f"{key!r} must be float32 of shape [{k}], "
-                    f"got {sample.dtype} {list(sample.shape)}",
+                    f"{key!r} must be dense float32 of shape [{k}], "
+                    f"got {codec} {sample.dtype} {list(sample.shape)}",
                     "rule",
                 )
 

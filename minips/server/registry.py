@@ -55,6 +55,7 @@ class Push:
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
     fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
     pull_since: int | None = None
+    codecs: dict[str, str] = field(default_factory=dict)  # name -> its codec on the wire
 
 
 @dataclass(eq=False)

@@ -251,7 +251,8 @@ class ParameterServer:
         self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
+                    fused="pull_since" in header, pull_since=header.get("pull_since"),
+                    codecs=request.codecs)  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)
