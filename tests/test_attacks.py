@@ -43,6 +43,30 @@ def test_a_worker_key_cannot_stop_the_server_an_operator_key_can(tmp_path):
         assert server.stopping
 
 
+@pytest.mark.parametrize("attacker_key", [auth.WORKER, "other"])
+def test_under_curve_a_worker_id_is_bound_to_its_key_and_its_connection(tmp_path, attacker_key):
+    """Another client holding the victim's very key (minips run's workers share one), or
+    another admitted key, cannot act as the victim."""
+    auth.make_keys(tmp_path, clients=(auth.WORKER, "other", auth.OPERATOR))
+    victim_keys = auth.load_client_keys(tmp_path, auth.WORKER)
+    attacker_keys = auth.load_client_keys(tmp_path, attacker_key)
+    with running_server(keys=auth.load_server_keys(tmp_path)) as server:
+        victim = PSClient(server.endpoint, timeout=5, worker_id="victim", keys=victim_keys)
+        attacker = PSClient(server.endpoint, timeout=5, worker_id="victim", keys=attacker_keys)
+        with victim, attacker:
+            victim.hello()
+            victim.push(grads(0.01), base=victim.pull().version)
+            before = snapshot(server)
+            attacker._seq = 2**62  # a push far ahead, to make the victim's next one stale
+            for call in (attacker.hello, attacker.ping, attacker.pull,
+                         lambda: attacker.push(grads(1.0), base=0), attacker.bye):  # fmt: skip
+                with pytest.raises(ServerError) as refused:
+                    call()
+                assert refused.value.code == "not_owner"
+            assert snapshot(server) == before
+            assert victim.push(grads(0.01), base=victim.pull().version).applied  # no stale_seq
+
+
 def test_another_connection_cannot_push_under_a_live_workers_id():
     with running_server() as server, RawPeer(server.endpoint) as attacker:
         with registered_victim(server) as victim:

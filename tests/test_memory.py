@@ -17,6 +17,7 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,3 +235,64 @@ def test_ten_thousand_connections_cost_a_bounded_amount(tmp_path):
     print(f"{len(peers)} connections; idle {idle:.0f} MiB, peak {peak:.0f} MiB")
     assert len(peers) == 10_000
     assert peak - idle <= most * each / 1024, (idle, peak)
+
+
+def _flood(port: int, messages: int, frames: int, replies: list) -> None:
+    """Send `messages` messages of `frames` empty frames and a hello header each; record
+    (time, bytes) of each reply."""
+    peer = zmtp_peer(port)
+    peer.settimeout(120)
+    flood = zmtp_message([b""] * frames + wire.encode({"op": "hello", "worker": "flood"}))
+    try:
+        for _ in range(messages):
+            peer.sendall(flood)
+        for _ in range(messages):
+            flags, size = recv_exactly(peer, 2)
+            assert not flags & 2, "a long frame: more than an error reply"
+            got = 2 + size + (len(recv_exactly(peer, size)) - size)
+            while flags & 1:  # MORE: the rest of the reply
+                flags, size = recv_exactly(peer, 2)
+                recv_exactly(peer, size)
+                got += 2 + size
+            replies.append((time.monotonic(), got))
+    finally:
+        peer.close()
+
+
+def test_a_million_empty_frames_cost_no_more_than_their_bound_and_no_echo(tmp_path):
+    """Three clients each send a message of a million empty frames (2 MB on the wire, 64 MB
+    in ZeroMQ until read): memory stays within the bound of what is held for all
+    connections (frames counted), each gets one short error, not a million delimiters, the
+    memory is given back, and an honest worker is served in turn between them."""
+    frames, messages = 1_000_000, 1
+    grad = {"fc1.b": np.full(500, 1e-6, np.float32)}
+    with minips_server(tmp_path) as (server, endpoint):
+        idle, _ = memory_mib(server.pid)
+        replies: list[tuple[float, int]] = []
+        floods = [threading.Thread(target=_flood, args=(port_of(endpoint), messages, frames,
+                                                        replies)) for _ in range(3)]  # fmt: skip
+        honest_steps = []
+        with PSClient(endpoint, timeout=60, retries=0) as honest:
+            honest.hello()
+            version = honest.pull().version
+            started = time.monotonic()
+            for flood in floods:
+                flood.start()
+            while any(flood.is_alive() for flood in floods):
+                version = honest.push(grad, base=version, pull_since=version).version
+                honest_steps.append(time.monotonic())
+            for flood in floods:
+                flood.join()
+            assert honest.stats()["workers"][0]["alive"]
+        rss, peak = memory_mib(server.pid)
+    held = documented("held for all connections together")
+    on_top = documented("what arrives between two checks")
+    sizes = sorted(size for _, size in replies)
+    gaps = np.diff([started, *honest_steps])
+    print(f"idle {idle:.0f} MiB, peak {peak:.0f} MiB, after {rss:.0f} MiB; replies {sizes}; "
+          f"{len(honest_steps)} honest steps, the longest {gaps.max():.2f} s")  # fmt: skip
+    assert len(replies) == 3 * messages and all(size < 300 for _, size in replies)
+    assert peak - idle <= held + on_top, (idle, peak)
+    assert rss - idle <= (peak - idle) / 4  # given back once read
+    first, last = min(t for t, _ in replies), max(t for t, _ in replies)
+    assert any(first < step < last for step in honest_steps)  # served between the floods

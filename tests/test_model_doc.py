@@ -101,3 +101,56 @@ def test_normalisation_table_is_the_code():
     for name, (mean, std) in NORMALIZATION.items():
         row = next(line for line in section.splitlines() if f"`{name}`" in line)
         assert f"{mean:.4f}" in row and f"{std:.4f}" in row, name
+
+
+def _doc_block(label: str) -> list[list[int]]:
+    """The lines of integers in the block after `<!-- LABEL -->` in docs/model.md."""
+    match = re.search(rf"<!-- {label} -->\s*```\s*\n(.*?)```", DOC.read_text(), re.S)
+    assert match, f"{label} not found in {DOC}"
+    return [[int(v) for v in line.split()] for line in match.group(1).strip().splitlines()]
+
+
+def test_the_portable_shuffle_is_the_documents_worked_example():
+    from minips.data.shuffle import EpochShuffle, shuffle, splitmix64
+
+    text = " ".join(DOC.read_text().split())
+    assert [hex(int(k)) for k in splitmix64(0, 2)] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4"]
+    assert f"`key_0(0)` = {hex(int(splitmix64(0, 1)[0]))}" in text
+    assert [hex(int(k)) for k in splitmix64(1, 2)] == ["0x910a2dec89025cc1", "0xbeeb8da1658eec67"]
+    assert _doc_block("shuffle-training-order") == [shuffle(0, 10).tolist()]
+    epochs = EpochShuffle(seed=0, rank=1)
+    assert _doc_block("shuffle-epochs") == [epochs.permutation(10).tolist() for _ in range(2)]
+
+
+def test_the_training_order_and_a_workers_batches_are_the_portable_shuffle():
+    """What minips does: the loaded training set is the file's examples in shuffle(0, N)
+    order, and a worker's epochs visit its shard in EpochShuffle's orders."""
+    from minips.data import iterate_batches, load_dataset, read_idx
+    from minips.data.datasets import SAMPLE_DIR, idx_paths
+    from minips.data.shuffle import shuffle
+    from minips.worker.client import PSClient
+    from minips.worker.worker import Worker
+
+    file_labels = read_idx(idx_paths(SAMPLE_DIR)["train_labels"])
+    loaded = load_dataset("sample", data_dir=SAMPLE_DIR.parent)
+    np.testing.assert_array_equal(loaded.y_train, file_labels[shuffle(0, len(file_labels))])
+    spec = {"name": "mlp", "kwargs": {"hidden": [4]}}
+    config = {"model": spec, "dataset": "sample", "data_dir": str(SAMPLE_DIR.parent),
+              "batch_size": 8, "epochs": 2, "seed": 7}  # fmt: skip
+    with PSClient("tcp://127.0.0.1:9") as client:  # never asked: _join only reads hello
+        shard, order = Worker(client)._join({"rank": 1, "world_size": 3, "config": config})
+    n = len(shard.y_train)
+    for epoch in range(2):
+        expected = shuffle(int(splitmix64_of(7 * 1000 + 1, epoch)), n)
+        labels = np.concatenate([yb for _, yb in iterate_batches(shard.x_train, shard.y_train,
+                                                                 8, order)])  # fmt: skip
+        np.testing.assert_array_equal(labels, shard.y_train[expected])
+
+
+def splitmix64_of(seed: int, i: int) -> int:
+    """Output i of SplitMix64(seed), written out as docs/model.md 4.2 gives it."""
+    mask = (1 << 64) - 1
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)

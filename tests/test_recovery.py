@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from minips.run.metrics import read_metrics
-from minips.run.recovery import checkpoint_state
+from minips.server.checkpoint_file import load_checkpoint
 from minips.worker.client import PSClient, ServerUnavailable
 
 RUN = ("--rule", "asgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
@@ -138,4 +138,4 @@ def test_a_run_survives_two_server_kills_and_records_what_they_cost(tmp_path):
     assert summary["samples"] >= 60000 and calm["samples"] >= 60000  # the same budget
     assert set(summary["exit_codes"].values()) == {0}
     assert abs(summary["accuracy"] - calm["accuracy"]) <= 0.01
-    assert checkpoint_state(out / "checkpoint.npz")[0] == summary["updates"]
+    assert load_checkpoint(out / "checkpoint.npz").version == summary["updates"]

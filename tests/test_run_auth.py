@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 from click.testing import CliRunner
 
 from minips.cli.ps_cmd import server_command
-from minips.protocol import auth
+from minips.protocol import auth, wire
 from minips.run.build import make_server
 from minips.run.config import RunConfig
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
@@ -68,6 +69,31 @@ def _unanswered(client: PSClient) -> None:
                 call()
 
 
+def _refused_as(endpoint: str, keys: auth.ClientKeys, victim: str) -> list[str]:
+    """The codes a second client with `keys` gets for hello, ping, pull, a push with seq
+    2^62 and bye under worker id `victim`."""
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    auth.make_curve_client(peer, keys)
+    peer.connect(endpoint)
+    grads = {"fc1.b": np.ones(256, np.float32)}
+    requests = [({"op": "hello", "worker": victim}, None), ({"op": "ping", "worker": victim}, None),
+                ({"op": "pull", "worker": victim}, None),
+                ({"op": "push", "worker": victim, "seq": 2**62, "base": 0}, grads),
+                ({"op": "bye", "worker": victim}, None)]  # fmt: skip
+    codes = []
+    try:
+        for header, arrays in requests:
+            peer.send_multipart(wire.encode(header, arrays))
+            assert peer.poll(10_000), f"no reply to {header['op']}"
+            codes.append(wire.decode_reply(peer.recv_multipart()).header.get("code"))
+    finally:
+        peer.close()
+        context.term()
+    return codes
+
+
 def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path):
     out = tmp_path / "run"
     proc = _start_run(out, "--auth", "--epochs", "300")
@@ -87,6 +113,11 @@ def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path
             with pytest.raises(ServerError) as refused:
                 worker.stop()
             assert refused.value.code == "operator"
+            victims = [row["worker"] for row in worker.stats()["workers"] if row["alive"]]
+        # Nor can it act as one of the run's workers, whose key it holds: a worker id is
+        # bound to the connection that said hello with the key, not to the key alone.
+        for victim in victims:
+            assert _refused_as(endpoint, worker_keys, victim) == ["not_owner"] * 5
         with PSClient(endpoint, timeout=5, keys=operator_keys) as operator:
             stats = operator.stats()
             assert not stats["stopping"]  # nothing above changed the run

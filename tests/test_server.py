@@ -242,7 +242,8 @@ def test_checkpoint_and_resume(tmp_path):
             np.testing.assert_array_equal(optimizer.velocity[name], velocity[name])
     finally:
         resumed.close()
-    assert [p.name for p in path.parent.iterdir()] == ["server.npz"]  # no temp files left
+    # No temp files left; the checkpoint before the last is kept beside it.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["server.npz", "server.prev.npz"]
 
 
 def test_resume_rejects_a_different_model(tmp_path):
@@ -397,3 +398,28 @@ def test_sample_budget_stops_at_once_and_counts_nothing_after():
             with PSClient(server.endpoint) as newcomer, pytest.raises(ServerError) as info:
                 newcomer.hello()
             assert info.value.code == "stopping"
+
+
+def test_a_worker_whose_pull_was_held_is_not_silent_for_the_time_it_waited():
+    """Silence counts from the server's reply: a pull held while the cluster assembles
+    (longer than the heartbeat timeout) leaves the worker a whole timeout after it."""
+    timeout = 2.0
+    with running_server(world_size=2, heartbeat_timeout=timeout) as server:
+        with PSClient(server.endpoint, timeout=10, worker_id="early") as early:
+            early.hello()
+            pulled = threading.Thread(target=early.pull)
+            pulled.start()
+            time.sleep(0.9 * timeout)  # the early worker's pull is held all this while
+            with PSClient(server.endpoint, timeout=10, worker_id="late") as late:
+                late.hello()  # the cluster is whole: the held pull is answered now
+                pulled.join(timeout=10)
+                answered = time.monotonic()
+                time.sleep(0.6 * timeout)  # 1.5 timeouts after its request, 0.6 after the reply
+                late.ping()
+                assert server.registry.by_id["early"].alive
+                deadline = answered + 5 * timeout
+                while server.registry.by_id["early"].alive:  # silent since the reply: dead
+                    assert time.monotonic() < deadline, "never declared dead"
+                    late.ping()
+                    time.sleep(0.05)
+                assert time.monotonic() - answered > timeout

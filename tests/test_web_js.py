@@ -74,8 +74,10 @@ def test_js_matches_the_worked_examples_of_the_docs():
     result = _node("model_doc.mjs")
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
-    # per engine (js, wasm): 6 checks of the mlp example, 6 of the conv one; then vsgd's
-    assert "FAIL" not in result.stdout and result.stdout.count("ok  ") == 2 * 12 + 1
+    # per engine (js, wasm): 6 checks of the mlp example, 6 of the conv one; then the
+    # shuffle's three orders and vsgd's sample
+    assert "FAIL" not in result.stdout and result.stdout.count("ok  ") == 2 * 12 + 3 + 1
+    assert result.stdout.count("ok   shuffle ") == 3
     assert result.stdout.count("ok   wasm-simd ") == 12
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from minips.data.idx import read_idx
+from minips.data.shuffle import EpochShuffle, shuffle
 from minips.data.synthetic import SYNTHETIC_MEAN, SYNTHETIC_STD, make_synthetic
 from minips.errors import ConfigError, DataError, ShapeError
 
@@ -242,8 +243,9 @@ def _assemble(name: str, raw: tuple, seed: int, source: str) -> Dataset:
     _check_pair(x_train, y_train, "training", source)
     _check_pair(x_test, y_test, "test", source)
     # Shuffling the training set once, by seed, makes the contiguous shards random subsets
-    # (the bundled sample and synthetic labels would otherwise have structure in their order).
-    order = np.random.default_rng(seed).permutation(len(y_train))  # (N,)
+    # (the bundled sample and synthetic labels would otherwise have structure in their order);
+    # the portable shuffle, so a worker in any language can cut the same shards (model.md 4.2).
+    order = shuffle(seed, len(y_train))  # (N,)
     return Dataset(
         name=name,
         x_train=normalize(x_train[order], name),  # (N, 1, 28, 28)
@@ -288,12 +290,13 @@ def iterate_batches(
     x: np.ndarray,
     y: np.ndarray,
     batch_size: int,
-    rng: np.random.Generator | None,
+    rng: np.random.Generator | EpochShuffle | None,
     shuffle: bool = True,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield ``(xb, yb)`` mini-batches covering ``x`` (N, ...) and ``y`` (N,) once.
 
-    With ``shuffle`` the order is a permutation drawn from ``rng`` (copies via fancy indexing);
+    With ``shuffle`` the order is ``rng.permutation(N)`` (a worker's EpochShuffle, docs/model.md
+    4.3, or a NumPy generator; copies via fancy indexing);
     without, batches are consecutive views. The last batch is shorter when ``batch_size``
     does not divide N.
     """

@@ -7,7 +7,8 @@ checks each connecting client's key through ZAP (ZeroMQ RFC 27), the pattern the
 guide calls "Ironhouse": a client whose key is not on the list never completes the
 handshake, so it can send nothing at all. Every message that does arrive carries its
 sender's public key (the ZMTP metadata property "User-Id", the key's Z85 text), which the
-server uses to bind a worker id to the key that registered it and to recognise operators.
+server uses to recognise operators and, with the connection's routing id, to bind a worker
+id to the client that registered it (a key admits clients; several may share one).
 
 A key directory, as `minips keys DIR` writes it (ZeroMQ's certificate format, the files
 `zmq.auth.create_certificates` writes and every binding can read: Z85 text keys):

@@ -155,9 +155,7 @@ def bounded_buffers(frames: Sequence[Any], limits: Limits) -> tuple[list[memoryv
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     if len(frames) - 1 > limits.max_arrays:
-        raise ProtocolError(
-            f"{len(frames) - 1} array frames exceed the limit of {limits.max_arrays}", "too_large"
-        )
+        raise too_many_frames(len(frames), limits)
     buffers = [as_buffer(frame) for frame in frames]
     total = sum(buf.nbytes for buf in buffers)
     if total > limits.max_message_bytes:
@@ -165,6 +163,13 @@ def bounded_buffers(frames: Sequence[Any], limits: Limits) -> tuple[list[memoryv
             f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}", "too_large"
         )
     return buffers, total
+
+
+def too_many_frames(frames: int, limits: Limits) -> ProtocolError:
+    """`too_large` for a message of `frames` frames after its envelope (header included)."""
+    return ProtocolError(
+        f"{frames - 1} array frames exceed the limit of {limits.max_arrays}", "too_large"
+    )
 
 
 def as_buffer(frame: Any) -> memoryview:

@@ -1,6 +1,7 @@
 """A transmission plan: how each parameter travels, per direction, and when.
 
-A plan says, per parameter ("<layer>.<param>"):
+Its format is normative in docs/protocol.md 13.8 (a worker in another language reads a
+plan from there). A plan says, per parameter ("<layer>.<param>"):
 
     push      the gradient's codec spec (minips.codecs: "dense", "fp16", {"codec": "topk",
               "ratio": 0.01}, {"codec": "sf", "dtype": "float16"}, ...)
@@ -8,7 +9,7 @@ A plan says, per parameter ("<layer>.<param>"):
               "ratio": 0.05, "dtype": "float16"} (the largest changes since what this worker
               holds; docs/protocol.md 13.7)
     every     push interval k: the gradient is accumulated locally and pushed every k steps
-    priority  pull order: smaller first (default 0, then model order: input side first)
+    priority  pull order: lower first (default 0, then model order: input side first)
 
 and, for the whole plan, `wait_free`: each layer's gradients are handed to a sender thread
 as backward produces them (minips.worker.transmit). Parameters not named are dense both ways,

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
+from minips.rules.state import RestoredWorkers, StateReader, StateWriter
 from minips.server.registry import Push, WorkerRegistry, WorkerState
 from minips.server.store import ParameterStore
 
@@ -112,6 +113,8 @@ class Rule:
         on_worker_left(worker)   -> Outcome: bye or declared dead; leave any barrier
         on_tick(now)             -> Outcome: every turn of the server loop (timers)
         on_stop()                -> Outcome: the server stops: answer everything held
+        write_state(writer)      its own state into a checkpoint (minips/rules/state.py)
+        read_state(reader)       ... and back from one, on resume
 
     `self.store` (parameters, versions) and `self.registry` (live workers, clocks, whether
     the cluster is still assembling) are for reading only.
@@ -125,6 +128,7 @@ class Rule:
     server_momentum: ClassVar[float | None] = None
     store: ParameterStore
     registry: WorkerRegistry
+    restored: RestoredWorkers | None = None  # resumed per-worker state (load_state)
 
     @classmethod
     def check_server_momentum(cls, momentum: float) -> None:
@@ -179,6 +183,30 @@ class Rule:
 
     def on_stop(self) -> Outcome:
         return Outcome()
+
+    def write_state(self, writer: StateWriter) -> None:
+        """Put the rule's own state (per worker, per parameter) into a checkpoint."""
+
+    def read_state(self, reader: StateReader) -> None:
+        """Take back what `write_state` put (checked first: DataError, nothing changed)."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The rule's own state as a checkpoint's `rule/` arrays ({} when it has none)."""
+        writer = StateWriter()
+        self.write_state(writer)
+        return writer.done()
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Resume from `state()` of a checkpoint; the workers it names that do not say
+        hello again within a heartbeat timeout are forgotten (`forget_absent`)."""
+        reader = StateReader(state, self.store.params)
+        self.read_state(reader)
+        self.restored = RestoredWorkers(reader.workers, self.registry.grace)
+
+    def forget_absent(self, now: float) -> list[str]:
+        """The ids of resumed workers that did not come back in time, once each (a rule
+        with per-worker state forgets theirs from its on_tick)."""
+        return self.restored.absent(now, self.registry) if self.restored is not None else []
 
 
 class ASGD(Rule):

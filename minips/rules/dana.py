@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minips.errors import DataError
 from minips.rules.base import (
     Outcome,
     Push,
@@ -26,6 +27,7 @@ from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
 
 if TYPE_CHECKING:
+    from minips.rules.state import StateReader, StateWriter
     from minips.server.registry import WorkerRegistry, WorkerState
     from minips.server.store import ParameterStore
 
@@ -114,9 +116,29 @@ class DANA(ASGD):
         return values
 
     def on_worker_left(self, worker: WorkerState) -> Outcome:
-        for name, velocity in self._velocity.pop(worker.worker_id, {}).items():
-            self._sum[name] = self._sum[name] - velocity  # it will not be applied again
+        self.forget(worker.worker_id)
         return Outcome()
+
+    def forget(self, worker_id: str) -> None:
+        for name, velocity in self._velocity.pop(worker_id, {}).items():
+            self._sum[name] = self._sum[name] - velocity  # it will not be applied again
+
+    def on_tick(self, now: float) -> Outcome:
+        for worker_id in self.forget_absent(now):  # resumed, and did not come back
+            self.forget(worker_id)
+        return Outcome()
+
+    def write_state(self, writer: StateWriter) -> None:
+        """Each worker's v_i and their running sum (a checkpoint: minips/rules/state.py)."""
+        for worker_id, velocity in self._velocity.items():
+            writer.worker_arrays("velocity", worker_id, velocity)
+        writer.shared("velocity_sum", self._sum)
+
+    def read_state(self, reader: StateReader) -> None:
+        velocity, total = reader.worker_arrays("velocity"), reader.shared_arrays("velocity_sum")
+        if {name for v in velocity.values() for name in v} - set(total):
+            raise DataError("checkpoint rule/velocity names a parameter rule/velocity_sum lacks")
+        self._velocity, self._sum = velocity, total
 
 
 class DANAGap(DANA):
@@ -165,6 +187,16 @@ class DANAGap(DANA):
         for name, before in self._before.items():
             self.penalty.record_move(name, self.store.params[name] - before)
 
-    def on_worker_left(self, worker: WorkerState) -> Outcome:
-        self.pulled.forget(worker.worker_id)
-        return super().on_worker_left(worker)
+    def forget(self, worker_id: str) -> None:
+        self.pulled.forget(worker_id)
+        super().forget(worker_id)
+
+    def write_state(self, writer: StateWriter) -> None:
+        super().write_state(writer)
+        self.penalty.write_state(writer)
+        self.pulled.write_state(writer)
+
+    def read_state(self, reader: StateReader) -> None:
+        super().read_state(reader)
+        self.penalty.read_state(reader)
+        self.pulled.read_state(reader)

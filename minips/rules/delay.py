@@ -24,6 +24,7 @@ from minips.rules.base import (
 from minips.rules.classic import ASGD
 
 if TYPE_CHECKING:
+    from minips.rules.state import StateReader, StateWriter
     from minips.server.registry import WorkerState
 
 
@@ -208,10 +209,11 @@ class VSGD(ASGD):
             k = len(self.sampler.indices(name, size))
             if sample is None:
                 raise ProtocolError(f"vsgd needs {key!r} with the gradient of {name!r}", "rule")
-            if sample.dtype != np.float32 or sample.shape != (k,):
+            codec = push.codecs.get(key, "dense")  # widened from fp16, it would pass as float32
+            if codec != "dense" or sample.dtype != np.float32 or sample.shape != (k,):
                 raise ProtocolError(
-                    f"{key!r} must be float32 of shape [{k}], "
-                    f"got {sample.dtype} {list(sample.shape)}",
+                    f"{key!r} must be dense float32 of shape [{k}], "
+                    f"got {codec} {sample.dtype} {list(sample.shape)}",
                     "rule",
                 )
 
@@ -239,6 +241,13 @@ class VSGD(ASGD):
             self._step[name] = (
                 move if old is None else (self.step_decay * old + (1 - self.step_decay) * move)
             )
+
+    def write_state(self, writer: StateWriter) -> None:
+        """step_p of every parameter (a checkpoint: minips/rules/state.py)."""
+        writer.shared("step", self._step)
+
+    def read_state(self, reader: StateReader) -> None:
+        self._step = {name: float(step) for name, step in reader.shared_numbers("step").items()}
 
 
 class VSGDWorkerSide(WorkerSide):
@@ -300,6 +309,22 @@ class DCASGD(ASGD):
     def on_worker_left(self, worker: WorkerState) -> Outcome:
         self._bak.pop(worker.worker_id, None)  # a returning worker pulls afresh
         return Outcome()
+
+    def on_tick(self, now: float) -> Outcome:
+        for worker_id in self.forget_absent(now):  # resumed, and did not come back
+            self._bak.pop(worker_id, None)
+        return Outcome()
+
+    def write_state(self, writer: StateWriter) -> None:
+        """Each worker's w_bak and its version (a checkpoint: minips/rules/state.py)."""
+        for worker_id, (version, copies, _) in self._bak.items():
+            writer.worker_number("pulled_version", worker_id, version)
+            writer.worker_arrays("pulled", worker_id, copies)
+
+    def read_state(self, reader: StateReader) -> None:
+        # Without the copies' parameter versions the next pull refreshes every copy.
+        versions, copies = reader.worker_numbers("pulled_version"), reader.worker_arrays("pulled")
+        self._bak = {w: (version, copies.get(w, {}), {}) for w, version in versions.items()}
 
     def on_push(self, push: Push) -> Outcome:
         bak = self._bak.get(push.worker.worker_id)

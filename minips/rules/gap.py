@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from minips.errors import DataError
 from minips.rules.base import (
     Outcome,
     Push,
@@ -25,6 +26,7 @@ from minips.rules.base import (
 from minips.rules.classic import ASGD
 
 if TYPE_CHECKING:
+    from minips.rules.state import StateReader, StateWriter
     from minips.server.registry import WorkerState
 
 
@@ -55,6 +57,16 @@ class PulledValues:
 
     def forget(self, worker_id: str) -> None:
         self._held.pop(worker_id, None)
+
+    def write_state(self, writer: StateWriter) -> None:
+        """Each worker's pull version and values (a checkpoint: minips/rules/state.py)."""
+        for worker_id, (version, values) in self._held.items():
+            writer.worker_number("pulled_version", worker_id, version)
+            writer.worker_arrays("pulled", worker_id, values)
+
+    def read_state(self, reader: StateReader) -> None:
+        versions, values = reader.worker_numbers("pulled_version"), reader.worker_arrays("pulled")
+        self._held = {w: (version, values.get(w, {})) for w, version in versions.items()}
 
 
 class GapPenalty:
@@ -126,6 +138,18 @@ class GapPenalty:
             old += square
         self._count[name] = self._count.get(name, 0) + 1
 
+    def write_state(self, writer: StateWriter) -> None:
+        """A_p and k_p of every parameter (a checkpoint: minips/rules/state.py)."""
+        writer.shared("mean_sq", self._mean_sq)
+        writer.shared("moves", self._count)
+
+    def read_state(self, reader: StateReader) -> None:
+        mean_sq = reader.shared_arrays("mean_sq")
+        count = {name: int(k) for name, k in reader.shared_numbers("moves").items()}
+        if set(count) != set(mean_sq):
+            raise DataError("checkpoint rule/moves and rule/mean_sq name other parameters")
+        self._mean_sq, self._count = mean_sq, count
+
 
 class GapAware(ASGD):
     """Gap-Aware ASGD (Barkai, Hakimi, Schuster, ICLR 2020, arXiv 1909.10802, Algorithm 1).
@@ -173,9 +197,27 @@ class GapAware(ASGD):
         self.pulled.record(worker.worker_id, store.version, sent)
 
     def on_worker_left(self, worker: WorkerState) -> Outcome:
-        self.pulled.forget(worker.worker_id)  # a returning worker pulls afresh
-        self._versions.pop(worker.worker_id, None)
+        self.forget(worker.worker_id)  # a returning worker pulls afresh
         return Outcome()
+
+    def forget(self, worker_id: str) -> None:
+        self.pulled.forget(worker_id)
+        self._versions.pop(worker_id, None)
+
+    def on_tick(self, now: float) -> Outcome:
+        for worker_id in self.forget_absent(now):  # resumed, and did not come back
+            self.forget(worker_id)
+        return Outcome()
+
+    def write_state(self, writer: StateWriter) -> None:
+        self.penalty.write_state(writer)
+        self.pulled.write_state(writer)
+
+    def read_state(self, reader: StateReader) -> None:
+        # What each worker holds is the latest value sent of each parameter: the next pull
+        # records every snapshot again (on_pulled), so _versions need not be kept.
+        self.penalty.read_state(reader)
+        self.pulled.read_state(reader)
 
     def on_push(self, push: Push) -> Outcome:
         params = self.store.params

@@ -205,15 +205,22 @@ class LocalRun:
         self.refusals = Refusals()  # workers that could not follow the run, said once each
 
     def run(self) -> dict[str, Any]:
-        """Start, watch, shut down; write the results and return the summary."""
+        """Start, watch, shut down; write the results and return the summary. A run that
+        cannot go on once started (its server crashed past recovery) still writes its
+        summary, which says why it ended, then raises the MinipsError."""
+        failure: MinipsError | None = None
         try:
             endpoint = self.start()
             if self.on_start is not None:
                 self.on_start(endpoint)
-            with self._operator(endpoint) as operator:
-                wall = self.watch(operator)
-            self.processes.wait("evaluator", timeout=120)
-            self.processes.wait("server", timeout=60)
+            try:
+                with self._operator(endpoint) as operator:
+                    wall = self.watch(operator)
+            except MinipsError as exc:
+                failure, wall = exc, self._elapsed()
+            if failure is None:
+                self.processes.wait("evaluator", timeout=120)
+                self.processes.wait("server", timeout=60)
         finally:
             self._learn_ranks_from_reports()
             try:
@@ -222,8 +229,12 @@ class LocalRun:
                 self.processes.stop_all()
                 raise
         restarts = self.processes.restart_records()
-        codes = self.processes.exit_codes
-        return write_results(self.dir, self.config.rule, self.config.workers, wall, codes, restarts)
+        codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
+        summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
+                                restarts, ended, self.server_restarts.final_crash())  # fmt: skip
+        if failure is not None:
+            raise failure
+        return summary
 
     # --- starting ---------------------------------------------------------------------
 
@@ -327,10 +338,13 @@ class LocalRun:
         """The server is gone: a crash mid-training restarts it (minips.run.recovery) or is
         the run's error; any other exit ends training. False: stop watching (workers still
         knock at a server that has been gone for 10 s)."""
-        if self.processes["server"].crashed():
+        server = self.processes["server"]
+        if server.crashed():
             if self.training_ended is None and self.processes.restart("server"):
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
                 return True
+            if self.server_restarts.refused is not None:  # past the restart budget
+                raise MinipsError(self.server_restarts.past_budget(server, self.dir.logs))
             self.processes.check_alive("server")  # raises: the crash is the run's error
         if self.training_ended is None:
             self.training_ended = self._elapsed()

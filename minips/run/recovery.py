@@ -1,61 +1,72 @@
-"""Crash recovery for `minips run`: a server that dies is restarted from its last checkpoint.
+"""Crash recovery for `minips run`: a server that dies is restarted from its last good checkpoint.
 
 The server checkpoints atomically every few seconds (`--checkpoint-interval`, on by default
-for `minips run`), so a crash loses at most the updates of one interval. When the server
-process dies (any exit but a clean stop), the launcher starts a new one on the same address
-with `--resume RUN_DIR/checkpoint.npz`, at most MAX_RESTARTS times. The workers ride
-through: their requests time out and are retried (Lazy Pirate), the new server answers
-`unknown_worker`, they say hello again, and a push based on a version the server forgot is
-answered `bad_base`, upon which they pull again and go on (docs/protocol.md 7).
+for `minips run`) and keeps the checkpoint before the latest beside it
+(minips.server.checkpoint_file.previous_path), so a crash loses at most the updates of one
+interval. When the server process dies (any exit but a clean stop), the launcher starts a
+new one on the same address, at most MAX_RESTARTS times, from:
+
+- the latest checkpoint, checked first (minips.server.checkpoint_file.load_checkpoint);
+- if that one is damaged, the one before it (the damaged file is set aside as
+  checkpoint.damaged-N.npz, so the next checkpoint does not push the good one out);
+- if the server died before its first checkpoint, the run's start: the initial parameters
+  are known (its config's seed, or its own --resume);
+- if every checkpoint there is is damaged: no restart; the run ends with that line.
+
+The workers ride through: their requests time out and are retried (Lazy Pirate), the new
+server answers `unknown_worker`, they say hello again, and a push based on a version the
+server forgot is answered `bad_base`, upon which they pull again and go on
+(docs/protocol.md 7).
 
 `ServerRestarts` is the server's restart policy (minips.run.processes.RestartPolicy). Each
 restart is recorded (`Restart`); the run's summary gives their number and the updates lost:
-the versions the dead server had logged past its checkpoint. Each server generation logs
-its updates to its own file (RunDir.updates_log: updates.jsonl, then updates-1.jsonl, ...),
+the versions the dead server had logged past the checkpoint it resumed from. A crash past
+the budget is recorded too (`refused`), and ends the run. Each server generation logs its
+updates to its own file (RunDir.updates_log: updates.jsonl, then updates-1.jsonl, ...),
 merged at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from minips.errors import DataError, MinipsError
 from minips.run.metrics import read_metrics
 from minips.run.processes import Child
 from minips.run.rundir import RunDir
+from minips.server.checkpoint_file import Checkpoint, load_checkpoint, previous_path
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 
 
 @dataclass(frozen=True)
 class Restart:
-    """One restart: why, from which checkpoint, and what it cost.
+    """One crash of the server: why, what it resumed from, and what it cost.
 
-    exit_code: the dead server's (-9: SIGKILL). checkpoint_version: the version resumed
-    from. last_version: the last update the dead server logged. updates_lost: last_version -
-    checkpoint_version. checkpoint_age_s: seconds between the checkpoint and the restart
-    (at most about one checkpoint interval, plus the time to notice the death).
+    exit_code: the dead server's (-9: SIGKILL). resumed_from: the checkpoint file the next
+    server started from (None: the run's start, the server having died before its first
+    checkpoint; or no next server, the budget being spent). checkpoint_version: that
+    checkpoint's version (0 from the start). last_version: the last update the dead server
+    logged. updates_lost: last_version - checkpoint_version. checkpoint_age_s: seconds
+    between the checkpoint and the crash being noticed (None from the start). damaged: the
+    error line of each checkpoint passed over as damaged.
     """
 
     exit_code: int | None
+    resumed_from: str | None
     checkpoint_version: int
     last_version: int
     updates_lost: int
-    checkpoint_age_s: float
+    checkpoint_age_s: float | None
+    damaged: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def checkpoint_state(path: Path) -> tuple[int, dict[str, Any]]:
-    """A checkpoint's version and meta (minips.server.store.ParameterStore.save)."""
-    with np.load(path, allow_pickle=False) as data:
-        return int(data["version"]), json.loads(str(data["meta"]))
 
 
 def last_logged_version(path: Path) -> int:
@@ -71,43 +82,109 @@ def last_logged_version(path: Path) -> int:
     return max(versions, default=0)
 
 
+def latest_good(checkpoint: Path) -> tuple[Checkpoint | None, list[str]]:
+    """The newest checkpoint at `checkpoint` or before it that is not damaged (None when
+    there is none), and the error lines of the damaged ones passed over."""
+    damaged = []
+    for path in (checkpoint, previous_path(checkpoint)):
+        if not path.exists():
+            continue
+        try:
+            return load_checkpoint(path), damaged
+        except DataError as exc:
+            damaged.append(str(exc))
+    return None, damaged
+
+
 def describe_restart(
-    checkpoint: Path, dead_log: Path, exit_code: int | None, now: float | None = None
+    resumed: Checkpoint | None,
+    dead_log: Path,
+    exit_code: int | None,
+    damaged: list[str] | None = None,
+    now: float | None = None,
 ) -> Restart:
-    """What a restart from `checkpoint` loses, the dead server having logged to `dead_log`."""
-    version, meta = checkpoint_state(checkpoint)
-    last = last_logged_version(dead_log)
-    age = (time.time() if now is None else now) - float(meta.get("time", 0.0))
-    return Restart(exit_code, version, last, max(0, last - version), round(age, 3))
+    """What a restart from `resumed` (None: from the run's start) loses, the dead server
+    having logged to `dead_log`. It reached at least the version of a checkpoint it wrote
+    (its last log lines may have died with it, or it died before it logged any)."""
+    last = max(last_logged_version(dead_log), resumed.version if resumed is not None else 0)
+    if resumed is None:
+        return Restart(exit_code, None, 0, last, last, None, damaged or [])
+    age = (time.time() if now is None else now) - float(resumed.meta.get("time", 0.0))
+    return Restart(exit_code, str(resumed.path), resumed.version, last,
+                   max(0, last - resumed.version), round(age, 3), damaged or [])  # fmt: skip
 
 
 class ServerRestarts:
-    """The restart policy of a run's server: a new server on the dead one's address, resumed
-    from the run's last checkpoint, at most MAX_RESTARTS times."""
+    """The restart policy of a run's server (module docstring): a new server on the dead
+    one's address, from its last good checkpoint, at most MAX_RESTARTS times."""
 
     def __init__(self, run_dir: RunDir, checkpoint: Path) -> None:
         self.run_dir = run_dir
         self.checkpoint = checkpoint
         self.restarts: list[Restart] = []
+        self.refused: Restart | None = None  # the crash past the budget, which ends the run
         self.address: str | None = None  # the dead server's, which the next one binds
+        self._resume: Path | None = None  # what the next server starts from (None: the start)
 
     def allows(self, child: Child) -> bool:
-        return len(self.restarts) < MAX_RESTARTS and self.checkpoint.exists()
+        if len(self.restarts) < MAX_RESTARTS:
+            return True
+        self.refused = describe_restart(latest_good(self.checkpoint)[0], self._dead_log(child),
+                                        child.code())  # fmt: skip
+        return False
 
     def prepare(self, child: Child) -> None:
-        """Record what the restart costs; take the dead server's address over (the workers
-        know only that one)."""
-        dead_log = self.run_dir.updates_log(child.generation)
-        self.restarts.append(describe_restart(self.checkpoint, dead_log, child.code()))
+        """Choose what the next server starts from and record what the restart costs; take
+        the dead server's address over (the workers know only that one). MinipsError when
+        every checkpoint there is is damaged: the run cannot go on from them."""
+        good, damaged = latest_good(self.checkpoint)
+        restart = describe_restart(good, self._dead_log(child), child.code(), damaged)
+        if good is None and damaged:
+            self.refused = restart
+            raise MinipsError(
+                f"the server crashed (exit code {child.code()}) and no checkpoint to restart "
+                f"it from is whole: {damaged[0]}"
+            )
+        if good is not None and good.path != self.checkpoint and self.checkpoint.exists():
+            self._set_aside(self.checkpoint)  # the damaged latest
+        self.restarts.append(restart)
+        self._resume = good.path if good is not None else None
         self.address = self.run_dir.endpoint.read_text().strip()
         self.run_dir.endpoint.unlink()  # the new server writes it once it listens
 
     def records(self) -> list[dict[str, Any]]:
         return [restart.record() for restart in self.restarts]
 
+    def final_crash(self) -> dict[str, Any] | None:
+        """The crash no restart followed (past the budget, or nothing whole to restart
+        from), as a record; None when every crash was restarted."""
+        return self.refused.record() if self.refused is not None else None
+
+    def past_budget(self, child: Child, logs: Path) -> str:
+        """The run's error line when the server crashed once more than it may be restarted:
+        how often, and the last words of the last server's own log."""
+        codes = [r.exit_code for r in self.restarts] + [child.code()]
+        log_file = logs / f"{child.log_name}.log"
+        return (
+            f"the server crashed {len(codes)} times (exit codes {', '.join(map(str, codes))}),"
+            f" once more than the {MAX_RESTARTS} restarts allowed; its last log, {log_file},"
+            f" ends: {child.last_line(logs)}"
+        )
+
     def resume_options(self, generation: int) -> list[str]:
-        """The `minips server` options of the `generation`-th server ([] for the first)."""
+        """The `minips server` options of the `generation`-th server ([] for the first; a
+        restart from the run's start needs only the address: its config has the rest)."""
         if generation == 0:
             return []
         assert self.address is not None, "a restart is prepared first"
-        return ["--resume", str(self.checkpoint), "--bind", self.address]
+        resume = ["--resume", str(self._resume)] if self._resume is not None else []
+        return [*resume, "--bind", self.address]
+
+    def _set_aside(self, damaged: Path) -> None:
+        """Move a damaged checkpoint out of the way (kept, for a look): else the next
+        checkpoint would push the good one out of its place as the previous."""
+        aside = damaged.with_name(f"{damaged.stem}.damaged-{len(self.restarts) + 1}.npz")
+        os.replace(damaged, aside)
+
+    def _dead_log(self, child: Child) -> Path:
+        return self.run_dir.updates_log(child.generation)

@@ -12,9 +12,13 @@ RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is m
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
-RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness,
-                        and `collapse` (the model collapsed, minips.server.collapse; else null)
-RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
+RUN_DIR/summary.json    how it ended ("finished", or the error line of a run that could not
+                        go on), final accuracy, wall time, samples, updates, bytes,
+                        staleness, the server's restarts and what each crash lost, and
+                        `collapse` (the model collapsed, minips.server.collapse; else null)
+RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and the rule's
+                        own); checkpoint.prev.npz the one before it, a damaged one set aside
+                        after a crash as checkpoint.damaged-N.npz
 RUN_DIR/logs/           each process's output
 
 Each record file is a metrics log (minips.run.metrics). `write_results` merges them when
@@ -45,7 +49,8 @@ RUN_OUTPUTS = (
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
 # reusing a run directory with `minips run --force` removes first.
-RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "worker-*.json", "logs/*.log")
+RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "checkpoint.prev.npz",
+             "checkpoint.damaged-*.npz", "worker-*.json", "logs/*.log")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -184,10 +189,16 @@ def write_results(
     wall: float,
     exit_codes: dict[str, int | None],
     restarts: list[dict[str, Any]] | None = None,
+    ended: str | None = None,
+    final_crash: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
     restarts: the server's restarts after crashes (minips.run.recovery.Restart records).
+    ended: why a run that failed once started ended (its `error: ...` line; None: it
+    finished), with final_crash, the server's crash that no restart followed (a Restart
+    record: what it lost). A failed run's summary holds what is known (accuracy None
+    without any evaluation).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     server_final = next((r for r in records if r.get("event") == "server"), {})
@@ -197,16 +208,18 @@ def write_results(
     records += [{"event": "worker", "time": round(wall, 4), **report} for report in reports]
     records.sort(key=lambda record: record.get("time", 0.0))
     evals = [r for r in records if r["event"] == "eval"]
-    if not evals:
+    if not evals and ended is None:
         raise MinipsError(f"the run produced no evaluation; see {run_dir.logs}")
+    last_eval = evals[-1] if evals else {}
     restarts = restarts or []
     summary = {
-        "accuracy": evals[-1]["accuracy"],
-        "loss": evals[-1]["loss"],
+        "ended": ended or "finished",
+        "accuracy": last_eval.get("accuracy"),
+        "loss": last_eval.get("loss"),
         "wall_s": round(wall, 3),
         # The server's count is authoritative (a worker killed mid-run wrote no report).
         "samples": stats.get("samples", sum(report["samples"] for report in reports)),
-        "updates": stats.get("updates", evals[-1].get("updates")),
+        "updates": stats.get("updates", last_eval.get("updates")),
         "bytes_up": stats.get("bytes_in"),
         "bytes_down": stats.get("bytes_out"),
         "worker_steps": stats.get("worker_steps"),
@@ -223,6 +236,7 @@ def write_results(
         # the model collapsed (minips.server.collapse): the server's finding, else the
         # evaluator's; None when training went on to its end
         "collapse": stats.get("collapse") or latest_collapse(run_dir.eval_log),
+        "final_crash": final_crash,
     }
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:

@@ -1,10 +1,14 @@
 """When the server writes checkpoints, what goes into their meta, and resuming from one.
 
 A checkpoint is the store's (parameters, their versions, the optimizer's state:
-ParameterStore.save, written atomically) plus the counters a resumed run goes on from
-(updates, samples). The server asks for one every `checkpoint_every` updates
-(`after_update`), every `checkpoint_interval` seconds when the version moved (`if_due`), on
-an operator's request and at shutdown (`save`).
+ParameterStore.save, written atomically), the update rule's own state (DANA's momentum per
+worker, DC-ASGD's and Gap-Aware's copies of what each worker pulled: `Rule.state`) and the
+counters a resumed run goes on from (updates, samples). The server asks for one every
+`checkpoint_every` updates (`after_update`), every `checkpoint_interval` seconds when the
+version moved (`if_due`), on an operator's request and at shutdown (`save`). Each one keeps
+the one before it beside it (minips.server.checkpoint_file.previous_path), so damage to the
+latest leaves an earlier good one. The file's format and its checks:
+minips/server/checkpoint_file.py.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips.errors import ConfigError
+from minips.server.checkpoint_file import load_checkpoint
 
 if TYPE_CHECKING:
+    from minips.rules import Rule
     from minips.server.store import ParameterStore
     from minips.server.telemetry import Counters
 
@@ -28,7 +34,8 @@ class Checkpointer:
 
     path: where they go (None: nowhere; `save` is then a ConfigError). every: every this
     many updates (0: never). interval: every this many seconds (0: never). rule, spec:
-    recorded in each checkpoint's meta (the rule's name, the model's spec).
+    recorded in each checkpoint's meta (the rule's name, the model's spec). rule_state:
+    the rule whose own state goes into each checkpoint and comes back on resume.
     """
 
     def __init__(
@@ -40,8 +47,9 @@ class Checkpointer:
         interval: float = 0.0,
         rule: str = "",
         spec: Any = None,
+        rule_state: Rule | None = None,
     ) -> None:
-        self.store, self.counters = store, counters
+        self.store, self.counters, self.rule_state = store, counters, rule_state
         self.path, self.every, self.interval = path, every, interval
         self.rule, self.spec = rule, spec
         self._last = (time.monotonic(), store.version)  # when, at which version
@@ -49,7 +57,13 @@ class Checkpointer:
     def resume(self, path: str | Path) -> None:
         """Start from a checkpoint: parameters, versions, optimizer state, and the update and
         sample counts (a sample budget goes on where the checkpoint left it)."""
-        meta = self.store.load(path)
+        checkpoint = load_checkpoint(path)
+        meta = self.store.restore(checkpoint)
+        if self.rule_state is not None and meta.get("rule") == self.rule_state.name:
+            self.rule_state.load_state(checkpoint.section("rule/"))
+        elif checkpoint.section("rule/"):
+            log.info("%s holds state of rule %s, not %s: not resumed", path, meta.get("rule"),
+                     self.rule)  # fmt: skip
         self.counters.updates = meta.get("updates", 0)
         self.counters.samples = meta.get("samples", 0)
         self._last = (time.monotonic(), self.store.version)
@@ -62,7 +76,9 @@ class Checkpointer:
         counters = self.counters
         meta = {"rule": self.rule, "updates": counters.updates, "samples": counters.samples,
                 "time": time.time(), "spec": self.spec}  # fmt: skip
-        path = self.store.save(self.path, meta)
+        state = self.rule_state.state() if self.rule_state is not None else {}
+        extra = {f"rule/{key}": array for key, array in state.items()}
+        path = self.store.save(self.path, meta, extra, keep_previous=True)
         log.info("checkpoint at version %d -> %s", self.store.version, path)
         return path
 

@@ -84,6 +84,12 @@ def wire_bytes(frame_bytes: int, curve: bool) -> int:
     return frame_bytes + (2 if frame_bytes <= 255 else 9)
 
 
+def dropped_wire_bytes(frames: int, frame_bytes: int, curve: bool) -> int:
+    """At least what `frames` frames of `frame_bytes` bytes in all took on the wire (each
+    counted with the short size: a lower bound, so `held` is never taken below zero)."""
+    return wire_bytes(0, curve) * frames + frame_bytes if frames else 0
+
+
 def watch_supported() -> bool:
     """Whether this system gives what the guard needs: TCP_INFO with tcpi_bytes_received
     (Linux 4.1 or later) and ZeroMQ's ZMQ_SRCFD."""
@@ -179,8 +185,9 @@ class InflowGuard:
         if not self.enabled:
             log.warning("no TCP_INFO or ZMQ_SRCFD here: messages still arriving are unbounded")
 
-    def delivered(self, frames: list[Any]) -> None:
-        """Count a complete message (routing id first, as ROUTER gives it) as delivered."""
+    def delivered(self, frames: list[Any], dropped: int = 0, dropped_bytes: int = 0) -> None:
+        """Count a complete message (routing id first, as ROUTER gives it) as delivered;
+        dropped frames (and their bytes) past the ones kept count too."""
         if not self.enabled or not isinstance(frames[-1], zmq.Frame):
             return
         fd = frames[-1].get(zmq.SRCFD)
@@ -188,7 +195,8 @@ class InflowGuard:
             self._read_events()  # accepted after the last check
         connection = self.connections.get(fd)
         if connection is not None:  # the routing id (frames[0]) was not on the wire
-            connection.delivered += sum(wire_bytes(len(f), self.curve) for f in frames[1:])
+            wire = sum(wire_bytes(len(f), self.curve) for f in frames[1:])
+            connection.delivered += wire + dropped_wire_bytes(dropped, dropped_bytes, self.curve)
 
     def check(self, now: float) -> None:
         """Learn new and closed connections, then measure and cut (see the module's text).

@@ -111,7 +111,7 @@ class Membership:
         """Declare workers dead that have sent nothing for the heartbeat timeout: the
         rule's decision on each, one at a time (each carried out before the next)."""
         for worker in self.registry.silent(now, self.heartbeat_timeout):
-            silent = now - worker.last_seen
+            silent = worker.silent_for(now)
             log.warning("%s silent for %.1f s: declared dead", describe(worker), silent)
             yield self.retire(worker, "heartbeat timeout")
 

@@ -55,6 +55,7 @@ class Push:
     reply_to: Any = None  # the server's routing envelope; replaced when a retry arrives
     fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
     pull_since: int | None = None
+    codecs: dict[str, str] = field(default_factory=dict)  # name -> its codec on the wire
 
 
 @dataclass(eq=False)
@@ -78,6 +79,7 @@ class WorkerState:
     rank: int
     info: dict[str, Any]
     last_seen: float  # time.monotonic() of its last request
+    last_answered: float = 0.0  # ... and of the server's last reply to it (Outbox.reply)
     alive: bool = True
     finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     refused: str | None = None  # why it left at once: it cannot follow the run (bye `refused`)
@@ -98,13 +100,11 @@ class WorkerState:
     origin: Origin | None = None  # who said hello: its routing id and CURVE key
 
     def check_owner(self, origin: Origin) -> None:
-        """`not_owner` unless `origin` said this worker's hello: the same CURVE key, or
-        without keys the same connection (routing id)."""
-        if self.origin.key is not None or origin.key is not None:
-            owned = self.origin.key == origin.key
-        else:
-            owned = self.origin.routing_id == origin.routing_id
-        if not owned:
+        """`not_owner` unless `origin` said this worker's hello: the same connection (its
+        routing id, which a client keeps for life) and, under CURVE, the same key. Both
+        together: clients may share a key (minips run's workers do), and another client
+        holding it still cannot act as this worker (docs/protocol.md 15)."""
+        if self.origin != origin:
             raise ProtocolError(
                 f"worker id {self.worker_id!r} belongs to another live client", "not_owner"
             )
@@ -114,6 +114,11 @@ class WorkerState:
         being declared dead, say), so a retry of a push it already sent is still answered
         from `answered`, never applied twice."""
         self.highest_seq, self.answered = old.highest_seq, old.answered
+
+    def silent_for(self, now: float) -> float:
+        """Seconds of silence: since its last request or the server's last reply to it,
+        whichever came later (a held reply is answered late: the silence starts then)."""
+        return now - max(self.last_seen, self.last_answered)
 
     @property
     def waiting(self) -> bool:
@@ -352,11 +357,11 @@ class WorkerRegistry:
             self.assembling = False
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
-        """Live workers with nothing held that have sent nothing for `timeout` seconds, and
-        observers silent for OBSERVER_EXPIRY heartbeat timeouts (they hold nothing)."""
-        workers = [w for w in self.live() if not w.waiting and now - w.last_seen > timeout]
+        """Live workers with nothing held that have been silent (`silent_for`) for `timeout`
+        seconds, and observers silent for OBSERVER_EXPIRY heartbeat timeouts."""
+        workers = [w for w in self.live() if not w.waiting and w.silent_for(now) > timeout]
         expiry = OBSERVER_EXPIRY * timeout
-        return workers + [w for w in self.observers() if now - w.last_seen > expiry]
+        return workers + [w for w in self.observers() if w.silent_for(now) > expiry]
 
 
 def _add_gradients(into: Push, push: Push) -> None:

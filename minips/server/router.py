@@ -1,15 +1,21 @@
-"""The server's ROUTER socket: opening it, a request's envelope, and the sending side.
+"""The server's ROUTER socket: opening it, receiving a request, its envelope, the sending side.
 
 ZeroMQ's ROUTER prepends each message with the routing id of the connection it came from;
-a reply sent with that id goes back to the same peer. `split_envelope` takes the id (and
-a REQ peer's empty delimiters) off a request, `Outbox` sends replies on it and counts their
-bytes. Nothing here knows what a request means.
+a reply sent with that id goes back to the same peer. `receive` reads one message, keeping
+at most as many frames as a request may have (the rest are read and dropped, so a message
+of a million empty frames costs no memory of ours: docs/protocol.md 10); `split_envelope`
+takes the id (and a REQ peer's empty delimiter) off a request, `Outbox` sends replies on it
+and counts their bytes. Nothing here knows what a request means.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +44,59 @@ class Envelope:
     origin: Origin = Origin(b"")  # who sent it: routing id, CURVE key
 
 
-def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
-    """ROUTER prepends the peer's routing id; a REQ peer adds empty delimiter frame(s).
+@dataclass
+class Received:
+    """One message as `receive` read it: its first frames, and what was dropped past them."""
 
-    (Only when a non-empty frame follows: a lone empty frame is a malformed header.)
+    frames: list[zmq.Frame]  # the routing id first
+    dropped: int = 0  # frames read past the limit and let go
+    dropped_bytes: int = 0  # their bytes
+
+
+def receive(socket: zmq.Socket, keep: int) -> Received:
+    """Read one whole message (zmq.Again when none is waiting), keeping its first `keep`
+    frames: the routing id, a REQ delimiter, the header and the most array frames a request
+    may have, plus one, so an over-long message is still seen to be one. Frames past those
+    are read one at a time and let go at once."""
+    frame = socket.recv(zmq.NOBLOCK, copy=False)
+    frames, recv = [frame], socket.recv
+    while frame.more and len(frames) < keep:
+        frame = recv(0, False)
+        frames.append(frame)
+    dropped = dropped_bytes = 0
+    while frame.more:  # past the limit: each frame let go as soon as it is read
+        frame = recv(0, False)
+        dropped += 1
+        dropped_bytes += len(frame)
+    return Received(frames, dropped, dropped_bytes)
+
+
+def give_back_freed_memory() -> None:
+    """Hand the memory freed by a message of many frames back to the system (glibc).
+
+    ZeroMQ holds 64 bytes per frame until the frame is read; once read, glibc keeps the
+    freed blocks for reuse and the server's resident size would stay at its peak. Nothing
+    happens where malloc_trim does not exist."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
+    """ROUTER prepends the peer's routing id; a REQ peer adds one empty delimiter frame.
+
+    (Only when a frame follows it: a lone empty frame is a malformed header. A second
+    empty frame is not a delimiter: it is the header, empty, so the request is malformed.)
     """
-    split = 1
-    while split < len(frames) - 1 and len(frames[split]) == 0:
-        split += 1
+    split = 2 if len(frames) > 2 and len(frames[1]) == 0 else 1
     key = auth.sender_key(frames[0]) if isinstance(frames[0], zmq.Frame) else None
     origin = Origin(bytes(frames[0]), key)
     return Envelope(routing=frames[:split], origin=origin), frames[split:]
@@ -86,12 +137,14 @@ class Outbox:
         worker: WorkerState | None = None,
         parts: Sequence[wire.WirePart] = (),
     ) -> None:
-        """Send a reply (with the request's rid) and count its bytes, also the worker's."""
+        """Send a reply (with the request's rid) and count its bytes; booked on the worker
+        too, with the time: its silence (liveness) counts from its last reply."""
         if envelope.rid is not None:
             header = {**header, "rid": envelope.rid}
         nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
         if worker is not None:
             worker.bytes_out += nbytes
+            worker.last_answered = time.monotonic()
 
     def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
         """Answer a request that failed with `error` (its rid read from `body` if need be)."""

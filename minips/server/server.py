@@ -30,6 +30,7 @@ import zmq
 
 from minips.codecs import decode_gradients
 from minips.protocol import address, wire
+from minips.protocol.checks import too_many_frames
 from minips.protocol.plan import Plan
 from minips.protocol.wire import Message, ProtocolError
 from minips.rules import Outcome, Rule
@@ -41,7 +42,14 @@ from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
 from minips.server.pulls import Pulls
 from minips.server.registry import HeldPull, Push, WorkerRegistry, WorkerState
-from minips.server.router import Envelope, Outbox, open_router, split_envelope
+from minips.server.router import (
+    Envelope,
+    Outbox,
+    give_back_freed_memory,
+    open_router,
+    receive,
+    split_envelope,
+)
 from minips.server.stop import Stop
 from minips.server.store import SGD, ParameterStore
 from minips.server.telemetry import Telemetry, UpdateRecord
@@ -86,6 +94,7 @@ class ParameterServer:
         self.checkpoints = Checkpointer(
             self.store, self.telemetry.counters, options.checkpoint_path,
             options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
+            rule_state=rule,
         )  # fmt: skip
         if options.resume:
             self.checkpoints.resume(options.resume)
@@ -97,6 +106,8 @@ class ParameterServer:
         # messages still arriving: bounded per connection (minips/server/inflow.py)
         self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
         self.outbox = outbox = Outbox(self.socket, self.telemetry.counters)
+        # routing id, a REQ delimiter, the header, the array frames, and one to see more
+        self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
                                                options.heartbeat_timeout, stop)  # fmt: skip
@@ -126,23 +137,28 @@ class ParameterServer:
             if poller.poll(self.inflow.wait(self.options.poll_interval) * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
                     try:
-                        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                        received = receive(self.socket, keep=self._keep_frames)
                     except zmq.Again:
                         break
-                    self.inflow.delivered(frames)
-                    self.serve(frames)
+                    self.inflow.delivered(received.frames, received.dropped, received.dropped_bytes)
+                    self.serve(received.frames, received.dropped)
+                    if received.dropped:
+                        give_back_freed_memory()  # an attack leaves no peak behind
             self.on_tick(time.monotonic())
         if self.options.checkpoint_path:
             self.checkpoints.save()
         log.info("stopped at version %d", self.store.version)
 
-    def serve(self, frames: list[Any]) -> None:
-        """One request: decode, dispatch to its handler, or answer with an error."""
+    def serve(self, frames: list[Any], dropped: int = 0) -> None:
+        """One request: decode, dispatch to its handler, or answer with an error.
+        dropped: frames past the most a request may have, which `receive` let go."""
         envelope, body = split_envelope(frames)
         counters = self.telemetry.counters
         counters.messages_in += 1
         counters.bytes_in += sum(len(frame) for frame in body)
         try:
+            if dropped:
+                raise too_many_frames(len(body) + dropped, self.options.limits)
             request = wire.decode_request(body, self.options.limits)
             envelope.rid = request.header.get("rid")
             if (left := self.handlers[request.op](envelope, request)) is not None:
@@ -241,7 +257,8 @@ class ParameterServer:
         self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
                     staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"))  # fmt: skip
+                    fused="pull_since" in header, pull_since=header.get("pull_since"),
+                    codecs=request.codecs)  # fmt: skip
         self.rule.check_push(push)
         # Accepted: from here on the push is answered exactly once, whatever happens.
         worker.accept(push)

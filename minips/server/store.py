@@ -10,17 +10,19 @@ trainer.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from minips.errors import ConfigError, DataError, ShapeError
+from minips.errors import ConfigError, ShapeError
 from minips.protocol.wire import ProtocolError
-
-CHECKPOINT_FORMAT = 1
+from minips.server.checkpoint_file import (
+    CHECKPOINT_FORMAT,
+    Checkpoint,
+    load_checkpoint,
+    write_checkpoint,
+)
 
 
 class ParameterStore:
@@ -117,46 +119,43 @@ class ParameterStore:
 
     # -------------------------------------------------------------------------- checkpoints
 
-    def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
-        """Write params, versions and optimizer state to `path` (.npz), atomically.
-
-        Written to a temporary file in the same directory, then `os.replace`d, so a crash
-        leaves either the old checkpoint or the new one, never half of one.
-        """
-        path = Path(path)
-        arrays: dict[str, np.ndarray] = {
-            "meta": np.array(json.dumps({"format": CHECKPOINT_FORMAT, **(meta or {})})),
-            "version": np.array(self.version, dtype=np.int64),
-        }
+    def save(
+        self,
+        path: str | Path,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, np.ndarray] | None = None,
+        keep_previous: bool = False,
+    ) -> Path:
+        """Write params, versions and optimizer state to `path` (.npz), atomically (the
+        format: minips.server.checkpoint_file). extra: more arrays by key (the rule's
+        state, "rule/..."). keep_previous: the checkpoint it replaces is kept beside it."""
+        arrays: dict[str, np.ndarray] = {"version": np.array(self.version, dtype=np.int64)}
         for name, array in self.params.items():
             arrays[f"param/{name}"] = array
             arrays[f"param_version/{name}"] = np.array(self.param_versions[name], np.int64)
         for key, array in self.optimizer.state_dict().items():
             arrays[f"optim/{key}"] = array
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                np.savez(file, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        arrays.update(extra or {})
+        # The list of arrays: a file that lost some (a damaged zip directory) is refused.
+        meta = {"format": CHECKPOINT_FORMAT, **(meta or {}), "arrays": sorted(arrays)}
+        arrays["meta"] = np.array(json.dumps(meta))
+        return write_checkpoint(path, arrays, keep_previous)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint written by `save` into the live arrays; return its meta.
 
-        Names and shapes must match the model exactly (DataError / ShapeError otherwise);
-        nothing is changed unless the whole checkpoint is valid.
+        DataError (one line) for a damaged file; see `restore` for the rest.
         """
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                contents = {key: data[key] for key in data.files}
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read checkpoint {path}: {exc}") from None
-        contents = _from_model_file(contents)
-        names = [key[len("param/") :] for key in contents if key.startswith("param/")]
+        return self.restore(load_checkpoint(path))
+
+    def restore(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        """Take a checked checkpoint's parameters, versions and optimizer state; its meta.
+
+        Names and shapes must match the model exactly (ShapeError otherwise); nothing is
+        changed unless the whole checkpoint fits.
+        """
+        path, contents = checkpoint.path, checkpoint.arrays
+        names = checkpoint.param_names()
         if sorted(names) != sorted(self.params):
             raise ShapeError(
                 f"checkpoint {path} holds parameters {sorted(names)}, "
@@ -168,6 +167,7 @@ class ParameterStore:
                     f"checkpoint {path}: {name} has shape {contents[f'param/{name}'].shape}, "
                     f"the model has {param.shape}"
                 )
+        self.optimizer.check_state_dict(checkpoint.section("optim/"))
         for name, param in self.params.items():
             saved = contents[f"param/{name}"]
             if self.in_place:
@@ -175,11 +175,9 @@ class ParameterStore:
             else:
                 self.params[name] = _published(saved.astype(param.dtype))
             self.param_versions[name] = int(contents[f"param_version/{name}"])
-        self.version = int(contents["version"])
-        self.optimizer.load_state_dict(
-            {k[len("optim/") :]: v for k, v in contents.items() if k.startswith("optim/")}
-        )
-        return json.loads(str(contents["meta"]))
+        self.version = checkpoint.version
+        self.optimizer.load_state_dict(checkpoint.section("optim/"))
+        return checkpoint.meta
 
 
 class SGD:
@@ -278,39 +276,28 @@ class SGD:
         """Velocity buffers, keyed `velocity/<param>`, for checkpoints."""
         return {f"velocity/{name}": buf for name, buf in self.velocity.items()}
 
+    def check_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """ShapeError unless every velocity in `state` fits its parameter."""
+        for key, buf in state.items():
+            name = key.removeprefix("velocity/")
+            weight = self.params.get(name)
+            if name != key and weight is not None and np.shape(buf) != weight.shape:
+                raise ShapeError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
+
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore what `state_dict` returned (unknown keys are ignored).
 
-        Each buffer takes its parameter's dtype; a wrong shape is a ValueError.
+        Each buffer takes its parameter's dtype; a wrong shape is a ShapeError.
         """
+        self.check_state_dict(state)
         for key, buf in state.items():
             name = key.removeprefix("velocity/")
             if name == key or name not in self.params:
                 continue
-            weight = self.params[name]
-            if np.shape(buf) != weight.shape:
-                raise ValueError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
-            self.velocity[name] = np.array(buf, dtype=weight.dtype)
+            self.velocity[name] = np.array(buf, dtype=self.params[name].dtype)
 
 
 def _published(array: np.ndarray) -> np.ndarray:
     """Mark a parameter version read-only: it may be in flight in a pull reply."""
     array.flags.writeable = False
     return array
-
-
-def _from_model_file(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A file of `Sequential.save` (parameters by bare name, "__minips__" metadata) as the
-    arrays of a checkpoint at version 0 without optimizer state; a checkpoint unchanged.
-
-    So an older model file can start a distributed run; `minips train --save` itself now
-    writes checkpoints (docs/architecture.md).
-    """
-    if any(key.startswith("param/") for key in contents) or "version" in contents:
-        return contents
-    meta = contents.pop("__minips__", np.array("{}"))
-    converted: dict[str, np.ndarray] = {"meta": meta, "version": np.array(0, np.int64)}
-    for name, array in contents.items():
-        converted[f"param/{name}"] = array
-        converted[f"param_version/{name}"] = np.array(0, np.int64)
-    return converted

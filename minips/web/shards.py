@@ -1,9 +1,11 @@
 """What the gateway serves of a dataset: a worker's shard and the test set, as IDX bytes.
 
-A browser cannot reproduce NumPy's load-time shuffle (docs/model.md §4.2), so the gateway
-loads the dataset exactly as `minips worker` does and serves each shard's examples in shard
-order as IDX files: uint8 pixels (N, 28, 28) and uint8 labels (N,). The worker normalises
-the pixels itself (docs/model.md §4.1), which gives back the very float32 values NumPy has.
+A browser could cut its shard from the dataset's files itself (the training order is the
+portable shuffle of docs/model.md §4.2), but would download the whole set for it, and
+cannot generate `synthetic`; so the gateway loads the dataset exactly as `minips worker`
+does and serves each shard's examples in shard order as IDX files: uint8 pixels
+(N, 28, 28) and uint8 labels (N,). The worker normalises the pixels itself (docs/model.md
+§4.1), which gives back the very float32 values NumPy has.
 """
 
 from __future__ import annotations

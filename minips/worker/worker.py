@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from minips.data import Dataset, iterate_batches, load_dataset
+from minips.data.shuffle import EpochShuffle
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.protocol.plan import Plan, plan_from_hello
 from minips.rules import WorkerSide, worker_side
@@ -225,7 +226,7 @@ class Worker:
         self._pull(since=None)
         return None
 
-    def _join(self, hello: dict[str, Any]) -> tuple[Dataset, np.random.Generator]:
+    def _join(self, hello: dict[str, Any]) -> tuple[Dataset, EpochShuffle]:
         """Set up from hello's reply (report, model, rule side); the shard and its shuffler."""
         config = hello["config"]
         rank, world_size = int(hello["rank"]), int(hello["world_size"])
@@ -236,7 +237,7 @@ class Worker:
         self.rule_side = worker_side(config.get("rule") or {})
         self._plan_link_trace(config)
         shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
-        return shard, np.random.default_rng(int(config.get("seed", 0)) * 1000 + rank)
+        return shard, EpochShuffle(int(config.get("seed", 0)), rank)  # docs/model.md 4.3
 
     def _plan_link_trace(self, config: dict[str, Any]) -> None:
         """From hello's config: the plan and its sender, the link's token buckets, trace hooks."""

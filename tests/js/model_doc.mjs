@@ -1,6 +1,6 @@
 // docs/model.md's worked examples against the JavaScript network on each engine (the
-// Python side is tests/test_model_doc.py), and docs/protocol.md's VSGD sample against
-// sampling.js.
+// Python side is tests/test_model_doc.py), the portable shuffle's worked example against
+// data.js, and docs/protocol.md's VSGD sample against sampling.js.
 // Usage: node model_doc.mjs; exits 1 and says what differs on failure.
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
@@ -8,6 +8,7 @@ import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
 import {
   Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, buildModel, softmaxCrossEntropy,
 } from "../../minips/web/static/nn.js";
+import { epochOrder, shuffle } from "../../minips/web/static/data.js";
 import { sampleIndices } from "../../minips/web/static/sampling.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
@@ -58,6 +59,20 @@ for (const engine of [jsEngine, wasm]) {
   check(`${engine.name} mlp`, buildModel(example("mlp").model, engine), "mlp");
   const conv = [new Conv2D(1, 2, 2), new ReLU(), new MaxPool2D(2, 2), new Flatten(), new Dense(8, 3)];
   check(`${engine.name} conv`, new Sequential(conv).useEngine(engine), "conv");
+}
+
+// model.md §4.2-4.3's portable shuffle: the training order and two epochs of a worker.
+const block = (label) => modelDoc.match(new RegExp(`<!-- ${label} -->\\s*\`\`\`\\s*\\n([\\s\\S]*?)\`\`\``))[1]
+  .trim().split("\n");
+const orders = [
+  ["training order shuffle(0, 10)", Array.from(shuffle(0n, 10)), block("shuffle-training-order")[0]],
+  ["epoch 0 of rank 1, seed 0", Array.from(epochOrder(0, 1, 0, 10)), block("shuffle-epochs")[0]],
+  ["epoch 1 of rank 1, seed 0", Array.from(epochOrder(0, 1, 1, 10)), block("shuffle-epochs")[1]],
+];
+for (const [what, got, want] of orders) {
+  const same = got.join(" ") === want.trim();
+  if (!same) failures++;
+  console.log(`${same ? "ok  " : "FAIL"} shuffle ${what}: ${got.join(" ")}${same ? "" : ` want ${want}`}`);
 }
 
 const sample = protocolDoc.match(/<!-- vsgd-sample -->\s*```\s*\n(.*?)```/s)[1].trim();

@@ -1,5 +1,10 @@
-// Data for a browser worker (docs/model.md §4): IDX files as the gateway serves them, and the
-// normalisation that turns uint8 pixels into the float32 inputs NumPy computes.
+// Data for a browser worker (docs/model.md §4): IDX files as the gateway serves them, the
+// normalisation that turns uint8 pixels into the float32 inputs NumPy computes, and the
+// portable shuffle of the batch order (the same orders as minips/data/shuffle.py).
+import { splitmix64Mix } from "./sampling.js";
+
+const MASK64 = (1n << 64n) - 1n;
+const GAMMA = 0x9e3779b97f4a7c15n;
 
 /** Parse IDX bytes (an ArrayBuffer) of uint8 data: {shape, data: Uint8Array}. */
 export function parseIdx(buffer) {
@@ -29,24 +34,21 @@ export function normalise(pixels, mean, std) {
   return out;
 }
 
-/** A small seeded generator (mulberry32): uniform floats in [0, 1). */
-export function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+/** SplitMix64's outputs 0..count-1 for seed `seed` (a BigInt), as a BigUint64Array. */
+export function splitmix64(seed, count) {
+  const keys = new BigUint64Array(count);
+  for (let i = 0; i < count; i++) keys[i] = splitmix64Mix((seed + BigInt(i + 1) * GAMMA) & MASK64);
+  return keys;
 }
 
-/** A uniformly random permutation of 0..n-1 (Fisher-Yates) drawn from `random`. */
-export function permutation(n, random) {
-  const order = Int32Array.from({ length: n }, (_, i) => i);
-  for (let i = n - 1; i > 0; i--) {
-    const j = Math.floor(random() * (i + 1));
-    [order[i], order[j]] = [order[j], order[i]];
-  }
-  return order;
+/** The portable shuffle of docs/model.md §4.2: 0..n-1 in ascending order of their keys. */
+export function shuffle(seed, n) {
+  const keys = splitmix64(seed, n);
+  return Int32Array.from({ length: n }, (_, i) => i).sort((a, b) => (keys[a] < keys[b] ? -1 : 1));
+}
+
+/** Epoch `epoch`'s batch order of rank `rank` in a run of `seed` (docs/model.md §4.3). */
+export function epochOrder(seed, rank, epoch, n) {
+  const worker = (BigInt(seed) * 1000n + BigInt(rank)) & MASK64;
+  return shuffle(splitmix64(worker, epoch + 1)[epoch], n);
 }

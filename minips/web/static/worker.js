@@ -14,7 +14,7 @@ import { argmaxRows, buildModel, softmaxCrossEntropy } from "./nn.js";
 import { Sampler } from "./sampling.js";
 import { StepSender, applyPull } from "./transmit.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
-import { mulberry32, normalise, parseIdx, permutation } from "./data.js";
+import { epochOrder, normalise, parseIdx } from "./data.js";
 
 // computeSeconds: forward + backward; commSeconds: push + pull (encoding, the round trips,
 // decoding, copying the parameters in), both summed over the steps (as the NumPy worker's
@@ -231,11 +231,10 @@ async function train(options) {
   report({ state: "training", shard: labels.length, version, engine: engine.name });
 
   const batchSize = config.batch_size;
-  const random = mulberry32((config.seed || 0) * 1000 + rank); // batch order: model.md §4.3
   const started = performance.now();
   let [seq, lastEval, skip] = [0, -Infinity, resumed.steps];
   outer: for (let epoch = 0; epoch < config.epochs && !stop; epoch++) {
-    const order = permutation(labels.length, random);
+    const order = epochOrder(config.seed || 0, rank, epoch, labels.length); // model.md §4.3
     for (let start = 0; start < order.length; start += batchSize) {
       if (skip > 0 && skip--) continue; // trained before a reload: the same order goes on
       const batch = gather(x, labels, order.subarray(start, start + batchSize));
