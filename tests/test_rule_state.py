@@ -64,7 +64,7 @@ def test_a_resumed_server_goes_on_with_the_rules_own_state(tmp_path, rule):
         _push(w1, rule, 9, base=held.version, at=held.params)
         kept = tmp_path / "kept.npz"  # the server checkpoints again when it stops
         kept.write_bytes(Path(w0.checkpoint()).read_bytes())
-        saved = first.rule.state()
+        saved = {key: array.copy() for key, array in first.rule.state().items()}  # live arrays
         assert saved, "the rule has state to save"
         # After the checkpoint the first server takes one more push from w0...
         _push(w0, rule, 10, base=held.version, at=held.params)

@@ -191,7 +191,10 @@ class Rule:
         """Take back what `write_state` put (checked first: DataError, nothing changed)."""
 
     def state(self) -> dict[str, np.ndarray]:
-        """The rule's own state as a checkpoint's `rule/` arrays ({} when it has none)."""
+        """The rule's own state as a checkpoint's `rule/` arrays ({} when it has none).
+
+        The arrays are the live state, not copies (a checkpoint writes them at once): the
+        rules update some in place, so the next push changes them."""
         writer = StateWriter()
         self.write_state(writer)
         return writer.done()
