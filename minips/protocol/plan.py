@@ -129,6 +129,16 @@ class Plan:
         """name -> push codec spec, for the parameters not pushed dense."""
         return {name: p.push for name, p in self.params.items() if p.push != "dense"}
 
+    def worker_momentum(self) -> dict[str, float]:
+        """name -> m, for the parameters pushed by top-k with momentum correction (their
+        workers apply the momentum m; the server then applies them without its own)."""
+        momenta = {}
+        for name, p in self.params.items():
+            codec, options = parse_spec(p.push)
+            if codec == "topk" and options.get("momentum", 0):
+                momenta[name] = float(options["momentum"])
+        return momenta
+
     def pull_order(self, names: Iterable[str]) -> list[str]:
         """`names` (in model order) sorted by priority, model order breaking ties."""
         names = list(names)
