@@ -13,7 +13,8 @@ the project's own parts, in the order the real run uses them:
                  -> its Encoder (minips.codecs: top-k residuals, float16, sufficient factors)
                  -> wire frames (minips.protocol.wire.encode_parts, decode_request)
     server       decode_gradients -> the mean over workers (the SSGD rule's formula)
-                 -> ParameterStore.apply with the server's SGD (momentum)
+                 -> ParameterStore.write with the server's SGD (momentum, or none for a
+                    parameter pushed with momentum correction)
                  -> each worker's pull reply by the plan (minips.server.pulls.PullEncoder:
                     fp16, delta with its per-worker replica)
     each worker  set_params / apply_delta (minips.worker.worker)
@@ -129,6 +130,7 @@ def simulate(
     server_model = build_model(model_name, seed=seed)
     params = server_model.params
     store = ParameterStore(params, SGD(params, lr, momentum))
+    store.optimizer.plain_for(plan.worker_momentum())  # as ParameterServer.use_plan does
     pulls = PullEncoder(store, plan)
     sims = [SimWorker(rank, config, data, plan) for rank in range(workers)]
     for sim in sims:  # the first pull: everything, dense
