@@ -142,6 +142,34 @@ def test_auto_plan_run_bytes_match_the_planner_and_the_trace_shows_wait_free(tmp
     assert summarize(events)["mean"]["comm_ms"] > 0
 
 
+def test_a_delta_warm_up_sends_the_parameter_as_fp16_then_deltas_from_what_the_worker_holds():
+    params = make_params()
+    warm = {**DELTA, "warmup": 2}
+    context, server = _plan_server(Plan({"fc.w": ParamPlan(pull=warm)}), params=params)
+    rng = np.random.default_rng(2)
+    try:
+        with PSClient(server.endpoint, worker_id="a") as a:
+            a.hello()
+            first = a.pull(None)
+            copy, version, kinds = np.array(first.params["fc.w"], np.float32), first.version, []
+            for _ in range(4):
+                grads = {n: rng.standard_normal(p.shape).astype(np.float32) for n, p in
+                         params.items()}  # fmt: skip
+                reply = a.push(grads, base=version, pull_since=version).pull
+                if "fc.w" in reply.params:  # the warm-up: the whole parameter, fp16
+                    kinds.append(str(reply.params["fc.w"].dtype))
+                    copy = reply.params["fc.w"].astype(np.float32)
+                else:
+                    kinds.append("delta")
+                    delta = reply.deltas["fc.w"]
+                    apply_delta(copy, delta["indices"], delta["values"])
+                version = reply.version
+                assert np.array_equal(copy, server.pulls.encoder._replicas["a"][1]["fc.w"])
+        assert kinds == ["float16", "float16", "delta", "delta"]  # versions 1, 2 <= warmup
+    finally:
+        context.__exit__(None, None, None)
+
+
 def test_a_parameter_pushed_with_momentum_correction_is_applied_without_the_servers_momentum():
     """fc.w by top-k with momentum correction: the server adds lr x what arrived (the
     worker's velocity) and keeps no velocity of its own; fc.b, dense, takes its momentum."""

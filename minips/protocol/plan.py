@@ -6,7 +6,7 @@ A plan says, per parameter ("<layer>.<param>"):
               "ratio": 0.01}, {"codec": "sf", "dtype": "float16"}, ...)
     pull      how the server sends the parameter back: "dense", "fp16", or {"codec": "delta",
               "ratio": 0.05, "dtype": "float16"} (the largest changes since what this worker
-              holds; docs/protocol.md 13.7)
+              holds; docs/protocol.md 13.7), with "warmup": W sent fp16 while t <= W
     every     push interval k: the gradient is accumulated locally and pushed every k steps
     priority  pull order: smaller first (default 0, then model order: input side first)
 
@@ -34,7 +34,11 @@ from minips.errors import ConfigError
 PLAN_FORMAT = 1
 
 # Pull codecs (server -> worker) and their options; "delta" is docs/protocol.md 13.7.
-PULL_CODECS: dict[str, tuple[str, ...]] = {"dense": (), "fp16": (), "delta": ("ratio", "dtype")}
+PULL_CODECS: dict[str, tuple[str, ...]] = {
+    "dense": (),
+    "fp16": (),
+    "delta": ("ratio", "dtype", "warmup"),
+}
 
 _PARAM_KEYS = ("push", "pull", "every", "priority")
 
@@ -82,6 +86,9 @@ def parse_pull_spec(spec: Spec) -> tuple[str, dict[str, Any]]:
         if options.get("dtype", "float32") not in ("float32", "float16"):
             dtype = options["dtype"]
             raise ConfigError(f"pull codec delta: dtype float32 or float16, got {dtype!r}")
+        warmup = options.get("warmup", 0)
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise ConfigError(f"pull codec delta: warmup must be an integer >= 0, got {warmup!r}")
     return name, options
 
 

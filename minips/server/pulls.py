@@ -21,6 +21,10 @@ version of the last reply it sent this worker, and only when the version advance
 (a reply that changed no replica may be lost harmlessly). Otherwise (a first pull, a
 retry after a lost reply, a re-registered worker) the parameter goes dense and the
 replica restarts from it. Observers (the evaluator) always get dense parameters.
+
+Warm-up (`warmup` W): while the version t <= W a delta parameter is sent whole as fp16
+and the replica becomes those values widened to float32 (what the worker then holds),
+so the first steps, when every entry moves, are not starved; deltas follow from there.
 """
 
 from __future__ import annotations
@@ -148,7 +152,9 @@ class PullEncoder:
         for name in self.order:
             codec, options = self.specs[name]
             if codec == "delta" and in_sync:
-                if store.version > since:
+                if store.version > since and store.version <= options.get("warmup", 0):
+                    parts.append(self._warm(name, held[1][name]))
+                elif store.version > since:
                     parts += self._delta(name, held[1][name], options)
             elif codec == "delta":
                 parts.append(WirePart(name, store.snapshot(name)))
@@ -172,6 +178,12 @@ class PullEncoder:
         if cached is None or cached[0] != version:
             cached = self._fp16[name] = (version, self.store.params[name].astype(np.float16))
         return WirePart(name, cached[1], "fp16")
+
+    def _warm(self, name: str, replica: np.ndarray) -> WirePart:
+        """The whole parameter as fp16 (the warm-up); the replica takes it in, widened."""
+        part = self._single(name, "fp16")
+        np.copyto(replica, part.array, casting="unsafe")
+        return part
 
     def _delta(self, name: str, replica: np.ndarray, options: dict) -> list[WirePart]:
         """Top-k of (current - replica) as indices + values; the replica takes them in."""
