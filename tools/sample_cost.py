@@ -67,8 +67,8 @@ def named_plan(name: str, model_name: str, batch_size: int, workers: int) -> Pla
     if name.startswith("auto-"):  # the planner's choice for each worker's own link of RATE
         from minips.run.planner import Cluster, Network, make_plan
 
-        link, cluster = Network.parse(bandwidth=name[5:]), Cluster(workers=workers)
-        return make_plan(build_model(model_name), batch_size, cluster, link).plan
+        network, cluster = Network.parse(bandwidth=name[5:]), Cluster(workers=workers)
+        return make_plan(build_model(model_name), batch_size, cluster, network, momentum=0.9).plan
     return load_plan(name)
 
 

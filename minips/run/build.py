@@ -13,10 +13,9 @@ from minips.nn import build_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.run.planner import make_plan
+from minips.run.planner import Cluster, Network, make_plan
 from minips.server.server import ParameterServer
 from minips.server.store import SGD
-from minips.worker.netlimit import parse_rate
 
 
 def make_server(
@@ -42,23 +41,18 @@ def make_server(
     return server
 
 
-def auto_rate(config: RunConfig) -> float | None:
-    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
-    smaller of the two, or None (unlimited)."""
-    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
-    shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
-    return min(shares) if shares else None
-
-
 def resolve_plan(config: RunConfig) -> Plan:
     """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
 
-    auto's link: --netem RATE is shared by the workers, --bandwidth RATE is each worker's
-    own; with both, the tighter; with neither, unlimited (so: all dense).
+    auto's link (minips.run.planner.Network): --bandwidth RATE is each worker's own,
+    --netem RATE one shared by the workers; with both, the tighter; with neither,
+    unlimited (so: all dense).
     """
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":
-        plan = make_plan(model, config.batch_size, config.workers, auto_rate(config), False).plan
+        network = Network.parse(bandwidth=config.bandwidth, netem=config.netem)
+        cluster = Cluster(config.workers)
+        plan = make_plan(model, config.batch_size, cluster, network, momentum=config.momentum).plan
     else:
         plan = load_plan(config.plan)
     shapes = {name: array.shape for name, array in model.params.items()}
