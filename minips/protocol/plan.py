@@ -6,7 +6,7 @@ A plan says, per parameter ("<layer>.<param>"):
               "ratio": 0.01}, {"codec": "sf", "dtype": "float16"}, ...)
     pull      how the server sends the parameter back: "dense", "fp16", or {"codec": "delta",
               "ratio": 0.05, "dtype": "float16"} (the largest changes since what this worker
-              holds; docs/protocol.md 13.7), with "warmup": W sent fp16 while t <= W
+              holds; docs/protocol.md 13.7), "warmup": W: its first W replies fp16 instead
     every     push interval k: the gradient is accumulated locally and pushed every k steps
     priority  pull order: smaller first (default 0, then model order: input side first)
 
