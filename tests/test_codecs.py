@@ -111,6 +111,18 @@ def test_top_k_indices_is_exact(size, k, seed):
     np.testing.assert_array_equal(np.sort(magnitude[got]), np.arange(size - k, size))
 
 
+@pytest.mark.parametrize("zeros", [0.98, 0.5])
+def test_top_k_indices_is_exact_when_most_entries_tie_at_zero(zeros):
+    rng = np.random.default_rng(8)
+    magnitude = rng.permutation(100_000).astype(np.float32) + 1
+    magnitude[rng.random(100_000) < zeros] = 0.0  # most of an early fc1 gradient is 0
+    for k in (1000, int((magnitude > 0).sum()) + 500):  # fewer nonzeros than k, then more
+        got = top_k_indices(magnitude, k, np.random.default_rng(0))
+        assert got.size == k and np.all(np.diff(got) > 0)
+        kth = np.sort(magnitude)[-k]
+        assert np.all(magnitude[got] >= kth) and np.all(np.delete(magnitude, got) <= kth)
+
+
 def test_topk_error_feedback_loses_nothing_over_many_steps():
     # Small integers: float32 sums are exact, so "nothing lost" can be checked with ==.
     rng = np.random.default_rng(3)
