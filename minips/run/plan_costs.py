@@ -243,8 +243,10 @@ def pull_time(spec: Spec, shape: tuple[int, ...], repeats: int = 5) -> CodecTime
 SAMPLE_COST: dict[str, dict[tuple[str, str, str], float]] = {
     "lenet5": {
         ("fc1.w", "push", "sf fp16"): 0.0,
-        ("fc1.w", "push", "topk 1% mc"): 0.09,
-        ("fc1.w", "pull", "delta 5% fp16 warm-up 20"): 0.01,
+        ("fc1.w", "push", "topk 2% mc"): 0.06,
+        ("fc1.w", "push", "topk 1% mc"): 0.07,
+        ("fc1.w", "pull", "delta 10% fp16 warm-up 20"): 0.01,
+        ("fc1.w", "pull", "delta 5% fp16 warm-up 20"): 0.02,
     },
 }
 FREE = ("dense", "fp16")  # measured: fp16 both ways on every weight costs no samples

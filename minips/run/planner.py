@@ -67,8 +67,8 @@ MIN_GAIN = 0.75  # compress only when T falls to at most 3/4 of dense's
 SMALL = 10_000  # entries: smaller tensors are never sparsified
 
 SF16: Spec = {"codec": "sf", "dtype": "float16"}
-TOPK_RATIOS = (0.01,)
-DELTA_RATIOS = (0.05,)
+TOPK_RATIOS = (0.02, 0.01)
+DELTA_RATIOS = (0.1, 0.05)
 DELTA_WARMUP = 20  # versions of fp16 pulls before the deltas (measured, docs/algorithms.md)
 
 
