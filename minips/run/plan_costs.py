@@ -1,4 +1,5 @@
-"""What a plan costs, per tensor and encoding: bytes, CPU time, and samples.
+"""What a plan costs, per tensor and encoding: bytes, CPU time, and samples; and on what:
+the network (`Network`) and who shares the machine (`Cluster`).
 
 The planner (minips/run/planner.py) adds these up into a predicted time to accuracy:
 
@@ -19,9 +20,10 @@ the machine's cores (planner.Cluster).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -229,6 +231,89 @@ def pull_time(spec: Spec, shape: tuple[int, ...], repeats: int = 5) -> CodecTime
             apply_delta(mine, arrays["indices"], arrays["values"])
 
     return CodecTime(_best_ms(apply, repeats), server_ms, per_worker)
+
+
+@dataclass
+class Measured:
+    """What the planner measured here: each layer's compute, each encoding's CPU.
+
+    codecs: (parameter, "push" | "pull", spec_text) -> CodecTime; an encoding absent
+    from it costs no CPU (a test that fixes the compute alone)."""
+
+    layers: list[LayerTime]
+    codecs: dict[tuple[str, str, str], CodecTime] = field(default_factory=dict)
+
+    def codec(self, name: str, direction: str, spec: Spec) -> CodecTime:
+        return self.codecs.get((name, direction, spec_text(spec)), CodecTime(0.0, 0.0, False))
+
+
+# ------------------------------------------------------------------ link and cluster
+
+
+@dataclass(frozen=True)
+class Network:
+    """The network a plan is for, in bytes/s. bandwidth: each worker's own link, both
+    directions (`--bandwidth` of `minips run` and `minips plan`: a token bucket per
+    worker). shared: ONE link at the server that every worker's traffic crosses (`--netem`
+    of both: a tc-shaped veth). None: not limited. Both: each worker gets the smaller."""
+
+    bandwidth: float | None = None
+    shared: float | None = None
+
+    @classmethod
+    def parse(cls, bandwidth: str | None = None, netem: str | None = None) -> Network:
+        """From the options' text ("100mbit"); ConfigError (one line) for a bad rate."""
+        from minips.worker.netlimit import parse_rate
+
+        return cls(
+            parse_rate(bandwidth) if bandwidth else None, parse_rate(netem) if netem else None
+        )
+
+    def share(self, cluster: Cluster) -> float | None:
+        """Each worker's rate in bytes/s (None: unlimited). A shared link carries every
+        worker's traffic of a step at once, so each gets rate / N. (With K server shards
+        behind one shared link the share is the same; a link per shard would give K x.)"""
+        shares = [] if self.bandwidth is None else [self.bandwidth]
+        if self.shared is not None:
+            shares.append(self.shared / cluster.workers)
+        return min(shares) if shares else None
+
+    def describe(self, cluster: Cluster) -> str:
+        """What the table says it assumed: which link, and each worker's share."""
+        parts = []
+        if self.bandwidth is not None:
+            parts.append(f"each worker's own {_rate(self.bandwidth)} (--bandwidth)")
+        if self.shared is not None:
+            parts.append(
+                f"{_rate(self.shared)} at the server shared by {cluster.workers} workers "
+                f"(--netem): {_rate(self.shared / cluster.workers)} each"
+            )
+        return "; ".join(parts) or "unlimited"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e6:.4g} Mbit/s"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Who runs the plan. workers: N. servers: K server processes the parameters are
+    spread over (today 1; the server's CPU per round divides by K in `predict_step`,
+    and a K-shard group's link model belongs in `Network.share`). cores: the machine's
+    (None: this one's). compute_ms: one step's forward + backward as a worker really
+    gets it, when known (measured in a run's first steps, or fixed by a test); None: the
+    layers' CPU time x `contention`."""
+
+    workers: int
+    servers: int = 1
+    cores: int | None = None
+    compute_ms: float | None = None
+
+    def contention(self) -> float:
+        """How much slower a process computes when the N workers and K servers share the
+        cores: max(1, (N + K) / cores) (each busy process gets cores / (N + K) of them)."""
+        cores = self.cores or os.cpu_count() or 1
+        return max(1.0, (self.workers + self.servers) / cores)
 
 
 # ---------------------------------------------------------------------------- samples

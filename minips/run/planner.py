@@ -30,13 +30,10 @@ The choice:
    turn (the most dense bytes first), among the rungs whose T (given the others) is
    within TIE of the least, the one of least sample cost, then of fewest bytes; until a
    sweep changes nothing. (So fp16, free in samples, is taken wherever it is no slower.)
-3. Unless that plan's T is at most MIN_GAIN x dense's T, the plan is all dense: a
-   compressed plan must win by more than the model's error (docs/results.md measures it),
-   since what the model leaves out (the codecs' cache misses, threads, a sample cost
-   measured to a few percent) all counts against compressing.
+3. Unless that plan's T is at most MIN_GAIN x dense's T, the plan is all dense: what the
+   model leaves out (cache misses, threads, a sample cost known to a few percent) all
+   counts against compressing.
 4. A compressed plan sends wait-free (minips/worker/transmit.py).
-
-Bytes are exact (array bytes of every frame; headers, ~100 bytes a tensor, not counted).
 """
 
 from __future__ import annotations
@@ -50,8 +47,9 @@ from minips.codecs import Spec
 from minips.nn import Sequential
 from minips.protocol.plan import ParamPlan, Plan
 from minips.run.plan_costs import (
-    CodecTime,
-    LayerTime,
+    Cluster,
+    Measured,
+    Network,
     measure_layers,
     pull_bytes,
     pull_time,
@@ -82,75 +80,6 @@ def topk(ratio: float, momentum: float = 0.0) -> Spec:
 def delta(ratio: float) -> Spec:
     """A delta pull at `ratio` with float16 values, after DELTA_WARMUP fp16 pulls."""
     return {"codec": "delta", "ratio": ratio, "dtype": "float16", "warmup": DELTA_WARMUP}
-
-
-# ------------------------------------------------------------------ link and cluster
-
-
-@dataclass(frozen=True)
-class Network:
-    """The network a plan is for, in bytes/s. bandwidth: each worker's own link, both
-    directions (`--bandwidth` of `minips run` and `minips plan`: a token bucket per
-    worker). shared: ONE link at the server that every worker's traffic crosses (`--netem`
-    of both: a tc-shaped veth). None: not limited. Both: each worker gets the smaller."""
-
-    bandwidth: float | None = None
-    shared: float | None = None
-
-    @classmethod
-    def parse(cls, bandwidth: str | None = None, netem: str | None = None) -> Network:
-        """From the options' text ("100mbit"); ConfigError (one line) for a bad rate."""
-        from minips.worker.netlimit import parse_rate
-
-        return cls(
-            parse_rate(bandwidth) if bandwidth else None, parse_rate(netem) if netem else None
-        )
-
-    def share(self, cluster: Cluster) -> float | None:
-        """Each worker's rate in bytes/s (None: unlimited). A shared link carries every
-        worker's traffic of a step at once, so each gets rate / N. (With K server shards
-        behind one shared link the share is the same; a link per shard would give K x.)"""
-        shares = [] if self.bandwidth is None else [self.bandwidth]
-        if self.shared is not None:
-            shares.append(self.shared / cluster.workers)
-        return min(shares) if shares else None
-
-    def describe(self, cluster: Cluster) -> str:
-        """What the table says it assumed: which link, and each worker's share."""
-        parts = []
-        if self.bandwidth is not None:
-            parts.append(f"each worker's own {_rate(self.bandwidth)} (--bandwidth)")
-        if self.shared is not None:
-            parts.append(
-                f"{_rate(self.shared)} at the server shared by {cluster.workers} workers "
-                f"(--netem): {_rate(self.shared / cluster.workers)} each"
-            )
-        return "; ".join(parts) or "unlimited"
-
-
-def _rate(bytes_per_s: float) -> str:
-    return f"{bytes_per_s * 8 / 1e6:.4g} Mbit/s"
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Who runs the plan. workers: N. servers: K server processes the parameters are
-    spread over (today 1; the server's CPU per round divides by K in `predict_step`,
-    and a K-shard group's link model belongs in `Network.share`). cores: the machine's
-    (None: this one's). compute_ms: one step's forward + backward as a worker really
-    gets it, when known (measured in a run's first steps, or fixed by a test); None: the
-    layers' CPU time x `contention`."""
-
-    workers: int
-    servers: int = 1
-    cores: int | None = None
-    compute_ms: float | None = None
-
-    def contention(self) -> float:
-        """How much slower a process computes when the N workers and K servers share the
-        cores: max(1, (N + K) / cores) (each busy process gets cores / (N + K) of them)."""
-        cores = self.cores or os.cpu_count() or 1
-        return max(1.0, (self.workers + self.servers) / cores)
 
 
 # ----------------------------------------------------------------------- ladders
@@ -195,20 +124,6 @@ def _sparsifiable(shape: tuple[int, ...], kind: str) -> bool:
 
 
 # --------------------------------------------------------------------- measurements
-
-
-@dataclass
-class Measured:
-    """What the planner measured here: each layer's compute, each encoding's CPU.
-
-    codecs: (parameter, "push" | "pull", spec_text) -> CodecTime; an encoding absent
-    from it costs no CPU (a test that fixes the compute alone)."""
-
-    layers: list[LayerTime]
-    codecs: dict[tuple[str, str, str], CodecTime] = field(default_factory=dict)
-
-    def codec(self, name: str, direction: str, spec: Spec) -> CodecTime:
-        return self.codecs.get((name, direction, spec_text(spec)), CodecTime(0.0, 0.0, False))
 
 
 def measure(
