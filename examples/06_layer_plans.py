@@ -1,16 +1,17 @@
 """Layer-aware plans: each tensor gets its own codec, chosen for the link by a cost model.
 
 The planner (minips/run/planner.py; docs/algorithms.md, "The cost model") measures each
-layer's forward and backward here, counts the exact bytes of each encoding, and, when the
-dense traffic would take more than half the compute time on the link, compresses the
-biggest tensor one rung at a time (fp16, sufficient factors, top-k, delta pulls). This
+layer's forward and backward and each encoding's CPU here, counts the exact bytes of each
+encoding, and chooses, tensor by tensor, the encodings (fp16, sufficient factors, top-k
+with momentum correction, delta pulls) with the least predicted time to accuracy: the
+step time on the link times the extra samples each encoding was measured to cost. This
 script prints its table for LeNet-5 on a slow link, then trains twice on that link (a token
 bucket per worker, `--bandwidth`): all dense, and `--plan auto`; it prints the bytes per
 step each way that the server counted. The same by hand:
 
-    minips plan --model lenet5 --workers 2 --bandwidth 50mbit --per-worker
-    minips run --plan auto --bandwidth 50mbit --out runs/auto
-    minips run --bandwidth 50mbit --out runs/dense && minips report runs/dense runs/auto
+    minips plan --model lenet5 --workers 2 --bandwidth 20mbit
+    minips run --plan auto --bandwidth 20mbit --out runs/auto
+    minips run --bandwidth 20mbit --out runs/dense && minips report runs/dense runs/auto
 
     python examples/06_layer_plans.py          (--fast: fewer samples, for the tests)
 """
@@ -23,10 +24,9 @@ from pathlib import Path
 from minips.nn import build_model
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.planner import format_table, make_plan
-from minips.worker.netlimit import parse_rate
+from minips.run.planner import Cluster, Network, format_table, make_plan
 
-LINK = "50mbit"  # each worker's own link (--bandwidth): 6.25 MB/s
+LINK = "20mbit"  # each worker's own link (--bandwidth): 2.5 MB/s
 WORKERS = 2
 
 
@@ -41,7 +41,9 @@ def train(plan: str, max_samples: int, out: Path) -> dict:
 def per_step(summary: dict) -> tuple[float, float]:
     """Array bytes up and down per worker step, as the server counted them. Down includes
     a few whole-model pulls the plan does not cover: each worker's first (nothing to take
-    a delta from yet) and the evaluator's; a short run shows them, a long one hides them."""
+    a delta from yet) and the evaluator's, and the delta's warm-up (its first 20 replies
+    to each worker carry fc1 whole, as fp16); a short run shows them, a long one hides
+    them."""
     steps = summary["worker_steps"]
     return summary["bytes_up"] / steps, summary["bytes_down"] / steps
 
@@ -50,9 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="1,280 samples a run (tests)")
     args = parser.parse_args()
-    # 1. The plan, as `minips plan --per-worker` prints it: per parameter, its options'
-    #    bytes (dense, fp16, sf, topk) and the chosen push and pull encodings.
-    report = make_plan(build_model("lenet5"), 64, WORKERS, parse_rate(LINK), shared=False)
+    # 1. The plan, as `minips plan --bandwidth` prints it: per parameter, its options'
+    #    bytes (dense, fp16, topk) and the chosen push and pull encodings.
+    network, cluster = Network.parse(bandwidth=LINK), Cluster(workers=WORKERS)
+    report = make_plan(build_model("lenet5"), 64, cluster, network, momentum=0.9)
     print(format_table(report))
     # 2. The same choice made by `--plan auto` inside a run, against all dense.
     max_samples = 1280 if args.fast else 12800

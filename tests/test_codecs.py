@@ -12,6 +12,7 @@ from minips.nn import Sequential, softmax_cross_entropy
 from minips.nn.layers import Dense, ReLU
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError, WirePart
+from minips.server.store import SGD
 
 PUSH = {"op": "push", "worker": "w", "seq": 0, "base": 0}
 
@@ -110,6 +111,18 @@ def test_top_k_indices_is_exact(size, k, seed):
     np.testing.assert_array_equal(np.sort(magnitude[got]), np.arange(size - k, size))
 
 
+@pytest.mark.parametrize("zeros", [0.98, 0.5])
+def test_top_k_indices_is_exact_when_most_entries_tie_at_zero(zeros):
+    rng = np.random.default_rng(8)
+    magnitude = rng.permutation(100_000).astype(np.float32) + 1
+    magnitude[rng.random(100_000) < zeros] = 0.0  # most of an early fc1 gradient is 0
+    for k in (1000, int((magnitude > 0).sum()) + 500):  # fewer nonzeros than k, then more
+        got = top_k_indices(magnitude, k, np.random.default_rng(0))
+        assert got.size == k and np.all(np.diff(got) > 0)
+        kth = np.sort(magnitude)[-k]
+        assert np.all(magnitude[got] >= kth) and np.all(np.delete(magnitude, got) <= kth)
+
+
 def test_topk_error_feedback_loses_nothing_over_many_steps():
     # Small integers: float32 sums are exact, so "nothing lost" can be checked with ==.
     rng = np.random.default_rng(3)
@@ -141,6 +154,45 @@ def test_topk_warmup_density_decays_to_the_ratio():
     sizes = [topk.encode("g", np.ones(10_000, np.float32))[0].array.size for _ in range(5)]
     expected = [math.ceil(0.01 ** (t / 4) * 10_000) for t in (1, 2, 3)] + [100, 100]
     assert sizes == expected
+
+
+def test_topk_momentum_correction_sent_dense_is_momentum_sgd_applied_plainly():
+    """ratio 1: each step sends the velocity u = m u + g itself; applied without momentum
+    it moves the weights bit for bit as the server's momentum SGD moves them on g."""
+    rng = np.random.default_rng(6)
+    grads = [(rng.standard_normal((20, 10)) * 1e-2).astype(np.float32) for _ in range(6)]
+    w0 = rng.standard_normal((20, 10)).astype(np.float32)
+    dense = {"p": w0.copy()}
+    server = SGD(dense, lr=0.1, momentum=0.9)
+    corrected = {"p": w0.copy()}
+    plain = SGD(corrected, lr=0.1, momentum=0.9)
+    plain.plain_for({"p": 0.9})
+    topk = TopK(ratio=1.0, momentum=0.9)
+    for grad in grads:
+        server.step_one("p", grad)
+        sent, _ = _through_wire(topk.encode("p", grad))
+        plain.step_one("p", sent["p"])
+    np.testing.assert_array_equal(corrected["p"], dense["p"])
+    assert "p" not in plain.velocity  # the server kept no velocity of its own
+
+
+def test_topk_momentum_correction_accumulates_the_velocity_and_loses_nothing():
+    rng = np.random.default_rng(7)
+    topk, velocity = TopK(ratio=0.05, momentum=0.5), np.zeros((40, 30), np.float32)
+    total_sent, total_velocity = 0, 0
+    for _ in range(8):  # integers times powers of 1/2: every sum below is exact in float32
+        grad = rng.integers(-50, 50, size=(40, 30)).astype(np.float32)
+        velocity = np.float32(0.5) * velocity + grad
+        grads, _ = _through_wire(topk.encode("g", grad))
+        total_sent, total_velocity = total_sent + grads["g"], total_velocity + velocity
+    np.testing.assert_array_equal(topk.velocity, velocity)
+    np.testing.assert_array_equal(total_sent + topk.residual, total_velocity)
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, "0.9"])
+def test_topk_momentum_must_be_in_0_1(momentum):
+    with pytest.raises(ConfigError, match="momentum must be in"):
+        TopK(ratio=0.01, momentum=momentum)
 
 
 def test_lowrank_rebuilds_a_rank_one_gradient_and_feeds_back_the_rest():

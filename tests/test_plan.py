@@ -1,4 +1,5 @@
-"""Plans, the planner's byte counts and choices, and the worker's StepSender."""
+"""Plans (minips/protocol/plan.py) and the worker's StepSender (tests/test_planner.py: the
+planner)."""
 
 import json
 import math
@@ -9,12 +10,10 @@ import pytest
 
 from minips.codecs import Encoder
 from minips.errors import ConfigError
-from minips.nn import build_model, lenet5, softmax_cross_entropy
+from minips.nn import lenet5, softmax_cross_entropy
 from minips.protocol.plan import ParamPlan, Plan, load_plan
 from minips.run.config import RunConfig
-from minips.run.planner import make_plan, pull_bytes, push_bytes
 from minips.worker.client import PushReply
-from minips.worker.netlimit import parse_rate
 from minips.worker.transmit import StepSender
 
 LENET_SHAPES = {name: a.shape for name, a in lenet5().params.items()}
@@ -44,6 +43,7 @@ def test_plan_round_trips_and_the_default_is_dense(tmp_path):
     [
         ({"params": {"fc1.w": {"push": "zip"}}}, "unknown codec"),
         ({"params": {"fc1.w": {"pull": {"codec": "delta"}}}}, "ratio"),
+        ({"params": {"fc1.w": {"pull": {"codec": "delta", "ratio": 0.1, "warmup": -1}}}}, "warmup"),
         ({"params": {"fc1.w": {"every": 0}}}, "every"),
         ({"params": {"fc1.w": {"speed": 1}}}, "unknown key"),
         ({"wait_free": "yes"}, "wait_free"),
@@ -74,66 +74,6 @@ def test_a_default_run_sends_no_plan_and_no_bandwidth_in_hello():
     }  # fmt: skip
     limited = RunConfig(bandwidth="100mbit").hello_config({"name": "lenet5"})
     assert limited["bandwidth"] == "100mbit"
-
-
-# ---------------------------------------------------------------------------- planner
-
-
-def test_codec_bytes_are_the_encoders_bytes():
-    """The planner's byte counts equal what the Encoder really produces."""
-    rng = np.random.default_rng(0)
-    model = lenet5(seed=0)
-    x = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
-    _, dlogits = softmax_cross_entropy(model.forward(x), rng.integers(0, 10, 64))
-    model.backward(dlogits)
-    from minips.codecs import Factors
-
-    x1, dy1 = model.layers["fc1"].sufficient_factors()
-    specs = ["dense", "fp16", {"codec": "topk", "ratio": 0.01},
-             {"codec": "sf", "dtype": "float16"}, {"codec": "lowrank", "rank": 4}]  # fmt: skip
-    for spec in specs:
-        encoder = Encoder()
-        is_sf = isinstance(spec, dict) and spec["codec"] == "sf"
-        grad = Factors(x1, dy1) if is_sf else model.grads["fc1.w"]
-        encoder.encode({"fc1.w": grad}, {"fc1.w": spec})
-        assert encoder.bytes_sent["fc1.w"] == push_bytes(spec, (800, 500), 64), spec
-    assert pull_bytes({"codec": "delta", "ratio": 0.05, "dtype": "float16"}, (800, 500)) == (
-        20_000 * 6
-    )
-
-
-def test_planner_is_dense_when_fast_and_compresses_on_a_slow_shared_link(monkeypatch):
-    """With fixed layer times (this test must not depend on the machine's load)."""
-    import minips.run.planner as planner
-
-    times = [("conv1", "conv", 2.0, 2.0), ("conv2", "conv", 8.0, 12.0),
-             ("fc1", "fc", 0.5, 1.0), ("fc2", "fc", 0.1, 0.1)]  # fmt: skip
-    fixed = [planner.LayerTime(*row) for row in times]
-    monkeypatch.setattr(planner, "measure_layers", lambda *a, **k: fixed)
-    model = build_model("lenet5")
-    fast = make_plan(model, 64, 4, None, repeats=1)
-    assert fast.plan.is_dense() and fast.predicted["up_bytes_per_step"] == 431_080 * 4
-    slow = make_plan(model, 64, 4, parse_rate("100mbit"), repeats=1)
-    plan = slow.plan
-    assert plan.wait_free
-    assert plan.param("fc1.w").push == {"codec": "topk", "ratio": 0.01}
-    # Conv weights stop at fp16 both ways, even on a slower link than the budget allows:
-    # sparsifying conv2 cost 2.5 points of accuracy (docs/algorithms.md, the cost model).
-    slowest = make_plan(model, 64, 4, parse_rate("5mbit"), repeats=1).plan
-    for conv in ("conv1.w", "conv2.w"):
-        for chosen in (plan, slowest):
-            assert chosen.param(conv).push in ("dense", "fp16")
-            assert chosen.param(conv).pull in ("dense", "fp16")
-    for bias in ("conv1.b", "conv2.b", "fc1.b", "fc2.b"):
-        assert plan.param(bias).push == "dense" and plan.param(bias).pull == "dense"
-    up, down = slow.predicted["up_bytes_per_step"], slow.predicted["down_bytes_per_step"]
-    dense = 431_080 * 4
-    assert dense / up >= 10 and 2 * dense / (up + down) >= 5
-    assert slow.predicted["step_ms"] < predicted_dense_ms(slow)
-
-
-def predicted_dense_ms(report):
-    return report.predicted["compute_ms"] + 2 * 431_080 * 4 / report.rate * 1e3
 
 
 # ------------------------------------------------------------------------ StepSender
@@ -241,23 +181,3 @@ def test_sf_with_a_push_interval_stacks_the_factors():
     assert [p.array.shape for p in parts] == [(16, 800), (16, 500)]  # 2 batches of 8 stacked
     error = np.abs(parts[0].array.T @ parts[1].array - total).max() / np.abs(total).max()
     assert error < 1e-5 and math.isfinite(error)
-
-
-def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
-    from click.testing import CliRunner
-
-    from minips.cli import cli
-    from minips.run.build import resolve_plan
-
-    path = tmp_path / "plan.json"
-    result = CliRunner().invoke(
-        cli, ["plan", "--bandwidth", "100mbit", "--repeats", "1", "--json", str(path)]
-    )
-    assert result.exit_code == 0, result.output
-    assert "fc1.w" in result.output and "topk 1%" in result.output and "choice:" in result.output
-    plan = resolve_plan(RunConfig(plan=str(path)))
-    assert plan == Plan.from_dict(json.loads(path.read_text()))
-    # 1.72 MB each way at 3.1 MB/s per worker never fits half a step: something is compressed
-    assert plan.wait_free and plan.param("fc1.w").push != "dense"
-    bad = CliRunner().invoke(cli, ["plan", "--bandwidth", "fast"])
-    assert isinstance(bad.exception, ConfigError) and "bad rate" in str(bad.exception)

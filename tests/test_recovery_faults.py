@@ -21,8 +21,9 @@ from test_recovery import _server, _version
 
 from minips.server.checkpoint_file import load_checkpoint, previous_path
 
-RUN = ("--model", "mlp", "--dataset", "synthetic", "--rule", "asgd", "--lr", "0.05", "--momentum", "0.5",
-       "--workers", "2", "--epochs", "100", "--seed", "0", "--eval-interval", "0.5")  # fmt: skip
+RUN = ("--model", "mlp", "--dataset", "synthetic", "--rule", "asgd", "--lr", "0.05",
+       "--momentum", "0.5", "--workers", "2", "--epochs", "100", "--seed", "0",
+       "--eval-interval", "0.5")  # fmt: skip
 
 
 def _start(out: Path, *options: str) -> subprocess.Popen:

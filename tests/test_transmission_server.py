@@ -4,9 +4,11 @@ bytes; and a whole run whose counted bytes match the planner's prediction."""
 import json
 
 import numpy as np
+import pytest
 from test_server_protocol_doc import _doc_frame
 from test_server_support import make_params, running_server
 
+from minips.errors import ConfigError
 from minips.protocol import wire
 from minips.protocol.plan import ParamPlan, Plan
 from minips.run.config import RunConfig
@@ -49,7 +51,7 @@ def test_delta_pulls_keep_the_worker_copy_equal_to_the_server_replica():
                 assert reply.params["fc.b"].dtype == np.float16
                 copy["fc.b"] = reply.params["fc.b"].astype(np.float32)
                 version = reply.version
-                replica = server.pulls.encoder._replicas["a"][1]["fc.w"]
+                replica = server.pulls.encoder._replicas["a"].arrays["fc.w"]
                 assert np.array_equal(copy["fc.w"], replica)  # bit for bit
             # Nothing new: the delta parameter is left out (a lost reply changes nothing).
             assert "fc.w" not in a.pull(version).deltas
@@ -124,8 +126,11 @@ def test_auto_plan_run_bytes_match_the_planner_and_the_trace_shows_wait_free(tmp
     stats = next(r for r in records if r.get("event") == "server")["stats"]
     steps, by_param = stats["worker_steps"], stats["bytes_by_param"]
     up = sum(v["up"] for v in by_param.values()) / steps
-    # Each worker's first pull is dense whatever the plan (nothing to take a delta from).
-    down = (sum(v["down"] for v in by_param.values()) - 2 * 431_080 * 4) / steps
+    # Each worker's first pull is dense whatever the plan (nothing to take a delta from),
+    # and its next `warmup_pulls` carry the delta parameters whole, fp16 (the warm-up).
+    warm = 2 * predicted["warmup_pulls"]
+    extra = warm * (predicted["down_bytes_per_step_warmup"] - predicted["down_bytes_per_step"])
+    down = (sum(v["down"] for v in by_param.values()) - 2 * 431_080 * 4 - extra) / steps
     assert abs(up / predicted["up_bytes_per_step"] - 1) < 0.05, (up, predicted)
     assert abs(down / predicted["down_bytes_per_step"] - 1) < 0.05, (down, predicted)
     assert predicted["up_bytes_per_step"] < 431_080 * 4 / 5
@@ -138,3 +143,69 @@ def test_auto_plan_run_bytes_match_the_planner_and_the_trace_shows_wait_free(tmp
     sends = [e for e in events if e.get("cat") == "send" and rows[e["tid"]] == "sender"]
     assert {e["name"] for e in sends} >= {"fc2", "fc1", "conv2"}
     assert summarize(events)["mean"]["comm_ms"] > 0
+
+
+def test_a_delta_warm_up_sends_the_parameter_as_fp16_then_deltas_from_what_the_worker_holds():
+    params = make_params()
+    warm = {**DELTA, "warmup": 2}
+    context, server = _plan_server(Plan({"fc.w": ParamPlan(pull=warm)}), params=params)
+    rng = np.random.default_rng(2)
+    try:
+        with PSClient(server.endpoint, worker_id="a") as a:
+            a.hello()
+            first = a.pull(None)
+            copy, version, kinds = np.array(first.params["fc.w"], np.float32), first.version, []
+            for _ in range(4):
+                grads = {n: rng.standard_normal(p.shape).astype(np.float32) for n, p in
+                         params.items()}  # fmt: skip
+                reply = a.push(grads, base=version, pull_since=version).pull
+                if "fc.w" in reply.params:  # the warm-up: the whole parameter, fp16
+                    kinds.append(str(reply.params["fc.w"].dtype))
+                    copy = reply.params["fc.w"].astype(np.float32)
+                else:
+                    kinds.append("delta")
+                    delta = reply.deltas["fc.w"]
+                    apply_delta(copy, delta["indices"], delta["values"])
+                version = reply.version
+                assert np.array_equal(copy, server.pulls.encoder._replicas["a"].arrays["fc.w"])
+        assert kinds == ["float16", "float16", "delta", "delta"]  # versions 1, 2 <= warmup
+    finally:
+        context.__exit__(None, None, None)
+
+
+def test_a_parameter_pushed_with_momentum_correction_is_applied_without_the_servers_momentum():
+    """fc.w by top-k with momentum correction: the server adds lr x what arrived (the
+    worker's velocity) and keeps no velocity of its own; fc.b, dense, takes its momentum."""
+    params = make_params()
+    before = {name: array.copy() for name, array in params.items()}
+    spec = {"codec": "topk", "ratio": 0.5, "momentum": 0.9}
+    plan = Plan({"fc.w": ParamPlan(push=spec)})
+    context, server = _plan_server(plan, params=params, lr=0.5, momentum=0.9)
+    rng = np.random.default_rng(1)
+    g1, g2 = ({n: rng.standard_normal(p.shape).astype(np.float32) for n, p in params.items()}
+              for _ in range(2))  # fmt: skip
+    try:
+        with PSClient(server.endpoint, worker_id="a") as a:
+            a.hello()
+            version = a.pull(None).version
+            for grads in (g1, g2):
+                version = a.push(grads, base=version, codecs=plan.push_specs()).version
+            held_back = a.encoder.codec("fc.w", spec).residual
+        store = server.store
+        assert store.optimizer.plain == {"fc.w"} and "fc.w" not in store.optimizer.velocity
+        arrived = g1["fc.w"] + (np.float32(0.9) * g1["fc.w"] + g2["fc.w"]) - held_back
+        expected_w = before["fc.w"] - 0.5 * arrived
+        np.testing.assert_allclose(store.params["fc.w"], expected_w, rtol=1e-5, atol=1e-6)
+        velocity_b = np.float32(0.9) * g1["fc.b"] + g2["fc.b"]
+        expected_b = before["fc.b"] - 0.5 * (g1["fc.b"] + velocity_b)
+        np.testing.assert_allclose(store.params["fc.b"], expected_b, rtol=1e-6)
+    finally:
+        context.__exit__(None, None, None)
+
+
+def test_a_plan_whose_top_k_momentum_is_not_the_servers_is_refused():
+    plan = Plan({"fc.w": ParamPlan(push={"codec": "topk", "ratio": 0.1, "momentum": 0.5})})
+    with running_server(momentum=0.9) as server:
+        with pytest.raises(ConfigError, match="momentum 0.5 is not the server's 0.9"):
+            server.use_plan(plan)
+        assert server.store.optimizer.plain == frozenset()

@@ -71,7 +71,9 @@ def test_a_browser_follows_the_auto_plan_of_a_limited_link(tmp_path):
     assert dense_row["bytes_in"] / dense_row["pushes"] > 940_000 > 20 * per_push
     shard_dense = 4 * sum(p.size for p in build_model("mlp").params.values())
     down = (row["bytes_out"] - shard_dense) / row["pushes"]  # the first pull is dense
-    assert down <= predicted["down_bytes_per_step"] + 1500
+    # A delta's first `warmup_pulls` replies carry it whole as fp16: here all 16 steps.
+    assert predicted["warmup_pulls"] >= 16
+    assert down <= predicted["down_bytes_per_step_warmup"] + 1500
     assert load_run(auto).summary["accuracy"] > 0.8
 
 

@@ -1,102 +1,147 @@
-"""The layer-aware transmission experiment: plans x links x seeds, one real local cluster each.
+"""The layer-aware transmission experiment: links x plans x seeds, one real local cluster each.
 
-    python tools/experiment_layers.py --out layers --links unlimited,100mbit \\
-        --plans dense,auto --seeds 0,1,2 [--rule ssgd] [--budget 120000]
+    python tools/experiment_layers.py --out layers \\
+        --links unlimited,1gbit,100mbit,20mbit,shared-100mbit --plans dense,fp16,auto \\
+        --seeds 0,1,2 [--lock /work/locks/cpu] [--plot layers/time-to-85.png]
 
-Every run: LeNet-5 on the full Fashion-MNIST, batch 64, 4 workers, lr 0.01, momentum 0.9,
-the same global sample budget as docs/results.md's grid (120,000 = 2 epochs), evaluations
-every 5 s. A link is `unlimited` (TCP loopback) or a rate: the SHARED bottleneck at the
-server (`minips run --netem RATE`: the server in its own network namespace behind a
-tc-shaped veth; root only), or with `--per-worker` each worker's token bucket
-(`--bandwidth RATE`). Plans:
+Every run: LeNet-5 on the full Fashion-MNIST, batch 64, 4 workers, rule ssgd, lr 0.01,
+momentum 0.9, a global budget of 120,000 samples (2 epochs), evaluations every 5 s. Links:
 
-    dense       everything dense both ways (today's default)
-    auto        the planner's choice for the link (minips.run.planner), wait-free sending
-    auto-serial the same codecs without the sender thread (one push per step)
-    auto-RATE   the plan auto chooses for a shared link of RATE (e.g. auto-100mbit), run on
-                the given link: at `unlimited` it measures the plan's accuracy cheaply
-                (under ssgd accuracy does not depend on the link)
-    fp16        every weight fp16 both ways
-    sf-fc       fc1's weight as float16 sufficient factors (the rest dense)
-    topk-fc     fc weights top-k 1 % (the rest dense)
+    unlimited       TCP loopback
+    RATE            each worker's own link of RATE (`minips run --bandwidth RATE`: a token
+                    bucket per worker and direction), e.g. 1gbit, 100mbit, 20mbit
+    shared-RATE     one link of RATE at the server that every worker crosses (`minips run
+                    --netem RATE`: the server in its own network namespace behind a
+                    tc-shaped veth; root only)
 
-Writes OUT/<link>-<plan>-s<seed>/ (run directories), OUT/results.json (one row per run)
-and prints a markdown table of means over seeds. Finished runs are reused (delete the
-directory to redo one), so an interrupted grid resumes.
+Plans:
+
+    dense       everything dense both ways (the default)
+    auto        the planner's choice for the run's link (minips/run/planner.py)
+    fp16        every weight fp16 both ways, biases dense, wait-free sending
+    FILE.json   a plan file (`minips plan --json`), labelled by its name
+
+Writes OUT/<link>-<plan>-s<seed>/ (run directories), OUT/results.json (one row per run:
+time to 0.80 and 0.85, final accuracy, wall time, the server's byte counters per worker
+step, the load average around the run) and prints two markdown tables: means over seeds,
+and auto against dense per link. Finished runs are reused (delete a directory to redo
+it), so an interrupted grid resumes. `--lock FILE` holds an flock on FILE for each run
+(one run per hold, not the grid), so runs on a shared machine do not overlap timed work.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import statistics
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from minips.protocol.plan import ParamPlan, Plan
-from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.report import time_to_target
 from minips.run.rundir import load_run
+from minips.worker.netlimit import parse_rate
 
+TARGETS = (0.80, 0.85)
+WEIGHTS = ("conv1.w", "conv2.w", "fc1.w", "fc2.w")
 FIXED_PLANS: dict[str, Plan] = {
-    "fp16": Plan(
-        {n: ParamPlan(push="fp16", pull="fp16") for n in ("conv1.w", "conv2.w", "fc1.w", "fc2.w")}
-    ),  # noqa: E501
-    "sf-fc": Plan({"fc1.w": ParamPlan(push={"codec": "sf", "dtype": "float16"})}),
-    "topk-fc": Plan(
-        {n: ParamPlan(push={"codec": "topk", "ratio": 0.01}) for n in ("fc1.w", "fc2.w")}
-    ),  # noqa: E501
+    "fp16": Plan({n: ParamPlan(push="fp16", pull="fp16") for n in WEIGHTS}, wait_free=True),
 }
 
 
-def plan_file(config: RunConfig, plan: str, directory: Path) -> str:
-    """The --plan value for `plan` (a file for everything but dense and auto)."""
-    if plan in ("dense", "auto"):
+def link_options(link: str) -> dict[str, str | None]:
+    """RunConfig's bandwidth / netem for a link name (module doc)."""
+    if link == "unlimited":
+        return {"bandwidth": None, "netem": None}
+    if link.startswith("shared-"):
+        return {"bandwidth": None, "netem": link[len("shared-") :]}
+    return {"bandwidth": link, "netem": None}
+
+
+def link_rate_mbit(link: str, workers: int) -> float | None:
+    """Each worker's share in Mbit/s (the plot's x), None for unlimited."""
+    options = link_options(link)
+    if options["netem"]:
+        return parse_rate(options["netem"]) * 8 / 1e6 / workers
+    return parse_rate(options["bandwidth"]) * 8 / 1e6 if options["bandwidth"] else None
+
+
+def plan_option(plan: str, directory: Path) -> str:
+    """The --plan value for `plan`: dense, auto, or a file (written for a fixed plan)."""
+    if plan in ("dense", "auto") or plan.endswith(".json"):
         return plan
-    if plan == "auto-serial":
-        chosen = replace(resolve_plan(replace(config, plan="auto")), wait_free=False)
-    elif plan.startswith("auto-"):  # auto-RATE: the plan auto chooses for a shared RATE
-        chosen = resolve_plan(replace(config, plan="auto", netem=plan[5:], bandwidth=None))
-    else:
-        chosen = FIXED_PLANS[plan]
     path = directory / f"plan-{plan}.json"
-    path.write_text(json.dumps(chosen.to_dict(), indent=2) + "\n")
+    path.write_text(json.dumps(FIXED_PLANS[plan].to_dict(), indent=2) + "\n")
     return str(path)
 
 
+def plan_label(plan: str) -> str:
+    return Path(plan).stem if plan.endswith(".json") else plan
+
+
+@contextmanager
+def held(lock: str | None):
+    """An exclusive flock on `lock` for the duration (nothing when None)."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def one_run(args: argparse.Namespace, link: str, plan: str, seed: int) -> dict[str, Any]:
-    out = Path(args.out) / f"{link}-{plan}-s{seed}"
+    out = Path(args.out) / f"{link}-{plan_label(plan)}-s{seed}"
     summary_path = out / "summary.json"
-    limited = link != "unlimited"
     config = RunConfig(
         model="lenet5", dataset="fashion-mnist", epochs=args.epochs, batch_size=64, seed=seed,
         workers=args.workers, lr=0.01, momentum=0.9, rule=args.rule, max_samples=args.budget,
-        netem=link if limited and not args.per_worker else None,
-        bandwidth=link if limited and args.per_worker else None,
-        trace=str(out / "trace-worker0.json") if args.trace else None,
+        trace=str(out / "trace-worker0.json") if args.trace else None, **link_options(link),
     )  # fmt: skip
+    load: dict[str, Any] = {}
     if not summary_path.exists():
         out.mkdir(parents=True, exist_ok=True)
-        config = replace(config, plan=plan_file(config, plan, Path(args.out)))
-        print(f"run {out.name} ...", file=sys.stderr, flush=True)
-        run_local(config, out, eval_interval=args.eval_interval)
+        config = replace(config, plan=plan_option(plan, Path(args.out)))
+        with held(args.lock):
+            load["before"] = os.getloadavg()[0]
+            print(f"{time.strftime('%H:%M:%S')} run {out.name} (load {load['before']:.1f})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            run_local(config, out, eval_interval=args.eval_interval)
+            load["after"] = os.getloadavg()[0]
+        (out / "load.json").write_text(json.dumps(load) + "\n")
+    elif (out / "load.json").exists():
+        load = json.loads((out / "load.json").read_text())
+    return row(out, link, plan_label(plan), seed, load)
+
+
+def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dict[str, Any]:
+    """One finished run's figures (the server's own counters for bytes)."""
     run = load_run(out)
-    summary = json.loads(summary_path.read_text())
+    summary = json.loads((out / "summary.json").read_text())
     stats = next(r for r in _records(out / "updates.jsonl") if r.get("event") == "server")["stats"]
     steps = max(1, stats["worker_steps"])
     by_param = stats.get("bytes_by_param", {})
-    reached = time_to_target(run.events("eval"), args.target, summary["wall_s"])
+    reached = {
+        f"{t:.2f}": time_to_target(run.events("eval"), t, summary["wall_s"]) for t in TARGETS
+    }
     return {
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
-        "wall_s": summary["wall_s"], "time_to_target": reached and reached["time"],
-        "samples": summary["samples"], "worker_steps": steps,
+        "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
+        "time_to": {t: r and r["time"] for t, r in reached.items()},
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
-        "bytes_by_param": by_param,
+        "bytes_by_param": by_param, "load": load,
     }  # fmt: skip
 
 
@@ -104,49 +149,134 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _mean(values: list[float | None]) -> str:
+def _mean_sd(values: list[float | None], digits: str = ".4g") -> str:
     got = [v for v in values if v is not None]
     if not got:
         return "-"
-    text = f"{statistics.mean(got):.4g}"
+    text = format(statistics.mean(got), digits)
     if len(got) > 1:
         text += f" ± {statistics.stdev(got):.2g}"
     return text + ("" if len(got) == len(values) else f" ({len(got)}/{len(values)})")
 
 
-def table(rows: list[dict[str, Any]], target: float) -> str:
+def _mean(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.mean(got) if got and len(got) == len(values) else None
+
+
+def _groups(rows: list[dict[str, Any]], links: list[str]) -> dict[tuple[str, str], list[dict]]:
+    keys = sorted({(r["link"], r["plan"]) for r in rows},
+                  key=lambda k: (links.index(k[0]) if k[0] in links else 99, k[1]))  # fmt: skip
+    return {k: [r for r in rows if (r["link"], r["plan"]) == k] for k in keys}
+
+
+def table(rows: list[dict[str, Any]], links: list[str]) -> str:
     """Markdown: one line per (link, plan), means ± sd over seeds."""
     lines = [
-        f"| link | plan | seeds | accuracy | time to {target:g} (s) | wall (s) | "
-        "KB up/step | KB down/step |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| link | plan | seeds | time to 0.80 (s) | time to 0.85 (s) | final accuracy | "
+        "wall (s) | KB up/step | KB down/step | load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    keys = sorted({(r["link"], r["plan"]) for r in rows}, key=lambda k: (k[0], k[1]))
-    for link, plan in keys:
-        group = [r for r in rows if (r["link"], r["plan"]) == (link, plan)]
+    for (link, plan), group in _groups(rows, links).items():
+        loads = [r["load"].get("before") for r in group if r.get("load")]
         lines.append(
-            f"| {link} | {plan} | {len(group)} | {_mean([r['accuracy'] for r in group])} | "
-            f"{_mean([r['time_to_target'] for r in group])} | "
-            f"{_mean([r['wall_s'] for r in group])} | "
-            f"{_mean([r['up_per_step'] / 1e3 for r in group])} | "
-            f"{_mean([r['down_per_step'] / 1e3 for r in group])} |"
+            f"| {link} | {plan} | {len(group)} | "
+            f"{_mean_sd([r['time_to']['0.80'] for r in group])} | "
+            f"{_mean_sd([r['time_to']['0.85'] for r in group])} | "
+            f"{_mean_sd([r['accuracy'] for r in group], '.4f')} | "
+            f"{_mean_sd([r['wall_s'] for r in group])} | "
+            f"{statistics.mean(r['up_per_step'] for r in group) / 1e3:,.1f} | "
+            f"{statistics.mean(r['down_per_step'] for r in group) / 1e3:,.1f} | "
+            f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
         )
     return "\n".join(lines)
+
+
+def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> str:
+    """Markdown: `plan` against dense per link: how much sooner to each target, the
+    accuracy difference, and how many times fewer bytes up and in total."""
+    lines = [
+        f"| link | dense / {plan}: time to 0.80 | time to 0.85 | accuracy {plan} - dense "
+        "(points) | bytes up: dense / " + plan + " | bytes in all: dense / " + plan + " |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    groups = _groups(rows, links)
+    for link in links:
+        dense, other = groups.get((link, "dense")), groups.get((link, plan))
+        if not dense or not other:
+            continue
+        cells = []
+        for target in ("0.80", "0.85"):
+            d = _mean([r["time_to"][target] for r in dense])
+            o = _mean([r["time_to"][target] for r in other])
+            cells.append(f"{d / o:.2f}" if d and o else "-")
+        gap = 100 * (statistics.mean(r["accuracy"] for r in other)
+                     - statistics.mean(r["accuracy"] for r in dense))  # fmt: skip
+        up = [statistics.mean(r["up_per_step"] for r in g) for g in (dense, other)]
+        total = [statistics.mean(r["up_per_step"] + r["down_per_step"] for r in g)
+                 for g in (dense, other)]  # fmt: skip
+        lines.append(f"| {link} | {cells[0]} | {cells[1]} | {gap:+.2f} | "
+                     f"{up[0] / up[1]:.1f} | {total[0] / total[1]:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) -> None:
+    """Time to 0.85 against each worker's link rate, one line per plan (mean ± sd)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = _groups(rows, links)
+    fastest = max((link_rate_mbit(k[0], workers) or 0) for k in groups)
+    unlimited_x = 4 * fastest if fastest else 1e4  # unlimited drawn right of the fastest link
+    for plan in sorted({k[1] for k in groups}):
+        for shared in (False, True):
+            points = []
+            for (link, p), group in groups.items():
+                if p != plan or link.startswith("shared-") != shared:
+                    continue
+                times = [r["time_to"]["0.85"] for r in group if r["time_to"]["0.85"]]
+                if times:
+                    x = link_rate_mbit(link, workers) or unlimited_x
+                    sd = statistics.stdev(times) if len(times) > 1 else 0.0
+                    points.append((x, statistics.mean(times), sd))
+            if not points:
+                continue
+            points.sort()
+            xs, ys, sds = zip(*points, strict=True)
+            style = (
+                dict(marker="s", linestyle="none", markersize=9, fillstyle="none")
+                if shared
+                else dict(marker="o")
+            )
+            label = f"{plan}, shared link (--netem)" if shared else f"{plan}, own link"
+            ax.errorbar(xs, ys, yerr=sds, label=label, capsize=3, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("each worker's link (Mbit/s; rightmost: unlimited loopback)")
+    ax.set_ylabel("time to 85 % test accuracy (s)")
+    ax.set_title(f"LeNet-5, Fashion-MNIST, ssgd, {workers} workers")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--links", default="unlimited,100mbit")
-    parser.add_argument("--plans", default="dense,auto")
+    parser.add_argument("--links", default="unlimited,1gbit,100mbit,20mbit,shared-100mbit")
+    parser.add_argument("--plans", default="dense,fp16,auto")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rule", default="ssgd")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--budget", type=int, default=120_000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--eval-interval", type=float, default=5.0)
-    parser.add_argument("--target", type=float, default=0.85)
-    parser.add_argument("--per-worker", action="store_true", help="--bandwidth, not --netem")
+    parser.add_argument("--lock", help="flock this file for each run (e.g. /work/locks/cpu)")
+    parser.add_argument("--plot", help="write the time-to-0.85 plot here (png)")
     parser.add_argument("--trace", action="store_true", help="trace worker 0 of each run")
     args = parser.parse_args(argv)
     results = Path(args.out) / "results.json"
@@ -154,12 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     # Rows of earlier invocations are kept: results.json is the whole grid so far.
     done = json.loads(results.read_text()) if results.exists() else []
     rows = {(r["link"], r["plan"], r["seed"]): r for r in done}
+    links = args.links.split(",")
     for seed in [int(s) for s in args.seeds.split(",")]:
-        for link in args.links.split(","):
+        for link in links:
             for plan in args.plans.split(","):
-                rows[link, plan, seed] = one_run(args, link, plan, seed)
+                rows[link, plan_label(plan), seed] = one_run(args, link, plan, seed)
                 results.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
-    print(table(list(rows.values()), args.target))
+    every = list(rows.values())
+    order = links + sorted({r["link"] for r in every} - set(links))
+    print(table(every, order))
+    print()
+    print(versus(every, order))
+    if args.plot:
+        plot(every, order, args.workers, args.plot)
+        print(f"\nplot: {args.plot}")
     return 0
 
 

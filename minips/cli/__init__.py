@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                  "Test the model of the server at --connect every few seconds, until it stops."),
     "data": ("minips.cli.data_cmd:data", "List and download datasets."),
     "plan": ("minips.cli.plan_cmd:plan",
-             "Choose per-layer codecs for a link: measured compute, exact bytes, predicted step."),
+             "Choose per-layer codecs for a link: the least predicted time to accuracy."),
     "report": ("minips.cli.report_cmd:report",
                "Summarise run directories: accuracy, time, traffic, staleness per worker."),
     "plot": ("minips.cli.report_cmd:plot",

@@ -1,4 +1,4 @@
-"""`minips plan`: measure each layer here, count each codec's bytes, choose a plan for a link."""
+"""`minips plan`: measure each layer and codec here, choose a plan for a link, print why."""
 
 from __future__ import annotations
 
@@ -15,14 +15,27 @@ import click
 @click.option(
     "--bandwidth",
     default=None,
-    help="The link, e.g. 100mbit (unset: unlimited, so all dense).",
+    help="Each worker's own link, e.g. 100mbit, as `minips run --bandwidth` means it "
+    "(unset, and no --netem: unlimited, so all dense).",
 )
 @click.option(
-    "--per-worker",
-    is_flag=True,
-    help="The rate is each worker's own link (--bandwidth of run), not the server's shared "
-    "link (--netem of run, split among --workers).",
+    "--netem",
+    default=None,
+    help="One link at the server shared by every worker, e.g. 100mbit, as `minips run "
+    "--netem` means it (each worker gets RATE / --workers).",
 )
+@click.option("--rule", default=None, help="The run's update rule (as `minips run --rule`; "
+              "default: its default): ssgd's barrier waits for the slowest worker, and the "
+              "rule sets the default --momentum.")  # fmt: skip
+@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="The server's SGD momentum (as `minips run --momentum`; default: the "
+              "rule's, 0 under dana-gap): top-k then corrects for it (docs/protocol.md "
+              "13.9).")  # fmt: skip
+@click.option("--cores", type=click.IntRange(min=1), default=None,
+              help="Cores the workers and the server share (default: this machine's).")  # fmt: skip
+@click.option("--compute-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="One step's compute as a worker really gets it, if known (default: "
+              "the layers' CPU time scaled by how many processes share the cores).")  # fmt: skip
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="Batches timed per layer (the fastest counts).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
@@ -32,18 +45,26 @@ def plan(
     batch_size: int,
     workers: int,
     bandwidth: str | None,
-    per_worker: bool,
+    netem: str | None,
+    rule: str | None,
+    momentum: float | None,
+    cores: int | None,
+    compute_ms: float | None,
     repeats: int,
     json_path: str | None,
 ) -> None:
-    """Choose per-layer codecs for a link: measured compute, exact bytes, predicted step."""
+    """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.nn import build_model
-    from minips.run.planner import format_table, make_plan
-    from minips.worker.netlimit import parse_rate
+    from minips.rules import server_momentum
+    from minips.run.config import DEFAULT_RULE
+    from minips.run.planner import Cluster, Network, format_table, make_plan
 
-    rate = parse_rate(bandwidth) if bandwidth else None
+    rule = rule or DEFAULT_RULE
+    momentum = server_momentum(rule) if momentum is None else momentum
+    network = Network.parse(bandwidth=bandwidth, netem=netem)
+    cluster = Cluster(workers, cores=cores, compute_ms=compute_ms, barrier=rule == "ssgd")
     report = make_plan(
-        build_model(model), batch_size, workers, rate, shared=not per_worker, repeats=repeats
+        build_model(model), batch_size, cluster, network, repeats=repeats, momentum=momentum
     )
     click.echo(format_table(report))
     if json_path:

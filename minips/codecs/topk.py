@@ -12,6 +12,17 @@ values the rounding error a_i - fp16(a_i), exact in float32, stays in r too.
 
 Warm-up (DGC section 3.3): for the first `warmup` steps the density decays exponentially
 from dense towards `ratio`: step t < warmup sends ratio ** ((t + 1) / (warmup + 1)).
+
+Momentum correction (DGC section 3.2, `momentum` m > 0): the worker keeps the velocity
+u <- m u + g and accumulates u instead of g,
+
+    u = m u + g;   a = r + u;   S = top-k(|a|);   send (S, a_S);   r <- a with a_S set to 0
+
+and the server applies what arrives with plain SGD, without its own momentum for this
+parameter (docs/protocol.md 13.8): sent dense every step this is exactly momentum SGD,
+and a sparse entry reaches the weights with the momentum it gathered while it waited,
+instead of starting its momentum only when it arrives. (DGC's momentum factor masking,
+u zeroed where sent, is not done: measured on LeNet-5 it cost samples, docs/algorithms.md.)
 """
 
 from __future__ import annotations
@@ -46,6 +57,12 @@ def top_k_indices(magnitude: np.ndarray, k: int, rng: np.random.Generator) -> np
     top k (ties aside) whenever at least k entries pass the threshold; fewer pass only if
     the sample holds twice its expected count above the true k-th value (at 1 %: 83 where
     41 +- 6 are expected), and then the full argpartition is used.
+
+    Ties at the threshold: early in training most of fc1's gradient is exactly 0 (inputs a
+    ReLU switched off for the whole batch), the sample's threshold is then 0 and every
+    entry "passes"; the entries strictly above it are taken and the rest of the k filled
+    with entries equal to it (any of them: ties), without the full argpartition that made
+    such a pull 27 ms instead of 2 (tools/sample_cost.py's replay, the first rounds).
     """
     size = magnitude.size
     if k >= size:
@@ -54,10 +71,12 @@ def top_k_indices(magnitude: np.ndarray, k: int, rng: np.random.Generator) -> np
         sample = magnitude[rng.integers(0, size, _SAMPLE)]
         rank = min(_SAMPLE - 1, math.ceil(2 * k / size * _SAMPLE))  # ~2k/size quantile
         threshold = np.partition(sample, _SAMPLE - 1 - rank)[_SAMPLE - 1 - rank]
-        candidates = np.flatnonzero(magnitude >= threshold)
-        if candidates.size >= k:
-            chosen = candidates[np.argpartition(magnitude[candidates], -k)[-k:]]
-            return np.sort(chosen)
+        above = np.flatnonzero(magnitude > threshold)
+        if above.size >= k:
+            return np.sort(above[np.argpartition(magnitude[above], -k)[-k:]])
+        at = np.flatnonzero(magnitude == threshold)
+        if above.size + at.size >= k:
+            return np.sort(np.concatenate([above, at[: k - above.size]]))
     return np.sort(np.argpartition(magnitude, -k)[-k:])
 
 
@@ -67,23 +86,34 @@ class TopK(Codec):
     ratio: fraction of the entries sent (0 < ratio <= 1), k = ceil(ratio * size).
     warmup: steps of exponentially decaying density before `ratio` holds. dtype: the values'
     wire dtype, "float32" or "float16". seed: for the selection's random sample.
+    momentum: 0 <= m < 1, momentum correction (the module doc; 0: none); the run's SGD
+    momentum, which the server then leaves out for this parameter.
     """
 
     name = "topk"
-    options = ("ratio", "warmup", "dtype", "seed")
+    options = ("ratio", "warmup", "dtype", "seed", "momentum")
     required = ("ratio",)
 
     def __init__(
-        self, ratio: float, warmup: int = 0, dtype: str = "float32", seed: int = 0
+        self,
+        ratio: float,
+        warmup: int = 0,
+        dtype: str = "float32",
+        seed: int = 0,
+        momentum: float = 0.0,
     ) -> None:
         if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"codec topk: ratio must be in (0, 1], got {ratio!r}")
         if not isinstance(warmup, int) or warmup < 0:
             raise ConfigError(f"codec topk: warmup must be an integer >= 0, got {warmup!r}")
+        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            raise ConfigError(f"codec topk: momentum must be in [0, 1), got {momentum!r}")
         self.ratio = float(ratio)
         self.warmup = warmup
         self.dtype = check_float_dtype("topk", dtype)
+        self.momentum = float(momentum)
         self.residual: np.ndarray | None = None  # float32, the parameter's shape
+        self.velocity: np.ndarray | None = None  # u of momentum correction (momentum > 0)
         self.steps = 0
         self._rng = np.random.default_rng(seed)
 
@@ -94,10 +124,16 @@ class TopK(Codec):
         return self.ratio
 
     def encode(self, name: str, grad: Gradient) -> list[WirePart]:
-        """Add grad to the residual, send its top k, keep the rest (see the module doc)."""
+        """Add grad (or, with momentum, the velocity) to the residual, send its top k, keep
+        the rest (see the module doc)."""
         grad = dense_float32(grad)
         if self.residual is None or self.residual.shape != grad.shape:
             self.residual = np.zeros(grad.shape, np.float32)
+            self.velocity = np.zeros(grad.shape, np.float32) if self.momentum else None
+        if self.velocity is not None:
+            self.velocity *= np.float32(self.momentum)
+            self.velocity += grad
+            grad = self.velocity
         flat = self.residual.reshape(-1)  # a view: updated in place
         flat += grad.reshape(-1)
         k = min(flat.size, math.ceil(self.density() * flat.size))

@@ -7,7 +7,7 @@ plan from there). A plan says, per parameter ("<layer>.<param>"):
               "ratio": 0.01}, {"codec": "sf", "dtype": "float16"}, ...)
     pull      how the server sends the parameter back: "dense", "fp16", or {"codec": "delta",
               "ratio": 0.05, "dtype": "float16"} (the largest changes since what this worker
-              holds; docs/protocol.md 13.7)
+              holds; docs/protocol.md 13.7), "warmup": W: its first W replies fp16 instead
     every     push interval k: the gradient is accumulated locally and pushed every k steps
     priority  pull order: lower first (default 0, then model order: input side first)
 
@@ -35,7 +35,11 @@ from minips.errors import ConfigError
 PLAN_FORMAT = 1
 
 # Pull codecs (server -> worker) and their options; "delta" is docs/protocol.md 13.7.
-PULL_CODECS: dict[str, tuple[str, ...]] = {"dense": (), "fp16": (), "delta": ("ratio", "dtype")}
+PULL_CODECS: dict[str, tuple[str, ...]] = {
+    "dense": (),
+    "fp16": (),
+    "delta": ("ratio", "dtype", "warmup"),
+}
 
 _PARAM_KEYS = ("push", "pull", "every", "priority")
 
@@ -83,6 +87,9 @@ def parse_pull_spec(spec: Spec) -> tuple[str, dict[str, Any]]:
         if options.get("dtype", "float32") not in ("float32", "float16"):
             dtype = options["dtype"]
             raise ConfigError(f"pull codec delta: dtype float32 or float16, got {dtype!r}")
+        warmup = options.get("warmup", 0)
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise ConfigError(f"pull codec delta: warmup must be an integer >= 0, got {warmup!r}")
     return name, options
 
 
@@ -129,6 +136,16 @@ class Plan:
     def push_specs(self) -> dict[str, Spec]:
         """name -> push codec spec, for the parameters not pushed dense."""
         return {name: p.push for name, p in self.params.items() if p.push != "dense"}
+
+    def worker_momentum(self) -> dict[str, float]:
+        """name -> m, for the parameters pushed by top-k with momentum correction (their
+        workers apply the momentum m; the server then applies them without its own)."""
+        momenta = {}
+        for name, p in self.params.items():
+            codec, options = parse_spec(p.push)
+            if codec == "topk" and options.get("momentum", 0):
+                momenta[name] = float(options["momentum"])
+        return momenta
 
     def pull_order(self, names: Iterable[str]) -> list[str]:
         """`names` (in model order) sorted by priority, model order breaking ties."""

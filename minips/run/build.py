@@ -13,10 +13,9 @@ from minips.nn import build_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.run.planner import make_plan
+from minips.run.planner import Cluster, Network, make_plan
 from minips.server.server import ParameterServer
 from minips.server.store import SGD
-from minips.worker.netlimit import parse_rate
 
 
 def make_server(
@@ -42,44 +41,33 @@ def make_server(
     return server
 
 
-def auto_rate(config: RunConfig) -> float | None:
-    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
-    smaller of the two, or None (unlimited)."""
-    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
-    shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
-    return min(shares) if shares else None
-
-
 # A browser worker's compute per step against a NumPy worker's on the same machine
 # (BENCHMARKS.md, "browser worker": LeNet-5 124 ms against 53, the MLP 9 against 2.6, both
 # on WebAssembly SIMD in headless Chromium).
 BROWSER_STEP_FACTOR = {"lenet5": 2.3, "mlp": 3.5}
 
 
-def step_factors(config: RunConfig) -> list[float]:
+def step_factors(config: RunConfig) -> tuple[float, ...]:
     """Each worker's compute per step in units of this machine's NumPy step (the planner's
-    `step_factors`): the browser slots' slower steps, then 1 for each NumPy worker."""
+    `Cluster.step_factors`): the browser slots' slower steps, then 1 for each NumPy worker."""
     browser = BROWSER_STEP_FACTOR.get(config.model, 1.0)
-    return [browser] * config.browser + [1.0] * (config.workers - config.browser)
+    return (browser,) * config.browser + (1.0,) * (config.workers - config.browser)
 
 
 def resolve_plan(config: RunConfig) -> Plan:
     """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
 
-    auto's link: --netem RATE is shared by the workers, --bandwidth RATE is each worker's
-    own; with both, the tighter; with neither, unlimited (so: all dense). The planner counts
-    browser slots' steps as slower (`step_factors`) and ssgd's barrier.
+    auto's link (minips.run.planner.Network): --bandwidth RATE is each worker's own,
+    --netem RATE one shared by the workers; with both, the tighter; with neither,
+    unlimited (so: all dense). The planner counts browser slots' steps as slower
+    (`step_factors`) and ssgd's barrier (minips.run.plan_costs.Cluster).
     """
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":
-        shared = bool(config.netem) and (
-            not config.bandwidth or parse_rate(config.netem) / config.workers
-            <= parse_rate(config.bandwidth)
-        )  # fmt: skip
-        rate = parse_rate(config.netem) if shared else auto_rate(config)
-        plan = make_plan(model, config.batch_size, config.workers, rate, shared,
-                         step_factors=step_factors(config),
-                         barrier=config.rule == "ssgd").plan  # fmt: skip
+        network = Network.parse(bandwidth=config.bandwidth, netem=config.netem)
+        cluster = Cluster(config.workers, step_factors=step_factors(config),
+                          barrier=config.rule == "ssgd")  # fmt: skip
+        plan = make_plan(model, config.batch_size, cluster, network, momentum=config.momentum).plan
     else:
         plan = load_plan(config.plan)
     shapes = {name: array.shape for name, array in model.params.items()}

@@ -23,7 +23,7 @@ import zmq
 
 from minips.errors import ConfigError, MinipsError
 from minips.protocol import auth
-from minips.run.build import auto_rate, resolve_plan
+from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
 from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
@@ -107,12 +107,13 @@ def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
 
 def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
     """`minips plan ... --json RUN_DIR/plan.json` as workers run (one BLAS thread): the
-    `--plan auto` of `minips run`."""
-    rate = auto_rate(config)
+    `--plan auto` of `minips run`. The link options go through as given: `--bandwidth` and
+    `--netem` mean the same to both commands (minips.run.planner.Network)."""
     argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
-            "--workers", str(config.workers), "--json", str(run_dir.plan)]  # fmt: skip
-    if rate is not None:
-        argv += ["--bandwidth", f"{rate!r}bps", "--per-worker"]
+            "--workers", str(config.workers), "--momentum", repr(config.momentum),
+            "--json", str(run_dir.plan)]  # fmt: skip
+    argv += ["--bandwidth", config.bandwidth] if config.bandwidth else []
+    argv += ["--netem", config.netem] if config.netem else []
     env = {**os.environ, **SINGLE_THREADED_BLAS}
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     if done.returncode != 0:

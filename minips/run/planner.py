@@ -1,207 +1,153 @@
-"""The planner: measure each layer here, count each codec's bytes, choose a plan for a link.
+"""The planner: how each tensor travels, chosen for the least predicted time to accuracy.
 
-    report = make_plan(build_model("lenet5"), batch_size=64, workers=4, rate=parse_rate("100mbit"))
+    network = Network.parse(bandwidth="100mbit")       # each worker's own link; netem=: shared
+    report = make_plan(build_model("lenet5"), 64, Cluster(workers=4), network)
     print(format_table(report)); report.plan.to_dict()
 
-The cost model (docs/algorithms.md, "The transmission cost model", with its sources):
+The objective (docs/algorithms.md, "The cost model", with its sources and measurements):
 
-1. Per worker, a step costs `compute` (forward + backward, measured here as CPU time,
-   best of a few batches) plus its traffic over the link: up = the gradients' bytes,
-   down = the pulled parameters' bytes, at `rate` bytes/s each way (a shared link of
-   rate R at the server gives each of N workers R / N; the two directions add up because
-   a step sends, then receives).
-2. The link is fast enough when the dense step's traffic takes at most BUDGET (1/2) of
-   the compute time: then the plan is all dense (no codec costs CPU or accuracy).
-3. Otherwise start from dense and, while the predicted traffic time exceeds the budget,
-   move the tensor (and direction) with the most bytes one rung down its ladder, from the
-   most faithful encoding to the most compressed:
-     biases                    dense (tiny; their gradients are sums, not worth a codec)
-     conv weights, and weights < SMALL entries
-                               dense -> fp16 (halves the bytes, rounding 2^-11 relative)
-     fc weights, B(in+out) < in*out (Poseidon's rule)
-                               dense -> fp16 -> sf (float16 factors) -> topk
-     other weights             dense -> fp16 -> topk
-     pulls of weights          dense -> fp16 -> delta (fc and other non-conv, >= SMALL)
-   top-k keeps TOPK_RATIO of the entries (error feedback), delta pulls DELTA_RATIO. Like
-   PowerSGD's rule of thumb (compress only where compression pays), tensors below SMALL
-   entries are never sparsified: their bytes are a rounding error of the step. Conv
-   weights are never sparsified either way: each is shared by every position of the
-   image, so each entry moves the whole layer's output; on LeNet-5 top-k 1 % up and
-   delta 5 % down on conv2 cost 2.5 points of accuracy against fp16 both ways, which
-   costs 91 KB a step more (2.6 % of the dense step's bytes; docs/algorithms.md). When
-   the ladders run out the plan is what remains: the budget then stays exceeded (the
-   predicted step says by how much).
-4. With a limited link the plan is wait-free: a sender thread pushes each layer as soon as
-   backward produced it. The predicted step simulates that one sender.
+    T(plan) = step(plan) x samples(plan) / samples(dense)
 
-Bytes are exact (array bytes of every frame; headers, ~100 bytes a tensor, not counted):
-`push_bytes` and `pull_bytes` follow docs/protocol.md 13.
+the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
+samples(dense) = 1 + the measured sample cost of each tensor's encoding
+(plan_costs.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
+
+    compute   the layers' CPU ms x contention: N workers and K servers share the machine's
+              cores, contention = max(1, (N + K) / cores) (or Cluster.compute_ms, given)
+    push      wait-free: one sender thread sends each layer as soon as backward produced
+              it, its encode CPU then its bytes at the worker's share r of the link
+              (without a sender thread: after backward, one after the other)
+    server    the server's CPU for one round: N x (decode a push + encode a delta pull),
+              plus each fp16 pull encoded once, shared by every worker; over K servers
+    pull      the reply's bytes at r, then the worker's CPU to apply them
+    step      = end of the last push + server + pull
+
+The choice:
+
+1. No link limit: all dense (a codec only costs CPU and samples there).
+2. Each weight has a ladder per direction, most faithful first (`push_ladder`,
+   `pull_ladder`); coordinate descent from all dense: for each tensor and direction in
+   turn (the most dense bytes first), among the rungs whose T (given the others) is
+   within TIE of the least, the one of least sample cost, then of fewest bytes; until a
+   sweep changes nothing. (So fp16, free in samples, is taken wherever it is no slower.)
+3. Unless that plan's T is at most MIN_GAIN x dense's T, the plan is all dense: what the
+   model leaves out (cache misses, threads, a sample cost known to a few percent) all
+   counts against compressing.
+4. A compressed plan sends wait-free (minips/worker/transmit.py).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
+from minips.codecs import Spec
+from minips.nn import Sequential
+from minips.protocol.plan import ParamPlan, Plan
+from minips.run.plan_costs import (
+    Cluster,
+    Measured,
+    Network,
+    measure_layers,
+    pull_bytes,
+    pull_time,
+    push_bytes,
+    push_time,
+    sample_cost,
+    samples_factor,
+    spec_text,
+)
 
-from minips.codecs import Factors, Spec, make_codec, parse_spec
-from minips.errors import ConfigError
-from minips.nn import Sequential, softmax_cross_entropy
-from minips.protocol.plan import ParamPlan, Plan, parse_pull_spec
-
-BUDGET = 0.5  # traffic time allowed per step, as a fraction of the compute time
+TIE = 0.02  # rungs whose T is within 2 % of the least count as equal: the most faithful wins
+MIN_GAIN = 0.75  # compress only when T falls to at most 3/4 of dense's
 SMALL = 10_000  # entries: smaller tensors are never sparsified
-TOPK_RATIO = 0.01
-DELTA_RATIO = 0.05
 
-TOPK: Spec = {"codec": "topk", "ratio": TOPK_RATIO}
 SF16: Spec = {"codec": "sf", "dtype": "float16"}
-DELTA: Spec = {"codec": "delta", "ratio": DELTA_RATIO, "dtype": "float16"}
-
-_ITEM = {"float32": 4, "float16": 2}
-
-
-def push_bytes(spec: Spec, shape: tuple[int, ...], batch_size: int) -> int:
-    """Array bytes of one push of a gradient of `shape` with codec `spec` (protocol 13)."""
-    name, options = parse_spec(spec)
-    n = math.prod(shape)
-    item = _ITEM[options.get("dtype", "float32")]
-    if name == "dense":
-        return 4 * n
-    if name == "fp16":
-        return 2 * n
-    if name == "topk":
-        k = min(n, math.ceil(options["ratio"] * n))
-        return k * (4 + item)
-    if name == "sf":
-        return batch_size * (shape[0] + shape[1]) * item
-    if name == "lowrank":
-        rows, cols = shape[0], n // shape[0]
-        rank = min(options.get("rank", 4), rows, cols)
-        return (rows + cols) * rank * item
-    raise ConfigError(f"no byte count for codec {name!r}")
+TOPK_RATIOS = (0.02, 0.01)
+DELTA_RATIOS = (0.1, 0.05)
+DELTA_WARMUP = 20  # versions of fp16 pulls before the deltas (measured, docs/algorithms.md)
 
 
-def pull_bytes(spec: Spec, shape: tuple[int, ...]) -> int:
-    """Array bytes of one pull of a parameter of `shape` with pull codec `spec` (13.7)."""
-    name, options = parse_pull_spec(spec)
-    n = math.prod(shape)
-    if name == "dense":
-        return 4 * n
-    if name == "fp16":
-        return 2 * n
-    k = min(n, math.ceil(options["ratio"] * n))
-    return k * (4 + _ITEM[options.get("dtype", "float32")])
+def topk(ratio: float, momentum: float = 0.0) -> Spec:
+    """Top-k at `ratio`, with momentum correction when the run has momentum (measured: it
+    takes most of top-k's cost in samples away, docs/algorithms.md)."""
+    spec: dict[str, Any] = {"codec": "topk", "ratio": ratio}
+    return {**spec, "momentum": momentum} if momentum else spec
 
 
-@dataclass
-class LayerTime:
-    """One parameterised layer's measured compute (ms), its activation layers included."""
-
-    layer: str
-    kind: str
-    forward_ms: float = 0.0
-    backward_ms: float = 0.0
+def delta(ratio: float) -> Spec:
+    """A delta pull at `ratio` with float16 values, after DELTA_WARMUP fp16 pulls."""
+    return {"codec": "delta", "ratio": ratio, "dtype": "float16", "warmup": DELTA_WARMUP}
 
 
-def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list[LayerTime]:
-    """Best-of-`repeats` forward and backward CPU ms of each layer on a random batch, here.
-
-    CPU time of this process (time.process_time), and the minimum over passes: the machine
-    may be shared, and wall time would charge a layer for other processes' turns on the
-    CPU; with one BLAS thread (as workers run) CPU time is the layer's own cost, so the
-    plan does not change with other people's load. (With several BLAS threads it also
-    counts their spinning: measure as workers run, OPENBLAS_NUM_THREADS=1.)
-
-    A layer without parameters (ReLU, pooling, flatten) counts for the parameterised
-    layer before it (conv1's row holds relu1 and pool1): that is what runs before that
-    layer's gradient is ready, and after its parameters are needed.
-    """
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch_size, *model.input_shape)).astype(np.float32)
-    y = rng.integers(0, 10, batch_size)
-    owner, rows, current = {}, {}, None
-    for name, layer in model.layers.items():
-        if layer.params or current is None:
-            current = name
-            rows[name] = LayerTime(name, layer.kind)
-        owner[name] = current
-    samples: dict[tuple[str, str], list[float]] = {}
-    for repeat in range(repeats + 1):  # the first pass warms caches up and is not counted
-        passed: dict[tuple[str, str], float] = {}
-        h = x
-        for name, layer in model.layers.items():
-            start = time.process_time()
-            h = layer.forward(h, train=True)
-            key = (owner[name], "f")
-            passed[key] = passed.get(key, 0.0) + time.process_time() - start
-        _, grad = softmax_cross_entropy(h, y)
-        for name, layer in reversed(model.layers.items()):
-            start = time.process_time()
-            grad = layer.backward(grad)
-            key = (owner[name], "b")
-            passed[key] = passed.get(key, 0.0) + time.process_time() - start
-            if grad is None:
-                break
-        for key, seconds in passed.items():
-            if repeat:
-                samples.setdefault(key, []).append(seconds)
-    for (layer, way), values in samples.items():
-        ms = min(values) * 1e3
-        setattr(rows[layer], "forward_ms" if way == "f" else "backward_ms", ms)
-    return [rows[name] for name in rows if model.layers[name].params]
+# ----------------------------------------------------------------------- ladders
 
 
-def encode_ms(spec: Spec, shape: tuple[int, ...], batch_size: int, repeats: int = 5) -> float:
-    """Best-of-`repeats` ms of one worker-side encode with `spec` on a random gradient."""
-    rng = np.random.default_rng(1)
-    codec = make_codec(spec)
-    if parse_spec(spec)[0] == "sf":
-        x = rng.standard_normal((batch_size, shape[0])).astype(np.float32)
-        grad = Factors(x, rng.standard_normal((batch_size, shape[1])).astype(np.float32))
-    else:
-        grad = rng.standard_normal(shape).astype(np.float32)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        codec.encode("p", grad)
-        times.append(time.perf_counter() - start)
-    return min(times[1:]) * 1e3
-
-
-def _sparsifiable(shape: tuple[int, ...], kind: str) -> bool:
-    """Whether a weight may go below fp16 (top-k up, delta down): a big fc matrix only.
-
-    Conv weights never do (measured: sparsifying conv2 cost LeNet-5 2.5 points, see
-    docs/algorithms.md); tensors below SMALL entries never do (the indices cost more than
-    the saved values are worth).
-    """
-    return kind != "conv" and math.prod(shape) >= SMALL
-
-
-def _push_ladder(shape: tuple[int, ...], kind: str, batch_size: int) -> list[Spec]:
+def push_ladder(
+    shape: tuple[int, ...], kind: str, batch_size: int, momentum: float = 0.0
+) -> list[Spec]:
+    """A gradient's encodings, most faithful first: biases dense; conv weights and tensors
+    below SMALL entries dense, fp16; fc matrices also sf (float16 factors) when B (in + out)
+    < in x out (Poseidon's rule), then top-k; other big weights top-k after fp16. With the
+    run's `momentum` top-k corrects for it (minips.codecs.topk)."""
     if len(shape) == 1:
         return ["dense"]
     if not _sparsifiable(shape, kind):
         return ["dense", "fp16"]
     ladder: list[Spec] = ["dense", "fp16"]
     if kind == "fc" and len(shape) == 2 and batch_size * (shape[0] + shape[1]) < math.prod(shape):
-        ladder.append(SF16)  # Poseidon's rule: the factors are smaller than the matrix
-    return [*ladder, TOPK]
+        ladder.append(SF16)
+    return ladder + [topk(r, momentum) for r in TOPK_RATIOS]
 
 
-def _pull_ladder(shape: tuple[int, ...], kind: str) -> list[Spec]:
+def pull_ladder(shape: tuple[int, ...], kind: str) -> list[Spec]:
+    """A parameter's pull encodings, most faithful first: biases dense; conv weights and
+    small tensors dense, fp16; big non-conv weights then delta (fp16 values)."""
     if len(shape) == 1:
         return ["dense"]
-    return ["dense", "fp16", DELTA] if _sparsifiable(shape, kind) else ["dense", "fp16"]
+    if not _sparsifiable(shape, kind):
+        return ["dense", "fp16"]
+    return ["dense", "fp16"] + [delta(r) for r in DELTA_RATIOS]
+
+
+def _sparsifiable(shape: tuple[int, ...], kind: str) -> bool:
+    """Whether a weight may go below fp16 (top-k up, delta down): a big non-conv one only.
+
+    Conv weights never do: each is shared by every position of the image, so each entry
+    moves the whole layer's output; on LeNet-5 top-k 1 % up and delta 5 % down on conv2
+    cost 2.5 points of accuracy, fp16 both ways 91 KB a step more (docs/algorithms.md).
+    Below SMALL entries the indices cost more than the saved values are worth.
+    """
+    return kind != "conv" and math.prod(shape) >= SMALL
+
+
+# --------------------------------------------------------------------- measurements
+
+
+def measure(
+    model: Sequential, batch_size: int, repeats: int = 7, momentum: float = 0.0
+) -> Measured:
+    """Time every layer and every rung of every parameter's ladders, here (CPU time)."""
+    layers = measure_layers(model, batch_size, repeats)
+    kinds = {t.layer: t.kind for t in layers}
+    codecs = {}
+    for name, array in model.params.items():
+        shape, kind = tuple(array.shape), kinds.get(name.rsplit(".", 1)[0], "")
+        for spec in push_ladder(shape, kind, batch_size, momentum):
+            codecs[name, "push", spec_text(spec)] = push_time(spec, shape, batch_size)
+        for spec in pull_ladder(shape, kind):
+            codecs[name, "pull", spec_text(spec)] = pull_time(spec, shape)
+    return Measured(layers, codecs)
+
+
+# ------------------------------------------------------------------------- the model
 
 
 @dataclass
 class ParamChoice:
-    """The planner's row for one parameter: its options' bytes and what it chose."""
+    """The planner's row for one parameter: its ladders and the rung chosen on each."""
 
     name: str
     layer: str
@@ -220,165 +166,202 @@ class ParamChoice:
         return self.pull_ladder[self.pull_rung]
 
 
+def predict_step(
+    measured: Measured,
+    choices: list[ParamChoice],
+    batch_size: int,
+    cluster: Cluster,
+    rate: float | None,
+    wait_free: bool,
+) -> dict[str, float]:
+    """One worker's predicted step, ms: {compute, push, server, pull, step} (module doc).
+
+    push is the part of sending not hidden behind backward; step their sum.
+    """
+    layers = measured.layers
+    cpu = sum(t.forward_ms + t.backward_ms for t in layers)
+    scale = cluster.contention() if cluster.compute_ms is None else cluster.compute_ms / cpu
+    scale *= cluster.pace()  # the pace-setting worker's step, in this machine's steps
+    send = {t.layer: 0.0 for t in layers}
+    server = pull = 0.0
+    for c in choices:
+        up, down = measured.codec(c.name, "push", c.push), measured.codec(c.name, "pull", c.pull)
+        wire_up = 0.0 if rate is None else push_bytes(c.push, c.shape, batch_size) / rate * 1e3
+        send[c.layer] = send.get(c.layer, 0.0) + up.worker_ms * scale + wire_up
+        server += cluster.workers * up.server_ms
+        server += down.server_ms * (cluster.workers if down.per_worker else 1)
+        pull += down.worker_ms * scale
+        pull += 0.0 if rate is None else pull_bytes(c.pull, c.shape) / rate * 1e3
+    server /= cluster.servers
+    clock = sum(t.forward_ms for t in layers) * scale
+    end_of_backward = cpu * scale
+    if wait_free:
+        sender = clock
+        for t in reversed(layers):
+            clock += t.backward_ms * scale
+            sender = max(sender, clock) + send.get(t.layer, 0.0)
+        pushed = sender
+    else:
+        pushed = end_of_backward + sum(send.values())
+    return {
+        "compute": end_of_backward,
+        "push": pushed - end_of_backward,
+        "server": server,
+        "pull": pull,
+        "step": pushed + server + pull,
+    }
+
+
+def time_to_accuracy(
+    model_name: str, measured: Measured, choices: list[ParamChoice], batch_size: int,
+    cluster: Cluster, rate: float | None, wait_free: bool,
+) -> float:  # fmt: skip
+    """T = predicted step ms x samples factor (the objective; module doc)."""
+    step = predict_step(measured, choices, batch_size, cluster, rate, wait_free)["step"]
+    return step * samples_factor(model_name, _chosen(choices))
+
+
+def _chosen(choices: list[ParamChoice]) -> dict[str, tuple[Spec, Spec]]:
+    return {c.name: (c.push, c.pull) for c in choices}
+
+
+# ------------------------------------------------------------------------ the choice
+
+
 @dataclass
 class PlanReport:
     """What `make_plan` measured, predicted and chose."""
 
     plan: Plan
-    layers: list[LayerTime]
+    measured: Measured
     choices: list[ParamChoice]
     batch_size: int
-    workers: int
+    cluster: Cluster
+    network: Network
     rate: float | None  # bytes/s of each worker's share of the link (None: unlimited)
     predicted: dict[str, Any] = field(default_factory=dict)
-
-
-def _traffic(choices: list[ParamChoice], batch_size: int) -> tuple[int, int]:
-    up = sum(push_bytes(c.push, c.shape, batch_size) for c in choices)
-    down = sum(pull_bytes(c.pull, c.shape) for c in choices)
-    return up, down
-
-
-def predict_step_ms(
-    layers: list[LayerTime],
-    choices: list[ParamChoice],
-    batch_size: int,
-    rate: float | None,
-    wait_free: bool,
-) -> float:
-    """Predicted step time: compute, then (or, wait-free, overlapping backward) the traffic.
-
-    Wait-free: backward produces layers from the output down; one sender sends each layer's
-    bytes from max(its backward's end, the sender's previous end); the first layer's push
-    and the pull follow. Serial: compute + up + down.
-    """
-    compute = sum(t.forward_ms + t.backward_ms for t in layers)
-    if rate is None:
-        return compute
-    ms = {c.layer: 0.0 for c in choices}
-    for c in choices:
-        ms[c.layer] += push_bytes(c.push, c.shape, batch_size) / rate * 1e3
-    down = sum(pull_bytes(c.pull, c.shape) for c in choices) / rate * 1e3
-    if not wait_free:
-        return compute + sum(ms.values()) + down
-    clock = sum(t.forward_ms for t in layers)
-    sender = clock
-    for t in reversed(layers):
-        clock += t.backward_ms
-        sender = max(sender, clock) + ms.get(t.layer, 0.0)
-    return sender + down
-
-
-def link_share(
-    rate: float, workers: int, shared: bool, step_factors: list[float] | None, barrier: bool
-) -> tuple[float, float]:
-    """(bytes/s a worker's step gets, the compute factor of the step it must fit beside).
-
-    step_factors: each worker's compute per step as a multiple of this machine's measure
-    (None: all 1; a browser worker's is larger, minips.run.build). The plan is one for all,
-    so it is sized for the step that sets the pace: the slowest one under a barrier (every
-    worker waits for it each round), the fastest one otherwise. A shared link is split in
-    proportion to how often each worker steps: a worker k times slower uses 1/k of a
-    share, leaving the rest to the others (all equal under a barrier: rate / workers).
-    """
-    factors = step_factors or [1.0] * workers
-    pace = max(factors) if barrier else min(factors)
-    if not shared:
-        return rate, pace
-    return rate / sum(pace / max(pace, f) for f in factors), pace
 
 
 def make_plan(
     model: Sequential,
     batch_size: int,
-    workers: int,
-    rate: float | None,
-    shared: bool = True,
+    cluster: Cluster,
+    network: Network,
+    measured: Measured | None = None,
     repeats: int = 7,
-    step_factors: list[float] | None = None,
-    barrier: bool = False,
+    momentum: float = 0.0,
 ) -> PlanReport:
-    """Measure `model` here and choose a plan for a link of `rate` bytes/s (None: unlimited).
-
-    shared: the rate is the server's link, split among `workers` (minips/run/netem.py, --netem);
-    otherwise each worker's own (--bandwidth). step_factors, barrier: slower workers in the
-    class (a browser's step) and whether the rule waits for the slowest (`link_share`).
-    """
-    layers = measure_layers(model, batch_size, repeats)
-    kinds = {t.layer: t.kind for t in layers}
-    per_worker, pace = None, 1.0
-    if rate is not None:
-        per_worker, pace = link_share(rate, workers, shared, step_factors, barrier)
+    """Choose a plan for `model` on `network` (module doc). measured: fixed measurements (a
+    test's); None: measure here (`measure`, with `repeats`). momentum: the run's SGD
+    momentum (top-k rungs then correct for it)."""
+    measured = measured or measure(model, batch_size, repeats, momentum)
+    name = str(model.spec.get("name", "")) if model.spec else ""
+    kinds = {t.layer: t.kind for t in measured.layers}
+    rate = network.share(cluster)
     choices = []
-    for name, param in model.params.items():
-        layer = name.rsplit(".", 1)[0]
-        shape = tuple(param.shape)
+    for param, array in model.params.items():
+        layer, shape = param.rsplit(".", 1)[0], tuple(array.shape)
         kind = kinds.get(layer, "")
-        ladder = _push_ladder(shape, kind, batch_size)
-        choices.append(ParamChoice(name, layer, shape, ladder, _pull_ladder(shape, kind)))
-    compute = sum(t.forward_ms + t.backward_ms for t in layers)
-    if per_worker is not None:
-        _descend(choices, batch_size, per_worker, budget_ms=BUDGET * compute * pace)
+        push = push_ladder(shape, kind, batch_size, momentum)
+        choices.append(ParamChoice(param, layer, shape, push, pull_ladder(shape, kind)))
+
+    def objective(rows: list[ParamChoice]) -> float:
+        wait_free = _compressed(rows)
+        return time_to_accuracy(name, measured, rows, batch_size, cluster, rate, wait_free)
+
+    dense_t = objective(choices)
+    if rate is not None:
+        _descend(choices, objective, name, batch_size)
+        if objective(choices) > MIN_GAIN * dense_t:
+            choices = [replace(c, push_rung=0, pull_rung=0) for c in choices]
+    wait_free = _compressed(choices)
     params = {c.name: ParamPlan(push=c.push, pull=c.pull) for c in choices}
-    limited = any(not p.is_dense() for p in params.values())
-    up, down = _traffic(choices, batch_size)
+    step = predict_step(measured, choices, batch_size, cluster, rate, wait_free)
+    dense_rows = [replace(c, push_rung=0, pull_rung=0) for c in choices]
+    dense_step = predict_step(measured, dense_rows, batch_size, cluster, rate, False)
+    up = sum(push_bytes(c.push, c.shape, batch_size) for c in choices)
+    down = sum(pull_bytes(c.pull, c.shape) for c in choices)
+    warm = {c.name for c in choices if isinstance(c.pull, dict) and c.pull.get("warmup")}
+    warm_down = sum(pull_bytes("fp16" if c.name in warm else c.pull, c.shape) for c in choices)
     predicted = {
         "batch_size": batch_size,
-        "workers": workers,
-        "rate_bytes_per_s": per_worker,
+        "workers": cluster.workers,
+        "servers": cluster.servers,
+        "pace_factor": cluster.pace(),  # the pace-setting step, in units of this machine's
+        "link": network.describe(cluster),
+        "rate_bytes_per_s": rate,
         "up_bytes_per_step": up,
         "down_bytes_per_step": down,
+        # A delta's warm-up: its first replies to each worker carry it whole, fp16.
+        "warmup_pulls": max((c.pull["warmup"] for c in choices if c.name in warm), default=0),
+        "down_bytes_per_step_warmup": warm_down,
         "up_bytes_by_param": {c.name: push_bytes(c.push, c.shape, batch_size) for c in choices},
         "down_bytes_by_param": {c.name: pull_bytes(c.pull, c.shape) for c in choices},
-        "compute_ms": round(compute, 3),
-        "pace_factor": pace,  # the pace-setting step's compute, in units of compute_ms
-        "step_ms": round(predict_step_ms(layers, choices, batch_size, per_worker, limited), 3),
-    }
-    plan = Plan(params=params if limited else {}, wait_free=limited, predicted=predicted)
-    return PlanReport(plan, layers, choices, batch_size, workers, per_worker, predicted)
+        "compute_cpu_ms": round(sum(t.forward_ms + t.backward_ms for t in measured.layers), 3),
+        "compute_ms": round(step["compute"], 3),
+        "step_ms": round(step["step"], 3),
+        "step_parts_ms": {k: round(v, 3) for k, v in step.items()},
+        "dense_step_ms": round(dense_step["step"], 3),
+        "samples_factor": round(samples_factor(name, _chosen(choices)), 4),
+        "time_to_accuracy_vs_dense": round(objective(choices) / dense_t, 4),
+    }  # fmt: skip
+    plan = Plan(params=params if wait_free else {}, wait_free=wait_free, predicted=predicted)
+    return PlanReport(plan, measured, choices, batch_size, cluster, network, rate, predicted)
 
 
-def _descend(choices: list[ParamChoice], batch_size: int, rate: float, budget_ms: float) -> None:
-    """Step 3 of the cost model: compress the biggest tensor one rung until within budget."""
-    while True:
-        up, down = _traffic(choices, batch_size)
-        if (up + down) / rate * 1e3 <= budget_ms:
+def _compressed(choices: list[ParamChoice]) -> bool:
+    return any(c.push_rung or c.pull_rung for c in choices)
+
+
+def _descend(
+    choices: list[ParamChoice], objective: Any, model_name: str, batch_size: int, sweeps: int = 10
+) -> None:
+    """Step 2 of the module doc: coordinate descent over the rungs, in place."""
+    order = sorted(range(len(choices)), key=lambda i: -math.prod(choices[i].shape))
+    for _ in range(sweeps):
+        changed = False
+        for i in order:
+            for direction in ("push", "pull"):
+                c = choices[i]
+                ladder = c.push_ladder if direction == "push" else c.pull_ladder
+                if len(ladder) == 1:
+                    continue
+                times = []
+                for rung in range(len(ladder)):
+                    choices[i] = replace(c, **{f"{direction}_rung": rung})
+                    times.append(objective(choices))
+                near = [r for r, t in enumerate(times) if t <= min(times) * (1 + TIE)]
+                best = min(near, key=lambda r: _loss_then_bytes(c, direction, r, model_name,
+                                                                batch_size))  # fmt: skip
+                choices[i] = replace(c, **{f"{direction}_rung": best})
+                changed |= best != getattr(c, f"{direction}_rung")
+        if not changed:
             return
-        options = []
-        for c in choices:
-            if c.push_rung + 1 < len(c.push_ladder):
-                options.append((push_bytes(c.push, c.shape, batch_size), c, "push"))
-            if c.pull_rung + 1 < len(c.pull_ladder):
-                options.append((pull_bytes(c.pull, c.shape), c, "pull"))
-        if not options:
-            return
-        _, choice, direction = max(options, key=lambda o: o[0])
-        if direction == "push":
-            choice.push_rung += 1
-        else:
-            choice.pull_rung += 1
 
 
-def spec_text(spec: Spec) -> str:
-    """A codec spec in a table cell: "topk 1%", "sf fp16", "delta 5% fp16"."""
-    if isinstance(spec, str):
-        return spec
-    name = spec["codec"]
-    words = [name]
-    if "ratio" in spec:
-        words.append(f"{spec['ratio'] * 100:g}%")
-    if spec.get("dtype") == "float16":
-        words.append("fp16")
-    return " ".join(words)
+def _loss_then_bytes(
+    c: ParamChoice, direction: str, rung: int, model_name: str, batch_size: int
+) -> tuple[float, int]:
+    """The tie-break among rungs of about the same T: the least sample cost, then the
+    fewest bytes (an encoding that costs no samples, fp16, is then taken for free)."""
+    if direction == "push":
+        spec = c.push_ladder[rung]
+        return sample_cost(model_name, c.name, "push", spec), push_bytes(spec, c.shape, batch_size)
+    spec = c.pull_ladder[rung]
+    return sample_cost(model_name, c.name, "pull", spec), pull_bytes(spec, c.shape)
+
+
+# ------------------------------------------------------------------------- the table
 
 
 def format_table(report: PlanReport) -> str:
-    """The per-layer table `minips plan` prints, then the predicted step and the choice."""
+    """The per-parameter table `minips plan` prints, then the link, the predicted step and
+    time to accuracy, and the choice."""
     b = report.batch_size
-    times = {t.layer: t for t in report.layers}
+    times = {t.layer: t for t in report.measured.layers}
     head = (
         f"{'param':8} {'shape':>10} {'fwd ms':>7} {'bwd ms':>7} {'dense':>9} {'fp16':>9} "
-        f"{'sf fp16':>9} {'topk 1%':>9}  {'push':>12} {'bytes':>9}  {'pull':>14} {'bytes':>9}"
+        f"{'topk 1%':>9}  {'push':>12} {'bytes':>9}  {'pull':>14} {'bytes':>9}"
     )
     lines = [head]
     shown = set()
@@ -388,26 +371,33 @@ def format_table(report: PlanReport) -> str:
         if t is not None and c.layer not in shown:
             fwd, bwd = f"{t.forward_ms:.2f}", f"{t.backward_ms:.2f}"
             shown.add(c.layer)
-        sf = push_bytes(SF16, c.shape, b) if SF16 in c.push_ladder else None
-        cells = [push_bytes(s, c.shape, b) for s in ("dense", "fp16")]
-        cells += [sf, push_bytes(TOPK, c.shape, b)]
-        text = [f"{v:9,d}" if v is not None else f"{'-':>9}" for v in cells]
+        cells = [push_bytes(s, c.shape, b) for s in ("dense", "fp16", topk(0.01))]
         lines.append(
-            f"{c.name:8} {'x'.join(map(str, c.shape)):>10} {fwd:>7} {bwd:>7} {' '.join(text)}  "
-            f"{spec_text(c.push):>12} {push_bytes(c.push, c.shape, b):9,d}  "
-            f"{spec_text(c.pull):>14} {pull_bytes(c.pull, c.shape):9,d}"
+            f"{c.name:8} {'x'.join(map(str, c.shape)):>10} {fwd:>7} {bwd:>7} "
+            + " ".join(f"{v:9,d}" for v in cells)
+            + f"  {spec_text(c.push):>12} {push_bytes(c.push, c.shape, b):9,d}"
+            f"  {spec_text(c.pull):>14} {pull_bytes(c.pull, c.shape):9,d}"
         )
-    p = report.predicted
-    dense_up = sum(push_bytes("dense", c.shape, b) for c in report.choices)
-    rate = "unlimited" if report.rate is None else f"{report.rate * 8 / 1e6:.3g} Mbit/s"
-    dense_step = predict_step_ms(report.layers, _dense(report.choices), b, report.rate, False)
+    p, cluster = report.predicted, report.cluster
+    dense = sum(push_bytes("dense", c.shape, b) for c in report.choices)
+    parts = p["step_parts_ms"]
+    how = (
+        "given" if cluster.compute_ms is not None
+        else f"{p['compute_cpu_ms']:.1f} ms CPU x {cluster.contention():.2g} "
+        f"({cluster.workers} workers and {cluster.servers} server(s) on "
+        f"{cluster.cores or os.cpu_count()} cores)"
+    )  # fmt: skip
     lines += [
         "",
-        f"each worker's link: {rate} ({report.workers} workers); compute {p['compute_ms']:.1f} ms "
-        f"per step of {b}",
-        f"bytes per step: up {p['up_bytes_per_step']:,} (dense {dense_up:,}), "
-        f"down {p['down_bytes_per_step']:,} (dense {dense_up:,})",
-        f"predicted step: {p['step_ms']:.1f} ms (dense: {dense_step:.1f} ms)",
+        f"link: {report.network.describe(cluster)}",
+        f"compute per step of {b}: {p['compute_ms']:.1f} ms ({how})",
+        f"bytes per step: up {p['up_bytes_per_step']:,} (dense {dense:,}), "
+        f"down {p['down_bytes_per_step']:,} (dense {dense:,})",
+        f"predicted step: {p['step_ms']:.1f} ms = compute {parts['compute']:.1f} + push "
+        f"{parts['push']:.1f} + server {parts['server']:.1f} + pull {parts['pull']:.1f} "
+        f"(dense: {p['dense_step_ms']:.1f} ms)",
+        f"samples to an accuracy: x{p['samples_factor']:.3f} of dense's; time to it: "
+        f"x{p['time_to_accuracy_vs_dense']:.3f} of dense's",
         "choice: "
         + (
             "all dense (the link is fast enough)"
@@ -416,7 +406,3 @@ def format_table(report: PlanReport) -> str:
         ),  # fmt: skip
     ]
     return "\n".join(lines)
-
-
-def _dense(choices: list[ParamChoice]) -> list[ParamChoice]:
-    return [ParamChoice(c.name, c.layer, c.shape, ["dense"], ["dense"]) for c in choices]

@@ -21,11 +21,17 @@ version of the last reply it sent this worker, and only when the version advance
 (a reply that changed no replica may be lost harmlessly). Otherwise (a first pull, a
 retry after a lost reply, a re-registered worker) the parameter goes dense and the
 replica restarts from it. Observers (the evaluator) always get dense parameters.
+
+Warm-up (`warmup` W): the first W replies after a worker's replica (re)started carry a
+delta parameter whole as fp16, and the replica becomes those values widened to float32
+(what the worker then holds), so the first steps, when every entry moves, are not
+starved; deltas follow from there.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -112,6 +118,16 @@ class Pulls:
             self.rule.on_pulled(worker)
 
 
+@dataclass
+class Replica:
+    """What one worker holds of the delta-pulled parameters, bit for bit: `arrays`, as of
+    the reply of `version`; `replies` the replies sent since the replica (re)started."""
+
+    version: int
+    arrays: dict[str, np.ndarray]
+    replies: int = 0
+
+
 class PullEncoder:
     """Builds a pull reply's parts by the plan; keeps the per-worker replicas of delta pulls.
 
@@ -125,7 +141,7 @@ class PullEncoder:
         self.order = plan.pull_order(store.params)
         self.specs = {name: parse_pull_spec(plan.param(name).pull) for name in store.params}
         self.delta = {name for name, (codec, _) in self.specs.items() if codec == "delta"}
-        self._replicas: dict[str, tuple[int, dict[str, np.ndarray]]] = {}  # worker -> (v, arrays)
+        self._replicas: dict[str, Replica] = {}  # worker id -> its copy of the delta parameters
         self._fp16: dict[str, tuple[int, np.ndarray]] = {}  # fp16 snapshots, shared
         self._rng = np.random.default_rng(0)
 
@@ -157,21 +173,25 @@ class PullEncoder:
             return sent[name] if name in sent else store.snapshot(name)
 
         held = self._replicas.get(worker.worker_id)
-        in_sync = held is not None and since is not None and held[0] == since
+        in_sync = held is not None and since is not None and held.version == since
         parts: list[WirePart] = []
         for name in self.order:
             codec, options = self.specs[name]
-            if codec == "delta" and in_sync:
-                if store.version > since:
-                    parts += self._delta(name, held[1][name], options, now(name))
-            elif codec == "delta":
+            if codec == "delta" and in_sync and store.version > since:
+                if held.replies < options.get("warmup", 0):
+                    parts.append(self._warm(name, held.arrays[name], sent.get(name)))
+                else:
+                    parts += self._delta(name, held.arrays[name], options, now(name))
+            elif codec == "delta" and not in_sync:
                 parts.append(WirePart(name, now(name)))
-            elif name in changed:
+            elif codec != "delta" and name in changed:
                 parts.append(self._single(name, codec, sent.get(name)))
-        if self.delta and (not in_sync or store.version > since):
-            if not in_sync:  # dense sent: the replicas restart from the values sent
-                held = (0, {name: now(name).copy() for name in self.delta})
-            self._replicas[worker.worker_id] = (store.version, held[1])
+        if self.delta and not in_sync:  # dense sent: the replicas restart from the values sent
+            self._replicas[worker.worker_id] = Replica(
+                store.version, {name: now(name).copy() for name in self.delta}
+            )
+        elif self.delta and store.version > since:
+            held.version, held.replies = store.version, held.replies + 1
         return parts
 
     def forget(self, worker: WorkerState) -> None:
@@ -190,6 +210,13 @@ class PullEncoder:
         if cached is None or cached[0] != version:
             cached = self._fp16[name] = (version, self.store.params[name].astype(np.float16))
         return WirePart(name, cached[1], "fp16")
+
+    def _warm(self, name: str, replica: np.ndarray, value: np.ndarray | None) -> WirePart:
+        """The whole parameter (or the rule's `value`) as fp16 (the warm-up); the replica
+        takes it in, widened."""
+        part = self._single(name, "fp16", value)
+        np.copyto(replica, part.array, casting="unsafe")
+        return part
 
     def _delta(
         self, name: str, replica: np.ndarray, options: dict, current: np.ndarray

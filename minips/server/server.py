@@ -361,7 +361,10 @@ class ParameterServer:
             )
 
     def use_plan(self, plan: Plan) -> None:
-        """Send pulls by `plan` (fp16, delta, priority order; minips.server.pulls) from now on."""
+        """Serve by `plan` from now on: pulls by its encodings (fp16, delta, priority order;
+        minips.server.pulls), and without momentum the parameters its workers push with
+        momentum correction (top-k's `momentum`; docs/protocol.md 13.8)."""
+        self.store.optimizer.plain_for(plan.worker_momentum())
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:

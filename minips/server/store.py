@@ -195,6 +195,9 @@ class SGD:
     gradient stays shrunk in every later step it echoes through, not only in the step it
     arrives in. (Scaling the whole step instead would let the unscaled gradient back in
     through momentum.)
+
+    A parameter in `plain` is applied without momentum, v_t = g_t: its workers carry the
+    momentum themselves (top-k's momentum correction, minips.codecs.topk; `plain_for`).
     """
 
     def __init__(
@@ -216,6 +219,21 @@ class SGD:
         self.weight_decay = weight_decay
         # One velocity buffer per parameter, created lazily so a layer never updated costs nothing.
         self.velocity: dict[str, np.ndarray] = {}
+        self.plain: frozenset[str] = frozenset()
+
+    def plain_for(self, worker_momentum: dict[str, float]) -> None:
+        """Apply the parameters of `worker_momentum` (name -> the momentum their workers
+        apply) without momentum from now on. ConfigError unless each is this optimizer's
+        momentum: the workers would otherwise run another optimizer than the server's."""
+        for name, momentum in worker_momentum.items():
+            if name not in self.params:
+                raise ConfigError(f"momentum correction for unknown parameter {name!r}")
+            if momentum != self.momentum:
+                raise ConfigError(
+                    f"{name}: the plan's top-k momentum {momentum:g} is not the server's "
+                    f"{self.momentum:g} (--momentum)"
+                )
+        self.plain = frozenset(worker_momentum)
 
     def step_one(
         self, name: str, grad: np.ndarray, scale: float = 1.0, out: np.ndarray | None = None
@@ -229,7 +247,7 @@ class SGD:
         weight = self.params[name]
         if self.weight_decay:
             grad = grad + self.weight_decay * weight
-        if not self.momentum:
+        if not self.momentum or name in self.plain:
             # The scalars multiplied first, so the array is touched once.
             step, factor = grad, np.asarray(self.lr * scale, dtype=weight.dtype)
         else:
@@ -258,7 +276,8 @@ class SGD:
             ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
 
         so the server's overflow check needs no pass over the parameters
-        (minips.server.checks.OverflowCheck).
+        (minips.server.checks.OverflowCheck). (For a `plain` parameter, v' = that exactly,
+        and the bound with momentum is still an upper bound.)
         """
         step = abs(scale) * (norm_g + self.weight_decay * norm_w)
         if self.momentum:

@@ -18,7 +18,19 @@
 
 import { gemm, gemmTA } from "./gemm.js";
 import { narrow, widen } from "./half.js";
-import { mulberry32 } from "./data.js";
+
+/** A small seeded generator (mulberry32): uniform floats in [0, 1). Only the codecs' own
+ * random choices use it (top-k's ties, low-rank's start: a worker's business, protocol 13). */
+function mulberry32(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
 
 /** A codec spec this worker cannot follow (unknown codec or option): the reason says which. */
 export class CannotFollow extends Error {}

@@ -1,0 +1,190 @@
+"""The planner: its byte counts, its network model, its choices for fixed measurements,
+and one meaning of a link rate in `minips plan` and `minips run`.
+
+Every choice here is made with fixed, injected compute and codec times (FIXED below: this
+machine's, measured once), so no verdict depends on the speed of the machine running it.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from minips.cli import cli
+from minips.codecs import Encoder, Factors
+from minips.errors import ConfigError
+from minips.nn import build_model, lenet5, softmax_cross_entropy
+from minips.protocol.plan import Plan
+from minips.run.config import RunConfig
+from minips.run.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
+from minips.run.planner import MIN_GAIN, Cluster, Measured, Network, make_plan
+from minips.worker.netlimit import Link
+
+DENSE_BYTES = 431_080 * 4  # LeNet-5, each way
+LAYERS = [LayerTime("conv1", "conv", 4.4, 4.0), LayerTime("conv2", "conv", 5.5, 9.8),
+          LayerTime("fc1", "fc", 0.8, 1.5), LayerTime("fc2", "fc", 0.04, 0.07)]  # fmt: skip
+# (parameter, direction, encoding) -> CPU ms (worker, server[, per worker]); the rest 0.
+CODECS = {
+    ("fc1.w", "push", "fp16"): CodecTime(3.0, 1.8),
+    ("fc1.w", "push", "sf fp16"): CodecTime(0.4, 0.8),
+    ("fc1.w", "push", "topk 2% mc"): CodecTime(1.8, 0.2),
+    ("fc1.w", "push", "topk 1% mc"): CodecTime(1.2, 0.1),
+    ("fc1.w", "pull", "fp16"): CodecTime(0.9, 1.7, False),
+    ("fc1.w", "pull", "delta 10% fp16 warm-up 20"): CodecTime(0.6, 4.2),
+    ("fc1.w", "pull", "delta 5% fp16 warm-up 20"): CodecTime(0.3, 2.9),
+    ("conv2.w", "push", "fp16"): CodecTime(0.3, 0.2),
+    ("conv2.w", "pull", "fp16"): CodecTime(0.1, 0.2, False),
+}
+FIXED = Measured(LAYERS, CODECS)
+ON_TWO_CORES = Cluster(workers=4, cores=2)
+
+
+def plan_for(cluster=ON_TWO_CORES, **link):
+    network = Network.parse(**link)
+    return make_plan(build_model("lenet5"), 64, cluster, network, measured=FIXED, momentum=0.9)
+
+
+# -------------------------------------------------------------------------- bytes
+
+
+def test_codec_bytes_are_the_encoders_bytes():
+    """The planner's byte counts equal what the Encoder really produces."""
+    rng = np.random.default_rng(0)
+    model = lenet5(seed=0)
+    x = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
+    _, dlogits = softmax_cross_entropy(model.forward(x), rng.integers(0, 10, 64))
+    model.backward(dlogits)
+    x1, dy1 = model.layers["fc1"].sufficient_factors()
+    specs = ["dense", "fp16", {"codec": "topk", "ratio": 0.01},
+             {"codec": "sf", "dtype": "float16"}, {"codec": "lowrank", "rank": 4}]  # fmt: skip
+    for spec in specs:
+        encoder = Encoder()
+        is_sf = isinstance(spec, dict) and spec["codec"] == "sf"
+        grad = Factors(x1, dy1) if is_sf else model.grads["fc1.w"]
+        encoder.encode({"fc1.w": grad}, {"fc1.w": spec})
+        assert encoder.bytes_sent["fc1.w"] == push_bytes(spec, (800, 500), 64), spec
+    delta = {"codec": "delta", "ratio": 0.05, "dtype": "float16"}
+    assert pull_bytes(delta, (800, 500)) == 20_000 * (4 + 2)
+
+
+# ------------------------------------------------------------------------ network
+
+
+def test_a_rate_is_each_workers_own_link_and_netem_one_shared_by_all():
+    four = Cluster(workers=4)
+    own, shared = Network.parse(bandwidth="100mbit"), Network.parse(netem="100mbit")
+    assert own.share(four) == 12.5e6 and shared.share(four) == 12.5e6 / 4
+    assert Network.parse(bandwidth="20mbit", netem="100mbit").share(four) == 2.5e6  # tighter
+    assert Network().share(four) is None
+    assert "each worker's own 100 Mbit/s" in own.describe(four)
+    words = shared.describe(four)
+    assert "shared by 4 workers" in words and "25 Mbit/s each" in words
+    with pytest.raises(ConfigError, match="bad rate"):
+        Network.parse(bandwidth="fast")
+
+
+def test_contention_is_workers_and_servers_over_cores():
+    assert Cluster(workers=4, cores=2).contention() == 2.5
+    assert Cluster(workers=4, servers=2, cores=3).contention() == 2
+    assert Cluster(workers=1, cores=8).contention() == 1
+
+
+def test_plan_and_run_read_bandwidth_and_netem_the_same_way(tmp_path):
+    """`minips plan --bandwidth R` and `minips run --plan auto --bandwidth R` (the planner
+    run inside the launcher, and the workers' token buckets) assume the same link; so do
+    both commands' `--netem R`."""
+    from minips.run.build import resolve_plan
+    from minips.run.launch import _plan_in_subprocess
+    from minips.run.rundir import RunDir
+
+    for option, share in (("bandwidth", 12.5e6), ("netem", 12.5e6 / 4)):
+        path = tmp_path / f"{option}.json"
+        argv = ["plan", "--workers", "4", f"--{option}", "100mbit", "--repeats", "1"]
+        result = CliRunner().invoke(cli, [*argv, "--json", str(path)])
+        assert result.exit_code == 0, result.output
+        by_plan = json.loads(path.read_text())["predicted"]
+        config = RunConfig(workers=4, plan="auto", **{option: "100mbit"})
+        by_run = resolve_plan(config).predicted  # `minips server --plan auto`
+        run_dir = RunDir(tmp_path / option)
+        run_dir.logs.mkdir(parents=True)
+        _plan_in_subprocess(config, run_dir)  # what `minips run --plan auto` runs
+        by_launch = json.loads(run_dir.plan.read_text())["predicted"]
+        assert by_plan["rate_bytes_per_s"] == by_run["rate_bytes_per_s"] == share
+        assert by_launch["rate_bytes_per_s"] == share
+        assert by_plan["link"] == by_run["link"] == by_launch["link"]
+        if option == "bandwidth":  # what each worker's token bucket paces
+            assert Link.from_option(config.bandwidth).rate == share
+
+
+# ------------------------------------------------------------------------ choices
+
+
+def test_no_link_limit_and_a_fast_link_are_all_dense():
+    for link in ({}, {"bandwidth": "10gbit"}):
+        report = plan_for(**link)
+        assert report.plan.is_dense() and report.plan.to_dict()["params"] == {}
+        assert report.predicted["up_bytes_per_step"] == DENSE_BYTES
+
+
+@pytest.mark.parametrize("link", [{"bandwidth": "20mbit"}, {"netem": "100mbit"}])
+def test_a_slow_link_is_compressed_within_the_byte_targets(link):
+    report = plan_for(**link)
+    plan, p = report.plan, report.predicted
+    assert plan.wait_free and not plan.is_dense()
+    assert plan.param("fc1.w").push != "dense" and plan.param("fc1.w").pull != "dense"
+    assert DENSE_BYTES / p["up_bytes_per_step"] >= 10
+    assert 2 * DENSE_BYTES / (p["up_bytes_per_step"] + p["down_bytes_per_step"]) >= 5
+    for conv in ("conv1.w", "conv2.w"):  # conv weights stop at fp16 both ways
+        assert plan.param(conv).push in ("dense", "fp16")
+        assert plan.param(conv).pull in ("dense", "fp16")
+    for bias in ("conv1.b", "conv2.b", "fc1.b", "fc2.b"):
+        assert plan.param(bias).push == "dense" and plan.param(bias).pull == "dense"
+    assert p["time_to_accuracy_vs_dense"] <= MIN_GAIN
+    assert p["step_ms"] < p["dense_step_ms"] / 3
+
+
+def test_the_more_compute_a_step_has_the_less_it_compresses():
+    """With the same link, a step with more compute hides more traffic: it never sends
+    fewer bytes, and with enough compute it is all dense."""
+    sent = []
+    for compute_ms in (20.0, 60.0, 200.0, 600.0, 5000.0):
+        p = plan_for(Cluster(workers=4, cores=2, compute_ms=compute_ms), bandwidth="100mbit")
+        sent.append(p.predicted["up_bytes_per_step"] + p.predicted["down_bytes_per_step"])
+    assert sent == sorted(sent) and sent[0] < sent[-1] == 2 * DENSE_BYTES
+
+
+def test_the_slower_the_link_the_fewer_the_bytes():
+    rates = ["10gbit", "1gbit", "300mbit", "100mbit", "50mbit", "20mbit", "5mbit"]
+    sent = []
+    for rate in rates:
+        p = plan_for(bandwidth=rate).predicted
+        sent.append(p["up_bytes_per_step"] + p["down_bytes_per_step"])
+    assert sent == sorted(sent, reverse=True) and sent[0] > sent[-1]
+
+
+def test_the_compute_is_shared_by_the_workers_and_the_server():
+    """The same link and layers: 4 workers and a server on 2 cores compute 2.5x slower
+    than one worker has them alone, so its step hides more traffic."""
+    alone = plan_for(Cluster(workers=4, cores=64), bandwidth="100mbit").predicted
+    shared = plan_for(Cluster(workers=4, cores=2), bandwidth="100mbit").predicted
+    assert shared["compute_ms"] == pytest.approx(2.5 * alone["compute_ms"])
+    assert shared["up_bytes_per_step"] + shared["down_bytes_per_step"] >= (
+        alone["up_bytes_per_step"] + alone["down_bytes_per_step"]
+    )
+
+
+def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
+    from minips.run.build import resolve_plan
+
+    path = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        cli, ["plan", "--bandwidth", "20mbit", "--repeats", "1", "--json", str(path)]
+    )
+    assert result.exit_code == 0, result.output
+    for words in ("fc1.w", "link: each worker's own 20 Mbit/s", "predicted step", "choice:"):
+        assert words in result.output
+    plan = resolve_plan(RunConfig(plan=str(path)))
+    assert plan == Plan.from_dict(json.loads(path.read_text()))
+    bad = CliRunner().invoke(cli, ["plan", "--netem", "fast"])
+    assert isinstance(bad.exception, ConfigError) and "bad rate" in str(bad.exception)
