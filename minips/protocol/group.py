@@ -1,6 +1,7 @@
 """What the shards of a server group and their clients agree on (docs/protocol.md 16),
-besides the partition itself (partition.py): the `group` map of a hello reply, how an
-advertised address is reached, the timers of joining, and VSGD's samples per slice.
+besides the partition itself (partition.py) and VSGD's samples per slice (sampling.py):
+the `group` map of a hello reply, how an advertised address is reached, the timers of
+joining.
 """
 
 from __future__ import annotations
@@ -8,10 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-
-from minips.protocol.partition import Slice
 
 JOIN_INTERVAL = 1.0  # seconds between a shard's joins (its heartbeat to the root)
 JOIN_TAKEOVER = 3.0  # an index silent this long may be joined from another address
@@ -46,11 +43,3 @@ def check_shard_hello(reply: dict[str, Any], root: dict[str, Any], shard: int) -
         if reply.get(key) != root.get(key):
             return f"gave {key} {reply.get(key)}, the root {root.get(key)}"
     return None
-
-
-def sample_rows(indices: np.ndarray, piece: Slice) -> slice:
-    """Which entries of a whole parameter's VSGD sample (its ascending flat `indices`,
-    sampling.py) fall in `piece`: the sample's values for that shard are values[result],
-    at coordinates indices[result] - piece.offset of the slice (16.6)."""
-    low, high = np.searchsorted(indices, [piece.offset, piece.offset + piece.size])
-    return slice(int(low), int(high))

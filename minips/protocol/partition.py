@@ -46,7 +46,7 @@ FLOAT32_BYTES = 4  # every parameter is float32 (docs/model.md)
 class Slice:
     """One shard's part of one parameter: rows [start, stop) of its first axis.
 
-    shape: the slice's own shape, (stop - start, *param_shape[1:]); a whole parameter has
+    shape: the slice's own shape, (stop - start, *full_shape[1:]). A whole parameter has
     start 0, stop = its rows (0-d parameters: start = stop = 0, shape ()). offset: where
     the slice begins in the parameter flattened in C order.
     """
@@ -57,6 +57,7 @@ class Slice:
     stop: int
     shape: tuple[int, ...]
     whole: bool
+    full_shape: tuple[int, ...] = ()  # the whole parameter's
 
     @property
     def size(self) -> int:
@@ -168,14 +169,14 @@ def partition(
             continue
         for j in range(servers):
             start, stop = j * rows // servers, (j + 1) * rows // servers
-            piece = Slice(name, j, start, stop, (stop - start, *shape[1:]), whole=False)
+            piece = Slice(name, j, start, stop, (stop - start, *shape[1:]), False, shape)
             by_shard[j].append(piece)
             load[j] += piece.nbytes
     for name in whole:
         shape = full[name]
         j = min(range(servers), key=lambda k: (load[k], k))
         rows = shape[0] if shape else 0
-        piece = Slice(name, j, 0, rows, shape, whole=True)
+        piece = Slice(name, j, 0, rows, shape, True, shape)
         by_shard[j].append(piece)
         load[j] += piece.nbytes
     empty = [j for j in range(servers) if not by_shard[j]]

@@ -11,16 +11,19 @@ stops.
 from __future__ import annotations
 
 import logging
+import os
+import re
+import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 import zmq
 
 from minips.errors import MinipsError
-from minips.protocol import auth, wire
+from minips.protocol import address, auth, wire
 from minips.protocol.group import (
     ASSEMBLE_TIMEOUT,
     GROUP_ERROR,
@@ -29,7 +32,11 @@ from minips.protocol.group import (
     group_map,
 )
 from minips.protocol.partition import Partition
-from minips.protocol.wire import ProtocolError
+from minips.protocol.wire import Message, ProtocolError
+from minips.server import checks
+
+if TYPE_CHECKING:
+    from minips.server.router import Envelope
 
 log = logging.getLogger("minips.server")
 
@@ -78,13 +85,13 @@ class RootTable:
                 f"join's shard must be in 1..{self.servers - 1}, got {shard!r}", "bad_field"
             )
         held = self.joined.get(shard)
+        if address is None:  # asking what to be changes nothing (but reserves a DMLC index)
+            self.joined.setdefault(shard, Joined(None, now, origin))
+            return shard
         fresh = held is not None and now - held.seen < JOIN_TAKEOVER
         if fresh and held.origin != origin and held.address not in (None, address):
             raise ProtocolError(f"shard {shard} is held by {held.address}", "full")
-        if address is not None or held is None or held.origin != origin:
-            self.joined[shard] = Joined(address if address is not None else None, now, origin)
-        else:
-            held.seen = now
+        self.joined[shard] = Joined(address, now, origin)
         return shard
 
     def _index_for(self, origin: bytes) -> int:
@@ -128,6 +135,9 @@ class Joiner:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTING_ID, b"\x02" + os.urandom(15))  # one per process
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no joins queued while the root is away
+        self.socket.setsockopt(zmq.SNDHWM, 4)
         if keys is not None:
             auth.make_curve_client(self.socket, keys)
         self.socket.connect(root)
@@ -178,19 +188,37 @@ class Joiner:
         self.context.term()
 
 
+def advertised(endpoint: str, root: str) -> str:
+    """Where clients reach a shard bound to `endpoint` that joins `root`: a shard bound to
+    every interface of another machine than the root's names the address it reaches the
+    root from (a wildcard host would be read as the root's, docs/protocol.md 16.4)."""
+    match = re.match(r"^tcp://(\*|0\.0\.0\.0):(\d+)$", endpoint)
+    root_host = re.match(r"^tcp://([^:/]+):\d+$", root)
+    if match is None or root_host is None or address.is_loopback(root):
+        return endpoint
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((root_host.group(1), 9))  # a UDP "connect" sends nothing
+        return f"tcp://{probe.getsockname()[0]}:{match.group(2)}"
+    except OSError:
+        return endpoint
+    finally:
+        probe.close()
+
+
 class ShardRole:
     """What a shard of a group adds to a server (module docstring).
 
-    shard / servers: its index and K. root: the root's address (None on the root itself).
-    run: the configuration a root gives joining shards (16.3). keys: CURVE client keys for
-    a non-root shard's joins.
+    shard / servers: its index and K; part: the group's partition (its slices are this
+    shard's parameters). run: the configuration a root gives joining shards (16.3).
+    joiner: a non-root shard's link to its root.
     """
 
-    def __init__(self, shard: int, servers: int, run: dict[str, Any] | None = None,
-                 root: str | None = None, joiner: Joiner | None = None) -> None:  # fmt: skip
+    def __init__(self, shard: int, servers: int, part: Partition, run: dict[str, Any] | None = None,
+                 joiner: Joiner | None = None) -> None:  # fmt: skip
         self.shard, self.servers, self.run = shard, servers, dict(run or {})
+        self.slices = {piece.name: piece for piece in part.by_shard[shard]}
         msgpack.packb(self.run)  # it travels in join replies
-        self.root = root
         self.joiner = joiner
         self.table: RootTable | None = None
 
@@ -198,11 +226,19 @@ class ShardRole:
     def is_root(self) -> bool:
         return self.shard == 0
 
-    def bound(self, endpoint: str) -> None:
-        """The server bound `endpoint`: the root starts its table of the group there."""
-        self.endpoint = endpoint
+    def attach(self, server: Any) -> None:
+        """The shard's ParameterServer bound its endpoint: the root starts its table of the
+        group there and answers joins (through the server's outbox, saying whether it
+        stops; under CURVE only to an operator's key); a shard will tell the root where
+        clients reach it."""
+        endpoint, self.outbox, self.stop = server.endpoint, server.outbox, server.stop
+        self.keys = server.options.keys
+        server.handlers["join"] = self.handle_join
         if self.is_root:
+            self.endpoint = endpoint
             self.table = RootTable(self.servers, endpoint)
+        else:
+            self.endpoint = advertised(endpoint, self.joiner.root)
 
     def addresses(self) -> list[str | None]:
         return self.table.addresses() if self.table is not None else self.joiner.addresses
@@ -216,21 +252,37 @@ class ShardRole:
         if self.table is not None:
             self.table.check_complete()
 
-    def join_reply(self, header: dict[str, Any], origin: bytes, stopping: bool) -> dict[str, Any]:
-        """The root's answer to a shard's `join`; ProtocolError for a bad one (16.3)."""
+    def handle_join(self, envelope: Envelope, request: Message) -> None:
+        """The root's answer to a shard's `join` (16.3): an operator's request; a shard
+        that is not the root answers it `unknown_op`."""
         if self.table is None:
             raise ProtocolError("join goes to the group's root (shard 0)", "unknown_op")
-        shard = self.table.join(header, origin, time.monotonic())
-        return {"op": "join", "shard": shard, "servers": self.servers,
-                "addresses": self.table.addresses(), "run": self.run, "stop": stopping}  # fmt: skip
+        checks.require_operator(envelope.origin, self.keys)
+        shard = self.table.join(request.header, envelope.origin.routing_id, time.monotonic())
+        reply = {"op": "join", "shard": shard, "servers": self.servers,
+                 "addresses": self.table.addresses(), "run": self.run,
+                 "stop": self.stop.stopping}  # fmt: skip
+        self.outbox.reply(envelope, reply)
 
-    def tick(self, now: float) -> bool:
-        """A non-root shard's joins; True once its root says it is stopping."""
+    def tick(self, now: float) -> None:
+        """A non-root shard's joins; once its root says it is stopping, it stops too."""
         if self.joiner is None:
-            return False
+            return
         self.joiner.tick(now, self.endpoint)
-        return self.joiner.root_stopping
+        if self.joiner.root_stopping and not self.stop.requested:
+            self.stop.request("the group's root is stopping")
 
     def close(self) -> None:
         if self.joiner is not None:
             self.joiner.close()
+
+
+def refuse_join(envelope: Envelope, request: Message) -> None:
+    """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
+    raise ProtocolError("op 'join' is not a request", "unknown_op")
+
+
+def operator_fields(group: ShardRole | None) -> dict[str, Any]:
+    """What a root adds to its replies to `stop` and `checkpoint`: where its shards are
+    (16.7); nothing for any other server."""
+    return {"group": group.group()} if group is not None and group.is_root else {}

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from minips.errors import ConfigError, DataError, ShapeError
+from minips.protocol.partition import Slice
 from minips.protocol.wire import ProtocolError
 
 CHECKPOINT_FORMAT = 1
@@ -35,7 +37,11 @@ class ParameterStore:
     """
 
     def __init__(
-        self, params: dict[str, np.ndarray], optimizer: SGD, in_place: bool = False
+        self,
+        params: dict[str, np.ndarray],
+        optimizer: SGD,
+        in_place: bool = False,
+        slices: dict[str, Slice] | None = None,
     ) -> None:
         if not params:
             raise ConfigError("the parameter server needs at least one parameter")
@@ -51,15 +57,21 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
+        # A shard of a server group: name -> its Slice of the whole parameter (partition.py)
+        self.slices: dict[str, Slice] = dict(slices or {})
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `write`).
         if not in_place:
             for name, array in params.items():
                 params[name] = _published(array.copy())
 
-    def check_push(self, base: int, grads: dict[str, np.ndarray]) -> None:
+    def check_push(
+        self, base: int, grads: dict[str, np.ndarray], closes_step: bool = False
+    ) -> None:
         """Check a push's `base` and decoded gradients against the parameters.
 
+        closes_step: the push is the `last` one of a step whose earlier pushes are kept, so
+        it may carry no gradient (a shard of a group, docs/protocol.md 16.5).
         Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
         nothing: every check runs before any parameter is touched.
         """
@@ -67,7 +79,7 @@ class ParameterStore:
             raise ProtocolError(
                 f"base {base} is newer than the server's version {self.version}", "bad_base"
             )
-        if not grads:
+        if not grads and not closes_step:
             raise ProtocolError("a push must carry at least one gradient", "unknown_param")
         for name, grad in grads.items():
             param = self.params.get(name)
@@ -144,18 +156,21 @@ class ParameterStore:
             raise
         return path
 
-    def load(self, path: str | Path) -> dict[str, Any]:
+    def load(
+        self,
+        path: str | Path,
+        adapt: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    ) -> dict[str, Any]:
         """Restore a checkpoint written by `save` into the live arrays; return its meta.
 
+        adapt: turns the file's arrays into this store's before they are checked (a shard
+        of a group takes its slices of a whole model's checkpoint, server/checkpoints.py).
         Names and shapes must match the model exactly (DataError / ShapeError otherwise);
         nothing is changed unless the whole checkpoint is valid.
         """
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                contents = {key: data[key] for key in data.files}
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read checkpoint {path}: {exc}") from None
-        contents = _from_model_file(contents)
+        contents = _from_model_file(read_checkpoint(path))
+        if adapt is not None:
+            contents = adapt(contents)
         names = [key[len("param/") :] for key in contents if key.startswith("param/")]
         if sorted(names) != sorted(self.params):
             raise ShapeError(
@@ -291,6 +306,15 @@ class SGD:
             if np.shape(buf) != weight.shape:
                 raise ValueError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
             self.velocity[name] = np.array(buf, dtype=weight.dtype)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of a checkpoint (or model) file; DataError when it cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read checkpoint {path}: {exc}") from None
 
 
 def _published(array: np.ndarray) -> np.ndarray:
