@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import zmq
@@ -28,13 +28,14 @@ import zmq
 from minips.codecs import Encoder, Factors, Gradient, Spec
 from minips.codecs.base import dense_float32
 from minips.protocol import auth, wire
-from minips.protocol.group import check_shard_hello, reach, sample_rows
+from minips.protocol.group import GROUP_ERROR, HELLO_RETRY, check_shard_hello, reach
 from minips.protocol.partition import Partition, partition
-from minips.protocol.sampling import Sampler
+from minips.protocol.sampling import Sampler, sample_rows
 from minips.protocol.wire import Limits, Message
+from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
 
-if TYPE_CHECKING:
-    from minips.worker.client import PSClient, PullReply, PushReply
+# `client` below is the PSClient whose calls a group serves (not imported: it imports this).
+PSClient = Any
 
 log = logging.getLogger("minips.client")
 
@@ -114,16 +115,16 @@ def exchange(
     timeout: float,
     retries: int,
     link: Any = None,
+    tolerate: bool = False,
 ) -> dict[int, Message]:
     """Send every request (shard -> request) at once, then wait for all the replies.
 
     A shard whose reply does not come within `timeout` gets its request again on a new
     socket, up to `retries` times (the others' replies are kept); then ServerUnavailable
-    naming it. Error replies are returned as they came. link: the worker's token buckets
-    (--bandwidth), crossed by every request and reply.
+    naming it, or with `tolerate` (an operator asking shards that may have stopped) it is
+    left out of the replies. Error replies are returned as they came. link: the worker's
+    token buckets (--bandwidth), crossed by every request and reply.
     """
-    from minips.worker.client import ServerUnavailable
-
     attempts = dict.fromkeys(requests, 0)
     deadlines: dict[int, float] = {}
     for shard, (header, parts) in requests.items():
@@ -153,6 +154,9 @@ def exchange(
                         op, shard, address, timeout, attempts[shard] + 1, 1 + retries)  # fmt: skip
             connections[shard].abandon()
             attempts[shard] += 1
+            if attempts[shard] > retries and tolerate:
+                requests = {j: r for j, r in requests.items() if j != shard}
+                continue
             if attempts[shard] > retries:
                 raise ServerUnavailable(
                     f"no reply from shard {shard} of the server group at {address} "
@@ -194,41 +198,59 @@ class GroupClient:
     parameter (a pull in which only some of its shards changed fills the rest from it).
     """
 
-    def __init__(self, client: PSClient, root_reply: dict[str, Any]) -> None:
-        group = root_reply["group"]
+    def __init__(self, client: PSClient, group: Mapping[str, Any]) -> None:
         self.client = client
         self.servers = int(group["servers"])
-        self.addresses = [reach(a, client.address) for a in group["addresses"]]
+        self.addresses = [
+            reach(address, client.address) if address else "" for address in group["addresses"]
+        ]
         self.addresses[0] = client.address
-        self.root_reply = root_reply
-        config = root_reply["config"]
-        self.partition: Partition = partition(model_shapes(config["model"]), self.servers)
         self.connections = [
-            Connection(client.context, address, client.routing_id, client.limits, client.keys)
+            Connection(client._context, address, client.routing_id, client.limits, client.keys)
             for address in self.addresses
         ]
         self.encoders = [Encoder() for _ in range(self.servers)]
-        self.versions: list[int] = [int(root_reply["version"])] * self.servers
+        self.versions: list[int] = [0] * self.servers
         self.latest: dict[str, np.ndarray] = {}  # split parameter -> last whole array sent up
         self.open_steps: set[int] = set()  # shards holding `last: false` pushes of this step
         self.info: dict[str, Any] = {}
-        rule = config.get("rule") or {}
-        self.sampler = (
-            Sampler(rule["rho"], rule["min_samples"]) if rule.get("name") == "vsgd" else None
-        )
+        self.root_reply: dict[str, Any] = {}
+        self.partition: Partition | None = None  # known once joined (an operator needs none)
+        self.sampler: Sampler | None = None
+
+    @classmethod
+    def refreshed(
+        cls, known: GroupClient | None, client: PSClient, group: Mapping[str, Any]
+    ) -> GroupClient:
+        """An operator's view of a group: `known` when its addresses are still the root's
+        latest (joins happen while a group starts), else a new one."""
+        fresh = cls(client, group)
+        if known is not None and known.addresses == fresh.addresses:
+            return known
+        if known is not None:
+            known.close()
+        return fresh
 
     # ------------------------------------------------------------------------- the calls
-    def join(self, info: dict[str, Any]) -> None:
-        """hello to every shard but the root, with the root's rank (docs/protocol.md 16.4)."""
+    def join(self, root_reply: dict[str, Any], info: dict[str, Any]) -> None:
+        """hello to every shard but the root, with the root's rank (docs/protocol.md 16.4);
+        the partition from the model the config names."""
+        self.root_reply = root_reply
+        config = root_reply["config"]
+        self.partition = partition(model_shapes(config["model"]), self.servers)
+        rule = config.get("rule") or {}
+        if rule.get("name") == "vsgd":
+            self.sampler = Sampler(rule["rho"], rule["min_samples"])
+        self.versions[0] = int(root_reply["version"])
         self.info = dict(info)
         if info.get("role") != "observer":
-            self.info["rank"] = self.root_reply["rank"]
+            self.info["rank"] = root_reply["rank"]
         header = {"op": "hello", "worker": self.client.worker_id, "info": self.info}
         replies = self._exchange({j: (header, []) for j in range(1, self.servers)})
         for shard, message in replies.items():
             self._raise_error(shard, message)
             self.versions[shard] = int(message.header["version"])
-            why = check_shard_hello(message.header, self.root_reply, shard)
+            why = check_shard_hello(message.header, root_reply, shard)
             if why is not None:
                 raise _group_error(f"shard {shard} at {self.addresses[shard]} {why}")
 
@@ -253,8 +275,6 @@ class GroupClient:
         fused: bool,
     ) -> PushReply:
         """The push of PSClient.push, one per shard (module docstring)."""
-        from minips.worker.client import PushReply
-
         bases, sinces = _per_shard(base, self.servers), _per_shard(pull_since, self.servers)
         seq = self.client.next_seq()
         requests: dict[int, Request] = {}
@@ -288,10 +308,20 @@ class GroupClient:
             pull=pulled,
         )
 
-    def each(self, op: str, fields: dict[str, Any] | None = None) -> dict[int, Message]:
-        """The same request (ping, bye, stats, stop, checkpoint) to every shard."""
-        header = {"op": op, **(fields or {})}
-        return self._exchange(dict.fromkeys(range(self.servers), (header, [])))
+    def each(
+        self, header: dict[str, Any], shards: Any = None, tolerate: bool = False
+    ) -> dict[int, Message]:
+        """The same request (ping, bye, stats, stop, checkpoint) to every shard (or to
+        `shards`); error replies raise ServerError; with `tolerate`, a shard that does not
+        answer is left out instead of raising ServerUnavailable."""
+        targets = range(self.servers) if shards is None else shards
+        client = self.client
+        requests = dict.fromkeys(targets, (header, []))
+        replies = exchange(self.connections, requests, client.timeout, client.retries,
+                           client.link, tolerate)  # fmt: skip
+        for shard, message in replies.items():
+            self._raise_error(shard, message)
+        return replies
 
     def bytes_sent(self) -> dict[str, int]:
         """Array bytes pushed per parameter (all its slices) and extra, over all shards."""
@@ -331,8 +361,6 @@ class GroupClient:
         return replies
 
     def _raise_error(self, shard: int, message: Message) -> None:
-        from minips.worker.client import ServerError
-
         if message.op == "error":
             reason = f"{message.header['reason']} (shard {shard} of {self.servers})"
             raise ServerError(reason, message.header["code"])
@@ -391,8 +419,6 @@ class GroupClient:
     def _merge_pulls(self, replies: Mapping[int, Message]) -> PullReply:
         """The shards' pull halves as one reply: whole parameters, their deltas offset to
         positions in the whole parameter, the version of every shard."""
-        from minips.worker.client import PullReply
-
         pulled = {j: m for j, m in replies.items() if "param_versions" in m.header}
         pieces: dict[str, dict[int, np.ndarray]] = {}
         deltas: dict[str, dict[str, list[np.ndarray]]] = {}
@@ -437,6 +463,47 @@ class GroupClient:
 
 
 def _group_error(reason: str) -> Exception:
-    from minips.worker.client import ServerError
-
     return ServerError(reason, "group")
+
+
+def hello_root(client: PSClient, header: dict[str, Any]) -> dict[str, Any]:
+    """The root's reply to the client's hello (docs/protocol.md 16.3-16.4). A root whose
+    group is still assembling answers `group`: ask again every HELLO_RETRY s for at most
+    the client's `assemble_timeout` s. A shard that is not the root sends us on to the
+    root. A plain server's reply is returned as it came."""
+    deadline = time.monotonic() + client.assemble_timeout
+    while True:
+        try:
+            reply = client._request(header).header
+        except ServerError as exc:
+            if exc.code != GROUP_ERROR or time.monotonic() > deadline:
+                raise
+            time.sleep(HELLO_RETRY)
+            continue
+        group = reply.get("group")
+        if group is None or group["shard"] == 0:
+            return reply
+        client._close_socket()
+        client.address = reach(group["addresses"][0], client.address)
+        log.info("shard %d is not the group's root: asking %s", group["shard"], client.address)
+
+
+def operator_request(
+    client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[int, Message]]:
+    """An operator's request (stats, stop, checkpoint) to the root, then to every other
+    shard of its group that has joined: the root's reply says where they are (16.7).
+    Returns (`body` of the root's reply, every shard's reply by index: {} for a plain
+    server). A client that said hello to the group asks all its shards at once."""
+    with client._lock:
+        if client.group is not None:
+            replies = client.group.each(header)
+            return body(replies[0].header), replies
+        root = client._request(header).header
+        group = body(root).get("group")
+        if group is None:
+            return body(root), {}
+        shards = client.operated = GroupClient.refreshed(client.operated, client, group)
+        joined = [j for j in range(1, shards.servers) if shards.addresses[j]]
+        others = shards.each(header, joined, tolerate=True)  # a shard may have stopped
+        return body(root), {0: Message(root), **others}
