@@ -28,6 +28,7 @@ import numpy as np
 from minips.run.metrics import read_metrics
 from minips.run.processes import Child
 from minips.run.rundir import RunDir
+from minips.server.checkpoints import shard_path
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 
@@ -37,16 +38,20 @@ class Restart:
     """One restart: why, from which checkpoint, and what it cost.
 
     exit_code: the dead server's (-9: SIGKILL). checkpoint_version: the version resumed
-    from. last_version: the last update the dead server logged. updates_lost: last_version -
-    checkpoint_version. checkpoint_age_s: seconds between the checkpoint and the restart
-    (at most about one checkpoint interval, plus the time to notice the death).
+    from (0 and checkpoint_age_s None: a shard of a group that died before its first
+    checkpoint, started again from the run's start). last_version: the last update the
+    dead server logged. updates_lost: last_version - checkpoint_version. checkpoint_age_s:
+    seconds between the checkpoint and the restart (at most about one checkpoint interval,
+    plus the time to notice the death). shard: which shard of a server group (0: the root,
+    or the one server).
     """
 
     exit_code: int | None
     checkpoint_version: int
     last_version: int
     updates_lost: int
-    checkpoint_age_s: float
+    checkpoint_age_s: float | None
+    shard: int = 0
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,35 +77,54 @@ def last_logged_version(path: Path) -> int:
 
 
 def describe_restart(
-    checkpoint: Path, dead_log: Path, exit_code: int | None, now: float | None = None
-) -> Restart:
-    """What a restart from `checkpoint` loses, the dead server having logged to `dead_log`."""
-    version, meta = checkpoint_state(checkpoint)
+    checkpoint: Path | None, dead_log: Path, exit_code: int | None, now: float | None = None,
+    shard: int = 0,
+) -> Restart:  # fmt: skip
+    """What a restart from `checkpoint` (None: from the run's start) loses, the dead server
+    having logged to `dead_log`."""
     last = last_logged_version(dead_log)
+    if checkpoint is None:
+        return Restart(exit_code, 0, last, last, None, shard)
+    version, meta = checkpoint_state(checkpoint)
     age = (time.time() if now is None else now) - float(meta.get("time", 0.0))
-    return Restart(exit_code, version, last, max(0, last - version), round(age, 3))
+    return Restart(exit_code, version, last, max(0, last - version), round(age, 3), shard)
 
 
 class ServerRestarts:
-    """The restart policy of a run's server: a new server on the dead one's address, resumed
-    from the run's last checkpoint, at most MAX_RESTARTS times."""
+    """The restart policy of a run's server, or of one shard of its server group: a new
+    server on the dead one's address, resumed from its last checkpoint, at most
+    MAX_RESTARTS times.
 
-    def __init__(self, run_dir: RunDir, checkpoint: Path) -> None:
+    The one server needs a checkpoint to restart from. A shard of a group (servers > 1)
+    resumes from its own file (server/checkpoints.py) while the other shards keep serving;
+    dead before its first checkpoint, it starts again from the run's start (its `resume`,
+    the group's, or the seeded model) and the restart says all its updates were lost.
+    """
+
+    def __init__(
+        self, run_dir: RunDir, checkpoint: Path, shard: int = 0, servers: int = 1,
+        resume: str | None = None,
+    ) -> None:  # fmt: skip
         self.run_dir = run_dir
-        self.checkpoint = checkpoint
+        self.shard, self.servers, self.resume = shard, servers, resume
+        self.checkpoint = checkpoint if servers == 1 else shard_path(checkpoint, shard)
         self.restarts: list[Restart] = []
         self.address: str | None = None  # the dead server's, which the next one binds
 
     def allows(self, child: Child) -> bool:
-        return len(self.restarts) < MAX_RESTARTS and self.checkpoint.exists()
+        from_start = self.servers > 1  # a shard may start over; the one server may not
+        return len(self.restarts) < MAX_RESTARTS and (self.checkpoint.exists() or from_start)
 
     def prepare(self, child: Child) -> None:
         """Record what the restart costs; take the dead server's address over (the workers
         know only that one)."""
-        dead_log = self.run_dir.updates_log(child.generation)
-        self.restarts.append(describe_restart(self.checkpoint, dead_log, child.code()))
-        self.address = self.run_dir.endpoint.read_text().strip()
-        self.run_dir.endpoint.unlink()  # the new server writes it once it listens
+        dead_log = self.run_dir.updates_log(child.generation, self.shard)
+        checkpoint = self.checkpoint if self.checkpoint.exists() else None
+        restart = describe_restart(checkpoint, dead_log, child.code(), shard=self.shard)
+        self.restarts.append(restart)
+        endpoint = self.run_dir.shard_endpoint(self.shard)
+        self.address = endpoint.read_text().strip()
+        endpoint.unlink()  # the new server writes it once it listens
 
     def records(self) -> list[dict[str, Any]]:
         return [restart.record() for restart in self.restarts]
@@ -110,4 +134,5 @@ class ServerRestarts:
         if generation == 0:
             return []
         assert self.address is not None, "a restart is prepared first"
-        return ["--resume", str(self.checkpoint), "--bind", self.address]
+        resume = str(self.checkpoint) if self.checkpoint.exists() else self.resume
+        return (["--resume", resume] if resume else []) + ["--bind", self.address]

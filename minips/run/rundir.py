@@ -15,6 +15,9 @@ RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
 RUN_DIR/summary.json    final accuracy, wall time, samples, updates, bytes, staleness
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state
 RUN_DIR/logs/           each process's output
+With --servers K (a server group), shard J >= 1 has its own endpoint-shardJ,
+updates-shardJ.jsonl (-N for its restarts) and checkpoint-shardJ.npz (shard 0's:
+checkpoint-shard0.npz); checkpoint.npz is then the group checkpoint assembled from them.
 
 Each record file is a metrics log (minips.run.metrics). `write_results` merges them when
 the run ends; `load_run` reads a directory back, a finished one or an interrupted one.
@@ -40,11 +43,13 @@ RUN_OUTPUTS = (
     "summary.json",
     "plan.json",
     "updates-*.jsonl",
+    "endpoint-shard*",
 )
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
 # reusing a run directory with `minips run --force` removes first.
-RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "worker-*.json", "logs/*.log")
+RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "checkpoint-shard*.npz",
+             "worker-*.json", "logs/*.log")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,17 +74,27 @@ class RunDir:
         """The report of the worker of `rank` ("{rank}": the worker fills it in itself)."""
         return self.path / f"worker-{rank}.json"
 
-    def updates_log(self, generation: int = 0) -> Path:
-        """The update log of the `generation`-th server of the run (0: the first)."""
-        name = "updates.jsonl" if generation == 0 else f"updates-{generation}.jsonl"
+    def updates_log(self, generation: int = 0, shard: int = 0) -> Path:
+        """The update log of the `generation`-th server of the run (0: the first), or of
+        shard `shard` of a server group (0: the root, the server's own files)."""
+        stem = "updates" if shard == 0 else f"updates-shard{shard}"
+        name = f"{stem}.jsonl" if generation == 0 else f"{stem}-{generation}.jsonl"
         return self.path / name
 
-    def update_logs(self) -> list[Path]:
-        """Every server generation's update log, in order."""
-        logs = [self.updates_log(0)]
-        while self.updates_log(len(logs)).exists():
-            logs.append(self.updates_log(len(logs)))
+    def update_logs(self, shard: int = 0) -> list[Path]:
+        """Every server generation's update log (of one shard of a group), in order."""
+        logs = [self.updates_log(0, shard)]
+        while self.updates_log(len(logs), shard).exists():
+            logs.append(self.updates_log(len(logs), shard))
         return logs
+
+    def shard_endpoint(self, shard: int) -> Path:
+        """Where shard `shard` of a group writes its address (0: the root's `endpoint`)."""
+        return self.endpoint if shard == 0 else self.path / f"endpoint-shard{shard}"
+
+    def shard_socket(self, shard: int) -> Path:
+        """The ipc socket file of shard `shard` of a local group (0: `server_socket`)."""
+        return self.server_socket if shard == 0 else self.path / f"shard{shard}.sock"
 
     def clear_outputs(self) -> None:
         """Remove what a previous run in this directory left that a new one writes again."""
@@ -171,10 +186,13 @@ def write_results(
     wall: float,
     exit_codes: dict[str, int | None],
     restarts: list[dict[str, Any]] | None = None,
+    servers: int = 1,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
-    restarts: the server's restarts after crashes (minips.run.recovery.Restart records).
+    restarts: the servers' restarts after crashes (minips.run.recovery.Restart records).
+    servers: a server group's size; its summary has one `shards` row per shard (the
+    root's update records are the run's, every shard's counters its row).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     server_final = next((r for r in records if r.get("event") == "server"), {})
@@ -208,12 +226,39 @@ def write_results(
         "updates_lost": sum(restart["updates_lost"] for restart in restarts),
         "restart_log": restarts,
     }
+    if servers > 1:
+        summary["servers"] = servers
+        summary["shards"] = shard_rows(run_dir, servers, restarts)
+        summary["bytes_up"] = sum(row["bytes_up"] or 0 for row in summary["shards"])
+        summary["bytes_down"] = sum(row["bytes_down"] or 0 for row in summary["shards"])
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
         metrics.write("summary", **summary)
     run_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def shard_rows(run_dir: RunDir, servers: int, restarts: list[dict[str, Any]]) -> list[dict]:
+    """One row per shard of a group: its final counters (from its last generation's
+    update log) and its restarts, with the updates they lost."""
+    rows = []
+    for shard in range(servers):
+        logs = [log for log in run_dir.update_logs(shard) if log.exists()]
+        finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
+        stats = finals[-1].get("stats", {}) if finals else {}
+        own = [r for r in restarts if r.get("shard", 0) == shard]
+        rows.append({
+            "shard": shard,
+            "updates": stats.get("updates"),
+            "version": stats.get("version"),
+            "bytes_up": stats.get("bytes_in"),
+            "bytes_down": stats.get("bytes_out"),
+            "params": len(stats.get("param_versions") or {}),
+            "restarts": len(own),
+            "updates_lost": sum(r["updates_lost"] for r in own),
+        })  # fmt: skip
+    return rows
 
 
 # --- reading a run back ----------------------------------------------------------------
