@@ -8,9 +8,9 @@ import pytest
 import zmq
 
 from minips.protocol import wire
-from minips.protocol.group import JOIN_TAKEOVER, reach, sample_rows
+from minips.protocol.group import JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
-from minips.protocol.sampling import sample_indices
+from minips.protocol.sampling import sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
 from minips.server.group import RootTable
 from minips.worker.group import Connection, GroupVersion, exchange
