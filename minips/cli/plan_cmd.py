@@ -23,6 +23,9 @@ import click
     help="The rate is each worker's own link (--bandwidth of run), not the server's shared "
     "link (--netem of run, split among --workers).",
 )
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="A server group of K shards, each behind a link of --bandwidth (shared "
+              "by the workers): the bytes split over K links.")  # fmt: skip
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="Batches timed per layer (the fastest counts).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
@@ -33,6 +36,7 @@ def plan(
     workers: int,
     bandwidth: str | None,
     per_worker: bool,
+    servers: int,
     repeats: int,
     json_path: str | None,
 ) -> None:
@@ -42,9 +46,8 @@ def plan(
     from minips.worker.netlimit import parse_rate
 
     rate = parse_rate(bandwidth) if bandwidth else None
-    report = make_plan(
-        build_model(model), batch_size, workers, rate, shared=not per_worker, repeats=repeats
-    )
+    report = make_plan(build_model(model), batch_size, workers, rate, shared=not per_worker,
+                       repeats=repeats, servers=servers)  # fmt: skip
     click.echo(format_table(report))
     if json_path:
         Path(json_path).write_text(json.dumps(report.plan.to_dict(), indent=2) + "\n")

@@ -17,7 +17,7 @@ from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.run.planner import make_plan
+from minips.run.planner import group_gain, make_plan
 from minips.server.checkpoints import shard_path
 from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
@@ -97,9 +97,11 @@ def joining_config(run: dict[str, Any], own: RunConfig) -> RunConfig:
 
 
 def auto_rate(config: RunConfig) -> float | None:
-    """Each worker's share of the link in bytes/s: --netem's rate / N, --bandwidth's, the
+    """Each worker's share of the link in bytes/s: --netem's rate / N (times the planner's
+    group_gain: a group's shards each have a link of that rate), --bandwidth's, the
     smaller of the two, or None (unlimited)."""
-    shares = [parse_rate(config.netem) / config.workers] if config.netem else []
+    gain = group_gain(build_model(config.model), config.servers) if config.netem else 1.0
+    shares = [parse_rate(config.netem) / config.workers * gain] if config.netem else []
     shares += [parse_rate(config.bandwidth)] if config.bandwidth else []
     return min(shares) if shares else None
 

@@ -158,9 +158,7 @@ def _server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | Non
     from minips.run import netem  # only a run with --netem needs ip and tc
 
     try:
-        with contextlib.ExitStack() as stack:
-            links = [stack.enter_context(netem.shaped_link(config.netem))
-                     for _ in range(config.servers)]  # fmt: skip
+        with netem.shaped_links(config.servers, config.netem) as links:
             yield [(link.prefix, link.server_addr) for link in links]
     except netem.NetemError as exc:
         raise ConfigError(f"--netem: {exc}") from None

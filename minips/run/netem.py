@@ -50,22 +50,33 @@ class NetemError(Exception):
     """The shaped link cannot be built (not root, no iproute2, a tc/ip command failed)."""
 
 
+def names() -> tuple[str, str]:
+    """(namespace prefix, veth prefix) of the links this process makes: minips-ps- and mps,
+    or from MINIPS_NETEM_NAME=NAME, NAME-ps- and NAME's first 5 characters (machines that
+    several people share tell their links apart by it)."""
+    name = os.environ.get("MINIPS_NETEM_NAME", "")
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,15}", name):
+        return NETNS_PREFIX, "mps"
+    return f"{name}-ps-", name[:5]
+
+
 class ShapedLink(NamedTuple):
     """What `shaped_link` yields; unpacks as (netns, server_addr, client_addr)."""
 
     netns: str  # the server's network namespace
     server_addr: str  # the server's address (bind here; workers connect here)
     client_addr: str  # the root namespace's address on the link (workers' source)
+    dev_prefix: str = "mps"  # its veth ends: <prefix>h<tag> and <prefix>p<tag>
 
     @property
     def host_dev(self) -> str:
         """The veth end in the root namespace (named after the namespace's random tag)."""
-        return "mpsh" + self.netns.rsplit("-", 1)[1]
+        return f"{self.dev_prefix}h" + self.netns.rsplit("-", 1)[1]
 
     @property
     def server_dev(self) -> str:
         """The veth end inside the server's namespace."""
-        return "mpsp" + self.netns.rsplit("-", 1)[1]
+        return f"{self.dev_prefix}p" + self.netns.rsplit("-", 1)[1]
 
     @property
     def prefix(self) -> list[str]:
@@ -203,7 +214,8 @@ def shaped_link(
     tag = secrets.token_hex(3)
     subnet = _free_subnet()
     client, server = (str(a) for a in subnet.hosts())
-    link = ShapedLink(f"{NETNS_PREFIX}{os.getpid()}-{tag}", server, client)
+    netns_prefix, dev_prefix = names()
+    link = ShapedLink(f"{netns_prefix}{os.getpid()}-{tag}", server, client, dev_prefix)
     try:
         _build(link, subnet, rate, delay, queue)
         yield link
@@ -211,13 +223,31 @@ def shaped_link(
         _remove(link)
 
 
+@contextlib.contextmanager
+def shaped_links(count: int, rate: str, delay: str | None = None,
+                 queue: str = DEFAULT_QUEUE) -> Iterator[list[ShapedLink]]:  # fmt: skip
+    """`count` shaped links (one per shard of a server group), each its own namespace, that
+    also reach one another: each namespace routes 169.254/16 through its veth peer, and
+    the root namespace forwards between these veths only (the forwarding switch of each
+    host-side veth; the host's own setting is untouched, and goes with the veth)."""
+    with contextlib.ExitStack() as stack:
+        links = [stack.enter_context(shaped_link(rate, delay, queue)) for _ in range(count)]
+        if count > 1:
+            for link in links:
+                _run("ip", "-n", link.netns, "route", "add", "169.254.0.0/16",
+                     "via", link.client_addr)  # fmt: skip
+                _run("sysctl", "-q", "-w", f"net.ipv4.conf.{link.host_dev}.forwarding=1")
+        yield links
+
+
 def remove_stale() -> list[str]:
     """Remove namespaces of earlier runs whose owner process is gone (killed with SIGKILL)."""
     removed = []
+    netns_prefix, dev_prefix = names()
     for name in _run("ip", "netns", "list").split():
-        match = re.fullmatch(re.escape(NETNS_PREFIX) + r"(\d+)-([0-9a-f]{6})", name)
+        match = re.fullmatch(re.escape(netns_prefix) + r"(\d+)-([0-9a-f]{6})", name)
         if match and not _alive(int(match.group(1))):
-            _remove(ShapedLink(name, "", ""))
+            _remove(ShapedLink(name, "", "", dev_prefix))
             removed.append(name)
     return removed
 

@@ -8,8 +8,9 @@ The cost model (docs/algorithms.md, "The transmission cost model", with its sour
 1. Per worker, a step costs `compute` (forward + backward, measured here as CPU time,
    best of a few batches) plus its traffic over the link: up = the gradients' bytes,
    down = the pulled parameters' bytes, at `rate` bytes/s each way (a shared link of
-   rate R at the server gives each of N workers R / N; the two directions add up because
-   a step sends, then receives).
+   rate R at the server gives each of N workers R / N, and a group of K shards, each
+   behind such a link, R / N times `group_gain`; the two directions add up because a
+   step sends, then receives).
 2. The link is fast enough when the dense step's traffic takes at most BUDGET (1/2) of
    the compute time: then the plan is all dense (no codec costs CPU or accuracy).
 3. Otherwise start from dense and, while the predicted traffic time exceeds the budget,
@@ -50,6 +51,7 @@ import numpy as np
 from minips.codecs import Factors, Spec, make_codec, parse_spec
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
+from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import ParamPlan, Plan, parse_pull_spec
 
 BUDGET = 0.5  # traffic time allowed per step, as a fraction of the compute time
@@ -269,6 +271,17 @@ def predict_step_ms(
     return sender + down
 
 
+def group_gain(model: Sequential, servers: int) -> float:
+    """How many times a worker's share of a server's link grows with a group of `servers`
+    shards, each behind a link of its own: a step's bytes split by the partition, every
+    shard's part crossing its own link at once, so the largest part sets the time. 1 for
+    one server; LeNet-5: 1.98 at 2 shards, 3.87 at 4."""
+    if servers == 1:
+        return 1.0
+    shard_bytes = partition_of_model(model.params, servers).shard_bytes()
+    return sum(shard_bytes) / max(shard_bytes)
+
+
 def make_plan(
     model: Sequential,
     batch_size: int,
@@ -276,15 +289,19 @@ def make_plan(
     rate: float | None,
     shared: bool = True,
     repeats: int = 7,
+    servers: int = 1,
 ) -> PlanReport:
     """Measure `model` here and choose a plan for a link of `rate` bytes/s (None: unlimited).
 
     shared: the rate is the server's link, split among `workers` (minips/run/netem.py, --netem);
-    otherwise each worker's own (--bandwidth).
+    otherwise each worker's own (--bandwidth). servers: a server group's size, each shard
+    behind a shared link of that rate (`group_gain`); a worker's own link is crossed by
+    every shard's part, so then the group changes nothing.
     """
     layers = measure_layers(model, batch_size, repeats)
     kinds = {t.layer: t.kind for t in layers}
-    per_worker = None if rate is None else (rate / workers if shared else rate)
+    gain = group_gain(model, servers) if shared else 1.0
+    per_worker = None if rate is None else (rate / workers * gain if shared else rate)
     choices = []
     for name, param in model.params.items():
         layer = name.rsplit(".", 1)[0]
@@ -301,6 +318,7 @@ def make_plan(
     predicted = {
         "batch_size": batch_size,
         "workers": workers,
+        "servers": servers,
         "rate_bytes_per_s": per_worker,
         "up_bytes_per_step": up,
         "down_bytes_per_step": down,
@@ -378,8 +396,9 @@ def format_table(report: PlanReport) -> str:
     dense_step = predict_step_ms(report.layers, _dense(report.choices), b, report.rate, False)
     lines += [
         "",
-        f"each worker's link: {rate} ({report.workers} workers); compute {p['compute_ms']:.1f} ms "
-        f"per step of {b}",
+        f"each worker's link: {rate} ({report.workers} workers"
+        + (f", {p['servers']} shards each behind such a link" if p.get("servers", 1) > 1 else "")
+        + f"); compute {p['compute_ms']:.1f} ms per step of {b}",
         f"bytes per step: up {p['up_bytes_per_step']:,} (dense {dense_up:,}), "
         f"down {p['down_bytes_per_step']:,} (dense {dense_up:,})",
         f"predicted step: {p['step_ms']:.1f} ms (dense: {dense_step:.1f} ms)",

@@ -226,11 +226,19 @@ def write_results(
         "updates_lost": sum(restart["updates_lost"] for restart in restarts),
         "restart_log": restarts,
     }
-    if servers > 1:
+    if servers > 1:  # the bytes of every shard, each shard's own row
+        finals = [_final_stats(run_dir, shard) for shard in range(servers)]
         summary["servers"] = servers
-        summary["shards"] = shard_rows(run_dir, servers, restarts)
+        summary["shards"] = [shard_row(shard, finals[shard], restarts) for shard in range(servers)]
         summary["bytes_up"] = sum(row["bytes_up"] or 0 for row in summary["shards"])
         summary["bytes_down"] = sum(row["bytes_down"] or 0 for row in summary["shards"])
+        by_param: dict[str, dict[str, int]] = {}
+        for stats_j in finals:
+            for name, counts in (stats_j.get("bytes_by_param") or {}).items():
+                into = by_param.setdefault(name, {"up": 0, "down": 0})
+                into["up"] += counts.get("up", 0)
+                into["down"] += counts.get("down", 0)
+        summary["bytes_by_layer"] = bytes_by_layer(by_param)
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
@@ -239,26 +247,27 @@ def write_results(
     return summary
 
 
-def shard_rows(run_dir: RunDir, servers: int, restarts: list[dict[str, Any]]) -> list[dict]:
-    """One row per shard of a group: its final counters (from its last generation's
-    update log) and its restarts, with the updates they lost."""
-    rows = []
-    for shard in range(servers):
-        logs = [log for log in run_dir.update_logs(shard) if log.exists()]
-        finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
-        stats = finals[-1].get("stats", {}) if finals else {}
-        own = [r for r in restarts if r.get("shard", 0) == shard]
-        rows.append({
-            "shard": shard,
-            "updates": stats.get("updates"),
-            "version": stats.get("version"),
-            "bytes_up": stats.get("bytes_in"),
-            "bytes_down": stats.get("bytes_out"),
-            "params": len(stats.get("param_versions") or {}),
-            "restarts": len(own),
-            "updates_lost": sum(r["updates_lost"] for r in own),
-        })  # fmt: skip
-    return rows
+def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
+    """A shard's last `stats` (from its last generation's update log; {}: none)."""
+    logs = [log for log in run_dir.update_logs(shard) if log.exists()]
+    finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
+    return finals[-1].get("stats", {}) if finals else {}
+
+
+def shard_row(shard: int, stats: dict[str, Any], restarts: list[dict[str, Any]]) -> dict:
+    """A shard's row in a group's summary: its final counters, its restarts and the updates
+    they lost."""
+    own = [r for r in restarts if r.get("shard", 0) == shard]
+    return {
+        "shard": shard,
+        "updates": stats.get("updates"),
+        "version": stats.get("version"),
+        "bytes_up": stats.get("bytes_in"),
+        "bytes_down": stats.get("bytes_out"),
+        "params": len(stats.get("param_versions") or {}),
+        "restarts": len(own),
+        "updates_lost": sum(r["updates_lost"] for r in own),
+    }
 
 
 # --- reading a run back ----------------------------------------------------------------
