@@ -140,7 +140,8 @@ class GroupRelay:
         """The number the browser sees for the group version `version`."""
         key = tuple(int(v) for v in version)
         if key not in self.tokens:
-            self.tokens[key] = len(self.versions) + 1 if any(key) else 0
+            given = [token for token in self.versions if token]  # 0 is the start's alone
+            self.tokens[key] = len(given) + 1 if any(key) else 0
             self.versions[self.tokens[key]] = key
         return self.tokens[key]
 

@@ -31,7 +31,7 @@ from minips.protocol import auth, wire
 from minips.protocol.group import GROUP_ERROR, HELLO_RETRY, check_shard_hello, reach
 from minips.protocol.partition import Partition, partition
 from minips.protocol.sampling import Sampler, sample_rows
-from minips.protocol.wire import Limits, Message
+from minips.protocol.wire import Limits, Message, ProtocolError
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
 
 # `client` below is the PSClient whose calls a group serves (not imported: it imports this).
@@ -375,6 +375,8 @@ class GroupClient:
         """Each shard's slices of the gradients (views; sf factors: x's columns of the rows)."""
         parts: list[dict[str, Gradient]] = [{} for _ in range(self.servers)]
         for name, grad in grads.items():
+            if name not in self.partition.shapes:  # what a server would answer (section 9)
+                raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
             for piece in self.partition.slices(name):
                 if isinstance(grad, Factors) and not piece.whole:
                     parts[piece.shard][name] = Factors(grad.x[:, piece.start : piece.stop], grad.dy)
