@@ -113,3 +113,60 @@ def test_a_shard_killed_twice_is_restarted_and_the_summary_says_so(tmp_path):
     assert shard1[1]["checkpoint_version"] > 0 and shard1[1]["checkpoint_age_s"] is not None
     assert summary["shards"][0]["restarts"] == 0 and summary["samples"] >= 24000
     assert "test accuracy" in stdout
+
+
+GUIDE = Path(__file__).resolve().parent.parent / "examples" / "05_two_machines.md"
+
+
+def test_the_lab_guides_group_placed_by_hand_runs_on_loopback(tmp_path):
+    """examples/05_two_machines.md section 5's two `minips server` commands (the root, and
+    shard 1 joining it), on loopback ports, with two workers: the run ends by itself, each
+    shard wrote its own checkpoint, and the second one got the run's options from the root."""
+    import shlex
+
+    section = GUIDE.read_text().split("placed by hand", 1)[1].split("## 6.", 1)[0]
+    blocks = [b.split("```")[0] for b in section.split("```sh\n")[1:]]
+    root_port, shard_port = (str(p) for p in _free_ports(2))
+    commands = []
+    for block in blocks:
+        line = block.replace("\\\n", " ").strip()
+        line = line.replace("0.0.0.0:5555", f"127.0.0.1:{root_port}")
+        line = line.replace("SERVER:5555", f"127.0.0.1:{root_port}")
+        line = line.replace("0.0.0.0:5556", f"127.0.0.1:{shard_port}")
+        argv = shlex.split(line)
+        assert argv[:2] == ["minips", "server"]
+        quick = ["--model", "mlp", "--dataset", "synthetic"] if "--root" not in argv else []
+        commands.append([*argv[1:], *quick])  # the root's run, quicker; the shard's as it is
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    servers = [subprocess.Popen([sys.executable, "-m", "minips", *argv], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for argv in commands]  # fmt: skip
+    try:
+        connect = ["--connect", f"tcp://127.0.0.1:{root_port}", "--quiet"]
+        workers = [subprocess.Popen([sys.executable, "-m", "minips", "worker", *connect], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for _ in range(2)]  # fmt: skip
+        for proc in workers + servers:
+            proc.communicate(timeout=180)
+            assert proc.returncode == 0, proc.args
+    finally:
+        for proc in servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert (tmp_path / "run-shard0.npz").exists() and (tmp_path / "run-shard1.npz").exists()
+    meta = json.loads(str(np.load(tmp_path / "run-shard1.npz")["meta"]))
+    assert meta["shard"] == {"shard": 1, "servers": 2} and meta["rule"] == "asgd"
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
