@@ -1,6 +1,7 @@
 """The pieces of a server group on their own: addresses, VSGD samples per slice, the root's
 table of joins, and the client's fan-out over real sockets (one shard silent at first)."""
 
+import json
 import threading
 
 import numpy as np
@@ -150,3 +151,49 @@ def test_a_shard_that_never_answers_is_named():
 def test_a_group_version_reads_as_the_roots():
     version = GroupVersion((12, 11, 12))
     assert int(version) == 12 and version == (12, 11, 12) and list(version) == [12, 11, 12]
+
+
+def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:
+    """Shard `shard` of a 2-group of the mlp at `version`, saved by its Checkpointer."""
+    from minips.nn import build_model
+    from minips.protocol.partition import partition_of_model
+    from minips.server.checkpoints import Checkpointer
+    from minips.server.group import shard_params
+    from minips.server.store import SGD, ParameterStore
+    from minips.server.telemetry import Counters
+
+    model = build_model("mlp")
+    params = shard_params(model.params, partition_of_model(model.params, 2), shard)
+    params = {n: a + np.float32(version) for n, a in params.items()}
+    store = ParameterStore(params, SGD(params, lr=0.1))
+    store.version = version
+    checkpoints = Checkpointer(store, Counters(), tmp_path / "run.npz", rule="ssgd",
+                               spec=model.spec, shard=(shard, 2))  # fmt: skip
+    checkpoints.keep_previous = keep_previous
+    checkpoints.save()
+
+
+def test_an_ssgd_group_checkpoint_is_the_last_version_every_shard_saved(tmp_path):
+    """Shard 0 saved rounds 50 and 100, shard 1 only 50 so far (it was one round behind):
+    the group checkpoint is round 50, from both shards, and says it is consistent."""
+    from minips.server.checkpoints import assemble
+
+    for version in (50, 100):
+        _shard_file(tmp_path, 0, version, keep_previous=True)
+    _shard_file(tmp_path, 1, 50, keep_previous=True)
+    assemble(tmp_path / "run.npz")
+    with np.load(tmp_path / "run.npz") as data:
+        meta = json.loads(str(data["meta"]))
+        assert int(data["version"]) == 50 and float(data["param/fc1.w"][0, 0]) > 49
+    assert meta["group"] == {"servers": 2, "versions": [50, 50], "consistent": True}
+
+
+def test_an_async_group_checkpoint_is_each_shards_latest_and_says_so(tmp_path):
+    from minips.server.checkpoints import assemble
+
+    _shard_file(tmp_path, 0, 70, keep_previous=False)
+    _shard_file(tmp_path, 1, 68, keep_previous=False)
+    assemble(tmp_path / "run.npz")
+    with np.load(tmp_path / "run.npz") as data:
+        meta = json.loads(str(data["meta"]))
+    assert meta["group"] == {"servers": 2, "versions": [70, 68], "consistent": False}
