@@ -50,14 +50,12 @@ class NetemError(Exception):
     """The shaped link cannot be built (not root, no iproute2, a tc/ip command failed)."""
 
 
-def names() -> tuple[str, str]:
-    """(namespace prefix, veth prefix) of the links this process makes: minips-ps- and mps,
-    or from MINIPS_NETEM_NAME=NAME, NAME-ps- and NAME's first 5 characters (machines that
-    several people share tell their links apart by it)."""
+def name_prefix() -> str:
+    """The namespace prefix of the links this process makes: minips-ps-, or NAME-ps- with
+    MINIPS_NETEM_NAME=NAME (machines that several people share tell their links apart by
+    it; the veths are then named after NAME's first 5 characters, not mps)."""
     name = os.environ.get("MINIPS_NETEM_NAME", "")
-    if not re.fullmatch(r"[a-z][a-z0-9]{0,15}", name):
-        return NETNS_PREFIX, "mps"
-    return f"{name}-ps-", name[:5]
+    return f"{name}-ps-" if re.fullmatch(r"[a-z][a-z0-9]{0,15}", name) else NETNS_PREFIX
 
 
 class ShapedLink(NamedTuple):
@@ -66,7 +64,11 @@ class ShapedLink(NamedTuple):
     netns: str  # the server's network namespace
     server_addr: str  # the server's address (bind here; workers connect here)
     client_addr: str  # the root namespace's address on the link (workers' source)
-    dev_prefix: str = "mps"  # its veth ends: <prefix>h<tag> and <prefix>p<tag>
+
+    @property
+    def dev_prefix(self) -> str:
+        """Its veth ends' prefix: mps, or MINIPS_NETEM_NAME's first 5 characters."""
+        return "mps" if self.netns.startswith(NETNS_PREFIX) else self.netns.split("-")[0][:5]
 
     @property
     def host_dev(self) -> str:
@@ -214,8 +216,7 @@ def shaped_link(
     tag = secrets.token_hex(3)
     subnet = _free_subnet()
     client, server = (str(a) for a in subnet.hosts())
-    netns_prefix, dev_prefix = names()
-    link = ShapedLink(f"{netns_prefix}{os.getpid()}-{tag}", server, client, dev_prefix)
+    link = ShapedLink(f"{name_prefix()}{os.getpid()}-{tag}", server, client)
     try:
         _build(link, subnet, rate, delay, queue)
         yield link
@@ -243,11 +244,10 @@ def shaped_links(count: int, rate: str, delay: str | None = None,
 def remove_stale() -> list[str]:
     """Remove namespaces of earlier runs whose owner process is gone (killed with SIGKILL)."""
     removed = []
-    netns_prefix, dev_prefix = names()
     for name in _run("ip", "netns", "list").split():
-        match = re.fullmatch(re.escape(netns_prefix) + r"(\d+)-([0-9a-f]{6})", name)
+        match = re.fullmatch(re.escape(name_prefix()) + r"(\d+)-([0-9a-f]{6})", name)
         if match and not _alive(int(match.group(1))):
-            _remove(ShapedLink(name, "", "", dev_prefix))
+            _remove(ShapedLink(name, "", ""))
             removed.append(name)
     return removed
 
