@@ -220,7 +220,8 @@ class ParameterServer:
     def close(self) -> None:
         """Close the sockets (a shard's to its root too) and the ZeroMQ context."""
         self.inflow.close()
-        self.group is not None and self.group.close()
+        if self.group is not None:
+            self.group.close()
         self.socket.close()
         if self._gatekeeper is not None:
             self._gatekeeper.stop()
@@ -238,8 +239,7 @@ class ParameterServer:
             self.answer_retry(worker, envelope, header)
             return
         grads, extras = decode_gradients(request)
-        closes_step = worker.partial_step is not None or self.stopping  # (it kept none)
-        self.store.check_push(base, grads, closes_step)  # a shard's step may end empty
+        self.store.check_push(base, grads, worker.partial_step is not None or self.stopping)
         grads = checks.clip_gradients(grads, self.options.clip_norm)
         self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,

@@ -70,8 +70,9 @@ class ParameterStore:
     ) -> None:
         """Check a push's `base` and decoded gradients against the parameters.
 
-        closes_step: the push is the `last` one of a step whose earlier pushes are kept, so
-        it may carry no gradient (a shard of a group, docs/protocol.md 16.5).
+        closes_step: the worker has pushes of its step kept (`last: false`), or the server
+        is stopping (it keeps none), so this one may carry no gradient: a shard of a group
+        closes a step so (docs/protocol.md 16.5).
         Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
         nothing: every check runs before any parameter is touched.
         """
