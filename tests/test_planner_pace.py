@@ -43,9 +43,8 @@ def test_a_class_paced_by_its_browsers_needs_less_compression():
 
 
 def test_browser_slots_count_as_slower_steps():
-    config = RunConfig(model="mlp", workers=3, browser=2)
-    assert step_factors(config) == (BROWSER_STEP_FACTOR["mlp"],) * 2 + (1.0,)
-    assert step_factors(RunConfig(model="lenet5", workers=2)) == (1.0, 1.0)
+    assert step_factors("mlp", 3, 2) == (BROWSER_STEP_FACTOR["mlp"],) * 2 + (1.0,)
+    assert step_factors("lenet5", 2, 0) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize("rule", ["asgd", "ssgd"])

@@ -9,7 +9,11 @@ server's applied updates per second over a fixed window, read from its own `stat
 counters. Median of --repeats windows.
 
     python tools/bench_server.py --clients 1,2,4,8 --seconds 3 --repeats 3 \
-        [--mode pushpull|fused|push] [--transport tcp|ipc] [--server minips|raw|raw-work]
+        [--mode pushpull|fused|push] [--transport tcp|ipc] [--server minips|raw|raw-work] \
+        [--servers K]
+
+`--servers K`: the minips server is a group of K shard processes (tools/group_bench.py),
+each applying its slices of every update; an update counts once (the root's count).
 
 `--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings:
 what the same bytes cost without minips): a bare pyzmq ROUTER answering bare DEALER clients
@@ -42,6 +46,7 @@ from minips.worker.client import PSClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_ps  # noqa: E402
+from group_bench import start_group  # noqa: E402
 
 RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 
@@ -143,6 +148,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("pushpull", "fused", "push"), default="pushpull")
     parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp")
     parser.add_argument("--server", choices=("minips", "raw", "raw-work"), default="minips")
+    parser.add_argument("--servers", type=int, default=1, help="shards of a minips group")
     args = parser.parse_args()
     raw = args.server != "minips"
 
@@ -150,12 +156,17 @@ def main() -> None:
     if args.transport == "ipc":
         bind = f"ipc://{tempfile.mkdtemp(prefix='minips-bench-')}/server.sock"
     ctx_queue: mp.Queue = mp.Queue()
-    target, extra = (serve_raw, (args.server == "raw-work",)) if raw else (serve, ())
-    server = mp.Process(target=target, args=(ctx_queue, bind, *extra), daemon=True)
-    server.start()
-    endpoint = ctx_queue.get(timeout=60)
+    if args.servers > 1 and not raw:
+        shards, endpoint = start_group(args.servers, bind, lr=0.01, momentum=0.9)
+        server = shards[0]
+    else:
+        target, extra = (serve_raw, (args.server == "raw-work",)) if raw else (serve, ())
+        server = mp.Process(target=target, args=(ctx_queue, bind, *extra), daemon=True)
+        server.start()
+        endpoint = ctx_queue.get(timeout=60)
+        shards = [server]
     print(f"# server capacity, lenet5 (431,080 float32), asgd, {args.mode}, {args.transport}, "
-          f"server {args.server}, {os.cpu_count()} cores, "
+          f"server {args.server} x {args.servers}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print("| clients | updates/s (median) | runs |")
     print("| --- | --- | --- |")
@@ -167,7 +178,8 @@ def main() -> None:
             print(f"| {clients} | {statistics.median(runs):.0f} | {shown} |", flush=True)
     finally:
         _stop(endpoint, raw)
-        server.join(timeout=30)
+        for shard in shards:
+            shard.join(timeout=30)
 
 
 def _stop(endpoint: str, raw: bool) -> None:
@@ -175,6 +187,7 @@ def _stop(endpoint: str, raw: bool) -> None:
         raw_ps.RawClient(endpoint, []).close(stop_server=True)
         return
     with PSClient(endpoint, timeout=10) as operator:
+        operator.stats()  # a group's root says where the others are: stop reaches them all
         operator.stop()
 
 

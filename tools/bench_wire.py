@@ -1,6 +1,7 @@
 """Wire benchmark: minips push+pull round trip vs a raw pyzmq exchange of the same bytes.
 
     python tools/bench_wire.py [--repeats 300] [--transport tcp|ipc|both] [--torch]
+                               [--servers 1,2]
 
 Both servers run in their own process on TCP loopback, in the same run:
 - minips: a ParameterServer (asgd, SGD) holding a LeNet-5-sized model (431,080 float32,
@@ -23,6 +24,9 @@ hits both alike.
   fused + work", the request sent as one message per slice (per tensor, or --chunks
   elements), each slice updated as it arrives and answered at once, so the update overlaps
   the transfer.
+- groups (--servers 1,2,...): for each K > 1, the same minips exchanges against a server
+  group of K shard processes (tools/group_bench.py), timed in the same blocks against the
+  same one-server raw reference.
 - torch (optional, --torch): torch.distributed.rpc.rpc_sync sending the same tensors to a
   server process that returns them, when torch is importable.
 Prints the medians (ms) and the minips/raw ratios.
@@ -40,6 +44,7 @@ import time
 
 import numpy as np
 import zmq
+from group_bench import start_group
 from raw_ps import MomentumStore, RawClient, chunk_plan, serve
 
 LENET5 = {
@@ -180,7 +185,7 @@ class MinipsPeer:
         self.client.ping()
 
     def close(self) -> None:
-        self.client.stop()
+        self.client.stop()  # every shard of a group too
         self.client.close()
 
 
@@ -255,8 +260,11 @@ def _ceiling_fns(bare: RawClient, minimal: RawClient, chunks: list[int | None]) 
     return fns
 
 
-def bench_transport(transport: str, repeats: int, chunks: list[int | None]) -> dict[str, float]:
-    """Median ms of every exchange over one transport, all interleaved in one run."""
+def bench_transport(
+    transport: str, repeats: int, chunks: list[int | None], groups: list[int] | None = None
+) -> dict[str, float]:
+    """Median ms of every exchange over one transport, all interleaved in one run; with
+    `groups`, the minips exchanges against a group of each of those sizes too."""
     started = [_start(_raw_server, False, transport), _start(_raw_server, True, transport),
                _start(_minips_server, transport), _start(_reference_server, False, transport),
                _start(_reference_server, True, transport)]  # fmt: skip
@@ -264,14 +272,21 @@ def bench_transport(transport: str, repeats: int, chunks: list[int | None]) -> d
     grads = list(_tensors(seed=1).values())
     bare, minimal = RawClient(started[3][1], grads), RawClient(started[4][1], grads)
     fns = {"step": ps.step, "minips": ps.round_trip, "raw": raw.round_trip, "work": work.round_trip}
+    group_runs = [(k, *start_group(k, _address(transport), lr=1e-6)) for k in groups or []]
+    group_peers = [(k, MinipsPeer(root)) for k, _, root in group_runs]
+    for k, peer in group_peers:
+        fns[f"step_k{k}"], fns[f"minips_k{k}"] = peer.step, peer.round_trip
     full = _interleaved({**fns, **_ceiling_fns(bare, minimal, chunks)}, repeats)
     tiny = _interleaved({"minips_tiny": ps.tiny, "raw_tiny": raw.tiny}, repeats * 3)
-    for peer in (ps, raw, work):
+    for peer in (ps, raw, work, *(p for _, p in group_peers)):
         peer.close()
     for client in (bare, minimal):
         client.close(stop_server=True)
     for proc, _ in started:
         proc.join(timeout=30)
+    for _, procs, _ in group_runs:
+        for proc in procs:
+            proc.join(timeout=30)
     return {**full, **tiny}
 
 
@@ -292,6 +307,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--transport", choices=("tcp", "ipc", "both"), default="both")
     parser.add_argument("--torch", action="store_true", help="also time torch.distributed.rpc")
+    parser.add_argument("--servers", default="1",
+                        help="group sizes to time minips against, e.g. 1,2")  # fmt: skip
     parser.add_argument(
         "--chunks",
         default="tensor,200000,100000,50000",
@@ -309,7 +326,8 @@ def main() -> None:
     chunks = [None if c == "tensor" else int(c) for c in args.chunks.split(",")]
     for transport in transports:
         print(f"[{transport}] load average before: {os.getloadavg()[0]:.2f}", flush=True)
-        t = bench_transport(transport, args.repeats, chunks)
+        groups = [int(k) for k in args.servers.split(",") if int(k) > 1]
+        t = bench_transport(transport, args.repeats, chunks, groups)
         raw = t["raw"]
         print(f"[{transport}] raw push+ack, pull+data (no work)      {raw:7.3f} ms")
         print(f"[{transport}] raw + minips's numpy work                {t['work']:7.3f} ms"
@@ -320,6 +338,12 @@ def main() -> None:
               f"   ratio {t['minips'] / raw:.2f}")  # fmt: skip
         print(f"[{transport}] tiny: minips ping {t['minips_tiny']:7.3f} ms, raw echo "
               f"{t['raw_tiny']:7.3f} ms, ratio {t['minips_tiny'] / t['raw_tiny']:.2f}")  # fmt: skip
+        for k in groups:
+            step, pushpull = t[f"step_k{k}"], t[f"minips_k{k}"]
+            print(f"[{transport}] minips step, group of {k} shards        {step:7.3f} ms"
+                  f"   ratio {step / raw:.2f}")  # fmt: skip
+            print(f"[{transport}] minips push + pull, group of {k}       {pushpull:7.3f} ms"
+                  f"   ratio {pushpull / raw:.2f}")  # fmt: skip
         _print_ceilings(transport, t, chunks)
     if args.torch:
         torch_ms = bench_torch(args.repeats)

@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
             "Run a server, N workers and an evaluator on this machine, as processes."),
     "server": ("minips.cli.ps_cmd:server",
                "Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."),
+    "launch": ("minips.cli.launch_cmd:launch",
+               "Take this process's role in a job started by torchrun, srun, mpirun or DMLC."),
     "worker": ("minips.cli.ps_cmd:worker",
                "Train here for the server at --connect (everything else comes from it)."),
     "evaluate": ("minips.cli.ps_cmd:evaluate",

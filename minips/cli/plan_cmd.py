@@ -31,6 +31,12 @@ import click
               help="The server's SGD momentum (as `minips run --momentum`; default: the "
               "rule's, 0 under dana-gap): top-k then corrects for it (docs/protocol.md "
               "13.9).")  # fmt: skip
+@click.option("--browser", type=click.IntRange(min=0), default=0, show_default=True,
+              help="How many of the workers are browser slots (as `minips run --browser`): "
+              "their steps are slower.")  # fmt: skip
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="A server group of K shards (as `minips run --servers`): the server's "
+              "work splits K ways, and under --netem each shard has its own link.")  # fmt: skip
 @click.option("--cores", type=click.IntRange(min=1), default=None,
               help="Cores the workers and the server share (default: this machine's).")  # fmt: skip
 @click.option("--compute-ms", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -48,6 +54,8 @@ def plan(
     netem: str | None,
     rule: str | None,
     momentum: float | None,
+    browser: int,
+    servers: int,
     cores: int | None,
     compute_ms: float | None,
     repeats: int,
@@ -56,13 +64,19 @@ def plan(
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.nn import build_model
     from minips.rules import server_momentum
+    from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
-    from minips.run.planner import Cluster, Network, format_table, make_plan
+    from minips.run.planner import Network, format_table, make_plan
 
     rule = rule or DEFAULT_RULE
     momentum = server_momentum(rule) if momentum is None else momentum
     network = Network.parse(bandwidth=bandwidth, netem=netem)
-    cluster = Cluster(workers, cores=cores, compute_ms=compute_ms, barrier=rule == "ssgd")
+    if browser > workers:
+        raise click.BadParameter(
+            f"{browser} browser slots among {workers} workers", param_hint="--browser"
+        )
+    cluster = plan_cluster(model, workers, browser=browser, servers=servers, rule=rule,
+                           shared_link=bool(netem), cores=cores, compute_ms=compute_ms)  # fmt: skip
     report = make_plan(
         build_model(model), batch_size, cluster, network, repeats=repeats, momentum=momentum
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,13 +155,22 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
         config = server_config(config_class, config_file, options)
+        if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
+            from minips.run.servergroup import serve_group_here
+
+            serve_group_here(config, endpoint_file, updates_log, t0, verbose)
+            return
+        config, joiner = join_root(config)
+        if config.servers > 1:  # a launched shard names its files by the index it got
+            updates_log = updates_log and updates_log.replace("{shard}", str(config.shard))
+            endpoint_file = endpoint_file and endpoint_file.replace("{shard}", str(config.shard))
         with MetricsLog(updates_log, start_time=t0) as updates:
 
             def on_update(record: dict[str, Any]) -> None:
                 record = {key: value for key, value in record.items() if key != "time"}
                 updates.write("update", **record)
 
-            ps = make_server(config, on_update=on_update)
+            ps = make_server(config, on_update=on_update, joiner=joiner)
             click.echo(
                 f"minips server on {ps.endpoint}, rule {config.rule}, "
                 f"{plural(config.workers, 'worker')}"
@@ -193,6 +203,26 @@ def server_config(
     return config_class.from_options(given, base=config_class.from_json(config_file))
 
 
+def join_root(config: RunConfig) -> tuple[RunConfig, Any]:
+    """A shard 1..K-1 (or -1: whichever the root gives) asks its root what to be
+    (docs/protocol.md 16.3): the run's config with its own fields, and its Joiner; any
+    other server: (config, None)."""
+    if config.root is None:
+        return config, None
+    from minips.protocol.auth import OPERATOR, load_client_keys
+    from minips.run.build import joining_config
+    from minips.server.group import Joiner
+
+    keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # join: an operator's
+    joiner = Joiner(config.root, config.shard if config.shard >= 1 else None, config.servers, keys)
+    try:
+        reply = joiner.ask()
+        return replace(joining_config(reply["run"], config), shard=reply["shard"]), joiner
+    except BaseException:
+        joiner.close()
+        raise
+
+
 def server_summary(ps: Any) -> str:
     """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
     stats = ps.stats()
@@ -203,7 +233,7 @@ def server_summary(ps: Any) -> str:
         f"in {stats['uptime']:.1f} s, version {stats['version']}"
     )
     if ps.options.checkpoint_path:
-        line += f"; checkpoint {ps.options.checkpoint_path}"
+        line += f"; checkpoint {ps.checkpoints.path}"
     return line
 
 

@@ -1,5 +1,6 @@
 """What the dashboard shows, collected in one background thread: the server's `stats`
-(polled through PSClient.stats(), read-only: no hello, no rank), the `eval` records of a
+(polled through PSClient.stats(), read-only: no hello, no rank; a server group's root
+answers for the group, with every shard's stats beside its own), the `eval` records of a
 metrics JSONL file and the `update` records of the server's update log (minips.dashboard
 .tails), turned into one JSON-ready snapshot with rates computed from consecutive polls.
 
@@ -75,6 +76,33 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "agent": agent_name(info),
             }
         )
+    return rows
+
+
+def shard_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per shard of a server group (none for a plain server): its updates, bytes,
+    updates/s and bytes/s over the window, and `load`: its share of the group's bytes/s
+    (each shard should carry about 1/K of them; docs/protocol.md 16.1)."""
+    shards = stats.get("shards") or []
+    rows = []
+    for index, shard in enumerate(shards):
+        row = {"shard": index, "joined": shard is not None, "updates": None, "version": None,
+               "bytes_in": None, "bytes_out": None, "updates_per_s": 0.0, "bytes_per_s": 0.0,
+               "load": 0.0}  # fmt: skip
+        if shard is not None:
+            row.update(updates=shard["updates"], bytes_in=shard["bytes_in"],
+                       bytes_out=shard["bytes_out"], version=shard["version"])  # fmt: skip
+            old = next((p["shards"][index] for p in window if len(p.get("shards") or []) > index
+                        and p["shards"][index] is not None), None)  # fmt: skip
+            if old is not None and shard["uptime"] > old["uptime"]:
+                span = shard["uptime"] - old["uptime"]
+                moved = shard["bytes_in"] + shard["bytes_out"] - old["bytes_in"] - old["bytes_out"]
+                row["updates_per_s"] = (shard["updates"] - old["updates"]) / span
+                row["bytes_per_s"] = moved / span
+        rows.append(row)
+    total = sum(row["bytes_per_s"] for row in rows)
+    for row in rows:
+        row["load"] = row["bytes_per_s"] / total if total > 0 else 0.0
     return rows
 
 
@@ -191,6 +219,7 @@ class Collector:
                 "stats": {key: stats.get(key) for key in keys},
                 "updates_per_s": per_s,
                 "workers": worker_rows(stats, window),
+                "shards": shard_rows(stats, window),
             }
         else:
             self._last["updates_per_s"] = 0.0  # nothing moves any more

@@ -61,6 +61,9 @@ PAGE = r"""<!doctype html>
 <div id="table-box"><table id="workers"><thead><tr><th>rank</th><th>agent</th><th>host</th><th>state</th>
  <th>steps</th><th>samples</th><th>samples/s</th><th>steps/s</th><th>behind fastest</th>
  <th>staleness mean</th><th>max</th><th>scale mean</th><th>bytes up</th><th>bytes down</th></tr></thead><tbody></tbody></table></div>
+<table id="shards" hidden><thead><tr><th>shard</th><th>version</th><th>updates</th>
+ <th>updates/s</th><th>bytes up</th><th>bytes down</th><th>bytes/s</th><th>load</th></tr></thead>
+ <tbody></tbody></table>
 <script>
 "use strict";
 const fmtBytes = b => b >= 1e9 ? (b / 1e9).toFixed(2) + " GB" : b >= 1e6 ? (b / 1e6).toFixed(1) + " MB"
@@ -198,6 +201,22 @@ function render(s) {
       tr.appendChild(td);
     }
     tr.dataset.pushes = w.pushes;
+    return tr;
+  }));
+  const shards = s.shards || [];  // a server group's shards, one row each
+  document.getElementById("shards").hidden = shards.length === 0;
+  document.querySelector("#shards tbody").replaceChildren(...shards.map(r => {
+    const tr = document.createElement("tr"); tr.dataset.shard = r.shard;
+    const cells = [["shard", r.shard, r.shard], ["version", r.version, r.joined ? fmt(r.version) : "not joined"],
+      ["updates", r.updates, fmt(r.updates)], ["updates_per_s", r.updates_per_s, fmt(r.updates_per_s, 1)],
+      ["bytes_in", r.bytes_in, r.joined ? fmtBytes(r.bytes_in) : "-"],
+      ["bytes_out", r.bytes_out, r.joined ? fmtBytes(r.bytes_out) : "-"],
+      ["bytes_per_s", r.bytes_per_s, fmtBytes(Math.round(r.bytes_per_s)) + "/s"],
+      ["load", r.load, (100 * r.load).toFixed(0) + " %"]];
+    for (const [key, value, text] of cells) {
+      const td = document.createElement("td"); td.dataset.key = key; td.dataset.value = value; td.textContent = text;
+      tr.appendChild(td);
+    }
     return tr;
   }));
 }

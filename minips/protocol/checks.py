@@ -53,7 +53,7 @@ CODECS: dict[str, dict[str | None, frozenset[str]]] = {
 
 PULL_ONLY_CODECS = frozenset({"delta"})  # added to the worker's copy: never in a request
 
-REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint")
+REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint", "join")
 REPLY_OPS = REQUEST_OPS + ("error",)
 
 # Field schemas: op -> {field: (kind, required)}. `v`, `op`, `rid`, `arrays` are common to
@@ -76,6 +76,8 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "bye": {"worker": _WORKER, "finished": ("bool", False), "refused": ("str", False)},
     "stop": {},
     "checkpoint": {},
+    # a shard to its group's root (protocol.md 16.3); a plain server answers `unknown_op`
+    "join": {"shard": ("uint?", False), "servers": ("uint", True), "address": ("str?", False)},
 }
 REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {
@@ -100,6 +102,7 @@ REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "bye": {},
     "stop": {},
     "checkpoint": {"path": ("str", True), "version": ("uint", True)},
+    "join": {"shard": ("uint", True), "servers": ("uint", True), "run": ("map", True)},
     "error": {"reason": ("str", True), "code": ("str", True)},
 }
 
@@ -327,6 +330,7 @@ _CHECKS = {
     "uint": is_uint,
     "uint?": lambda v: v is None or is_uint(v),
     "str": lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS,
+    "str?": lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS),
     "bool": lambda v: isinstance(v, bool),
     "map": lambda v: isinstance(v, dict),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
@@ -335,6 +339,7 @@ _KIND_TEXT = {
     "uint": "a non-negative integer",
     "uint?": "a non-negative integer or nil",
     "str": f"a string of 1..{MAX_NAME_CHARS} characters",
+    "str?": f"a string of 1..{MAX_NAME_CHARS} characters or nil",
     "bool": "a boolean",
     "map": "a map",
     "number": "a number",

@@ -7,23 +7,35 @@ its config.json); `resolve_plan(config)` is the transmission plan it serves.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, fields, replace
+from pathlib import Path
 from typing import Any
 
+from minips.errors import ConfigError
 from minips.nn import build_model
+from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
+from minips.run.plan_costs import group_gain
 from minips.run.planner import Cluster, Network, make_plan
+from minips.server.checkpoints import shard_path
+from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
 from minips.server.store import SGD
 
 
 def make_server(
-    config: RunConfig, on_update: Callable[[dict[str, Any]], None] | None = None
+    config: RunConfig,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
+    joiner: Joiner | None = None,
 ) -> ParameterServer:
     """A ParameterServer with the config's model (seeded init), rule, optimizer and plan.
 
-    The plan travels in hello's config only when it is not the all-dense default.
+    The plan travels in hello's config only when it is not the all-dense default. With
+    `servers` K > 1 it is shard `shard` (0: the root) of a group: its slices of the seeded
+    model (docs/protocol.md 16); joiner: a non-root shard's link to its root (Joiner.ask
+    already answered: `joining_config`).
     """
     config.validate()
     model = build_model(config.model, seed=config.seed)
@@ -32,13 +44,56 @@ def make_server(
     hello = config.hello_config(model.spec)
     if not plan.is_dense():
         hello["plan"] = plan.to_dict()
-    params = model.params  # one dict: the store and the optimizer must share it
+    params, group = model.params, None  # one dict: the store and the optimizer share it
+    if config.servers > 1:
+        shard = max(config.shard, 0)
+        part = partition_of_model(params, config.servers)
+        params = shard_params(params, part, shard)
+        run = _run_for_shards(config, plan) if shard == 0 else None
+        group = ShardRole(shard, config.servers, part, run=run, joiner=joiner)
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
     server = ParameterServer(
-        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update
-    )
+        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update,
+        group=group,
+    )  # fmt: skip
     server.use_plan(plan)
     return server
+
+
+# What a joining shard keeps of its own: where it listens, its checkpoint, its keys, its
+# place in the group (everything else comes from the root, docs/protocol.md 16.3).
+SHARD_OWN_FIELDS = ("bind", "checkpoint", "keys", "shard", "root")
+
+
+def _run_for_shards(config: RunConfig, plan: Plan) -> dict[str, Any]:
+    """The root's configuration as joining shards receive it: the plan itself (its file is
+    on the root's machine), not its path."""
+    run = asdict(config)
+    if not plan.is_dense():
+        run["plan"] = plan.to_dict()
+    if (
+        config.resume
+        and config.checkpoint
+        and Path(config.resume) == shard_path(config.checkpoint, 0)
+    ):
+        run["resume"] = None  # the root restarted from its own slices: not the others'
+    return run
+
+
+def joining_config(run: dict[str, Any], own: RunConfig) -> RunConfig:
+    """A joining shard's configuration: the root's `run` with this shard's own fields. Its
+    checkpoint, unless given: the root's group checkpoint's name (the shard writes its
+    file beside it, server/checkpoints.py), a resume: its own, else the root's."""
+    known = {f.name for f in fields(RunConfig)}
+    config = RunConfig(**{key: value for key, value in run.items() if key in known})
+    kept = {name: getattr(own, name) for name in SHARD_OWN_FIELDS}
+    kept["checkpoint"] = own.checkpoint or config.checkpoint
+    kept["resume"] = own.resume or config.resume
+    if config.servers != own.servers:
+        raise ConfigError(
+            f"the root serves a group of {config.servers}, not --servers {own.servers}"
+        )
+    return replace(config, **kept)
 
 
 # A browser worker's compute per step against a NumPy worker's on the same machine
@@ -47,11 +102,23 @@ def make_server(
 BROWSER_STEP_FACTOR = {"lenet5": 2.3, "mlp": 3.5}
 
 
-def step_factors(config: RunConfig) -> tuple[float, ...]:
+def step_factors(model: str, workers: int, browser: int) -> tuple[float, ...]:
     """Each worker's compute per step in units of this machine's NumPy step (the planner's
     `Cluster.step_factors`): the browser slots' slower steps, then 1 for each NumPy worker."""
-    browser = BROWSER_STEP_FACTOR.get(config.model, 1.0)
-    return (browser,) * config.browser + (1.0,) * (config.workers - config.browser)
+    factor = BROWSER_STEP_FACTOR.get(model, 1.0)
+    return (factor,) * browser + (1.0,) * (workers - browser)
+
+
+def plan_cluster(
+    model: str, workers: int, *, browser: int = 0, servers: int = 1, rule: str = "",
+    shared_link: bool = False, cores: int | None = None, compute_ms: float | None = None,
+) -> Cluster:  # fmt: skip
+    """Who a plan is for, as `minips run` and `minips plan` both describe it: the browser
+    slots' slower steps, ssgd's barrier, and a group's K links when the link is --netem's
+    (each shard has one of its own: minips.run.netem)."""
+    gain = group_gain(build_model(model), servers) if shared_link else 1.0
+    return Cluster(workers, servers, cores, compute_ms, step_factors(model, workers, browser),
+                   barrier=rule == "ssgd", link_gain=gain)  # fmt: skip
 
 
 def resolve_plan(config: RunConfig) -> Plan:
@@ -65,8 +132,9 @@ def resolve_plan(config: RunConfig) -> Plan:
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":
         network = Network.parse(bandwidth=config.bandwidth, netem=config.netem)
-        cluster = Cluster(config.workers, step_factors=step_factors(config),
-                          barrier=config.rule == "ssgd")  # fmt: skip
+        cluster = plan_cluster(config.model, config.workers, browser=config.browser,
+                               servers=config.servers, rule=config.rule,
+                               shared_link=bool(config.netem))  # fmt: skip
         plan = make_plan(model, config.batch_size, cluster, network, momentum=config.momentum).plan
     else:
         plan = load_plan(config.plan)

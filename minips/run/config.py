@@ -41,8 +41,8 @@ from minips.rules import (
 )
 from minips.server.server import ServerOptions
 
-TRAIN_RUN_SERVER = ("train", "run", "server")
-RUN_SERVER = ("run", "server")
+TRAIN_RUN_SERVER = ("train", "run", "server", "launch")
+RUN_SERVER = ("run", "server", "launch")
 RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
 
 
@@ -244,9 +244,12 @@ class RunConfig(ConfigBase):
                         commands=TRAIN_RUN_SERVER, to_workers=True)
     # the cluster
     workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
-                           server_option="world_size")
+                           server_option="world_size", commands=("run", "server"))
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
                                   to_workers=True, parse=_comma_floats)
+    servers: int = setting(1, "Server processes the parameters are split over: a server "
+                           "group behind one address (docs/protocol.md 16); 1: one server.",
+                           minimum=1)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "
@@ -310,6 +313,13 @@ class RunConfig(ConfigBase):
     checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
                                      server_option="checkpoint_path",
                                      cli_type=click.Path(dir_okay=False))
+    shard: int = setting(-1, "Serve only shard J of the --servers group (0: the root, whose "
+                         "--bind is the group's address, waiting for the others; 1..K-1: "
+                         "join --root). -1: all K shards on this machine, or with --root "
+                         "the index the root gives.", commands=("server",), minimum=-1)
+    root: str | None = setting(None, "The group's root address, for --shard J >= 1 (the "
+                               "shard takes the run's configuration from it).",
+                               commands=("server",))
     # layer-aware transmission (docs/algorithms.md "Transmission"; protocol/plan.py, run/planner.py)
     plan: str = setting("dense", "Transmission plan: dense, auto (chosen by the planner for "
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
@@ -337,6 +347,7 @@ class RunConfig(ConfigBase):
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         _check_browser_slots(self)
+        _check_group(self)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
@@ -358,6 +369,26 @@ class RunConfig(ConfigBase):
         options = ServerOptions(**{key: value for key, value in chosen.items() if key})
         # CURVE keys from the `keys` directory; without one, no authentication
         return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
+
+
+def _check_group(config: RunConfig) -> None:
+    """ConfigError when --servers, --shard and --root cannot make a server group."""
+    shard, servers = config.shard, config.servers
+    if shard >= servers:
+        raise ConfigError(
+            f"--shard {shard} is not a shard of --servers {servers} (0..{servers - 1})"
+        )
+    if shard >= 1 and not config.root:
+        raise ConfigError(f"--shard {shard} joins a group: give its root's address (--root)")
+    if config.root and shard == 0:
+        raise ConfigError("--root is for a shard that joins a group: give --shard 1..K-1 (or -1)")
+    if config.root and servers < 2:
+        raise ConfigError("--root joins a server group: give its size, --servers K (K >= 2)")
+    if servers > 1:
+        from minips.nn import build_model
+        from minips.protocol.partition import partition_of_model
+
+        partition_of_model(build_model(config.model).params, servers)  # a shard left empty
 
 
 def _check_browser_slots(config: RunConfig) -> None:

@@ -9,6 +9,7 @@ stops the server when the workers are done, and writes the results.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
 from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
+from minips.server import checkpoints
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
@@ -62,19 +64,21 @@ def run_local(
     """
     run_dir = RunDir(Path(out_dir))
     config = prepare_run_dir(config, run_dir)
-    with _server_link(config) as (server_prefix, server_host):
+    with _server_links(config) as links:
+        server_prefix, server_host = links[0]
         if server_host is not None:  # tcp on the shaped link (ipc would go around it)
             config = replace(config, bind=f"tcp://{server_host}:*")
         run_dir.config.write_text(config.to_json())  # the server process starts from it
         run = LocalRun(
             config, run_dir, server_prefix, eval_interval, startup_timeout,
-            progress=progress, on_start=on_start, announce=announce,
+            progress=progress, on_start=on_start, announce=announce, shard_links=links[1:],
         )  # fmt: skip
         try:
             with signals_stop_the_run():
                 return run.run()
         finally:
-            run_dir.server_socket.unlink(missing_ok=True)
+            for shard in range(config.servers):
+                run_dir.shard_socket(shard).unlink(missing_ok=True)
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -110,8 +114,9 @@ def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
     `--plan auto` of `minips run`. The link options go through as given: `--bandwidth` and
     `--netem` mean the same to both commands (minips.run.planner.Network)."""
     argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
-            "--workers", str(config.workers), "--momentum", repr(config.momentum),
-            "--json", str(run_dir.plan)]  # fmt: skip
+            "--workers", str(config.workers), "--browser", str(config.browser),
+            "--servers", str(config.servers), "--rule", config.rule,
+            "--momentum", repr(config.momentum), "--json", str(run_dir.plan)]  # fmt: skip
     argv += ["--bandwidth", config.bandwidth] if config.bandwidth else []
     argv += ["--netem", config.netem] if config.netem else []
     env = {**os.environ, **SINGLE_THREADED_BLAS}
@@ -145,20 +150,21 @@ def _run_keys(config: RunConfig, run_dir: RunDir) -> str | None:
 
 
 @contextlib.contextmanager
-def _server_link(config: RunConfig) -> Iterator[tuple[list[str], str | None]]:
-    """--netem: (the command prefix that runs the server behind the shaped link, its address).
+def _server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | None]]]:
+    """--netem: for each server (each shard of a group: every one behind a link of its
+    own), the command prefix that runs it behind its shaped link, and its address.
 
-    Without --netem: ([], None), the server on loopback. minips.run.netem builds the link
-    (root only) and removes it when the run ends.
+    Without --netem: ([], None) each, the servers on loopback. minips.run.netem builds the
+    links (root only) and removes them when the run ends.
     """
     if not config.netem:
-        yield [], None
+        yield [([], None)] * config.servers
         return
     from minips.run import netem  # only a run with --netem needs ip and tc
 
     try:
-        with netem.shaped_link(config.netem) as link:
-            yield link.prefix, link.server_addr
+        with netem.shaped_links(config.servers, config.netem) as links:
+            yield [(link.prefix, link.server_addr) for link in links]
     except netem.NetemError as exc:
         raise ConfigError(f"--netem: {exc}") from None
 
@@ -185,10 +191,13 @@ class LocalRun:
         progress: ProgressFn | None = None,
         on_start: Callable[[str], None] | None = None,
         announce: Callable[[str], None] | None = None,
+        shard_links: list[tuple[list[str], str | None]] | None = None,
     ) -> None:
         self.config = config
         self.dir = run_dir
         self.server_prefix = server_prefix or []
+        # A server group's shards 1..K-1: (command prefix, host) of each one's link.
+        self.shard_links = shard_links or [([], None)] * (config.servers - 1)
         self.eval_interval = eval_interval
         self.startup_timeout = startup_timeout
         self.progress = progress
@@ -197,7 +206,12 @@ class LocalRun:
         self.t0 = time.monotonic()  # every process's clock origin: one time axis for all
         env = {**SINGLE_THREADED_BLAS, **os.environ, "PYTHONUNBUFFERED": "1"}
         self.processes = ProcessGroup(run_dir.logs, env)
-        self.server_restarts = ServerRestarts(run_dir, Path(config.checkpoint or ""))
+        checkpoint = Path(config.checkpoint or "")
+        self.restarts = [  # one policy per server: the root (or the one server), each shard
+            ServerRestarts(run_dir, checkpoint, shard, config.servers, config.resume)
+            for shard in range(config.servers)
+        ]
+        self.server_restarts = self.restarts[0]
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
@@ -221,7 +235,8 @@ class LocalRun:
                 failure, wall = exc, self._elapsed()
             if failure is None:
                 self.processes.wait("evaluator", timeout=120)
-                self.processes.wait("server", timeout=60)
+                for name in self._server_names():
+                    self.processes.wait(name, timeout=60)
         finally:
             self._learn_ranks_from_reports()
             try:
@@ -229,13 +244,29 @@ class LocalRun:
             except KeyboardInterrupt:  # the signal came during this very cleanup: finish it
                 self.processes.stop_all()
                 raise
+            if self.config.servers > 1:  # every shard wrote its last file: the group's
+                self.wait_for_shards()
+                checkpoints.assemble(self.config.checkpoint)
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
-                                restarts, ended, self.server_restarts.final_crash())  # fmt: skip
+                                restarts, ended, self._final_crash(),
+                                servers=self.config.servers)  # fmt: skip
         if failure is not None:
             raise failure
         return summary
+
+    def _final_crash(self) -> dict[str, Any] | None:
+        """The server's (or a shard's) crash that no restart followed, if any."""
+        return next((c for c in (r.final_crash() for r in self.restarts) if c), None)
+
+    def wait_for_shards(self) -> None:
+        """Every shard of a local group is a child: stopped by now (minips launch waits
+        for the job's other processes here)."""
+
+    def _server_names(self) -> list[str]:
+        """The server's child, or a group's: the root ("server") and "shard-1".."shard-K-1"."""
+        return ["server", *(f"shard-{j}" for j in range(1, self.config.servers))]
 
     # --- starting ---------------------------------------------------------------------
 
@@ -243,6 +274,9 @@ class LocalRun:
         """Start the server, the evaluator, any browser slots, the NumPy workers; return the
         server's address."""
         self.processes.start("server", self._server_command, self.server_restarts)
+        for shard in range(1, self.config.servers):  # a group's other shards join the root
+            command = functools.partial(self._shard_command, shard)
+            self.processes.start(f"shard-{shard}", command, self.restarts[shard])
         endpoint = self._wait_for(self.dir.endpoint, "server")
         # The evaluator first: registered before any worker trains, it sees the first and
         # (the server waits for observers when stopping) the final parameters.
@@ -257,13 +291,37 @@ class LocalRun:
         return endpoint
 
     def _server_command(self, generation: int) -> list[str]:
-        """The server of one generation (0, then one per restart), from config.json."""
+        """The server of one generation (0, then one per restart), from config.json; in a
+        group, its root (shard 0), waiting for the other shards to join."""
+        root = ["--shard", "0"] if self.config.servers > 1 else []
         return [
-            *self.server_prefix, *MINIPS, "server", "--config", str(self.dir.config),
+            *self.server_prefix, *MINIPS, "server", "--config", str(self.dir.config), *root,
             "--endpoint-file", str(self.dir.endpoint),
             "--updates-log", str(self.dir.updates_log(generation)), "--t0", repr(self.t0),
             *self.server_restarts.resume_options(generation),
         ]  # fmt: skip
+
+    def _shard_command(self, shard: int, generation: int) -> list[str]:
+        """Shard `shard` (1..K-1) of a group: it joins the root, whose address is in the
+        run directory by the time it asks, and takes the run's configuration from it."""
+        prefix, host = self.shard_links[shard - 1]
+        bind = f"tcp://{host}:*" if host else self._local_bind(shard)
+        root = self.processes.wait_for_file(self.dir.endpoint, "server", self.startup_timeout)
+        keys = ["--keys", self.config.keys] if self.config.keys else []
+        own = ["--bind", bind, *keys] if generation == 0 else keys
+        return [
+            *prefix, *MINIPS, "server", "--servers", str(self.config.servers),
+            "--shard", str(shard), "--root", root, *own,
+            "--endpoint-file", str(self.dir.shard_endpoint(shard)),
+            "--updates-log", str(self.dir.updates_log(generation, shard)), "--t0", repr(self.t0),
+            *self.restarts[shard].resume_options(generation),
+        ]  # fmt: skip
+
+    def _local_bind(self, shard: int) -> str:
+        """A shard's own address on this machine, like the root's (ipc, else tcp loopback)."""
+        if self.config.bind.startswith("ipc://"):
+            return f"ipc://{self.dir.shard_socket(shard).resolve()}"
+        return "tcp://127.0.0.1:*"
 
     def _evaluator_command(self, endpoint: str) -> list[str]:
         return [
@@ -315,6 +373,8 @@ class LocalRun:
         total = self._progress_total()
         server = self.processes["server"]
         while self._training():
+            if self.training_ended is None:
+                self._restart_crashed_shards()
             if server.exited():
                 if not self._server_exited():
                     break
@@ -353,6 +413,18 @@ class LocalRun:
             self.processes.stop_all()
             return False
         return True
+
+    def _restart_crashed_shards(self) -> None:
+        """A shard 1..K-1 of a group that crashed is started again from its own checkpoint
+        (minips.run.recovery) while the others keep serving; one that cannot be is the
+        run's error."""
+        for name in self._server_names()[1:]:
+            child = self.processes[name]
+            if child.crashed() and not self.processes.restart(name):
+                policy = self.restarts[int(name.rsplit("-", 1)[1])]
+                if policy.refused is not None:  # past the restart budget
+                    raise MinipsError(policy.past_budget(child, self.dir.logs))
+                self.processes.check_alive(name)  # raises: the crash is the run's error
 
     def _follow_counters(self, operator: PSClient, total: int) -> None:
         """Ask the server for `stats`: learn the workers' ranks, notice the server stopping,

@@ -50,6 +50,14 @@ class NetemError(Exception):
     """The shaped link cannot be built (not root, no iproute2, a tc/ip command failed)."""
 
 
+def name_prefix() -> str:
+    """The namespace prefix of the links this process makes: minips-ps-, or NAME-ps- with
+    MINIPS_NETEM_NAME=NAME (machines that several people share tell their links apart by
+    it; the veths are then named after NAME's first 5 characters, not mps)."""
+    name = os.environ.get("MINIPS_NETEM_NAME", "")
+    return f"{name}-ps-" if re.fullmatch(r"[a-z][a-z0-9]{0,15}", name) else NETNS_PREFIX
+
+
 class ShapedLink(NamedTuple):
     """What `shaped_link` yields; unpacks as (netns, server_addr, client_addr)."""
 
@@ -58,14 +66,19 @@ class ShapedLink(NamedTuple):
     client_addr: str  # the root namespace's address on the link (workers' source)
 
     @property
+    def dev_prefix(self) -> str:
+        """Its veth ends' prefix: mps, or MINIPS_NETEM_NAME's first 5 characters."""
+        return "mps" if self.netns.startswith(NETNS_PREFIX) else self.netns.split("-")[0][:5]
+
+    @property
     def host_dev(self) -> str:
         """The veth end in the root namespace (named after the namespace's random tag)."""
-        return "mpsh" + self.netns.rsplit("-", 1)[1]
+        return f"{self.dev_prefix}h" + self.netns.rsplit("-", 1)[1]
 
     @property
     def server_dev(self) -> str:
         """The veth end inside the server's namespace."""
-        return "mpsp" + self.netns.rsplit("-", 1)[1]
+        return f"{self.dev_prefix}p" + self.netns.rsplit("-", 1)[1]
 
     @property
     def prefix(self) -> list[str]:
@@ -203,7 +216,7 @@ def shaped_link(
     tag = secrets.token_hex(3)
     subnet = _free_subnet()
     client, server = (str(a) for a in subnet.hosts())
-    link = ShapedLink(f"{NETNS_PREFIX}{os.getpid()}-{tag}", server, client)
+    link = ShapedLink(f"{name_prefix()}{os.getpid()}-{tag}", server, client)
     try:
         _build(link, subnet, rate, delay, queue)
         yield link
@@ -211,11 +224,28 @@ def shaped_link(
         _remove(link)
 
 
+@contextlib.contextmanager
+def shaped_links(count: int, rate: str, delay: str | None = None,
+                 queue: str = DEFAULT_QUEUE) -> Iterator[list[ShapedLink]]:  # fmt: skip
+    """`count` shaped links (one per shard of a server group), each its own namespace, that
+    also reach one another: each namespace routes 169.254/16 through its veth peer, and
+    the root namespace forwards between these veths only (the forwarding switch of each
+    host-side veth; the host's own setting is untouched, and goes with the veth)."""
+    with contextlib.ExitStack() as stack:
+        links = [stack.enter_context(shaped_link(rate, delay, queue)) for _ in range(count)]
+        if count > 1:
+            for link in links:
+                _run("ip", "-n", link.netns, "route", "add", "169.254.0.0/16",
+                     "via", link.client_addr)  # fmt: skip
+                _run("sysctl", "-q", "-w", f"net.ipv4.conf.{link.host_dev}.forwarding=1")
+        yield links
+
+
 def remove_stale() -> list[str]:
     """Remove namespaces of earlier runs whose owner process is gone (killed with SIGKILL)."""
     removed = []
     for name in _run("ip", "netns", "list").split():
-        match = re.fullmatch(re.escape(NETNS_PREFIX) + r"(\d+)-([0-9a-f]{6})", name)
+        match = re.fullmatch(re.escape(name_prefix()) + r"(\d+)-([0-9a-f]{6})", name)
         if match and not _alive(int(match.group(1))):
             _remove(ShapedLink(name, "", ""))
             removed.append(name)

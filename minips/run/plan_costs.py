@@ -31,6 +31,7 @@ from minips.codecs import Encoder, Factors, Spec, decode_gradients, parse_spec
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.protocol import wire
+from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import ParamPlan, Plan, parse_pull_spec
 
 _ITEM = {"float32": 4, "float16": 2}
@@ -272,11 +273,12 @@ class Network:
     def share(self, cluster: Cluster) -> float | None:
         """Each worker's rate in bytes/s (None: unlimited). A shared link carries every
         worker's traffic of a step at once, so each gets rate / N (rate / `link_users` in a
-        class of slower and faster workers). (With K server shards behind one shared link
-        the share is the same; a link per shard would give K x.)"""
+        class of slower and faster workers), times `cluster.link_gain` when each of K
+        server shards has such a link of its own (a worker's own link carries every
+        shard's part, so there the group changes nothing)."""
         shares = [] if self.bandwidth is None else [self.bandwidth]
         if self.shared is not None:
-            shares.append(self.shared / cluster.link_users())
+            shares.append(self.shared / cluster.link_users() * cluster.link_gain)
         return min(shares) if shares else None
 
     def describe(self, cluster: Cluster) -> str:
@@ -287,8 +289,11 @@ class Network:
         if self.shared is not None:
             parts.append(
                 f"{_rate(self.shared)} at the server shared by {cluster.workers} workers "
-                f"(--netem): {_rate(self.shared / cluster.workers)} each"
-            )
+                f"(--netem): {_rate(self.shared / cluster.link_users())} each"
+                + (f", {cluster.servers} shards each behind such a link: "
+                   f"{_rate(self.shared / cluster.link_users() * cluster.link_gain)}"
+                   if cluster.link_gain != 1 else "")
+            )  # fmt: skip
         return "; ".join(parts) or "unlimited"
 
 
@@ -299,13 +304,15 @@ def _rate(bytes_per_s: float) -> str:
 @dataclass(frozen=True)
 class Cluster:
     """Who runs the plan. workers: N. servers: K server processes the parameters are
-    spread over (today 1; the server's CPU per round divides by K in `predict_step`,
-    and a K-shard group's link model belongs in `Network.share`). cores: the machine's
+    spread over (a server group: the server's CPU per round divides by K in
+    `predict_step`, and each shard's own link is `link_gain`). cores: the machine's
     (None: this one's). compute_ms: one step's forward + backward as a worker really
     gets it, when known (measured in a run's first steps, or fixed by a test); None: the
     layers' CPU time x `contention`. step_factors: each worker's compute per step as a
     multiple of this machine's (a browser's is larger, minips.run.build; empty: all 1).
-    barrier: the rule waits for the slowest worker every round (ssgd)."""
+    barrier: the rule waits for the slowest worker every round (ssgd). link_gain: how many
+    times a worker's share of a shared link grows when each of the K shards is behind a
+    link of its own (planner.group_gain; 1 for one server)."""
 
     workers: int
     servers: int = 1
@@ -313,6 +320,7 @@ class Cluster:
     compute_ms: float | None = None
     step_factors: tuple[float, ...] = ()
     barrier: bool = False
+    link_gain: float = 1.0
 
     def pace(self) -> float:
         """The compute factor of the step that sets the pace. The plan is one for all, so
@@ -334,6 +342,17 @@ class Cluster:
         cores: max(1, (N + K) / cores) (each busy process gets cores / (N + K) of them)."""
         cores = self.cores or os.cpu_count() or 1
         return max(1.0, (self.workers + self.servers) / cores)
+
+
+def group_gain(model: Sequential, servers: int) -> float:
+    """How many times a worker's share of a server's link grows with a group of `servers`
+    shards, each behind a link of its own: a step's bytes split by the partition, every
+    shard's part crossing its own link at once, so the largest part sets the time. 1 for
+    one server; LeNet-5: 1.98 at 2 shards, 3.87 at 4."""
+    if servers == 1:
+        return 1.0
+    shard_bytes = partition_of_model(model.params, servers).shard_bytes()
+    return sum(shard_bytes) / max(shard_bytes)
 
 
 # ---------------------------------------------------------------------------- samples

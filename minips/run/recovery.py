@@ -13,6 +13,9 @@ new one on the same address, at most MAX_RESTARTS times, from:
   are known (its config's seed, or its own --resume);
 - if every checkpoint there is is damaged: no restart; the run ends with that line.
 
+A shard of a server group (`--servers K`) is restarted the same way from its own files
+(minips.server.checkpoints.shard_path) while the other shards keep serving.
+
 The workers ride through: their requests time out and are retried (Lazy Pirate), the new
 server answers `unknown_worker`, they say hello again, and a push based on a version the
 server forgot is answered `bad_base`, upon which they pull again and go on
@@ -40,6 +43,7 @@ from minips.run.metrics import read_metrics
 from minips.run.processes import Child
 from minips.run.rundir import RunDir
 from minips.server.checkpoint_file import Checkpoint, load_checkpoint, previous_path
+from minips.server.checkpoints import shard_path
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 
@@ -54,7 +58,8 @@ class Restart:
     checkpoint's version (0 from the start). last_version: the last update the dead server
     logged. updates_lost: last_version - checkpoint_version. checkpoint_age_s: seconds
     between the checkpoint and the crash being noticed (None from the start). damaged: the
-    error line of each checkpoint passed over as damaged.
+    error line of each checkpoint passed over as damaged. shard: which shard of a server
+    group (0: the root, or the one server).
     """
 
     exit_code: int | None
@@ -64,6 +69,7 @@ class Restart:
     updates_lost: int
     checkpoint_age_s: float | None
     damaged: list[str] = field(default_factory=list)
+    shard: int = 0
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,25 +108,32 @@ def describe_restart(
     exit_code: int | None,
     damaged: list[str] | None = None,
     now: float | None = None,
+    shard: int = 0,
 ) -> Restart:
     """What a restart from `resumed` (None: from the run's start) loses, the dead server
     having logged to `dead_log`. It reached at least the version of a checkpoint it wrote
     (its last log lines may have died with it, or it died before it logged any)."""
     last = max(last_logged_version(dead_log), resumed.version if resumed is not None else 0)
     if resumed is None:
-        return Restart(exit_code, None, 0, last, last, None, damaged or [])
+        return Restart(exit_code, None, 0, last, last, None, damaged or [], shard)
     age = (time.time() if now is None else now) - float(resumed.meta.get("time", 0.0))
     return Restart(exit_code, str(resumed.path), resumed.version, last,
-                   max(0, last - resumed.version), round(age, 3), damaged or [])  # fmt: skip
+                   max(0, last - resumed.version), round(age, 3), damaged or [], shard)  # fmt: skip
 
 
 class ServerRestarts:
-    """The restart policy of a run's server (module docstring): a new server on the dead
-    one's address, from its last good checkpoint, at most MAX_RESTARTS times."""
+    """The restart policy of a run's server, or of one shard of its server group (module
+    docstring): a new server on the dead one's address, from its last good checkpoint, at
+    most MAX_RESTARTS times. resume: what a restart from the run's start resumes from (the
+    run's own --resume; None: the seeded model)."""
 
-    def __init__(self, run_dir: RunDir, checkpoint: Path) -> None:
+    def __init__(
+        self, run_dir: RunDir, checkpoint: Path, shard: int = 0, servers: int = 1,
+        resume: str | None = None,
+    ) -> None:  # fmt: skip
         self.run_dir = run_dir
-        self.checkpoint = checkpoint
+        self.shard, self.resume = shard, resume
+        self.checkpoint = checkpoint if servers == 1 else shard_path(checkpoint, shard)
         self.restarts: list[Restart] = []
         self.refused: Restart | None = None  # the crash past the budget, which ends the run
         self.address: str | None = None  # the dead server's, which the next one binds
@@ -130,7 +143,7 @@ class ServerRestarts:
         if len(self.restarts) < MAX_RESTARTS:
             return True
         self.refused = describe_restart(latest_good(self.checkpoint)[0], self._dead_log(child),
-                                        child.code())  # fmt: skip
+                                        child.code(), shard=self.shard)  # fmt: skip
         return False
 
     def prepare(self, child: Child) -> None:
@@ -138,7 +151,8 @@ class ServerRestarts:
         the dead server's address over (the workers know only that one). MinipsError when
         every checkpoint there is is damaged: the run cannot go on from them."""
         good, damaged = latest_good(self.checkpoint)
-        restart = describe_restart(good, self._dead_log(child), child.code(), damaged)
+        restart = describe_restart(good, self._dead_log(child), child.code(), damaged,
+                                   shard=self.shard)  # fmt: skip
         if good is None and damaged:
             self.refused = restart
             raise MinipsError(
@@ -149,8 +163,9 @@ class ServerRestarts:
             self._set_aside(self.checkpoint)  # the damaged latest
         self.restarts.append(restart)
         self._resume = good.path if good is not None else None
-        self.address = self.run_dir.endpoint.read_text().strip()
-        self.run_dir.endpoint.unlink()  # the new server writes it once it listens
+        endpoint = self.run_dir.shard_endpoint(self.shard)
+        self.address = endpoint.read_text().strip()
+        endpoint.unlink()  # the new server writes it once it listens
 
     def records(self) -> list[dict[str, Any]]:
         return [restart.record() for restart in self.restarts]
@@ -163,10 +178,11 @@ class ServerRestarts:
     def past_budget(self, child: Child, logs: Path) -> str:
         """The run's error line when the server crashed once more than it may be restarted:
         how often, and the last words of the last server's own log."""
+        what = "the server" if self.shard == 0 else f"shard {self.shard}"
         codes = [r.exit_code for r in self.restarts] + [child.code()]
         log_file = logs / f"{child.log_name}.log"
         return (
-            f"the server crashed {len(codes)} times (exit codes {', '.join(map(str, codes))}),"
+            f"{what} crashed {len(codes)} times (exit codes {', '.join(map(str, codes))}),"
             f" once more than the {MAX_RESTARTS} restarts allowed; its last log, {log_file},"
             f" ends: {child.last_line(logs)}"
         )
@@ -177,8 +193,8 @@ class ServerRestarts:
         if generation == 0:
             return []
         assert self.address is not None, "a restart is prepared first"
-        resume = ["--resume", str(self._resume)] if self._resume is not None else []
-        return [*resume, "--bind", self.address]
+        resume = str(self._resume) if self._resume is not None else self.resume
+        return (["--resume", resume] if resume else []) + ["--bind", self.address]
 
     def _set_aside(self, damaged: Path) -> None:
         """Move a damaged checkpoint out of the way (kept, for a look): else the next
@@ -187,4 +203,4 @@ class ServerRestarts:
         os.replace(damaged, aside)
 
     def _dead_log(self, child: Child) -> Path:
-        return self.run_dir.updates_log(child.generation)
+        return self.run_dir.updates_log(child.generation, self.shard)

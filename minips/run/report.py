@@ -230,6 +230,8 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
         }
     if summary.get("bytes_by_layer"):
         result["bytes_by_layer"] = layer_bytes_per_step(summary)
+    if summary.get("shards"):  # a server group: each shard's counters and restarts
+        result["shards"] = summary["shards"]
     if target is not None:
         reached = time_to_target(evals, target, summary.get("wall_s"))
         result["target"] = {"accuracy": target, "reached": reached}
@@ -375,6 +377,19 @@ def format_report(report: dict[str, Any]) -> str:
                 f"  {layer:>10} {human_bytes(b.get('up_per_step')):>10}"
                 f" {human_bytes(b.get('down_per_step')):>10}"
                 f" {human_bytes(b['up']):>10} {human_bytes(b['down']):>10}"
+            )
+    if "shards" in report:
+        lines.append(f"  server group of {len(report['shards'])} shards (bytes: all clients'):")
+        lines.append(f"  {'shard':>6} {'updates':>8} {'bytes up':>10} {'down':>10}"
+                     f" {'share':>6} {'restarts':>8} {'updates lost':>12}")  # fmt: skip
+        total = sum((row["bytes_up"] or 0) + (row["bytes_down"] or 0) for row in report["shards"])
+        for row in report["shards"]:
+            moved = (row["bytes_up"] or 0) + (row["bytes_down"] or 0)
+            share = f"{100 * moved / total:.0f}%" if total else "-"
+            lines.append(
+                f"  {row['shard']:>6} {_num(row['updates']):>8} {human_bytes(row['bytes_up']):>10}"
+                f" {human_bytes(row['bytes_down']):>10} {share:>6} {row['restarts']:>8}"
+                f" {row['updates_lost']:>12}"
             )
     if "value_staleness" in report:
         lines.append("  value staleness per layer (typical updates behind, in value):")

@@ -20,6 +20,9 @@ RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and 
                         own); checkpoint.prev.npz the one before it, a damaged one set aside
                         after a crash as checkpoint.damaged-N.npz
 RUN_DIR/logs/           each process's output
+With --servers K (a server group), shard J >= 1 has its own endpoint-shardJ,
+updates-shardJ.jsonl (-N for its restarts) and checkpoint-shardJ.npz (shard 0's:
+checkpoint-shard0.npz); checkpoint.npz is then the group checkpoint assembled from them.
 
 Each record file is a metrics log (minips.run.metrics). `write_results` merges them when
 the run ends; `load_run` reads a directory back, a finished one or an interrupted one.
@@ -45,12 +48,14 @@ RUN_OUTPUTS = (
     "summary.json",
     "plan.json",
     "updates-*.jsonl",
+    "endpoint-shard*",
 )
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
 # reusing a run directory with `minips run --force` removes first.
 RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "checkpoint.prev.npz",
-             "checkpoint.damaged-*.npz", "worker-*.json", "logs/*.log")  # fmt: skip
+             "checkpoint.damaged-*.npz", "checkpoint-shard*.npz", "worker-*.json",
+             "logs/*.log")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,17 +80,27 @@ class RunDir:
         """The report of the worker of `rank` ("{rank}": the worker fills it in itself)."""
         return self.path / f"worker-{rank}.json"
 
-    def updates_log(self, generation: int = 0) -> Path:
-        """The update log of the `generation`-th server of the run (0: the first)."""
-        name = "updates.jsonl" if generation == 0 else f"updates-{generation}.jsonl"
+    def updates_log(self, generation: int = 0, shard: int = 0) -> Path:
+        """The update log of the `generation`-th server of the run (0: the first), or of
+        shard `shard` of a server group (0: the root, the server's own files)."""
+        stem = "updates" if shard == 0 else f"updates-shard{shard}"
+        name = f"{stem}.jsonl" if generation == 0 else f"{stem}-{generation}.jsonl"
         return self.path / name
 
-    def update_logs(self) -> list[Path]:
-        """Every server generation's update log, in order."""
-        logs = [self.updates_log(0)]
-        while self.updates_log(len(logs)).exists():
-            logs.append(self.updates_log(len(logs)))
+    def update_logs(self, shard: int = 0) -> list[Path]:
+        """Every server generation's update log (of one shard of a group), in order."""
+        logs = [self.updates_log(0, shard)]
+        while self.updates_log(len(logs), shard).exists():
+            logs.append(self.updates_log(len(logs), shard))
         return logs
+
+    def shard_endpoint(self, shard: int) -> Path:
+        """Where shard `shard` of a group writes its address (0: the root's `endpoint`)."""
+        return self.endpoint if shard == 0 else self.path / f"endpoint-shard{shard}"
+
+    def shard_socket(self, shard: int) -> Path:
+        """The ipc socket file of shard `shard` of a local group (0: `server_socket`)."""
+        return self.server_socket if shard == 0 else self.path / f"shard{shard}.sock"
 
     def clear_outputs(self) -> None:
         """Remove what a previous run in this directory left that a new one writes again."""
@@ -191,14 +206,17 @@ def write_results(
     restarts: list[dict[str, Any]] | None = None,
     ended: str | None = None,
     final_crash: dict[str, Any] | None = None,
+    servers: int = 1,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
-    restarts: the server's restarts after crashes (minips.run.recovery.Restart records).
+    restarts: the servers' restarts after crashes (minips.run.recovery.Restart records).
     ended: why a run that failed once started ended (its `error: ...` line; None: it
     finished), with final_crash, the server's crash that no restart followed (a Restart
     record: what it lost). A failed run's summary holds what is known (accuracy None
-    without any evaluation).
+    without any evaluation). servers: a server group's size; its summary has one `shards`
+    row per shard (the root's update records are the run's, every shard's counters its
+    row).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     server_final = next((r for r in records if r.get("event") == "server"), {})
@@ -238,12 +256,48 @@ def write_results(
         "collapse": stats.get("collapse") or latest_collapse(run_dir.eval_log),
         "final_crash": final_crash,
     }
+    if servers > 1:  # the bytes of every shard, each shard's own row
+        finals = [_final_stats(run_dir, shard) for shard in range(servers)]
+        summary["servers"] = servers
+        summary["shards"] = [shard_row(shard, finals[shard], restarts) for shard in range(servers)]
+        summary["bytes_up"] = sum(row["bytes_up"] or 0 for row in summary["shards"])
+        summary["bytes_down"] = sum(row["bytes_down"] or 0 for row in summary["shards"])
+        by_param: dict[str, dict[str, int]] = {}
+        for stats_j in finals:
+            for name, counts in (stats_j.get("bytes_by_param") or {}).items():
+                into = by_param.setdefault(name, {"up": 0, "down": 0})
+                into["up"] += counts.get("up", 0)
+                into["down"] += counts.get("down", 0)
+        summary["bytes_by_layer"] = bytes_by_layer(by_param)
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
         metrics.write("summary", **summary)
     run_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
+    """A shard's last `stats` (from its last generation's update log; {}: none)."""
+    logs = [log for log in run_dir.update_logs(shard) if log.exists()]
+    finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
+    return finals[-1].get("stats", {}) if finals else {}
+
+
+def shard_row(shard: int, stats: dict[str, Any], restarts: list[dict[str, Any]]) -> dict:
+    """A shard's row in a group's summary: its final counters, its restarts and the updates
+    they lost."""
+    own = [r for r in restarts if r.get("shard", 0) == shard]
+    return {
+        "shard": shard,
+        "updates": stats.get("updates"),
+        "version": stats.get("version"),
+        "bytes_up": stats.get("bytes_in"),
+        "bytes_down": stats.get("bytes_out"),
+        "params": len(stats.get("param_versions") or {}),
+        "restarts": len(own),
+        "updates_lost": sum(r["updates_lost"] for r in own),
+    }
 
 
 # --- reading a run back ----------------------------------------------------------------

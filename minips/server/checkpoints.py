@@ -9,6 +9,9 @@ version moved (`if_due`), on an operator's request and at shutdown (`save`). Eac
 the one before it beside it (minips.server.checkpoint_file.previous_path), so damage to the
 latest leaves an earlier good one. The file's format and its checks:
 minips/server/checkpoint_file.py.
+
+A shard of a server group (docs/protocol.md 16) writes its own slices to its own file and
+reads its slices of a whole model's checkpoint: minips/server/group_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips.errors import ConfigError
-from minips.server.checkpoint_file import load_checkpoint
+from minips.server.checkpoint_file import Checkpoint, load_checkpoint
+from minips.server.group_checkpoints import (
+    GROUP_SSGD_EVERY,
+    assemble,
+    shard_files,
+    shard_path,
+    slicer,
+)
 
 if TYPE_CHECKING:
     from minips.rules import Rule
@@ -35,7 +45,8 @@ class Checkpointer:
     path: where they go (None: nowhere; `save` is then a ConfigError). every: every this
     many updates (0: never). interval: every this many seconds (0: never). rule, spec:
     recorded in each checkpoint's meta (the rule's name, the model's spec). rule_state:
-    the rule whose own state goes into each checkpoint and comes back on resume.
+    the rule whose own state goes into each checkpoint and comes back on resume. shard:
+    (this shard, the group's size) for a shard of a server group (None: one server).
     """
 
     def __init__(
@@ -48,16 +59,29 @@ class Checkpointer:
         rule: str = "",
         spec: Any = None,
         rule_state: Rule | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self.store, self.counters, self.rule_state = store, counters, rule_state
+        self.shard = shard
+        if shard is not None and path:
+            path = shard_path(path, shard[0])
+            if rule == "ssgd":  # one consistent point for the group (group_checkpoints.py)
+                every, interval = every or GROUP_SSGD_EVERY, 0.0
         self.path, self.every, self.interval = path, every, interval
         self.rule, self.spec = rule, spec
         self._last = (time.monotonic(), store.version)  # when, at which version
 
     def resume(self, path: str | Path) -> None:
         """Start from a checkpoint: parameters, versions, optimizer state, and the update and
-        sample counts (a sample budget goes on where the checkpoint left it)."""
+        sample counts (a sample budget goes on where the checkpoint left it). A shard takes
+        its slices of a whole model's (or group's) checkpoint; a group's checkpoint that
+        was never assembled is assembled from its shards' files first."""
+        if self.shard is not None and not Path(path).exists() and shard_files(path):
+            assemble(path)
         checkpoint = load_checkpoint(path)
+        if self.shard is not None:
+            checkpoint = Checkpoint(checkpoint.path, slicer(self.store, self.shard)(
+                checkpoint.arrays), checkpoint.meta)  # fmt: skip
         meta = self.store.restore(checkpoint)
         if self.rule_state is not None and meta.get("rule") == self.rule_state.name:
             self.rule_state.load_state(checkpoint.section("rule/"))
@@ -76,6 +100,8 @@ class Checkpointer:
         counters = self.counters
         meta = {"rule": self.rule, "updates": counters.updates, "samples": counters.samples,
                 "time": time.time(), "spec": self.spec}  # fmt: skip
+        if self.shard is not None:
+            meta["shard"] = {"shard": self.shard[0], "servers": self.shard[1]}
         state = self.rule_state.state() if self.rule_state is not None else {}
         extra = {f"rule/{key}": array for key, array in state.items()}
         path = self.store.save(self.path, meta, extra, keep_previous=True)
@@ -96,3 +122,6 @@ class Checkpointer:
         if self.store.version != version:
             self.save()
         self._last = (now, self.store.version)
+
+
+__all__ = ["Checkpointer", "assemble", "shard_files", "shard_path", "slicer"]

@@ -19,6 +19,7 @@ from minips.server import checks
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message
+    from minips.server.group import ShardRole
     from minips.server.registry import WorkerRegistry, WorkerState
     from minips.server.router import Envelope, Outbox
     from minips.server.stop import Stop
@@ -49,12 +50,15 @@ class Membership:
     ) -> None:
         self.registry, self.store, self.rule, self.outbox = registry, store, rule, outbox
         self.config, self.heartbeat_timeout, self.stop = config, heartbeat_timeout, stop
+        self.group: ShardRole | None = None  # set on a shard of a server group
 
     def hello(self, envelope: Envelope, request: Message) -> Outcome:
         """Register (or re-register) a worker or observer; reply with the run's config.
         Returns the rule's decision on the registration it replaced, if one was live."""
         if self.stop.stopping:
             raise ProtocolError("the server is stopping", "stopping")
+        if self.group is not None:
+            self.group.check_hello()  # a root answers once every shard joined (16.3)
         worker_id, info = request.header["worker"], request.header.get("info", {})
         checks.check_info(info)
         old = self.registry.by_id.get(worker_id)
@@ -78,6 +82,8 @@ class Membership:
             "version": self.store.version,
             "heartbeat_timeout": self.heartbeat_timeout,
         }
+        if self.group is not None:  # a shard of a group: where the others are (16.4)
+            header["group"] = self.group.group()
         self.outbox.reply(envelope, header, worker=worker)
         return replaced
 

@@ -37,6 +37,7 @@ from minips.rules import Outcome, Rule
 from minips.server import checks
 from minips.server.checkpoints import Checkpointer
 from minips.server.collapse import CollapseWatch, output_classes
+from minips.server.group import ShardRole, operator_fields, refuse_join
 from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
@@ -80,10 +81,11 @@ class ParameterServer:
         *,
         config: dict[str, Any] | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
+        group: ShardRole | None = None,
     ) -> None:
         self.options = options = options or ServerOptions()
         config = hello_config(config)
-        self.store = ParameterStore(params, optimizer)
+        self.store = ParameterStore(params, optimizer, slices=group.slices if group else None)
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
@@ -95,6 +97,7 @@ class ParameterServer:
             self.store, self.telemetry.counters, options.checkpoint_path,
             options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
             rule_state=rule,
+            shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
         if options.resume:
             self.checkpoints.resume(options.resume)
@@ -116,10 +119,13 @@ class ParameterServer:
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
-            "stats": self.handle_stats,  # anyone's; stop and checkpoint an operator's
-            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint,
+            "stats": self.handle_stats,  # anyone's; stop, checkpoint (and a root's join)
+            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint, "join": refuse_join,
         }  # fmt: skip
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
+        self.group = members.group = group  # a shard of a server group (server/group.py)
+        if group is not None:
+            group.attach(self)
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
@@ -185,10 +191,11 @@ class ParameterServer:
             self.registry.update_assembly(now)
             self.pulls.release()
         self.carry_out(self.rule.on_tick(now))
+        if self.group is not None:  # a shard's joins; it stops with its root
+            self.group.tick(now)
 
     def serve_forever(self) -> None:
-        """`run()` with SIGINT/SIGTERM handlers (a second signal cuts the grace), then
-        `close()`."""
+        """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
 
         def on_signal(signum: int, _frame: Any) -> None:
             log.info("signal %d: stopping", signum)
@@ -233,8 +240,10 @@ class ParameterServer:
         return self.stop.stopping and self.stop.by_workers
 
     def close(self) -> None:
-        """Close the socket and the ZeroMQ context."""
+        """Close the sockets (a shard's to its root too) and the ZeroMQ context."""
         self.inflow.close()
+        if self.group is not None:
+            self.group.close()
         self.socket.close()
         if self._gatekeeper is not None:
             self._gatekeeper.stop()
@@ -252,7 +261,7 @@ class ParameterServer:
             self.answer_retry(worker, envelope, header)
             return
         grads, extras = decode_gradients(request)
-        self.store.check_push(base, grads)
+        self.store.check_push(base, grads, worker.partial_step is not None or self.stopping)
         grads = checks.clip_gradients(grads, self.options.clip_norm)
         self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
         push = Push(worker, seq, base, header.get("last", True), grads, extras,
@@ -292,7 +301,7 @@ class ParameterServer:
         checks.require_operator(envelope.origin, self.options.keys)
         self.stop.request("an operator asked")
         self.begin_stop()
-        self.outbox.reply(envelope, {"op": "stop"})
+        self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
 
     def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
         checks.require_operator(envelope.origin, self.options.keys)
@@ -300,7 +309,7 @@ class ParameterServer:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
         path = self.checkpoints.save()
         header = {"op": "checkpoint", "path": str(path), "version": self.store.version}
-        self.outbox.reply(envelope, header)
+        self.outbox.reply(envelope, {**header, **operator_fields(self.group)})
 
     # --------------------------------------------------------------- carrying out a rule
 
@@ -368,6 +377,8 @@ class ParameterServer:
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """The `stats` reply: counters, versions, staleness, the worker table, a collapse."""
+        """The `stats` reply: counters, versions, staleness, the worker table, a collapse;
+        a shard's place in its group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
-        return {**stats, "collapse": self.collapse.collapse and self.collapse.collapse.record()}
+        stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
+        return stats if self.group is None else {**stats, "group": self.group.group()}

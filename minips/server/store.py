@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError, ShapeError
+from minips.protocol.partition import Slice
 from minips.protocol.wire import ProtocolError
 from minips.server.checkpoint_file import (
     CHECKPOINT_FORMAT,
@@ -37,7 +38,11 @@ class ParameterStore:
     """
 
     def __init__(
-        self, params: dict[str, np.ndarray], optimizer: SGD, in_place: bool = False
+        self,
+        params: dict[str, np.ndarray],
+        optimizer: SGD,
+        in_place: bool = False,
+        slices: dict[str, Slice] | None = None,
     ) -> None:
         if not params:
             raise ConfigError("the parameter server needs at least one parameter")
@@ -53,15 +58,22 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
+        # A shard of a server group: name -> its Slice of the whole parameter (partition.py)
+        self.slices: dict[str, Slice] = dict(slices or {})
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `write`).
         if not in_place:
             for name, array in params.items():
                 params[name] = _published(array.copy())
 
-    def check_push(self, base: int, grads: dict[str, np.ndarray]) -> None:
+    def check_push(
+        self, base: int, grads: dict[str, np.ndarray], closes_step: bool = False
+    ) -> None:
         """Check a push's `base` and decoded gradients against the parameters.
 
+        closes_step: the worker has pushes of its step kept (`last: false`), or the server
+        is stopping (it keeps none), so this one may carry no gradient: a shard of a group
+        closes a step so (docs/protocol.md 16.5).
         Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
         nothing: every check runs before any parameter is touched.
         """
@@ -69,7 +81,7 @@ class ParameterStore:
             raise ProtocolError(
                 f"base {base} is newer than the server's version {self.version}", "bad_base"
             )
-        if not grads:
+        if not grads and not closes_step:
             raise ProtocolError("a push must carry at least one gradient", "unknown_param")
         for name, grad in grads.items():
             param = self.params.get(name)

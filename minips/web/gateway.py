@@ -124,6 +124,7 @@ class Gateway:
         # ZeroMQ's own cap on sockets (1023 by default) must not be what refuses a browser.
         self._context.set(zmq.MAX_SOCKETS, self.admission.max_browsers + 16)
         self._stop: asyncio.Event | None = None
+        self.group: bool | None = None  # the server is a group's root (asked once)
 
     @property
     def url(self) -> str:
@@ -166,9 +167,15 @@ class Gateway:
     # ------------------------------------------------------------------------ WebSocket
 
     async def _relay(self, ws: _BudgetedConnection) -> None:
-        """Pump one browser's messages to its own DEALER socket and the replies back."""
+        """Pump one browser's messages to its own DEALER socket and the replies back (to
+        a server group: through a GroupRelay that joins the group for the browser)."""
         if reason := self.admission.full_refusal(self.stats.open):
             await self._refuse(ws, CLOSE_FULL, reason)
+            return
+        if self.group is None:
+            self.group = await asyncio.to_thread(_is_group, self.connect)
+        if self.group:
+            await self._relay_to_group(ws)
             return
         self.stats.connections += 1
         self.stats.open += 1
@@ -202,6 +209,36 @@ class Gateway:
             sock.close(linger=0)
             self.stats.open -= 1
             log.info("browser %s disconnected", peer)
+
+    async def _relay_to_group(self, ws: _BudgetedConnection) -> None:
+        """One browser in front of a server group: each request read and made on the
+        group, each reply as one server's (minips.web.grouprelay, protocol.md 14.5)."""
+        from minips.web.grouprelay import GroupRelay
+
+        self.stats.connections += 1
+        self.stats.open += 1
+        relay = GroupRelay(self.connect)
+        try:
+            async for message in ws:
+                if isinstance(message, str):
+                    await self._refuse(ws, 1003, "minips sends binary messages only")
+                    return
+                try:
+                    frames = unpack_frames(message)
+                except FramingError as exc:
+                    await self._refuse(ws, 1007, f"bad framing: {exc}")
+                    return
+                ws.release(len(message) + FRAME_OVERHEAD)
+                self.stats.messages_up += 1
+                reply = await asyncio.to_thread(relay.handle, [bytes(f) for f in frames])
+                if reply is not None:
+                    await ws.send(pack_frames([memoryview(f).cast("B") for f in reply]))
+                    self.stats.messages_down += 1
+        except ConnectionClosed:
+            pass
+        finally:
+            await asyncio.to_thread(relay.close)
+            self.stats.open -= 1
 
     async def _downstream(self, sock: zmq.asyncio.Socket, ws: ServerConnection) -> None:
         """Every reply the server sends on this DEALER goes to the browser, in order."""
@@ -345,6 +382,18 @@ class _BudgetedConnection(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.release(self.in_flight)
         super().connection_lost(exc)
+
+
+def _is_group(connect: str) -> bool:
+    """Whether the server at `connect` is a server group's root (its stats say `group`);
+    False when it does not answer (the frames are then relayed as they are)."""
+    from minips.worker.client import PSClient, ServerUnavailable
+
+    try:
+        with PSClient(connect, timeout=3.0, retries=1) as probe:
+            return "group" in probe.stats()
+    except ServerUnavailable:
+        return False
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:

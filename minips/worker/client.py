@@ -40,79 +40,24 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import zmq
 
 from minips.codecs import Encoder, Gradient, Spec
-from minips.errors import MinipsError
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
+from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
+from minips.worker.group import GroupClient, hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
+from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
 
 log = logging.getLogger("minips.client")
 
 
-class ServerUnavailable(MinipsError):
-    """No reply from the server after all retries (it is down, unreachable or stuck)."""
-
-
-class ServerError(MinipsError):
-    """The server answered with an error reply; `code` is from docs/protocol.md section 9."""
-
-    def __init__(self, reason: str, code: str) -> None:
-        super().__init__(f"server refused the request ({code}): {reason}")
-        self.reason = reason
-        self.code = code
-
-
-@dataclass
-class PullReply:
-    """A pull's answer.
-
-    version: the server's global version t; pass it as `base` of the push computed on these
-    parameters and as `since` of the next pull. params: name -> read-only float32 array,
-    only the parameters changed since `since` (all when since is None). param_versions:
-    name -> version of its last change, for every parameter. stop: the server is stopping.
-    """
-
-    version: int
-    params: dict[str, np.ndarray]
-    param_versions: dict[str, int]
-    stop: bool
-    # name -> {"indices", "values"}: `delta` tensors (docs/protocol.md 13.7) to ADD to the
-    # worker's copy, under a plan that pulls some parameters as deltas.
-    deltas: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-
-
-@dataclass
-class PushReply:
-    """A push's answer.
-
-    version: the server's version after handling the push. applied: the gradient went into
-    an applied update (False: only queued, `last=False` under ssgd, or the server is
-    stopping). staleness: tau = t - base when it was applied. stop: the server is stopping.
-    pull: with `push(..., pull_since=v)`, the pull half (then `version` is the pull's).
-    """
-
-    version: int
-    applied: bool
-    staleness: int
-    stop: bool
-    pull: PullReply | None = None  # a fused push + pull: the parameters, as a pull's reply
-
-
 _NO_PULL = object()  # push() without its pull half
-
-
-def _pull_reply(message: Message) -> PullReply:
-    """A pull's (or a fused push's) reply: dense/fp16 arrays to set, `delta` ones to add."""
-    h = message.header
-    deltas = {n: parts for n, parts in message.parts.items() if message.codecs[n] == "delta"}
-    return PullReply(h["version"], message.arrays, h["param_versions"], h["stop"], deltas)
 
 
 class PSClient:
@@ -121,7 +66,10 @@ class PSClient:
     address: the server endpoint ("tcp://host:port" or "ipc:///path"). timeout: seconds to
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
-    one by default); the server gives the same rank back to the same id.
+    one by default); the server gives the same rank back to the same id. assemble_timeout:
+    how long hello waits for a server group whose shards have not all joined.
+    A server group (docs/protocol.md 16) is found at hello and used through the same calls
+    (minips.worker.group: one request per shard, all at once).
     Thread-safe: calls from several threads are serialised by a lock (module docstring).
     """
 
@@ -133,6 +81,7 @@ class PSClient:
         worker_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
         keys: auth.ClientKeys | None = None,
+        assemble_timeout: float = ASSEMBLE_TIMEOUT,
     ) -> None:
         if timeout <= 0 or retries < 0:
             raise ValueError("timeout must be > 0 and retries >= 0")
@@ -157,6 +106,9 @@ class PSClient:
         self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
         # --bandwidth: a token bucket per direction (minips.worker.netlimit), None = unlimited.
         self.link: Link | None = None
+        self.group: GroupClient | None = None  # the shards, once hello found a server group
+        self.operated: GroupClient | None = None  # the shards an operator's requests reach
+        self.assemble_timeout = assemble_timeout
 
     # ------------------------------------------------------------------------ worker calls
 
@@ -168,7 +120,11 @@ class PSClient:
         header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
         if info is not None:
             header["info"] = info
-        reply = self._request(header).header
+        reply = hello_root(self, header)
+        if "group" in reply:  # a server group: say hello to the other shards too (16.4)
+            self._close_socket()  # the group's own connection to the root takes our id over
+            self.group = GroupClient(self, reply["group"])
+            self.group.join(reply, dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
         if self.timeout >= reply["heartbeat_timeout"]:  # docs/protocol.md 7
             log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
@@ -184,9 +140,12 @@ class PSClient:
         Under ssp the server may hold the reply until the bound allows it; make `timeout`
         long enough for that, or rely on the retries.
         """
+        if self.group is not None:
+            with self._lock:
+                return self.group.pull(since)
         header = {"op": "pull", "worker": self.worker_id, "since": since}
         message = self._worker_request(header)
-        return _pull_reply(message)
+        return pull_reply(message)
 
     def push(
         self,
@@ -216,6 +175,10 @@ class PSClient:
         Under ssgd the reply comes when the barrier completes.
         """
         with self._lock:
+            if self.group is not None:
+                fused = pull_since is not _NO_PULL
+                return self.group.push(grads, base, extra, last, codecs, samples,
+                                       pull_since if fused else None, fused)  # fmt: skip
             extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
             parts = self.encoder.encode(grads, codecs)  # counts each parameter's bytes
             self.encoder.count(extras)
@@ -230,17 +193,28 @@ class PSClient:
                 header["pull_since"] = pull_since
             message = self._worker_request(header, parts + extras)
         h = message.header
-        pulled = _pull_reply(message) if "param_versions" in h else None
+        pulled = pull_reply(message) if "param_versions" in h else None
         return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
+
+    def next_seq(self) -> int:
+        """A new push's `seq` (one counter for every shard of a group: each sees it ascend)."""
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
 
     @property
     def bytes_sent(self) -> dict[str, int]:
         """Array bytes pushed so far per parameter (and per "extra/<key>"), retries not counted."""
+        if self.group is not None:
+            return self.group.bytes_sent()
         return dict(self.encoder.bytes_sent)
 
     def ping(self) -> bool:
         """Heartbeat for long computations; returns the `stop` flag."""
-        return self._worker_request({"op": "ping", "worker": self.worker_id}).header["stop"]
+        header = {"op": "ping", "worker": self.worker_id}
+        if self.group is not None:
+            with self._lock:
+                return any(m.header["stop"] for m in self.group.each(header).values())
+        return self._worker_request(header).header["stop"]
 
     def bye(self, finished: bool = True) -> None:
         """Leave the run (barriers stop waiting for this worker).
@@ -252,7 +226,11 @@ class PSClient:
         if not finished:
             header["finished"] = False
         try:
-            self._request(header)
+            if self.group is not None:
+                with self._lock:
+                    self.group.each(header)
+            else:
+                self._request(header)
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":
@@ -262,23 +240,40 @@ class PSClient:
     # ----------------------------------------------------------------------- anyone's calls
 
     def stats(self) -> dict[str, Any]:
-        """The server's counters and worker table (docs/protocol.md, `stats`)."""
-        return self._request({"op": "stats"}).header["stats"]
+        """The server's counters and worker table (docs/protocol.md, `stats`).
+
+        A group's: the root's, with `shards`: every shard's own stats, by index (None for
+        one that has not joined yet).
+        """
+        stats, replies = operator_request(self, {"op": "stats"}, lambda h: h["stats"])
+        if replies:  # None for a shard that has not joined yet
+            servers = stats["group"]["servers"]
+            shards = [replies[j].header["stats"] if j in replies else None for j in range(servers)]
+            stats = {**stats, "shards": shards}
+        return stats
 
     def stop(self) -> None:
-        """Operator: ask the server to shut down (workers then see `stop` in replies)."""
-        self._request({"op": "stop"})
+        """Operator: ask the server (every shard of a group) to shut down (workers then see
+        `stop` in replies)."""
+        operator_request(self, {"op": "stop"}, lambda h: h)
 
     def checkpoint(self) -> str:
-        """Operator: make the server write a checkpoint now; returns its path."""
-        return self._request({"op": "checkpoint"}).header["path"]
+        """Operator: make the server (every shard of a group) write a checkpoint now;
+        returns its path (the root's)."""
+        return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
+
+    def _close_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
 
     def close(self) -> None:
         """Close the socket without waiting for unsent messages."""
         with self._lock:
-            if self._socket is not None:
-                self._socket.close(linger=0)
-                self._socket = None
+            self._close_socket()
+            for shards in (self.group, self.operated):
+                if shards is not None:
+                    shards.close()
             self._context.destroy(linger=0)  # never blocks
 
     def __enter__(self) -> PSClient:

@@ -1,0 +1,45 @@
+"""What the shards of a server group and their clients agree on (docs/protocol.md 16),
+besides the partition itself (partition.py) and VSGD's samples per slice (sampling.py):
+the `group` map of a hello reply, how an advertised address is reached, the timers of
+joining.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+JOIN_INTERVAL = 1.0  # seconds between a shard's joins (its heartbeat to the root)
+JOIN_TAKEOVER = 3.0  # an index silent this long may be joined from another address
+HELLO_RETRY = 0.5  # seconds between a client's hellos while the group is incomplete
+ASSEMBLE_TIMEOUT = 60.0  # how long the reference client and shard wait for a group
+GROUP_ERROR = "group"  # the root's error code for a hello before the group is complete
+
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
+_TCP = re.compile(r"^tcp://(\[[^\]]*\]|[^:/]*):(\d+|\*)$")
+
+
+def group_map(shard: int, servers: int, addresses: Sequence[str | None]) -> dict[str, Any]:
+    """The `group` key of a shard's hello reply (and of the root's stats): 16.4."""
+    return {"shard": shard, "servers": servers, "addresses": list(addresses)}
+
+
+def reach(advertised: str, root: str) -> str:
+    """The address a client connects to for a shard that advertised `advertised`, having
+    reached the root at `root`: a wildcard host (* 0.0.0.0 [::]) becomes the root's host."""
+    shard, via = _TCP.match(advertised), _TCP.match(root)
+    if shard is None or via is None or shard.group(1) not in _WILDCARD_HOSTS:
+        return advertised
+    return f"tcp://{via.group(1)}:{shard.group(2)}"
+
+
+def check_shard_hello(reply: dict[str, Any], root: dict[str, Any], shard: int) -> str | None:
+    """Why shard `shard`'s hello reply does not belong to the root's group (None: it does)."""
+    group = reply.get("group") or {}
+    if group.get("shard") != shard or group.get("servers") != root["group"]["servers"]:
+        return f"answered as shard {group.get('shard')} of {group.get('servers')}"
+    for key in ("rank", "world_size"):
+        if reply.get(key) != root.get(key):
+            return f"gave {key} {reply.get(key)}, the root {root.get(key)}"
+    return None

@@ -1,0 +1,101 @@
+"""`minips server --servers K` on one machine: the root here, the other shards beside it.
+
+The root binds the group's one address (--bind) and serves in this process; shards 1..K-1
+are child processes (`minips server --shard J --root ROOT`), bound to the same host on
+ports of their own, each joining the root and taking the run's configuration from it
+(docs/protocol.md 16.3). When the root stops, its replies to their joins say so and they
+stop too; this process waits for them, then assembles the group checkpoint from their
+files (server/checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minips.run.build import make_server
+from minips.run.config import RunConfig
+from minips.run.metrics import MetricsLog
+from minips.server import checkpoints
+
+log = logging.getLogger("minips.server")
+
+
+def shard_bind(root_bind: str, shard: int) -> str:
+    """Where shard `shard` listens beside a root bound to `root_bind`: the same host on a
+    free port (tcp), or a socket file beside the root's (ipc)."""
+    tcp = re.match(r"^tcp://(.+):[^:]+$", root_bind)
+    if tcp is not None:
+        return f"tcp://{tcp.group(1)}:*"
+    path = Path(root_bind.removeprefix("ipc://"))
+    suffix = path.suffix or ".sock"
+    return "ipc://" + str(path.with_name(f"{path.stem}-shard{shard}{suffix}"))
+
+
+def shard_argv(config: RunConfig, root: str, shard: int, updates_log: str | None,
+               verbose: bool) -> list[str]:  # fmt: skip
+    """The command line of shard `shard` of the group whose root listens at `root`."""
+    argv = [sys.executable, "-m", "minips", "server", "--servers", str(config.servers),
+            "--shard", str(shard), "--root", root,
+            "--bind", shard_bind(config.bind, shard)]  # fmt: skip
+    if config.keys:
+        argv += ["--keys", config.keys]
+    if updates_log:
+        log_path = Path(updates_log)
+        argv += ["--updates-log", str(log_path.with_name(f"{log_path.stem}-shard{shard}.jsonl"))]
+    return argv + (["--verbose"] if verbose else [])
+
+
+def serve_group_here(
+    config: RunConfig,
+    endpoint_file: str | None,
+    updates_log: str | None,
+    t0: float | None,
+    verbose: bool = False,
+) -> None:
+    """Serve the whole group of `config.servers` shards from this machine (module docstring)."""
+    from minips.cli.ps_cmd import server_summary
+
+    with MetricsLog(updates_log, start_time=t0) as updates:
+
+        def on_update(record: dict[str, Any]) -> None:
+            updates.write("update", **{k: v for k, v in record.items() if k != "time"})
+
+        root = make_server(replace(config, shard=0), on_update=on_update)
+        shards = [
+            subprocess.Popen(shard_argv(config, root.endpoint, j, updates_log, verbose))
+            for j in range(1, config.servers)
+        ]
+        click.echo(f"minips server group of {config.servers} on {root.endpoint}, rule "
+                   f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
+        if endpoint_file:
+            tmp = Path(endpoint_file + ".tmp")
+            tmp.write_text(root.endpoint + "\n")
+            tmp.replace(endpoint_file)
+        try:
+            root.serve_forever()
+        finally:
+            _wait_for(shards)
+        updates.write("server", stats=root.stats())
+    click.echo(server_summary(root))
+    if config.checkpoint and checkpoints.assemble(config.checkpoint) is not None:
+        click.echo(f"group checkpoint {config.checkpoint}")
+
+
+def _wait_for(shards: list[subprocess.Popen], timeout: float = 30.0) -> None:
+    """The shards stop once their root did (its join replies say so); any left after
+    `timeout` seconds is terminated."""
+    for proc in shards:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("shard process %d did not stop with its root: terminating it", proc.pid)
+            proc.terminate()
+            proc.wait(5)

@@ -1,0 +1,199 @@
+"""The pieces of a server group on their own: addresses, VSGD samples per slice, the root's
+table of joins, and the client's fan-out over real sockets (one shard silent at first)."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from minips.protocol import wire
+from minips.protocol.group import JOIN_TAKEOVER, reach
+from minips.protocol.partition import partition
+from minips.protocol.sampling import sample_indices, sample_rows
+from minips.protocol.wire import ProtocolError
+from minips.server.group import RootTable
+from minips.worker.group import Connection, GroupVersion, exchange
+
+
+@pytest.mark.parametrize(
+    ("advertised", "root", "reached"),
+    [
+        ("tcp://0.0.0.0:40123", "tcp://pc7:5555", "tcp://pc7:40123"),
+        ("tcp://*:40123", "tcp://10.0.0.2:5555", "tcp://10.0.0.2:40123"),
+        ("tcp://[::]:7", "tcp://[fd00::1]:5555", "tcp://[fd00::1]:7"),
+        ("tcp://pc8:5556", "tcp://pc7:5555", "tcp://pc8:5556"),
+        ("ipc:///tmp/shard1.sock", "tcp://pc7:5555", "ipc:///tmp/shard1.sock"),
+    ],
+)
+def test_a_wildcard_host_is_reached_where_the_root_was(advertised, root, reached):
+    assert reach(advertised, root) == reached
+
+
+def test_vsgd_samples_split_by_the_coordinates_of_each_slice():
+    part = partition({"fc1.w": (800, 500)}, 3)
+    indices = sample_indices("fc1.w", 400_000, 0.01, 32)
+    values = np.arange(indices.size, dtype=np.float32)
+    got = []
+    for piece in part.slices("fc1.w"):
+        rows = sample_rows(indices, piece)
+        local = indices[rows] - piece.offset
+        assert local.min() >= 0 and local.max() < piece.size
+        got.append(values[rows])
+    np.testing.assert_array_equal(np.concatenate(got), values)  # each value exactly once
+
+
+def test_the_root_table_counts_a_shard_only_once_it_gave_an_address():
+    table = RootTable(3, "tcp://root:5555")
+    assert table.missing() == [1, 2]
+    assert table.join({"servers": 3, "shard": 2, "address": None}, b"a", 0.0) == 2
+    assert table.missing() == [1, 2]  # asked what to be: not joined yet
+    table.join({"servers": 3, "shard": 2, "address": "tcp://b:1"}, b"a", 0.5)
+    with pytest.raises(ProtocolError, match=r"shard\(s\) 1 of 3 have not joined") as err:
+        table.check_complete()
+    assert err.value.code == "group"
+    assert table.join({"servers": 3, "shard": None, "address": "tcp://c:1"}, b"c", 0.6) == 1
+    table.check_complete()
+    assert table.addresses() == ["tcp://root:5555", "tcp://c:1", "tcp://b:1"]
+
+
+def test_the_root_table_refuses_what_does_not_fit():
+    table = RootTable(3, "tcp://root:5555")
+    table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", 0.0)
+    for header, code in [
+        ({"servers": 2, "shard": 1, "address": "tcp://x:1"}, "bad_field"),
+        ({"servers": 3, "shard": 0, "address": "tcp://x:1"}, "bad_field"),
+        ({"servers": 3, "shard": 3, "address": "tcp://x:1"}, "bad_field"),
+        ({"servers": 3, "shard": True, "address": "tcp://x:1"}, "bad_field"),
+        ({"servers": 3, "shard": 1, "address": 7}, "bad_field"),
+        ({"servers": 3, "shard": 1, "address": "tcp://x:1"}, "full"),  # held, fresh
+    ]:
+        with pytest.raises(ProtocolError) as err:
+            table.join(header, b"x", 1.0)
+        assert err.value.code == code, header
+    # the same address from a new client (a restarted shard) takes over at once ...
+    assert table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"new", 1.0) == 1
+    # ... and after a silence, another address too
+    later = 1.0 + JOIN_TAKEOVER + 0.1
+    assert table.join({"servers": 3, "shard": 1, "address": "tcp://y:1"}, b"y", later) == 1
+    table.join({"servers": 3, "shard": None, "address": "tcp://z:1"}, b"z", later)
+    with pytest.raises(ProtocolError, match="all 3 shards"):
+        table.join({"servers": 3, "shard": None, "address": "tcp://w:1"}, b"w", later)
+
+
+def _echo_shard(router: zmq.Socket, stop: threading.Event, ignore_first: bool) -> None:
+    """Answer each request with its rid and op; with ignore_first, drop the first one."""
+    dropped = not ignore_first
+    while not stop.is_set():
+        if not router.poll(50):
+            continue
+        routing, *frames = router.recv_multipart()
+        request = wire.decode_request(frames)
+        if not dropped:
+            dropped = True
+            continue
+        header = {"op": "ping", "version": 7, "stop": False, "rid": request.header["rid"]}
+        router.send_multipart([routing, *wire.encode_parts(header, [])])
+
+
+def test_exchange_waits_for_all_and_retries_only_the_silent_shard():
+    context = zmq.Context()
+    routers, threads, stop = [], [], threading.Event()
+    for ignore_first in (False, True):
+        router = context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as a server: a reconnection takes the id
+        router.bind("tcp://127.0.0.1:*")
+        routers.append(router)
+        thread = threading.Thread(target=_echo_shard, args=(router, stop, ignore_first))
+        thread.start()
+        threads.append(thread)
+    try:
+        connections = [
+            Connection(
+                context, r.getsockopt_string(zmq.LAST_ENDPOINT), b"\x01me", wire.DEFAULT_LIMITS
+            )
+            for r in routers
+        ]
+        requests = {0: ({"op": "ping", "worker": "w"}, []), 1: ({"op": "ping", "worker": "w"}, [])}
+        replies = exchange(connections, requests, timeout=0.5, retries=1)
+        assert sorted(replies) == [0, 1]
+        assert [connections[j].rid for j in (0, 1)] == [1, 2]  # shard 1 was asked twice
+        assert all(m.header["version"] == 7 for m in replies.values())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        for connection in connections:
+            connection.abandon()
+        for router in routers:
+            router.close(0)
+        context.term()
+
+
+def test_a_shard_that_never_answers_is_named():
+    from minips.worker.client import ServerUnavailable
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:*")
+    connection = Connection(context, router.getsockopt_string(zmq.LAST_ENDPOINT), b"\x01me",
+                            wire.DEFAULT_LIMITS)  # fmt: skip
+    try:
+        with pytest.raises(ServerUnavailable, match="no reply from shard 3 of the server group"):
+            exchange({3: connection}, {3: ({"op": "ping", "worker": "w"}, [])}, 0.2, 1)
+    finally:
+        connection.abandon()
+        router.close(0)
+        context.term()
+
+
+def test_a_group_version_reads_as_the_roots():
+    version = GroupVersion((12, 11, 12))
+    assert int(version) == 12 and version == (12, 11, 12) and list(version) == [12, 11, 12]
+
+
+def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:
+    """Shard `shard` of a 2-group of the mlp at `version`, saved by its Checkpointer."""
+    from minips.nn import build_model
+    from minips.protocol.partition import partition_of_model
+    from minips.server.checkpoints import Checkpointer
+    from minips.server.group import shard_params
+    from minips.server.store import SGD, ParameterStore
+    from minips.server.telemetry import Counters
+
+    model = build_model("mlp")
+    params = shard_params(model.params, partition_of_model(model.params, 2), shard)
+    params = {n: a + np.float32(version) for n, a in params.items()}
+    store = ParameterStore(params, SGD(params, lr=0.1))
+    store.version = version
+    checkpoints = Checkpointer(store, Counters(), tmp_path / "run.npz", rule="ssgd",
+                               spec=model.spec, shard=(shard, 2))  # fmt: skip
+    checkpoints.keep_previous = keep_previous
+    checkpoints.save()
+
+
+def test_an_ssgd_group_checkpoint_is_the_last_version_every_shard_saved(tmp_path):
+    """Shard 0 saved rounds 50 and 100, shard 1 only 50 so far (it was one round behind):
+    the group checkpoint is round 50, from both shards, and says it is consistent."""
+    from minips.server.checkpoints import assemble
+
+    for version in (50, 100):
+        _shard_file(tmp_path, 0, version, keep_previous=True)
+    _shard_file(tmp_path, 1, 50, keep_previous=True)
+    assemble(tmp_path / "run.npz")
+    with np.load(tmp_path / "run.npz") as data:
+        meta = json.loads(str(data["meta"]))
+        assert int(data["version"]) == 50 and float(data["param/fc1.w"][0, 0]) > 49
+    assert meta["group"] == {"servers": 2, "versions": [50, 50], "consistent": True}
+
+
+def test_an_async_group_checkpoint_is_each_shards_latest_and_says_so(tmp_path):
+    from minips.server.checkpoints import assemble
+
+    _shard_file(tmp_path, 0, 70, keep_previous=False)
+    _shard_file(tmp_path, 1, 68, keep_previous=False)
+    assemble(tmp_path / "run.npz")
+    with np.load(tmp_path / "run.npz") as data:
+        meta = json.loads(str(data["meta"]))
+    assert meta["group"] == {"servers": 2, "versions": [70, 68], "consistent": False}

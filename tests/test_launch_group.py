@@ -1,0 +1,131 @@
+"""`minips launch` under the real launchers (mpirun, torchrun) and under the variables Slurm
+and the DMLC scripts set: 4 processes, 2 of them serving (a group of two shards), each job
+training to a summary; a job that cannot assemble says who is missing, in bounded time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+JOB = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--eval-interval", "30"]
+MINIPS = [sys.executable, "-m", "minips"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _check_summary(out: Path, servers: int = 2, workers: int = 2) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["servers"] == servers and summary["workers"] == workers
+    assert [row["updates"] for row in summary["shards"]] == [summary["updates"]] * servers
+    assert summary["samples"] == 2000 and summary["accuracy"] > 0.5  # both shards of data
+    assert sorted(p.name for p in out.glob("worker-*.json")) == ["worker-0.json", "worker-1.json"]
+    return summary
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 240):
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (openmpi-bin) is not installed")
+def test_mpirun_starts_a_group_and_its_workers(tmp_path):
+    out = tmp_path / "mpi"
+    # 4 processes on this machine's 2 cores: Open MPI refuses more ranks than cores unless told
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "4", *MINIPS, "launch",
+            "--servers", "2", "--port", str(_free_port()), "--out", str(out), *JOB]  # fmt: skip
+    done = _run(argv)
+    assert "test accuracy" in done.stdout
+    _check_summary(out)
+
+
+def test_torchrun_starts_a_group_and_its_workers(tmp_path):
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not Path(torchrun).exists():
+        pytest.skip("torchrun (the optional PyTorch) is not installed")
+    out = tmp_path / "torch"
+    argv = [torchrun, "--nproc-per-node", "4", "--no-python", *MINIPS, "launch",
+            "--servers", "2", "--out", str(out), *JOB]  # fmt: skip
+    _run(argv, env={"OMP_NUM_THREADS": "1"})
+    _check_summary(out)
+
+
+def _start_all(envs: list[dict[str, str]], out: Path, *extra: str) -> list[subprocess.Popen]:
+    argv = [*MINIPS, "launch", "--out", str(out), *JOB, *extra]
+    return [
+        subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for env in envs
+    ]
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        results.append((proc.returncode, stdout, stderr))
+    return results
+
+
+def test_the_variables_srun_sets_start_a_group(tmp_path):
+    """srun -n 4 sets these for each task; the root is the first host of the compressed
+    node list (here a name this machine resolves, then three it need not)."""
+    out, port = tmp_path / "slurm", _free_port()
+    common = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_NNODES": "4",
+              "SLURM_STEP_NODELIST": "localhost,node[2-4]", "SLURM_NODELIST": "localhost,node[2-4]",
+              "SLURM_STEP_ID": "0"}  # fmt: skip
+    envs = [{**common, "SLURM_PROCID": str(r), "SLURM_LOCALID": "0", "SLURM_NODEID": str(r)}
+            for r in range(4)]  # fmt: skip
+    results = _finish(_start_all(envs, out, "--servers", "2", "--port", str(port)))
+    assert all(code == 0 for code, _, _ in results), results
+    assert "test accuracy" in results[0][1]
+    _check_summary(out)
+
+
+def _dmlc(role: str, port: int, **more: str) -> dict[str, str]:
+    return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", **more}  # fmt: skip
+
+
+def test_the_dmlc_variables_start_a_scheduler_a_server_and_workers(tmp_path):
+    """As ps-lite's tracker sets them (BytePS adds DMLC_WORKER_ID, below): the scheduler
+    serves shard 0 and the one server process shard 1; the workers' ranks go by arrival."""
+    out, port = tmp_path / "dmlc", _free_port()
+    envs = [_dmlc("server", port), _dmlc("worker", port), _dmlc("worker", port),
+            _dmlc("scheduler", port)]  # fmt: skip
+    results = _finish(_start_all(envs, out))
+    assert all(code == 0 for code, _, _ in results), results
+    _check_summary(out)
+
+
+def test_a_job_that_cannot_assemble_says_who_is_missing(tmp_path):
+    out, port = tmp_path / "missing", _free_port()
+    tick = time.monotonic()
+    envs = [_dmlc("scheduler", port), _dmlc("worker", port, DMLC_WORKER_ID="1")]  # no server
+    scheduler, worker = _start_all(envs, out, "--startup-timeout", "4")
+    try:
+        ((code, _, stderr),) = _finish([scheduler], timeout=120)
+    finally:
+        worker.kill()  # it gives up on its own too, after its hello's retries
+        worker.communicate()
+    assert code == 2 and stderr.startswith("error: the job did not assemble within 4 s")
+    assert "shard 1 (a DMLC server) never arrived" in stderr  # the workers wait for it
+    assert time.monotonic() - tick < 60
