@@ -55,7 +55,7 @@ def test_the_server_stops_by_itself_once_every_rank_finished():
             deadline = time.monotonic() + 5
             while not server.stopping and time.monotonic() < deadline:
                 time.sleep(0.02)
-        assert server.stopping and server.finished_by_workers
+        assert server.stopping and server.stop.by_all_workers
 
 
 def test_an_unfinished_bye_does_not_end_the_run():

@@ -23,7 +23,18 @@ from minips.web.grouprelay import GroupRelay
 from minips.worker.client import PSClient
 
 MLP = build_model("mlp").params
-FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--momentum", "0.5"]
+FAST = [
+    "--model",
+    "mlp",
+    "--dataset",
+    "synthetic",
+    "--rule",
+    "asgd",
+    "--lr",
+    "0.05",
+    "--momentum",
+    "0.5",
+]
 
 
 def test_an_authenticated_group_trains_and_reports_its_shards(tmp_path):
@@ -87,17 +98,25 @@ def collector_stats(address: str) -> dict:
         return operator.stats()
 
 
-def test_the_planner_counts_k_links():
+def test_the_planner_counts_k_links(tmp_path):
+    """Under --netem each shard has a link of its own (minips.run.netem): a worker's share
+    grows by group_gain; a worker's own link (--bandwidth) carries every shard's part."""
     model = build_model("lenet5")
     assert group_gain(model, 1) == 1.0
     assert 1.9 < group_gain(model, 2) <= 2 and 3.5 < group_gain(model, 4) <= 4
-    plan = [sys.executable, "-m", "minips", "plan", "--bandwidth", "100mbit", "--repeats", "1"]
-    one = subprocess.run(plan, capture_output=True, text=True, timeout=120)
-    four = subprocess.run([*plan, "--servers", "4"], capture_output=True, text=True, timeout=120)
-    assert "4 shards each behind such a link" in four.stdout
-    lines = [ln for out in (one.stdout, four.stdout) for ln in out.splitlines() if "link: " in ln]
-    rate = [float(line.split("link: ")[1].split(" Mbit/s")[0]) for line in lines]
-    assert rate[1] == pytest.approx(rate[0] * group_gain(model, 4), rel=0.01)
+    plan = [sys.executable, "-m", "minips", "plan", "--repeats", "1", "--json"]
+    rates = {}
+    for link in ("--netem", "--bandwidth"):
+        for servers in ("1", "4"):
+            path = tmp_path / f"plan{link}{servers}.json"
+            argv = [*plan, str(path), link, "100mbit", "--servers", servers]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            if link == "--netem" and servers == "4":
+                assert "4 shards each behind such a link" in done.stdout
+            rates[link, servers] = json.loads(path.read_text())["predicted"]["rate_bytes_per_s"]
+    assert rates["--netem", "4"] == pytest.approx(rates["--netem", "1"] * group_gain(model, 4))
+    assert rates["--bandwidth", "4"] == rates["--bandwidth", "1"]
 
 
 def _request(relay: GroupRelay, header: dict, parts=()) -> wire.Message:

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from minips.errors import ShapeError
 from minips.run.metrics import MetricsLog, merge_logs, read_metrics
 from minips.server.store import SGD
 
@@ -92,7 +93,7 @@ def test_scale_shrinks_the_gradient_before_it_enters_the_velocity():
 def test_state_dict_of_the_wrong_shape_is_refused_and_dtype_follows_the_parameter():
     w = np.zeros(3, np.float64)
     opt = SGD({"w": w}, lr=0.1, momentum=0.9)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ShapeError, match="shape"):
         opt.load_state_dict({"velocity/w": np.zeros(4, np.float32)})
     opt.load_state_dict({"velocity/w": np.ones(3, np.float32)})
     assert opt.velocity["w"].dtype == np.float64

@@ -226,7 +226,7 @@ def join_root(config: RunConfig) -> tuple[RunConfig, Any]:
 def server_summary(ps: Any) -> str:
     """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
     stats = ps.stats()
-    why = " (every worker finished its epochs)" if ps.finished_by_workers else ""
+    why = " (every worker finished its epochs)" if ps.stop.by_all_workers else ""
     line = (
         f"server stopped{why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
         f"from {plural(len([w for w in stats['workers'] if not w['observer']]), 'worker')} "

@@ -20,7 +20,6 @@ docs/protocol.md is the normative description of the behaviour.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +50,7 @@ from minips.server.router import (
     receive,
     split_envelope,
 )
-from minips.server.stop import Stop
+from minips.server.stop import Stop, stop_on_signals
 from minips.server.store import SGD, ParameterStore
 from minips.server.telemetry import Telemetry, UpdateRecord
 
@@ -66,10 +65,9 @@ class ParameterServer:
     params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer`
     was built on. options: ServerOptions. config (msgpack-able map): sent to every worker
     in `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called
-    after every applied update and dropped push. `server.endpoint` is the bound address;
-    `run()` serves until a `stop` request or `request_stop()`; then `close()`.
-    `serve_forever()` does all of this with SIGINT/SIGTERM handlers, for the CLI.
-    The worker table is `registry.by_id`.
+    after every applied update and dropped push. group: a shard's role in a server group.
+    `server.endpoint` is the bound address; `run()` serves until a `stop` request or
+    `request_stop()`; then `close()` (`serve_forever()`: all of it, with signal handlers).
     """
 
     def __init__(
@@ -106,16 +104,14 @@ class ParameterServer:
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
                                                     options.send_hwm, options.keys)  # fmt: skip
-        # messages still arriving: bounded per connection (minips/server/inflow.py)
-        self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))
+        self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))  # inflow.py
         self.outbox = outbox = Outbox(self.socket, self.telemetry.counters)
         # routing id, a REQ delimiter, the header, the array frames, and one to see more
         self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
                                                options.heartbeat_timeout, stop)  # fmt: skip
-        # op -> handler(envelope, request); a handler returns what the rule decided on a
-        # worker who left (carried out by `serve`), or None.
+        # op -> handler(envelope, request) -> the rule's decision on a worker who left, or None
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
@@ -196,20 +192,11 @@ class ParameterServer:
 
     def serve_forever(self) -> None:
         """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("signal %d: stopping", signum)
-            if self.stop.requested:
-                self.stop.deadline = 0.0
-            self.stop.request(f"signal {signum}")
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            self.run()
-        finally:  # closed first: a signal while the last replies linger does not kill it
-            self.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with stop_on_signals(self.stop):
+            try:
+                self.run()
+            finally:  # closed first: a signal while the last replies linger does not kill it
+                self.close()
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
@@ -233,11 +220,6 @@ class ParameterServer:
     def stopping(self) -> bool:
         """The server is stopping: replies carry `stop`, pushes are no longer applied."""
         return self.stop.stopping
-
-    @property
-    def finished_by_workers(self) -> bool:
-        """It stopped because every rank finished its shard (each worker said `bye`)."""
-        return self.stop.stopping and self.stop.by_workers
 
     def close(self) -> None:
         """Close the sockets (a shard's to its root too) and the ZeroMQ context."""
@@ -286,8 +268,7 @@ class ParameterServer:
             self.carry_out(self.rule.on_push(step))  # a step sent layer by layer, now whole
         else:  # a layer of a step sent in several pushes: kept for its last one
             self.answer_push(push, applied=False)
-        budget = self.options.max_samples
-        if budget and self.telemetry.counters.samples >= budget:
+        if (budget := self.options.max_samples) and self.telemetry.counters.samples >= budget:
             self.stop.request(f"sample budget of {budget} reached")
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
@@ -307,9 +288,9 @@ class ParameterServer:
         checks.require_operator(envelope.origin, self.options.keys)
         if self.options.checkpoint_path is None:
             raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
-        path = self.checkpoints.save()
-        header = {"op": "checkpoint", "path": str(path), "version": self.store.version}
-        self.outbox.reply(envelope, {**header, **operator_fields(self.group)})
+        path, version = self.checkpoints.save(), self.store.version
+        self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
+                                     **operator_fields(self.group)})  # fmt: skip
 
     # --------------------------------------------------------------- carrying out a rule
 
@@ -364,21 +345,17 @@ class ParameterServer:
         elif seen == "answered":
             self.outbox.reply(envelope, worker.answered[seq], worker=worker)
         else:
-            raise ProtocolError(
-                f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
-                "stale_seq",
-            )
+            raise ProtocolError(f"push seq {seq} is older than this worker's last push "
+                                f"({worker.highest_seq})", "stale_seq")  # fmt: skip
 
     def use_plan(self, plan: Plan) -> None:
-        """Serve by `plan` from now on: pulls by its encodings (fp16, delta, priority order;
-        minips.server.pulls), and without momentum the parameters its workers push with
-        momentum correction (top-k's `momentum`; docs/protocol.md 13.8)."""
+        """Serve by `plan` from now on: pulls by its encodings (minips.server.pulls), without
+        momentum the parameters pushed with momentum correction (docs/protocol.md 13.9)."""
         self.store.optimizer.plain_for(plan.worker_momentum())
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """The `stats` reply: counters, versions, staleness, the worker table, a collapse;
-        a shard's place in its group."""
+        """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         return stats if self.group is None else {**stats, "group": self.group.group()}

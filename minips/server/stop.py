@@ -8,7 +8,14 @@ right after the request that asked, so the messages after that one see it.
 
 from __future__ import annotations
 
+import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("minips.server")
 
 
 @dataclass
@@ -32,6 +39,30 @@ class Stop:
         self.requested = self.stopping = True
         self.deadline = deadline
 
+    @property
+    def by_all_workers(self) -> bool:
+        """It stopped because every rank finished its shard (each worker said `bye`)."""
+        return self.stopping and self.by_workers
+
     def due(self) -> bool:
         """A stop was asked for and not begun yet."""
         return self.requested and not self.stopping
+
+
+@contextmanager
+def stop_on_signals(stop: Stop) -> Iterator[None]:
+    """SIGINT and SIGTERM request `stop` while inside (a second one cuts the grace); the
+    previous handlers come back on leaving."""
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        if stop.requested:
+            stop.deadline = 0.0
+        stop.request(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -217,11 +217,9 @@ class PSClient:
         return self._worker_request(header).header["stop"]
 
     def bye(self, finished: bool = True) -> None:
-        """Leave the run (barriers stop waiting for this worker).
-
-        finished: False when leaving before the shard's epochs are done, so another worker
-        may take over the rank (docs/protocol.md 5.6).
-        """
+        """Leave the run (barriers stop waiting for this worker). finished: False when
+        leaving before the shard's epochs are done, so another worker may take over the
+        rank (docs/protocol.md 5.6)."""
         header: dict[str, Any] = {"op": "bye", "worker": self.worker_id}
         if not finished:
             header["finished"] = False
@@ -240,11 +238,8 @@ class PSClient:
     # ----------------------------------------------------------------------- anyone's calls
 
     def stats(self) -> dict[str, Any]:
-        """The server's counters and worker table (docs/protocol.md, `stats`).
-
-        A group's: the root's, with `shards`: every shard's own stats, by index (None for
-        one that has not joined yet).
-        """
+        """The server's counters and worker table (docs/protocol.md, `stats`); a group's: the
+        root's, with `shards`: every shard's own, by index (None for one not joined yet)."""
         stats, replies = operator_request(self, {"op": "stats"}, lambda h: h["stats"])
         if replies:  # None for a shard that has not joined yet
             servers = stats["group"]["servers"]
