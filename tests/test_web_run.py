@@ -32,6 +32,7 @@ FAST = {
     "momentum": 0.5,
     "epochs": 2,
     "rule": "asgd",
+    "join_wait": 120.0,  # a headless Chromium on a busy machine may take long to start
 }
 
 
