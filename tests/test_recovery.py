@@ -70,12 +70,13 @@ def _version(out: Path) -> int | None:
 
 
 def _kill_when_training(out: Path, rng: random.Random, after_version: int) -> list[str]:
-    """SIGKILL the server a random 0.3-1.5 s after it applied updates past `after_version`;
-    return its command line."""
+    """SIGKILL the server a random 0.3-1.5 s after it applied updates past `after_version`
+    and a checkpoint exists (a slow machine may take longer than one interval to write the
+    first); return its command line."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         version = _version(out)
-        if version is not None and version > after_version:
+        if version is not None and version > after_version and (out / "checkpoint.npz").exists():
             time.sleep(rng.uniform(0.3, 1.5))
             server = _server(out)
             assert server is not None, "no server process"

@@ -41,7 +41,7 @@ CHROMIUM_FLAGS = [
 ]
 
 
-def devtools_port(profile: Path, chromium: subprocess.Popen, timeout: float = 30.0) -> int:
+def devtools_port(profile: Path, chromium: subprocess.Popen, timeout: float = 90.0) -> int:
     """The DevTools port Chromium chose, from the DevToolsActivePort file it writes."""
     active = profile / "DevToolsActivePort"
     deadline = time.monotonic() + timeout
