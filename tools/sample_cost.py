@@ -223,8 +223,9 @@ def _mean(values: list[float], digits: str) -> str:
     if not values:
         return "-"
     text = format(statistics.mean(values), digits)
-    spread = format(statistics.stdev(values), digits.lstrip("+"))
-    return text + (f" ± {spread}" if len(values) > 1 else "")
+    if len(values) == 1:
+        return text
+    return f"{text} ± {format(statistics.stdev(values), digits.lstrip('+'))}"
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
