@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -187,19 +187,9 @@ class Gateway:
         seat = Seat()
         down = asyncio.create_task(self._downstream(sock, ws))
         try:
-            async for message in ws:
-                if isinstance(message, str):
-                    await self._refuse(ws, 1003, "minips sends binary messages only")
-                    return
-                try:
-                    frames = unpack_frames(message)
-                except FramingError as exc:
-                    await self._refuse(ws, 1007, f"bad framing: {exc}")
-                    return
+            async for frames in self._requests(ws):
                 seat.watch(frames)
                 await sock.send_multipart(frames, copy=False)
-                ws.release(len(message) + FRAME_OVERHEAD)
-                self.stats.messages_up += 1
         except ConnectionClosed:
             pass
         finally:
@@ -219,17 +209,7 @@ class Gateway:
         self.stats.open += 1
         relay = GroupRelay(self.connect)
         try:
-            async for message in ws:
-                if isinstance(message, str):
-                    await self._refuse(ws, 1003, "minips sends binary messages only")
-                    return
-                try:
-                    frames = unpack_frames(message)
-                except FramingError as exc:
-                    await self._refuse(ws, 1007, f"bad framing: {exc}")
-                    return
-                ws.release(len(message) + FRAME_OVERHEAD)
-                self.stats.messages_up += 1
+            async for frames in self._requests(ws):
                 reply = await asyncio.to_thread(relay.handle, [bytes(f) for f in frames])
                 if reply is not None:
                     await ws.send(pack_frames([memoryview(f).cast("B") for f in reply]))
@@ -239,6 +219,23 @@ class Gateway:
         finally:
             await asyncio.to_thread(relay.close)
             self.stats.open -= 1
+
+    async def _requests(self, ws: _BudgetedConnection) -> AsyncIterator[list[memoryview]]:
+        """The frames of each message a browser sends, its bytes given back to the memory
+        budget once relayed; a text message (1003) or bad framing (1007) closes the
+        WebSocket instead."""
+        async for message in ws:
+            if isinstance(message, str):
+                await self._refuse(ws, 1003, "minips sends binary messages only")
+                return
+            try:
+                frames = unpack_frames(message)
+            except FramingError as exc:
+                await self._refuse(ws, 1007, f"bad framing: {exc}")
+                return
+            yield frames  # relayed by the caller; then its bytes go back to the budget
+            ws.release(len(message) + FRAME_OVERHEAD)
+            self.stats.messages_up += 1
 
     async def _downstream(self, sock: zmq.asyncio.Socket, ws: ServerConnection) -> None:
         """Every reply the server sends on this DEALER goes to the browser, in order."""
