@@ -165,7 +165,7 @@ def test_a_headless_browser_trains_in_a_group_through_the_gateway(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", "--servers", "2",
             "--workers", "2", "--browser", "1", "--browser-headless", "--listen", "127.0.0.1:0",
-            "--epochs", "2", *FAST]  # fmt: skip
+            "--epochs", "2", "--join-wait", "120", *FAST]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240,
                           env={**quiet_env(), "TMPDIR": str(tmp_path)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,7 +29,7 @@ def _run(tmp_path, name, *args):
     require_browser()
     out = tmp_path / name
     argv = [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet"]
-    argv += ["--browser-headless", "--listen", "127.0.0.1:0", *FAST, *args]
+    argv += ["--browser-headless", "--listen", "127.0.0.1:0", "--join-wait", "120", *FAST, *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=quiet_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return out

@@ -124,7 +124,7 @@ class Gateway:
         # ZeroMQ's own cap on sockets (1023 by default) must not be what refuses a browser.
         self._context.set(zmq.MAX_SOCKETS, self.admission.max_browsers + 16)
         self._stop: asyncio.Event | None = None
-        self.group: bool | None = None  # the server is a group's root (asked once)
+        self.group: bool | None = None  # the server is a group's root (None: not known yet)
 
     @property
     def url(self) -> str:
@@ -167,18 +167,27 @@ class Gateway:
     # ------------------------------------------------------------------------ WebSocket
 
     async def _relay(self, ws: _BudgetedConnection) -> None:
-        """Pump one browser's messages to its own DEALER socket and the replies back (to
-        a server group: through a GroupRelay that joins the group for the browser)."""
+        """Relay one browser: to its own DEALER socket (`_relay_to_server`), or to a server
+        group through a GroupRelay that joins the group for it (`_relay_to_group`). It is
+        counted from here, so a full gateway refuses the next one even while this one is
+        still finding out whether the server is a group."""
         if reason := self.admission.full_refusal(self.stats.open):
             await self._refuse(ws, CLOSE_FULL, reason)
             return
-        if self.group is None:
-            self.group = await asyncio.to_thread(_is_group, self.connect)
-        if self.group:
-            await self._relay_to_group(ws)
-            return
         self.stats.connections += 1
         self.stats.open += 1
+        try:
+            if self.group is None:
+                self.group = await asyncio.to_thread(_is_group, self.connect)
+            if self.group:
+                await self._relay_to_group(ws)
+            else:
+                await self._relay_to_server(ws)
+        finally:
+            self.stats.open -= 1
+
+    async def _relay_to_server(self, ws: _BudgetedConnection) -> None:
+        """Pump one browser's messages to its own DEALER socket and the replies back."""
         peer = ws.remote_address
         log.info("browser %s connected", peer)
         sock = self._context.socket(zmq.DEALER)
@@ -197,7 +206,6 @@ class Gateway:
             await asyncio.gather(down, return_exceptions=True)
             await self._give_back_seat(sock, seat, peer)
             sock.close(linger=0)
-            self.stats.open -= 1
             log.info("browser %s disconnected", peer)
 
     async def _relay_to_group(self, ws: _BudgetedConnection) -> None:
@@ -205,8 +213,6 @@ class Gateway:
         group, each reply as one server's (minips.web.grouprelay, protocol.md 14.5)."""
         from minips.web.grouprelay import GroupRelay
 
-        self.stats.connections += 1
-        self.stats.open += 1
         relay = GroupRelay(self.connect)
         try:
             async for frames in self._requests(ws):
@@ -218,7 +224,6 @@ class Gateway:
             pass
         finally:
             await asyncio.to_thread(relay.close)
-            self.stats.open -= 1
 
     async def _requests(self, ws: _BudgetedConnection) -> AsyncIterator[list[memoryview]]:
         """The frames of each message a browser sends, its bytes given back to the memory
@@ -381,16 +386,17 @@ class _BudgetedConnection(ServerConnection):
         super().connection_lost(exc)
 
 
-def _is_group(connect: str) -> bool:
+def _is_group(connect: str) -> bool | None:
     """Whether the server at `connect` is a server group's root (its stats say `group`);
-    False when it does not answer (the frames are then relayed as they are)."""
+    None when it does not answer within about 30 s (a busy or starting server: asked again
+    at the next browser; this one's frames are relayed as they are)."""
     from minips.worker.client import PSClient, ServerUnavailable
 
     try:
-        with PSClient(connect, timeout=3.0, retries=1) as probe:
+        with PSClient(connect, timeout=5.0, retries=5) as probe:
             return "group" in probe.stats()
     except ServerUnavailable:
-        return False
+        return None
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
