@@ -87,7 +87,18 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     target.write_text(original.replace(mutant["find"], mutant["replace"]))
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *tests]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-n",
+        "0",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
     # Its own process group: a timeout or an interrupt ends the tests' servers and runs too.
     output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     proc = subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, **output)
