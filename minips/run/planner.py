@@ -10,7 +10,7 @@ The objective (docs/algorithms.md, "The cost model", with its sources and measur
 
 the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
 samples(dense) = 1 + the measured sample cost of each tensor's encoding
-(plan_costs.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
+(plan_samples.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
 
     compute   the layers' CPU ms x contention: N workers and K servers share the machine's
               cores, contention = max(1, (N + K) / cores) (or Cluster.compute_ms, given)
@@ -54,10 +54,9 @@ from minips.run.plan_costs import (
     pull_time,
     push_bytes,
     push_time,
-    sample_cost,
-    samples_factor,
     spec_text,
 )
+from minips.run.plan_samples import sample_cost, samples_factor
 
 TIE = 0.02  # rungs whose T is within 2 % of the least count as equal: the most faithful wins
 MIN_GAIN = 0.75  # compress only when T falls to at most 3/4 of dense's
