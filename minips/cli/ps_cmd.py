@@ -21,7 +21,7 @@ from click.core import ParameterSource
 from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
-from minips.run.report import plural
+from minips.run.report_text import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)

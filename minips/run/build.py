@@ -22,7 +22,7 @@ from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.plan_costs import group_gain
 from minips.run.planner import Cluster, Network, make_plan
-from minips.run.report import plural
+from minips.run.report_text import plural
 from minips.server.checkpoints import shard_path
 from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
