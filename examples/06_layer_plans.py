@@ -24,7 +24,8 @@ from pathlib import Path
 from minips.nn import build_model
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.planner import Cluster, Network, format_table, make_plan
+from minips.run.plan_table import format_table
+from minips.run.planner import Cluster, Network, make_plan
 
 LINK = "20mbit"  # each worker's own link (--bandwidth): 2.5 MB/s
 WORKERS = 2

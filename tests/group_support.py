@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from minips.cli.ps_cmd import join_root
-from minips.run.build import make_server
+from minips.run.build import join_root, make_server
 from minips.run.config import RunConfig
 from minips.server.server import ParameterServer
 

@@ -16,7 +16,8 @@ from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.rules import RULES
 from minips.run.build import make_server
-from minips.run.config import RunConfig, TrainConfig, setting
+from minips.run.config import RunConfig, TrainConfig
+from minips.run.settings import setting
 from minips.server.server import ServerOptions
 from minips.worker.client import PSClient
 

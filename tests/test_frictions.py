@@ -16,7 +16,8 @@ from minips.errors import DataError, MissingExtraError, RunDirError
 from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig
 from minips.run.metrics import MetricsLog
-from minips.run.report import format_report, summarize
+from minips.run.report import summarize
+from minips.run.report_text import format_report
 from minips.run.rundir import load_run
 from minips.trainer import train
 from minips.worker.client import PSClient

@@ -14,7 +14,8 @@ from minips.protocol.partition import partition
 from minips.protocol.sampling import sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
 from minips.server.group import RootTable
-from minips.worker.group import Connection, GroupVersion, exchange
+from minips.worker.connections import Connection, exchange
+from minips.worker.group import GroupVersion
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,7 @@ def test_plan_and_run_read_bandwidth_and_netem_the_same_way(tmp_path):
     run inside the launcher, and the workers' token buckets) assume the same link; so do
     both commands' `--netem R`."""
     from minips.run.build import resolve_plan
-    from minips.run.launch import _plan_in_subprocess
+    from minips.run.prepare import _plan_in_subprocess
     from minips.run.rundir import RunDir
 
     for option, share in (("bandwidth", 12.5e6), ("netem", 12.5e6 / 4)):

@@ -21,12 +21,12 @@ from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.report import (
     bin_label,
-    format_report,
     histogram,
     percentile,
     summarize,
     time_to_target,
 )
+from minips.run.report_text import format_report
 from minips.run.rundir import load_run
 
 REPO = Path(__file__).resolve().parent.parent

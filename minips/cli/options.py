@@ -13,7 +13,8 @@ from typing import Any
 import click
 
 from minips.rules import RuleOption
-from minips.run.config import RULE_OPTIONS, Setting, rule_flags, setting_of
+from minips.run.config import RULE_OPTIONS, rule_flags
+from minips.run.settings import Setting, setting_of
 
 
 def config_options(cls: type, command: str) -> Callable[[Callable], Callable]:

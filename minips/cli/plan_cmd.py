@@ -66,7 +66,8 @@ def plan(
     from minips.rules import server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
-    from minips.run.planner import Network, format_table, make_plan
+    from minips.run.plan_table import format_table
+    from minips.run.planner import Network, make_plan
 
     rule = rule or DEFAULT_RULE
     momentum = server_momentum(rule) if momentum is None else momentum

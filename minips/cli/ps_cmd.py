@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from click.core import ParameterSource
 from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
-from minips.run.report import plural
+from minips.run.report_text import plural
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
@@ -147,7 +146,7 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         **options: Any,
     ) -> None:
         """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
-        from minips.run.build import make_server
+        from minips.run.build import join_root, make_server, server_summary
         from minips.run.metrics import MetricsLog
 
         logging.basicConfig(
@@ -201,40 +200,6 @@ def server_config(
         if context.get_parameter_source(name) is ParameterSource.COMMANDLINE
     }
     return config_class.from_options(given, base=config_class.from_json(config_file))
-
-
-def join_root(config: RunConfig) -> tuple[RunConfig, Any]:
-    """A shard 1..K-1 (or -1: whichever the root gives) asks its root what to be
-    (docs/protocol.md 16.3): the run's config with its own fields, and its Joiner; any
-    other server: (config, None)."""
-    if config.root is None:
-        return config, None
-    from minips.protocol.auth import OPERATOR, load_client_keys
-    from minips.run.build import joining_config
-    from minips.server.group import Joiner
-
-    keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # join: an operator's
-    joiner = Joiner(config.root, config.shard if config.shard >= 1 else None, config.servers, keys)
-    try:
-        reply = joiner.ask()
-        return replace(joining_config(reply["run"], config), shard=reply["shard"]), joiner
-    except BaseException:
-        joiner.close()
-        raise
-
-
-def server_summary(ps: Any) -> str:
-    """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
-    stats = ps.stats()
-    why = " (every worker finished its epochs)" if ps.stop.by_all_workers else ""
-    line = (
-        f"server stopped{why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
-        f"from {plural(len([w for w in stats['workers'] if not w['observer']]), 'worker')} "
-        f"in {stats['uptime']:.1f} s, version {stats['version']}"
-    )
-    if ps.options.checkpoint_path:
-        line += f"; checkpoint {ps.checkpoints.path}"
-    return line
 
 
 run = run_command()

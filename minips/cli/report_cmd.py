@@ -1,7 +1,7 @@
 """`minips report` and `minips plot`: look at finished run directories.
 
 Thin: each command loads the run directories with minips.run.rundir and hands them to
-minips.run.report (text / JSON) or minips.run.plot (PNG files).
+minips.run.report (JSON; its text: minips.run.report_text) or minips.run.plot (PNG files).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ _TARGET = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a JSON list).")
 def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> None:
     """Summarise run directories: accuracy, time, traffic, staleness per worker."""
-    from minips.run.report import format_report, summarize
+    from minips.run.report import summarize
+    from minips.run.report_text import format_report
     from minips.run.rundir import load_run
 
     reports = [summarize(load_run(path), target) for path in run_dirs]

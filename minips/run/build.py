@@ -1,7 +1,9 @@
 """Build a run's server from its configuration: the model, the rule, the optimizer, the plan.
 
 `make_server(config)` is what `minips server` runs (a `minips run` starts that command from
-its config.json); `resolve_plan(config)` is the transmission plan it serves.
+its config.json); `resolve_plan(config)` is the transmission plan it serves. A shard that
+joins a group takes its configuration from the root (`join_root`, `joining_config`);
+`server_summary(ps)` is the line a server prints when it stops.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any
 
 from minips.errors import ConfigError
 from minips.nn import build_model
+from minips.protocol.auth import OPERATOR, load_client_keys
 from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.plan_costs import group_gain
 from minips.run.planner import Cluster, Network, make_plan
+from minips.run.report_text import plural
 from minips.server.checkpoints import shard_path
 from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
@@ -94,6 +98,36 @@ def joining_config(run: dict[str, Any], own: RunConfig) -> RunConfig:
             f"the root serves a group of {config.servers}, not --servers {own.servers}"
         )
     return replace(config, **kept)
+
+
+def join_root(config: RunConfig) -> tuple[RunConfig, Any]:
+    """A shard 1..K-1 (or -1: whichever the root gives) asks its root what to be
+    (docs/protocol.md 16.3): the run's config with its own fields, and its Joiner; any
+    other server: (config, None)."""
+    if config.root is None:
+        return config, None
+    keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # join: an operator's
+    joiner = Joiner(config.root, config.shard if config.shard >= 1 else None, config.servers, keys)
+    try:
+        reply = joiner.ask()
+        return replace(joining_config(reply["run"], config), shard=reply["shard"]), joiner
+    except BaseException:
+        joiner.close()
+        raise
+
+
+def server_summary(ps: Any) -> str:
+    """The line a stopped server prints: why it stopped, what it did, its checkpoint."""
+    stats = ps.stats()
+    why = " (every worker finished its epochs)" if ps.stop.by_all_workers else ""
+    line = (
+        f"server stopped{why}: {plural(stats['updates'], 'update')}, {stats['samples']} samples "
+        f"from {plural(len([w for w in stats['workers'] if not w['observer']]), 'worker')} "
+        f"in {stats['uptime']:.1f} s, version {stats['version']}"
+    )
+    if ps.options.checkpoint_path:
+        line += f"; checkpoint {ps.checkpoints.path}"
+    return line
 
 
 # A browser worker's compute per step against a NumPy worker's on the same machine

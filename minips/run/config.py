@@ -4,7 +4,8 @@ A distributed run is configured by the fields of `RunConfig`; the single-process
 `TrainConfig` is derived from the same fields (those `minips train` takes). Each field is
 declared once with `setting(...)`: its default, help, range, the commands that take it,
 whether workers receive it in `hello`, and which `ServerOptions` field it sets. The rest is
-derived from those declarations, so a new field is one declaration:
+derived from those declarations (the declaring itself: minips.run.settings), so a new
+field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
                                       (minips.cli.options; for `rule_options`, each rule's
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,58 +40,10 @@ from minips.rules import (
     make_rule,
     server_momentum,
 )
+from minips.run.settings import TRAIN_RUN_SERVER, check_range, check_type, setting, setting_of
 from minips.server.server import ServerOptions
 
-TRAIN_RUN_SERVER = ("train", "run", "server", "launch")
-RUN_SERVER = ("run", "server", "launch")
 RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """How one configuration field is offered and where it goes (its dataclass metadata).
-
-    help: the option's help. commands: the commands that take it as an option. to_workers:
-    sent to workers in hello's config. server_option: the ServerOptions field it sets.
-    minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
-    by the CLI and by `validate()`. kind: the value's type when the default does not say
-    it (a default of None that stands for a number: `momentum`; else a None default
-    holds text). cli_type: a click type for fields whose default does not say it (paths).
-    parse: option text -> value, for values that are not a plain
-    number or word (a comma list); `multiple`: the option may repeat.
-    flag: the option's name when it is not "--" + the field's name with dashes.
-    """
-
-    help: str
-    commands: tuple[str, ...] = RUN_SERVER
-    to_workers: bool = False
-    server_option: str | None = None
-    minimum: float | None = None
-    min_open: bool = False
-    maximum: float | None = None
-    max_open: bool = False
-    choices: tuple[str, ...] = ()
-    kind: type | None = None
-    cli_type: click.ParamType | None = None
-    parse: Callable[[Any], Any] | None = None
-    multiple: bool = False
-    flag: str | None = None
-    omit_default: bool = False  # to_workers, but left out of hello while at its default
-
-
-def setting(default: Any = MISSING, help: str = "", **how: Any) -> Any:
-    """A dataclass field declared with its `Setting`; a list or dict default is copied."""
-    metadata = {"setting": Setting(help=help, **how)}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.copy(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def setting_of(item: Field) -> Setting:
-    """The `Setting` a configuration field was declared with."""
-    if "setting" not in item.metadata:
-        raise TypeError(f"configuration field {item.name!r} is not declared with setting()")
-    return item.metadata["setting"]
 
 
 def _comma_floats(text: str | None) -> list[float]:
@@ -169,7 +122,7 @@ class ConfigBase:
         if unknown:
             raise ConfigError(f"{path}: unknown configuration field(s) {', '.join(unknown)}")
         for name, value in data.items():
-            _check_type(declared[name], value, path)
+            check_type(declared[name], value, path)
         return cls(**data)
 
     def validate(self) -> None:
@@ -182,37 +135,6 @@ class ConfigBase:
     def to_json(self) -> str:
         """The config as an indented JSON object (config.json)."""
         return json.dumps(asdict(self), indent=2) + "\n"
-
-
-def _check_type(item: Field, value: Any, path: str | Path) -> None:
-    """ConfigError when a config.json value is not of its field's kind (the default's type;
-    a field that defaults to None holds text unless its Setting names a kind)."""
-    default = item.default_factory() if item.default is MISSING else item.default
-    kind = setting_of(item).kind or (str if default is None else type(default))
-    if value is None and default is None:
-        return
-    if kind is float and type(value) is int:
-        return  # a hand-written 1 for 1.0: the same value
-    if type(value) is not kind:
-        raise ConfigError(f"{path}: {item.name} must be {kind.__name__}, got {value!r}")
-
-
-def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
-    """ConfigError "epochs must be >= 1, got 0" when `value` is outside `spec`'s range."""
-    low, high = spec.minimum, spec.maximum
-    if spec.choices and value not in spec.choices:
-        raise ConfigError(f"{label} must be one of {', '.join(spec.choices)}, got {value!r}")
-    below = low is not None and (value <= low if spec.min_open else value < low)
-    above = high is not None and (value >= high if spec.max_open else value > high)
-    if not (below or above):
-        return
-    if high is None:
-        want = f"{'>' if spec.min_open else '>='} {low:g}"
-    elif low is None:
-        want = f"{'<' if spec.max_open else '<='} {high:g}"
-    else:
-        want = f"in {'(' if spec.min_open else '['}{low:g}, {high:g}{')' if spec.max_open else ']'}"
-    raise ConfigError(f"{label} must be {want}, got {value!r}")
 
 
 @dataclass(frozen=True)

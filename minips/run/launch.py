@@ -1,6 +1,6 @@
 """Run a whole cluster on this machine with one call: `minips run`.
 
-`run_local(config, out_dir)` prepares the run directory (minips.run.rundir) and hands it
+`run_local(config, out_dir)` prepares the run directory (minips.run.prepare) and hands it
 to a `LocalRun`, which starts the server (from the run's config.json), N workers
 (single-threaded BLAS) and an evaluator as separate processes on loopback, watches them,
 stops the server when the workers are done, and writes the results.
@@ -8,41 +8,34 @@ stops the server when the workers are done, and writes the results.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import zmq
-
-from minips.errors import ConfigError, MinipsError
+from minips.errors import MinipsError
 from minips.protocol import auth
-from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.metrics import ProgressFn
-from minips.run.processes import Child, ProcessGroup, signals_stop_the_run
+from minips.run.prepare import prepare_run_dir, server_links
+from minips.run.processes import (
+    MINIPS,
+    SINGLE_THREADED_BLAS,
+    Child,
+    ProcessGroup,
+    signals_stop_the_run,
+)
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
 from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
 from minips.server import checkpoints
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
-
-# Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
-# oversubscribe (user settings win).
-SINGLE_THREADED_BLAS = {
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
-MINIPS = (sys.executable, "-m", "minips")  # the command line of a child process
 
 
 def run_local(
@@ -64,7 +57,7 @@ def run_local(
     """
     run_dir = RunDir(Path(out_dir))
     config = prepare_run_dir(config, run_dir)
-    with _server_links(config) as links:
+    with server_links(config) as links:
         server_prefix, server_host = links[0]
         if server_host is not None:  # tcp on the shaped link (ipc would go around it)
             config = replace(config, bind=f"tcp://{server_host}:*")
@@ -79,94 +72,6 @@ def run_local(
         finally:
             for shard in range(config.servers):
                 run_dir.shard_socket(shard).unlink(missing_ok=True)
-
-
-def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
-    """Check the config (before anything is written), clear a previous run's outputs;
-    return the config as run.
-
-    As run: a local endpoint of its own unless a bind address was chosen (two runs side by
-    side do not collide), the checkpoint in the run directory unless one was chosen, the
-    key directory of an authenticated run, and a plan other than dense as the file
-    RUN_DIR/plan.json.
-    """
-    config.validate()
-    run_dir.logs.mkdir(parents=True, exist_ok=True)
-    run_dir.clear_outputs()
-    config = replace(
-        config,
-        bind=local_endpoint(run_dir) if config.bind == RunConfig.bind else config.bind,
-        checkpoint=config.checkpoint or str(run_dir.checkpoint),
-        keys=_run_keys(config, run_dir),
-    )
-    if config.plan == "auto":
-        # Measured as the workers will run (one BLAS thread); the run directory keeps the
-        # choice, the predicted bytes and the planner's table (logs/planner.log).
-        _plan_in_subprocess(config, run_dir)
-    elif config.plan != "dense":
-        plan = resolve_plan(config)
-        run_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-    return config if config.plan == "dense" else replace(config, plan=str(run_dir.plan))
-
-
-def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
-    """`minips plan ... --json RUN_DIR/plan.json` as workers run (one BLAS thread): the
-    `--plan auto` of `minips run`. The link options go through as given: `--bandwidth` and
-    `--netem` mean the same to both commands (minips.run.planner.Network)."""
-    argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
-            "--workers", str(config.workers), "--browser", str(config.browser),
-            "--servers", str(config.servers), "--rule", config.rule,
-            "--momentum", repr(config.momentum), "--json", str(run_dir.plan)]  # fmt: skip
-    argv += ["--bandwidth", config.bandwidth] if config.bandwidth else []
-    argv += ["--netem", config.netem] if config.netem else []
-    env = {**os.environ, **SINGLE_THREADED_BLAS}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
-    (run_dir.logs / "planner.log").write_text(done.stdout)
-
-
-def local_endpoint(run_dir: RunDir) -> str:
-    """The server's address for a run on this machine: an ipc:// socket in the run directory
-    where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
-    time of tcp loopback: BENCHMARKS.md, "wire, after the reshaping"), else a free tcp port
-    on loopback."""
-    path = run_dir.server_socket.resolve()
-    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
-        return f"ipc://{path}"
-    return "tcp://127.0.0.1:*"
-
-
-def _run_keys(config: RunConfig, run_dir: RunDir) -> str | None:
-    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
-    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
-    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
-    if not (config.auth or config.keys):
-        return None
-    directory = Path(config.keys or run_dir.path / "keys")
-    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
-        auth.make_keys(directory)
-    return str(directory)
-
-
-@contextlib.contextmanager
-def _server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | None]]]:
-    """--netem: for each server (each shard of a group: every one behind a link of its
-    own), the command prefix that runs it behind its shaped link, and its address.
-
-    Without --netem: ([], None) each, the servers on loopback. minips.run.netem builds the
-    links (root only) and removes them when the run ends.
-    """
-    if not config.netem:
-        yield [([], None)] * config.servers
-        return
-    from minips.run import netem  # only a run with --netem needs ip and tc
-
-    try:
-        with netem.shaped_links(config.servers, config.netem) as links:
-            yield [(link.prefix, link.server_addr) for link in links]
-    except netem.NetemError as exc:
-        raise ConfigError(f"--netem: {exc}") from None
 
 
 class LocalRun:

@@ -2,7 +2,7 @@
 
     network = Network.parse(bandwidth="100mbit")       # each worker's own link; netem=: shared
     report = make_plan(build_model("lenet5"), 64, Cluster(workers=4), network)
-    print(format_table(report)); report.plan.to_dict()
+    print(format_table(report)); report.plan.to_dict()   # format_table: minips.run.plan_table
 
 The objective (docs/algorithms.md, "The cost model", with its sources and measurements):
 
@@ -10,7 +10,7 @@ The objective (docs/algorithms.md, "The cost model", with its sources and measur
 
 the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
 samples(dense) = 1 + the measured sample cost of each tensor's encoding
-(plan_costs.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
+(plan_samples.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
 
     compute   the layers' CPU ms x contention: N workers and K servers share the machine's
               cores, contention = max(1, (N + K) / cores) (or Cluster.compute_ms, given)
@@ -39,7 +39,6 @@ The choice:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,10 +54,9 @@ from minips.run.plan_costs import (
     pull_time,
     push_bytes,
     push_time,
-    sample_cost,
-    samples_factor,
     spec_text,
 )
+from minips.run.plan_samples import sample_cost, samples_factor
 
 TIE = 0.02  # rungs whose T is within 2 % of the least count as equal: the most faithful wins
 MIN_GAIN = 0.75  # compress only when T falls to at most 3/4 of dense's
@@ -349,60 +347,3 @@ def _loss_then_bytes(
         return sample_cost(model_name, c.name, "push", spec), push_bytes(spec, c.shape, batch_size)
     spec = c.pull_ladder[rung]
     return sample_cost(model_name, c.name, "pull", spec), pull_bytes(spec, c.shape)
-
-
-# ------------------------------------------------------------------------- the table
-
-
-def format_table(report: PlanReport) -> str:
-    """The per-parameter table `minips plan` prints, then the link, the predicted step and
-    time to accuracy, and the choice."""
-    b = report.batch_size
-    times = {t.layer: t for t in report.measured.layers}
-    head = (
-        f"{'param':8} {'shape':>10} {'fwd ms':>7} {'bwd ms':>7} {'dense':>9} {'fp16':>9} "
-        f"{'topk 1%':>9}  {'push':>12} {'bytes':>9}  {'pull':>14} {'bytes':>9}"
-    )
-    lines = [head]
-    shown = set()
-    for c in report.choices:
-        t = times.get(c.layer)
-        fwd = bwd = ""
-        if t is not None and c.layer not in shown:
-            fwd, bwd = f"{t.forward_ms:.2f}", f"{t.backward_ms:.2f}"
-            shown.add(c.layer)
-        cells = [push_bytes(s, c.shape, b) for s in ("dense", "fp16", topk(0.01))]
-        lines.append(
-            f"{c.name:8} {'x'.join(map(str, c.shape)):>10} {fwd:>7} {bwd:>7} "
-            + " ".join(f"{v:9,d}" for v in cells)
-            + f"  {spec_text(c.push):>12} {push_bytes(c.push, c.shape, b):9,d}"
-            f"  {spec_text(c.pull):>14} {pull_bytes(c.pull, c.shape):9,d}"
-        )
-    p, cluster = report.predicted, report.cluster
-    dense = sum(push_bytes("dense", c.shape, b) for c in report.choices)
-    parts = p["step_parts_ms"]
-    how = (
-        "given" if cluster.compute_ms is not None
-        else f"{p['compute_cpu_ms']:.1f} ms CPU x {cluster.contention():.2g} "
-        f"({cluster.workers} workers and {cluster.servers} server(s) on "
-        f"{cluster.cores or os.cpu_count()} cores)"
-    )  # fmt: skip
-    lines += [
-        "",
-        f"link: {report.network.describe(cluster)}",
-        f"compute per step of {b}: {p['compute_ms']:.1f} ms ({how})",
-        f"bytes per step: up {p['up_bytes_per_step']:,} (dense {dense:,}), "
-        f"down {p['down_bytes_per_step']:,} (dense {dense:,})",
-        f"predicted step: {p['step_ms']:.1f} ms = compute {parts['compute']:.1f} + push "
-        f"{parts['push']:.1f} + server {parts['server']:.1f} + pull {parts['pull']:.1f} "
-        f"(dense: {p['dense_step_ms']:.1f} ms)",
-        f"samples to an accuracy: x{p['samples_factor']:.3f} of dense's; time to it: "
-        f"x{p['time_to_accuracy_vs_dense']:.3f} of dense's",
-        "choice: "
-        + (
-            "all dense (the link is fast enough)"
-            if report.plan.is_dense()
-            else "per-layer codecs above, wait-free sending"
-        ),  # fmt: skip
-    ]
-    return "\n".join(lines)

@@ -4,7 +4,8 @@ A `Child` is one supervised process: its name, the command of each of its starts
 (`generation` 0, then one per restart, so a restart may be started differently: a server
 resumes from its checkpoint), its log file and its `RestartPolicy` (None: a crash is the
 run's error). A `ProcessGroup` holds every child of a run, so stopping the run stops them
-all, in whatever phase it is.
+all, in whatever phase it is. `MINIPS` is a child's command line, `SINGLE_THREADED_BLAS`
+the environment a worker runs in.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,15 @@ from typing import Any, Protocol
 from minips.errors import MinipsError
 
 Command = Callable[[int], list[str]]  # generation -> argv
+
+# Environment for worker processes: one BLAS thread each, so N workers on 2 cores do not
+# oversubscribe (user settings win).
+SINGLE_THREADED_BLAS = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+MINIPS = (sys.executable, "-m", "minips")  # the command line of a child process
 
 
 class RestartPolicy(Protocol):

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from minips.run.build import make_server
+from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
 from minips.run.metrics import MetricsLog
 from minips.server import checkpoints
@@ -61,8 +61,6 @@ def serve_group_here(
     verbose: bool = False,
 ) -> None:
     """Serve the whole group of `config.servers` shards from this machine (module docstring)."""
-    from minips.cli.ps_cmd import server_summary
-
     with MetricsLog(updates_log, start_time=t0) as updates:
 
         def on_update(record: dict[str, Any]) -> None:

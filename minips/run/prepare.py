@@ -1,0 +1,115 @@
+"""A local run before its processes start: the run directory and the config as run.
+
+`prepare_run_dir` checks the config, clears a previous run's outputs and fixes what the
+run's processes will be told: its local endpoint (`local_endpoint`), its key directory,
+and its plan (`--plan auto`: `minips plan` in a subprocess, as the workers run).
+`server_links` puts each server behind its shaped link under `--netem`. Both `minips run`
+(minips.run.launch) and `minips launch`'s coordinator (minips.run.cluster) start from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import zmq
+
+from minips.errors import ConfigError, MinipsError
+from minips.protocol import auth
+from minips.run.build import resolve_plan
+from minips.run.config import RunConfig
+from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
+from minips.run.rundir import RunDir
+
+
+def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
+    """Check the config (before anything is written), clear a previous run's outputs;
+    return the config as run.
+
+    As run: a local endpoint of its own unless a bind address was chosen (two runs side by
+    side do not collide), the checkpoint in the run directory unless one was chosen, the
+    key directory of an authenticated run, and a plan other than dense as the file
+    RUN_DIR/plan.json.
+    """
+    config.validate()
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.clear_outputs()
+    config = replace(
+        config,
+        bind=local_endpoint(run_dir) if config.bind == RunConfig.bind else config.bind,
+        checkpoint=config.checkpoint or str(run_dir.checkpoint),
+        keys=_run_keys(config, run_dir),
+    )
+    if config.plan == "auto":
+        # Measured as the workers will run (one BLAS thread); the run directory keeps the
+        # choice, the predicted bytes and the planner's table (logs/planner.log).
+        _plan_in_subprocess(config, run_dir)
+    elif config.plan != "dense":
+        plan = resolve_plan(config)
+        run_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    return config if config.plan == "dense" else replace(config, plan=str(run_dir.plan))
+
+
+def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
+    """`minips plan ... --json RUN_DIR/plan.json` as workers run (one BLAS thread): the
+    `--plan auto` of `minips run`. The link options go through as given: `--bandwidth` and
+    `--netem` mean the same to both commands (minips.run.planner.Network)."""
+    argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
+            "--workers", str(config.workers), "--browser", str(config.browser),
+            "--servers", str(config.servers), "--rule", config.rule,
+            "--momentum", repr(config.momentum), "--json", str(run_dir.plan)]  # fmt: skip
+    argv += ["--bandwidth", config.bandwidth] if config.bandwidth else []
+    argv += ["--netem", config.netem] if config.netem else []
+    env = {**os.environ, **SINGLE_THREADED_BLAS}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
+    (run_dir.logs / "planner.log").write_text(done.stdout)
+
+
+def local_endpoint(run_dir: RunDir) -> str:
+    """The server's address for a run on this machine: an ipc:// socket in the run directory
+    where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
+    time of tcp loopback: BENCHMARKS.md, "wire, after the reshaping"), else a free tcp port
+    on loopback."""
+    path = run_dir.server_socket.resolve()
+    if zmq.has("ipc") and len(str(path)) < 100:  # sun_path holds 107 bytes
+        return f"ipc://{path}"
+    return "tcp://127.0.0.1:*"
+
+
+def _run_keys(config: RunConfig, run_dir: RunDir) -> str | None:
+    """The key directory of an authenticated run (`--auth` or `--keys`), made if it has no
+    keys yet: the server's pair, a worker pair (workers and the evaluator) and an operator
+    pair (the launcher's `stats` and `stop`). None: the run is not authenticated."""
+    if not (config.auth or config.keys):
+        return None
+    directory = Path(config.keys or run_dir.path / "keys")
+    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
+        auth.make_keys(directory)
+    return str(directory)
+
+
+@contextlib.contextmanager
+def server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | None]]]:
+    """--netem: for each server (each shard of a group: every one behind a link of its
+    own), the command prefix that runs it behind its shaped link, and its address.
+
+    Without --netem: ([], None) each, the servers on loopback. minips.run.netem builds the
+    links (root only) and removes them when the run ends.
+    """
+    if not config.netem:
+        yield [([], None)] * config.servers
+        return
+    from minips.run import netem  # only a run with --netem needs ip and tc
+
+    try:
+        with netem.shaped_links(config.servers, config.netem) as links:
+            yield [(link.prefix, link.server_addr) for link in links]
+    except netem.NetemError as exc:
+        raise ConfigError(f"--netem: {exc}") from None
