@@ -18,7 +18,7 @@ innermost axis, because then every piece of the work is long contiguous runs:
 - im2col is k*k slice copies, each a whole batch of rows of Wo*N contiguous floats, into
   cols (C*k*k, Ho*Wo*N); one GEMM W (O, C*k*k) @ cols gives y already in (O, Ho, Wo, N)
   order, and the backward's GEMMs take dy in that order as it is;
-- col2im is k*k slice adds of the same long rows.
+- col2im is k*k slice adds of the same long rows (summed per kernel column first).
 Arrays keep their NCHW *shape* at the layer's boundary: y is returned as the (N, O, Ho, Wo)
 transposed view of the batch-last result, and dx likewise. A NumPy array's shape is its
 meaning; its strides only say where the numbers sit. ReLU and MaxPool2D keep the memory
@@ -75,14 +75,23 @@ def col2im_add(dcols: np.ndarray, padded_shape: tuple[int, ...], stride: int) ->
     """The adjoint of im2col: scatter-add window gradients back onto the padded grid.
 
     dcols (C, k, k, Ho, Wo, N) -> dxpt (C, Hp, Wp, N) = padded_shape, with
-    dxpt[c, s*i + u, s*j + v, n] += dcols[c, u, v, i, j, n]: one strided slice add of the
-    whole batch per kernel offset, instead of np.add.at's per-element work.
+    dxpt[c, s*i + u, s*j + v, n] += dcols[c, u, v, i, j, n]: strided slice adds of the whole
+    batch, instead of np.add.at's per-element work.
+
+    A slice of dxpt at a column offset v has contiguous runs of only Wo*N floats, and NumPy
+    adds such runs through its ufunc buffer (a copy in and out). So the k row offsets u of
+    each kernel column v are first summed into `band` (C, Hp, Wo, N), whose row slices
+    band[:, u : u + s*Ho : s] are long contiguous runs (all of it when s = 1), and only the
+    k bands are added at column offsets: k strided adds instead of k*k.
     """
+    c, k, _, ho, wo, n = dcols.shape
     dxpt = np.zeros(padded_shape, dtype=dcols.dtype)
-    k, _, ho, wo = dcols.shape[1:5]
-    for u in range(k):
-        for v in range(k):
-            dxpt[:, u : u + stride * ho : stride, v : v + stride * wo : stride] += dcols[:, u, v]
+    band = np.empty((c, padded_shape[1], wo, n), dtype=dcols.dtype)
+    for v in range(k):
+        band.fill(0)
+        for u in range(k):
+            band[:, u : u + stride * ho : stride] += dcols[:, u, v]
+        dxpt[:, :, v : v + stride * wo : stride] += band
     return dxpt
 
 

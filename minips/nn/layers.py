@@ -114,7 +114,11 @@ class ReLU(Layer):
         cache = self._cached()
         if not self.need_input_grad:
             return None
-        return dy * (cache.output > 0)
+        # The mask as float32 0/1 straight from the comparison, then multiplied in place:
+        # no bool array cast to float on the way (NumPy does that through its buffer).
+        dx = np.greater(cache.output, 0, out=np.empty_like(dy))
+        dx *= dy
+        return dx
 
 
 @dataclass
