@@ -39,7 +39,7 @@ def test_minips_run_with_a_learning_rate_far_too_large_stops_early_and_says_so(t
     assert "try a smaller --lr than 3" in said[0][1]
     assert "Traceback" not in err and "Traceback" not in "".join(line for _, line in lines)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["collapse"]["line"] == said[0][1]
+    assert summary["collapse"]["line"] == said[0][1] and summary["ended"] == "collapsed"
     assert summary["collapse"]["sign"] in ("nonfinite", "loss", "accuracy")
     assert summary["samples"] < 5 * 5500  # stopped early: not the 5 epochs of 2 workers
     assert lines[-1][1] == f"stopped early, exit status {COLLAPSED}: {said[0][1]}"

@@ -12,8 +12,8 @@ RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is m
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
-RUN_DIR/summary.json    how it ended ("finished", or the error line of a run that could not
-                        go on), final accuracy, wall time, samples, updates, bytes,
+RUN_DIR/summary.json    how it ended ("finished", "collapsed", or the error line of a run
+                        that could not go on), final accuracy, wall time, samples, updates, bytes,
                         staleness, the server's restarts and what each crash lost, and
                         `collapse` (the model collapsed, minips.server.collapse; else null)
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and the rule's
@@ -230,8 +230,9 @@ def write_results(
         raise MinipsError(f"the run produced no evaluation; see {run_dir.logs}")
     last_eval = evals[-1] if evals else {}
     restarts = restarts or []
+    collapse = stats.get("collapse") or latest_collapse(run_dir.eval_log)
     summary = {
-        "ended": ended or "finished",
+        "ended": ended or ("collapsed" if collapse else "finished"),
         "accuracy": last_eval.get("accuracy"),
         "loss": last_eval.get("loss"),
         "wall_s": round(wall, 3),
@@ -253,7 +254,7 @@ def write_results(
         "restart_log": restarts,
         # the model collapsed (minips.server.collapse): the server's finding, else the
         # evaluator's; None when training went on to its end
-        "collapse": stats.get("collapse") or latest_collapse(run_dir.eval_log),
+        "collapse": collapse,
         "final_crash": final_crash,
     }
     if servers > 1:  # the bytes of every shard, each shard's own row
