@@ -90,7 +90,9 @@ def serve_raw(endpoint_queue: mp.Queue, bind: str, work: bool, servers: int, sha
     raw_ps.serve(sock, raw_ps.MomentumStore(tensors, lr=0.01, mu=0.9) if work else None, tensors)
 
 
-def raw_client_loop(endpoints: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
+def raw_client_loop(
+    endpoints: str, mode: str, run_for: float, ready: mp.Barrier, joining: mp.Lock
+) -> None:
     """A reference client: the same gradient bytes, as fast as the reference servers answer
     (`endpoints`: the shards' endpoints, comma-separated)."""
     rng = np.random.default_rng(os.getpid())
@@ -101,15 +103,25 @@ def raw_client_loop(endpoints: str, mode: str, stop_at: float, ready: mp.Barrier
     client = raw_ps.RawGroupClient(addresses, grads)
     step = getattr(client, RAW_STEPS[mode])
     ready.wait()
+    stop_at = time.monotonic() + run_for
     while time.monotonic() < stop_at:
         step()
     client.close()
 
 
-def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
-    """One client: push the same gradient (and pull, by `mode`) until `stop_at` (monotonic)."""
+def client_loop(
+    endpoint: str, mode: str, run_for: float, ready: mp.Barrier, joining: mp.Lock
+) -> None:
+    """One client: push the same gradient (and pull, by `mode`) for `run_for` seconds
+    from the moment every client is ready.
+
+    The hellos go one at a time (`joining`): with no fixed world size a server's hello reply
+    carries the workers it has seen so far, and a group's client checks that every shard
+    gave the root's rank and world size, which two clients saying hello at once can break.
+    """
     with PSClient(endpoint, timeout=30) as client:
-        client.hello({"role": "worker", "pid": os.getpid()})
+        with joining:
+            client.hello({"role": "worker", "pid": os.getpid()})
         reply = client.pull()
         rng = np.random.default_rng(os.getpid())
         grads = {
@@ -118,6 +130,7 @@ def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> 
         }
         version = reply.version
         ready.wait()
+        stop_at = time.monotonic() + run_for
         while time.monotonic() < stop_at:
             if mode == "fused":
                 version = client.push(grads, base=version, samples=64, pull_since=version).version
@@ -138,11 +151,15 @@ def _updates_counter(endpoint: str, raw: bool):
 
 def measure(endpoint: str, clients: int, seconds: float, mode: str, raw: bool = False) -> float:
     """Applied updates per second while `clients` processes push for `seconds`."""
-    ready = mp.Barrier(clients + 1)
+    ready = mp.Barrier(clients + 1, timeout=120)  # a client that died breaks it, no hang
+    joining = mp.Lock()
     warmup = 0.5
-    stop_at = time.monotonic() + seconds + warmup + 2.0  # + start-up of the processes
+    run_for = warmup + seconds + 0.5  # counted from `ready`: start-up never eats the window
     loop = raw_client_loop if raw else client_loop
-    procs = [mp.Process(target=loop, args=(endpoint, mode, stop_at, ready)) for _ in range(clients)]
+    procs = [
+        mp.Process(target=loop, args=(endpoint, mode, run_for, ready, joining))
+        for _ in range(clients)
+    ]
     for proc in procs:
         proc.start()
     ready.wait()
