@@ -13,7 +13,10 @@ counters. Median of --repeats windows.
         [--servers K]
 
 `--servers K`: the minips server is a group of K shard processes (tools/group_bench.py),
-each applying its slices of every update; an update counts once (the root's count).
+each applying its slices of every update; an update counts once (the root's count). With
+`--server raw|raw-work`, K reference servers, each over its shard's slices of the same
+partition (minips/protocol/partition.py), and clients that send each exchange to all K
+before reading a reply (raw_ps.RawGroupClient): the ceiling of a group on this machine.
 
 `--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings:
 what the same bytes cost without minips): a bare pyzmq ROUTER answering bare DEALER clients
@@ -46,7 +49,10 @@ from minips.worker.client import PSClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_ps  # noqa: E402
-from group_bench import start_group  # noqa: E402
+from group_bench import shard_bind, start_group  # noqa: E402
+
+from minips.protocol.partition import partition_of_model  # noqa: E402
+from minips.server.group import shard_params  # noqa: E402
 
 RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 
@@ -64,11 +70,19 @@ def serve(endpoint_queue: mp.Queue, bind: str) -> None:
     server.serve_forever()
 
 
-def serve_raw(endpoint_queue: mp.Queue, bind: str, work: bool) -> None:
-    """The reference server process (tools/raw_ps.py) over the same lenet5 tensors."""
+def shard_tensors(servers: int, shard: int) -> list[np.ndarray]:
+    """Shard `shard`'s slices of the lenet5 tensors in a group of `servers` (all at 1)."""
+    params = lenet5(seed=0).params
+    if servers == 1:
+        return list(params.values())
+    return list(shard_params(params, partition_of_model(params, servers), shard).values())
+
+
+def serve_raw(endpoint_queue: mp.Queue, bind: str, work: bool, servers: int, shard: int) -> None:
+    """A reference server process (tools/raw_ps.py) over its shard's lenet5 tensors."""
     import zmq
 
-    tensors = list(lenet5(seed=0).params.values())
+    tensors = shard_tensors(servers, shard)
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.bind(bind)
@@ -76,23 +90,38 @@ def serve_raw(endpoint_queue: mp.Queue, bind: str, work: bool) -> None:
     raw_ps.serve(sock, raw_ps.MomentumStore(tensors, lr=0.01, mu=0.9) if work else None, tensors)
 
 
-def raw_client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
-    """A reference client: the same gradient bytes, as fast as the reference server answers."""
+def raw_client_loop(
+    endpoints: str, mode: str, run_for: float, ready: mp.Barrier, joining: mp.Lock
+) -> None:
+    """A reference client: the same gradient bytes, as fast as the reference servers answer
+    (`endpoints`: the shards' endpoints, comma-separated)."""
     rng = np.random.default_rng(os.getpid())
-    grads = [(1e-6 * rng.standard_normal(p.shape)).astype(np.float32)
-             for p in lenet5(seed=0).params.values()]  # fmt: skip
-    client = raw_ps.RawClient(endpoint, grads)
+    addresses = endpoints.split(",")
+    grads = [[(1e-6 * rng.standard_normal(t.shape)).astype(np.float32)
+              for t in shard_tensors(len(addresses), shard)]
+             for shard in range(len(addresses))]  # fmt: skip
+    client = raw_ps.RawGroupClient(addresses, grads)
     step = getattr(client, RAW_STEPS[mode])
     ready.wait()
+    stop_at = time.monotonic() + run_for
     while time.monotonic() < stop_at:
         step()
     client.close()
 
 
-def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> None:
-    """One client: push the same gradient (and pull, by `mode`) until `stop_at` (monotonic)."""
+def client_loop(
+    endpoint: str, mode: str, run_for: float, ready: mp.Barrier, joining: mp.Lock
+) -> None:
+    """One client: push the same gradient (and pull, by `mode`) for `run_for` seconds
+    from the moment every client is ready.
+
+    The hellos go one at a time (`joining`): with no fixed world size a server's hello reply
+    carries the workers it has seen so far, and a group's client checks that every shard
+    gave the root's rank and world size, which two clients saying hello at once can break.
+    """
     with PSClient(endpoint, timeout=30) as client:
-        client.hello({"role": "worker", "pid": os.getpid()})
+        with joining:
+            client.hello({"role": "worker", "pid": os.getpid()})
         reply = client.pull()
         rng = np.random.default_rng(os.getpid())
         grads = {
@@ -101,6 +130,7 @@ def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> 
         }
         version = reply.version
         ready.wait()
+        stop_at = time.monotonic() + run_for
         while time.monotonic() < stop_at:
             if mode == "fused":
                 version = client.push(grads, base=version, samples=64, pull_since=version).version
@@ -113,7 +143,7 @@ def client_loop(endpoint: str, mode: str, stop_at: float, ready: mp.Barrier) -> 
 def _updates_counter(endpoint: str, raw: bool):
     """(read the server's applied-update count, close) for a minips or reference server."""
     if raw:
-        client = raw_ps.RawClient(endpoint, [])
+        client = raw_ps.RawClient(endpoint.split(",")[0], [])  # shard 0 counts every update
         return client.updates, client.close
     operator = PSClient(endpoint, timeout=30)
     return (lambda: operator.stats()["updates"]), operator.close
@@ -121,11 +151,15 @@ def _updates_counter(endpoint: str, raw: bool):
 
 def measure(endpoint: str, clients: int, seconds: float, mode: str, raw: bool = False) -> float:
     """Applied updates per second while `clients` processes push for `seconds`."""
-    ready = mp.Barrier(clients + 1)
+    ready = mp.Barrier(clients + 1, timeout=120)  # a client that died breaks it, no hang
+    joining = mp.Lock()
     warmup = 0.5
-    stop_at = time.monotonic() + seconds + warmup + 2.0  # + start-up of the processes
+    run_for = warmup + seconds + 0.5  # counted from `ready`: start-up never eats the window
     loop = raw_client_loop if raw else client_loop
-    procs = [mp.Process(target=loop, args=(endpoint, mode, stop_at, ready)) for _ in range(clients)]
+    procs = [
+        mp.Process(target=loop, args=(endpoint, mode, run_for, ready, joining))
+        for _ in range(clients)
+    ]
     for proc in procs:
         proc.start()
     ready.wait()
@@ -148,7 +182,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("pushpull", "fused", "push"), default="pushpull")
     parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp")
     parser.add_argument("--server", choices=("minips", "raw", "raw-work"), default="minips")
-    parser.add_argument("--servers", type=int, default=1, help="shards of a minips group")
+    parser.add_argument("--servers", type=int, default=1, help="shards of the group")
     args = parser.parse_args()
     raw = args.server != "minips"
 
@@ -159,9 +193,17 @@ def main() -> None:
     if args.servers > 1 and not raw:
         shards, endpoint = start_group(args.servers, bind, lr=0.01, momentum=0.9)
         server = shards[0]
+    elif raw:  # K reference shards; their endpoints, comma-separated, are "the endpoint"
+        shards, endpoints = [], []
+        for shard in range(args.servers):
+            shard_args = (ctx_queue, shard_bind(bind, shard), args.server == "raw-work",
+                          args.servers, shard)  # fmt: skip
+            shards.append(mp.Process(target=serve_raw, args=shard_args, daemon=True))
+            shards[-1].start()
+            endpoints.append(ctx_queue.get(timeout=60))
+        endpoint = ",".join(endpoints)
     else:
-        target, extra = (serve_raw, (args.server == "raw-work",)) if raw else (serve, ())
-        server = mp.Process(target=target, args=(ctx_queue, bind, *extra), daemon=True)
+        server = mp.Process(target=serve, args=(ctx_queue, bind), daemon=True)
         server.start()
         endpoint = ctx_queue.get(timeout=60)
         shards = [server]
@@ -184,7 +226,8 @@ def main() -> None:
 
 def _stop(endpoint: str, raw: bool) -> None:
     if raw:
-        raw_ps.RawClient(endpoint, []).close(stop_server=True)
+        for address in endpoint.split(","):
+            raw_ps.RawClient(address, []).close(stop_server=True)
         return
     with PSClient(endpoint, timeout=10) as operator:
         operator.stats()  # a group's root says where the others are: stop reaches them all

@@ -26,7 +26,9 @@ hits both alike.
   the transfer.
 - groups (--servers 1,2,...): for each K > 1, the same minips exchanges against a server
   group of K shard processes (tools/group_bench.py), timed in the same blocks against the
-  same one-server raw reference.
+  same one-server raw reference; and the group's ceiling, "raw fused + work, group of K":
+  K reference servers (tools/raw_ps.py, minimal work), each over its shard's slices of the
+  same partition, one fused request sent to all K before any reply is read.
 - torch (optional, --torch): torch.distributed.rpc.rpc_sync sending the same tensors to a
   server process that returns them, when torch is importable.
 Prints the medians (ms) and the minips/raw ratios.
@@ -45,7 +47,10 @@ import time
 import numpy as np
 import zmq
 from group_bench import start_group
-from raw_ps import MomentumStore, RawClient, chunk_plan, serve
+from raw_ps import MomentumStore, RawClient, RawGroupClient, chunk_plan, serve
+
+from minips.protocol.partition import partition_of_model
+from minips.server.group import shard_params
 
 LENET5 = {
     "conv1.w": (20, 1, 5, 5),
@@ -114,9 +119,18 @@ def _raw_server(queue, work: bool = False, transport: str = "tcp") -> None:
     context.term()
 
 
-def _reference_server(queue, work: bool, transport: str) -> None:
-    """tools/raw_ps.py's server: no work, or the minimal asgd work (`MomentumStore`)."""
-    tensors = list(_tensors().values())
+def _shard_tensors(seed: int, servers: int, shard: int) -> list[np.ndarray]:
+    """Shard `shard`'s slices of `_tensors(seed)` in a group of `servers` (all of them at 1)."""
+    tensors = _tensors(seed)
+    if servers == 1:
+        return list(tensors.values())
+    return list(shard_params(tensors, partition_of_model(tensors, servers), shard).values())
+
+
+def _reference_server(queue, work: bool, transport: str, servers: int = 1, shard: int = 0) -> None:
+    """tools/raw_ps.py's server: no work, or the minimal asgd work (`MomentumStore`); with
+    `servers` > 1, over shard `shard`'s slices only."""
+    tensors = _shard_tensors(0, servers, shard)
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.bind(_address(transport))
@@ -276,12 +290,19 @@ def bench_transport(
     group_peers = [(k, MinipsPeer(root)) for k, _, root in group_runs]
     for k, peer in group_peers:
         fns[f"step_k{k}"], fns[f"minips_k{k}"] = peer.step, peer.round_trip
+    raw_groups = []
+    for k in groups or []:
+        shards = [_start(_reference_server, True, transport, k, j) for j in range(k)]
+        grads = [_shard_tensors(1, k, j) for j in range(k)]
+        raw_groups.append((shards, RawGroupClient([e for _, e in shards], grads)))
+        fns[f"raw_fused_work_k{k}"] = raw_groups[-1][1].fused
     full = _interleaved({**fns, **_ceiling_fns(bare, minimal, chunks)}, repeats)
     tiny = _interleaved({"minips_tiny": ps.tiny, "raw_tiny": raw.tiny}, repeats * 3)
     for peer in (ps, raw, work, *(p for _, p in group_peers)):
         peer.close()
-    for client in (bare, minimal):
+    for client in (bare, minimal, *(c for _, c in raw_groups)):
         client.close(stop_server=True)
+    started += [shard for shards, _ in raw_groups for shard in shards]
     for proc, _ in started:
         proc.join(timeout=30)
     for _, procs, _ in group_runs:
@@ -344,6 +365,9 @@ def main() -> None:
                   f"   ratio {step / raw:.2f}")  # fmt: skip
             print(f"[{transport}] minips push + pull, group of {k}       {pushpull:7.3f} ms"
                   f"   ratio {pushpull / raw:.2f}")  # fmt: skip
+            ceiling = t[f"raw_fused_work_k{k}"]
+            print(f"[{transport}] raw fused + work, group of {k}         {ceiling:7.3f} ms"
+                  f"   ratio {ceiling / raw:.2f}")  # fmt: skip
         _print_ceilings(transport, t, chunks)
     if args.torch:
         torch_ms = bench_torch(args.repeats)

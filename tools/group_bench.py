@@ -43,7 +43,8 @@ def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
     server.serve_forever()
 
 
-def _shard_bind(bind: str, shard: int) -> str:
+def shard_bind(bind: str, shard: int) -> str:
+    """Shard `shard`'s bind address: tcp binds take any port; ipc paths get -shardJ."""
     if bind.startswith("ipc://"):
         return re.sub(r"(\.sock)?$", f"-shard{shard}.sock", bind, count=1)
     return bind
@@ -61,7 +62,7 @@ def start_group(servers: int, bind: str, lr: float = 1e-6, momentum: float = 0.0
     procs[0].start()
     root = queue.get(timeout=60)
     for shard in range(1, servers):
-        args = (queue, _shard_bind(bind, shard), servers, shard, root, lr, momentum)
+        args = (queue, shard_bind(bind, shard), servers, shard, root, lr, momentum)
         procs.append(ctx.Process(target=serve_shard, args=args, daemon=True))
         procs[-1].start()
         queue.get(timeout=60)

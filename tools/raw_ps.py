@@ -231,6 +231,44 @@ class RawClient:
         self.sock.close()
 
 
+class RawGroupClient:
+    """One RawClient per shard of a raw group (each shard a `serve` over its slices): every
+    exchange is sent to all shards before any reply is read, so the shards work at once
+    (minips's group client does the same: send to every shard, then poll them all)."""
+
+    def __init__(self, endpoints: list[str], grads_by_shard: list[list[np.ndarray]]) -> None:
+        context = zmq.Context()
+        self.shards = [
+            RawClient(e, g, context) for e, g in zip(endpoints, grads_by_shard, strict=True)
+        ]
+
+    def _fan(self, frames_of) -> list[list]:
+        for shard in self.shards:
+            shard.sock.send_multipart(frames_of(shard), copy=False)
+        return [shard.sock.recv_multipart(copy=False) for shard in self.shards]
+
+    def push(self) -> None:
+        assert all(r[0].bytes == ACK for r in self._fan(lambda c: [b"u" * 200, *c.grads]))
+
+    def pull(self) -> None:
+        self._fan(lambda c: [b"p" * 60])
+
+    def push_pull(self) -> None:
+        self.push()
+        self.pull()
+
+    def fused(self) -> None:
+        self._fan(lambda c: [b"f" * 200, *c.grads])
+
+    def updates(self) -> int:
+        """Shard 0's applied-update counter (every request reaches every shard)."""
+        return self.shards[0].updates()
+
+    def close(self, stop_server: bool = False) -> None:
+        for shard in self.shards:
+            shard.close(stop_server)
+
+
 def main() -> None:
     """Time `MomentumStore.apply` on LeNet-5-sized tensors in-process (warm, no sockets)."""
     from bench_wire import _tensors
