@@ -198,3 +198,15 @@ def test_an_async_group_checkpoint_is_each_shards_latest_and_says_so(tmp_path):
     with np.load(tmp_path / "run.npz") as data:
         meta = json.loads(str(data["meta"]))
     assert meta["group"] == {"servers": 2, "versions": [70, 68], "consistent": False}
+
+
+def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank():
+    """Without a fixed world size each shard counts the workers it has seen so far, and
+    workers saying hello at once reach the shards in different orders (protocol.md 16.4)."""
+    from minips.protocol.group import check_shard_hello
+
+    root = {"rank": 1, "world_size": 2, "group": {"shard": 0, "servers": 2}}
+    reply = {"rank": 1, "world_size": 3, "group": {"shard": 1, "servers": 2}}
+    assert check_shard_hello(reply, root, 1) is None
+    assert "rank" in check_shard_hello({**reply, "rank": 0}, root, 1)
+    assert "shard" in check_shard_hello(reply, root, 2)

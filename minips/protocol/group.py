@@ -39,7 +39,6 @@ def check_shard_hello(reply: dict[str, Any], root: dict[str, Any], shard: int) -
     group = reply.get("group") or {}
     if group.get("shard") != shard or group.get("servers") != root["group"]["servers"]:
         return f"answered as shard {group.get('shard')} of {group.get('servers')}"
-    for key in ("rank", "world_size"):
-        if reply.get(key) != root.get(key):
-            return f"gave {key} {reply.get(key)}, the root {root.get(key)}"
+    if reply.get("rank") != root.get("rank"):  # world_size may differ: 16.4, the root's counts
+        return f"gave rank {reply.get('rank')}, the root {root.get('rank')}"
     return None
