@@ -211,6 +211,16 @@ def test_lowrank_rebuilds_a_rank_one_gradient_and_feeds_back_the_rest():
     np.testing.assert_allclose(grads["n"] + lowrank.residual, noise, atol=1e-5)
 
 
+def test_lowrank_clips_the_rank_to_the_smaller_side_of_the_matrix():
+    """rank 4 of a (10, 2) gradient (and of a (2, 10) one) sends rank-2 factors, exactly."""
+    grad = np.random.default_rng(6).standard_normal((10, 2)).astype(np.float32)
+    for matrix in (grad, np.ascontiguousarray(grad.T)):
+        p, q = codecs.LowRank(rank=4).encode("w", matrix)
+        assert p.array.shape == (matrix.shape[0], 2) and q.array.shape == (matrix.shape[1], 2)
+        grads, _ = _through_wire([p, q])
+        np.testing.assert_allclose(grads["w"], matrix, atol=1e-5)
+
+
 def test_encoder_keeps_state_per_parameter_and_resets_on_a_new_spec():
     encoder = Encoder()
     spec = {"codec": "topk", "ratio": 0.5}
@@ -255,6 +265,13 @@ def test_extras_pass_through_and_gradients_keep_message_order():
     np.testing.assert_array_equal(extras["extra/sample/b"], [0, 1, 2])
 
 
+def test_an_extra_sent_in_fp16_arrives_widened_to_float32():
+    parts = [WirePart("extra/sample/b", np.array([0.5, -2.0, 3.0], np.float16), "fp16")]
+    _, extras = _through_wire(parts)
+    assert extras["extra/sample/b"].dtype == np.float32
+    np.testing.assert_array_equal(extras["extra/sample/b"], [0.5, -2.0, 3.0])
+
+
 # ----------------------------------------------------------------------- decode errors
 
 _OF = (2, 3)
@@ -289,6 +306,8 @@ def _lowrank(p_shape, q_shape, of=_OF):
         (_topk([3, 3], [1, 1]), "bad_field"),  # duplicate
         (_topk([4, 2], [1, 1]), "bad_field"),  # not ascending
         (_topk([1, 2], [1, 1, 1]), "shape"),
+        (_topk([1, 2, 4], [1, 1]), "shape"),  # more indices than values
+        (_topk([1, 2], [1]), "shape"),  # one value is not broadcast to every index
         (_topk([[1, 2]], [[1, 1]]), "shape"),  # parts must be 1-d
         (_sf((4, 2), (5, 3)), "shape"),  # rows differ
         (_sf((4, 2), (4, 3), of=(3, 2)), "shape"),  # of is not (in, out)
@@ -305,9 +324,10 @@ def test_malformed_payloads_are_protocol_errors(parts, code):
     assert info.value.code == code
 
 
-def test_factors_whose_product_overflows_are_nonfinite():
+@pytest.mark.parametrize("codec, names", [("sf", ("x", "dy")), ("lowrank", ("p", "q"))])
+def test_factors_whose_product_overflows_are_nonfinite(codec, names):
     big = np.full((2, 2), 3e38, np.float32)
-    parts = [WirePart("w", big, "sf", "x", (2, 2)), WirePart("w", big, "sf", "dy", (2, 2))]
+    parts = [WirePart("w", big, codec, part, (2, 2)) for part in names]
     with pytest.raises(ProtocolError) as info:
         _through_wire(parts)
     assert info.value.code == "nonfinite"

@@ -43,6 +43,8 @@ def test_plan_round_trips_and_the_default_is_dense(tmp_path):
     [
         ({"params": {"fc1.w": {"push": "zip"}}}, "unknown codec"),
         ({"params": {"fc1.w": {"pull": {"codec": "delta"}}}}, "ratio"),
+        ({"params": {"fc1.w": {"pull": {"codec": "delta", "ratio": 0}}}}, "ratio"),
+        ({"params": {"fc1.w": {"pull": {"codec": "delta", "ratio": 1.5}}}}, "ratio"),
         ({"params": {"fc1.w": {"pull": {"codec": "delta", "ratio": 0.1, "warmup": -1}}}}, "warmup"),
         ({"params": {"fc1.w": {"every": 0}}}, "every"),
         ({"params": {"fc1.w": {"speed": 1}}}, "unknown key"),
@@ -59,6 +61,11 @@ def test_plan_is_checked_against_the_model(tmp_path):
     kinds = {"conv1": "conv", "conv2": "conv", "fc1": "fc", "fc2": "fc"}
     with pytest.raises(ConfigError, match="sf needs an fc"):
         Plan.from_dict({"params": {"conv2.w": {"push": "sf"}}}).check_model(LENET_SHAPES, kinds)
+    # sf needs an fc layer, not only a 2-D weight: a conv whose weight is held as a matrix.
+    sf = Plan.from_dict({"params": {"conv1.w": {"push": "sf"}}})
+    with pytest.raises(ConfigError, match="sf needs an fc"):
+        sf.check_model({"conv1.w": (6, 25), "conv1.b": (6,)}, {"conv1": "conv"})
+    Plan.from_dict({"params": {"fc1.w": {"push": "sf"}}}).check_model(LENET_SHAPES, kinds)
     with pytest.raises(ConfigError, match="does not have"):
         Plan.from_dict({"params": {"fc9.w": {}}}).check_model(LENET_SHAPES, kinds)
     every = {name: {"every": 2} for name in ("conv1.w", "conv1.b")}

@@ -134,6 +134,34 @@ def test_gap_without_a_matching_pull_is_plain_asgd_and_forgets_a_departed_worker
             np.testing.assert_array_equal(params["fc.b"], _sgd(before, g, lr)["fc.b"])
 
 
+def test_gap_leaves_a_coordinate_whose_typical_step_is_zero_unpenalized():
+    """decay 0: C is the last move. Column 0 of fc.w moved in the first update, not in the
+    second, so C = 0 there: G = 1 although b's values are one move behind there."""
+    lr = 0.5
+    params = make_params()
+    hand = HandGap(0.0)
+    g1, g3 = _random((3, 4), 1), _grads(3)
+    g1 = {"fc.w": g1, "fc.b": _random(4, 101)}
+    g2 = _grads(2)  # column 0 zero: it does not move
+    with running_server("gap", params=params, lr=lr, rule_options={"decay": 0.0}) as server:
+        with PSClient(server.endpoint) as a, PSClient(server.endpoint) as b:
+            a.hello(), b.hello()
+            w0 = _copy(a.pull().params)
+            b.pull()
+            a.push(g1, base=0)
+            w1 = _copy(params)
+            hand.record(w0, w1)
+            a.pull(since=0)
+            a.push(g2, base=1)  # a computed at w1: no gap, G = 1
+            w2 = _copy(params)
+            hand.record(w1, w2)
+            step, _ = hand.penalize(g3, w2, w0)
+            assert not np.array_equal(w2["fc.w"][:, 0], w0["fc.w"][:, 0])
+            b.push(g3, base=0)
+    np.testing.assert_array_equal(step["fc.w"][:, 0], g3["fc.w"][:, 0])  # G = 1 at C = 0
+    np.testing.assert_array_equal(params["fc.w"], _sgd(w2, step, lr)["fc.w"])
+
+
 def test_gap_penalty_enters_before_the_servers_momentum():
     """v <- m v + g / G;  w <- w - lr v (the move recorded is lr v)."""
     lr, momentum, decay = 0.5, 0.9, 0.5
@@ -159,10 +187,11 @@ def test_gap_penalty_enters_before_the_servers_momentum():
 # -------------------------------------------------------------------------------- dana
 
 
-def test_dana_needs_the_servers_momentum_off():
-    wanted = "leave --momentum unset \\(not 0.9\\), or choose a --rule"
+@pytest.mark.parametrize("momentum", [0.9, 0.5, 0.1])
+def test_dana_needs_the_servers_momentum_off(momentum):
+    wanted = f"leave --momentum unset \\(not {momentum:g}\\), or choose a --rule"
     with pytest.raises(ConfigError, match=wanted):
-        with running_server("dana", momentum=0.9):
+        with running_server("dana", momentum=momentum):
             pass
 
 
@@ -237,6 +266,27 @@ def test_dana_sends_the_look_ahead_in_a_fused_push_and_pull_too():
     w1 = _sgd(w0, g1, lr)
     for n in w1:
         np.testing.assert_array_equal(reply.pull.params[n], _look_ahead(w1, g1, lr, gamma)[n])
+
+
+def test_dana_gap_forgets_the_look_ahead_of_a_worker_that_left():
+    """Back after a bye without pulling, a push at its old pull's version has no reference
+    point: plain DANA (v = g for its first push since), not a gap from the old look-ahead."""
+    lr = 0.25
+    params = make_params()
+    options = {"momentum": 0.5, "decay": 0.5}
+    with running_server("dana-gap", params=params, lr=lr, rule_options=options) as server:
+        with PSClient(server.endpoint) as worker, PSClient(server.endpoint) as mover:
+            worker.hello(), mover.hello()
+            mover.push(_grads(1), base=0)  # the step size exists from here on
+            worker.pull()  # version 1: the look-ahead w1 - lr gamma v_mover
+            worker.bye()
+            worker.hello()
+            mover.push(_grads(2), base=1)
+            before = _copy(params)
+            g = _grads(3)
+            assert worker.push(g, base=1).staleness == 1
+    np.testing.assert_array_equal(params["fc.w"], _sgd(before, g, lr)["fc.w"])
+    np.testing.assert_array_equal(params["fc.b"], _sgd(before, g, lr)["fc.b"])
 
 
 def test_dana_gap_measures_the_gap_from_the_look_ahead_it_sent():
