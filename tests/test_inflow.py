@@ -111,6 +111,18 @@ def test_a_connection_holding_more_than_its_bound_is_cut_and_others_are_served()
         assert bytes(message[-1]) == b"hi!" and not is_cut(honest, 0.2)
 
 
+def test_a_connection_is_cut_one_byte_past_its_bound_and_not_at_it():
+    bound = 1 * MiB
+    with guarded_router(InflowLimits(per_connection=bound)) as (router, guard, port, _):
+        at, past = zmtp_peer(port), zmtp_peer(port)
+        opening = len(HANDSHAKE) + len(frame_header(64 * MiB))  # held too: received whole
+        unfinished(at, bound - opening)
+        unfinished(past, bound - opening + 1)
+        turn(router, guard)
+        assert [c.held for c in guard.connections.values() if not c.cut] == [bound]  # `at`
+        assert is_cut(past) and not is_cut(at, 0.2) and guard.cuts == 1
+
+
 def test_the_largest_is_cut_while_all_connections_hold_too_much():
     limits = InflowLimits(per_connection=8 * MiB, total=6 * MiB)
     with guarded_router(limits) as (router, guard, port, _):
