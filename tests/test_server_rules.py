@@ -290,6 +290,38 @@ def test_ssgd_starts_without_a_worker_that_never_comes():
             assert server.stats()["live_workers"] == 1
 
 
+def test_a_pull_is_held_while_the_cluster_assembles_even_by_asgd():
+    with running_server("asgd", world_size=2, heartbeat_timeout=30.0) as server:
+        with RawPeer(server.endpoint) as early:
+            raw_hello(early, "early")
+            assert send_then_fence(early, pull_header("early", rid=41)) is None  # held
+            with PSClient(server.endpoint) as late:
+                late.hello()  # the cluster is whole: the held pull is answered
+                released = early.recv()
+                assert late.pull().version == 0  # not held: assembled
+            assert early.request({"op": "bye", "worker": "early"}).op == "bye"
+    assert released.op == "pull" and released.header["rid"] == 41
+
+
+def test_a_pull_arriving_while_stopping_is_answered_though_the_rule_would_hold_it():
+    with running_server("ssp", rule_options={"staleness": 0}, stop_grace=30.0) as server:
+        with (
+            RawPeer(server.endpoint) as fast,
+            PSClient(server.endpoint) as slow,
+            PSClient(server.endpoint) as operator,
+        ):
+            raw_hello(fast, "fast")
+            slow.hello()
+            assert fast.request(push_header("fast", 0, 0, rid=51), filled(0.01)).op == "push"
+            assert send_then_fence(fast, pull_header("fast", rid=52)) is None  # a clock ahead
+            operator.stop()
+            assert fast.recv().header["rid"] == 52  # held ones are answered at the stop
+            late = send_then_fence(fast, pull_header("fast", rid=53))  # still a clock ahead
+            assert late is not None and late.header["rid"] == 53 and late.header["stop"]
+            assert fast.request({"op": "bye", "worker": "fast"}).op == "bye"
+            slow.bye()
+
+
 def test_stop_answers_every_push_held_at_the_barrier_at_once():
     with running_server("ssgd", stop_grace=30.0) as server:
         with (
