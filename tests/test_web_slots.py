@@ -1,7 +1,9 @@
 """How long a run waits for its browser seats (minips.web.slots.SeatWatch), on the server's
 `stats` rows as they come: seats never taken, left and taken back, finished."""
 
-from minips.web.slots import SeatWatch, browser_seats
+import pytest
+
+from minips.web.slots import SeatWatch, agent_name, browser_seats
 
 
 def _row(rank, alive, finished=False, agent="browser", worker=None):
@@ -60,3 +62,33 @@ def test_finished_seats_and_other_workers_are_not_waited_for():
     assert watch.update(done, now=1.0) == [] and not watch.pending(done, now=1.0)
     assert not SeatWatch(slots=0, join_wait=10.0).pending(None)
     assert SeatWatch(slots=1, join_wait=10.0, started=0.0).pending(None, now=1.0)
+
+
+def test_a_ranks_live_row_wins_whatever_the_order_of_its_rows():
+    replaced = _stats(_row(0, True, worker="w0-again"), _row(0, False))  # the live row first
+    assert browser_seats(replaced) == {0: "training"}
+    done = _stats(_row(1, False, finished=True), _row(1, False, worker="w1-again"))
+    assert browser_seats(done) == {1: "finished"}  # finished beats left, in either order
+    assert browser_seats(_stats(*reversed(done["workers"]))) == {1: "finished"}
+
+
+WIN = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"
+MAC = "Mozilla/5.0 (Macintosh; Intel Mac OS X 14_4) AppleWebKit/605.1.15 (KHTML, like Gecko)"
+
+
+@pytest.mark.parametrize(
+    "ua, name",
+    [
+        (f"{WIN} Chrome/124.0.0.0 Safari/537.36 Edg/124.0.2478.51", "Edge 124"),
+        (f"{WIN} Chrome/124.0.0.0 Safari/537.36 OPR/109.0.0.0", "Opera 109"),
+        ("Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0", "Firefox 125"),
+        (f"{WIN} Chrome/124.0.0.0 Safari/537.36", "Chrome 124"),
+        ("Mozilla/5.0 (X11; Linux x86_64) HeadlessChrome/120.0.6099.224 Safari/537.36",
+         "Chrome 120"),
+        (f"{MAC} Version/17.4.1 Safari/605.1.15", "Safari 17"),
+        ("curl/8.5.0", "browser"),
+    ],
+)  # fmt: skip
+def test_a_browser_is_named_by_its_user_agent_most_specific_first(ua, name):
+    assert agent_name({"agent": "browser", "ua": ua}) == name
+    assert agent_name({"agent": "numpy", "ua": ua}) == "numpy"
