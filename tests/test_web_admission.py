@@ -139,12 +139,14 @@ def test_one_browser_past_the_cap_is_refused_clearly_and_the_others_keep_relayin
                 assert _request(again, {"op": "stats", "rid": 9})["op"] == "stats"
 
 
-def _minips_web(endpoint: str, tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
+def _minips_web(
+    endpoint: str, tmp_path, *args: str, fd_limit: int = 1024
+) -> tuple[subprocess.Popen, str]:
     """`minips web` in its own process (open-file limit 1024, as a default shell's)."""
     url_file = tmp_path / "url"
 
     def low_fd_limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(7)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, resource.getrlimit(7)[1]))
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "minips", "web", "--connect", endpoint, "--listen",
@@ -177,6 +179,22 @@ def test_past_a_thousand_websockets_the_relay_still_works(tmp_path):
             proc.terminate()
             proc.wait(30)
     assert answered == 256 and refused == {1013: 1100 - 256}
+    log = (tmp_path / "web.log").read_text()
+    assert "Traceback" not in log and "Too many open files" not in log
+
+
+def test_the_gateway_raises_its_open_file_limit_to_what_its_browser_cap_needs(tmp_path):
+    # Started with 256 open files and --max-browsers 100: each relay holds about three
+    # (its WebSocket, its DEALER's TCP socket and mailbox), so 100 fit only if the gateway
+    # raised its own limit for them; every one is relayed, none refused.
+    with running_server() as server:
+        proc, url = _minips_web(server.endpoint, tmp_path, "--max-browsers", "100", fd_limit=256)
+        try:
+            answered, refused = asyncio.run(_many_websockets(url + "ws", 100))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert answered == 100 and refused == {}
     log = (tmp_path / "web.log").read_text()
     assert "Traceback" not in log and "Too many open files" not in log
 
