@@ -13,16 +13,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+import zmq
 
 from minips.dashboard import parse_listen, start_dashboard
-from minips.dashboard.collector import worker_rows
+from minips.dashboard.collector import Collector, worker_rows
 from minips.dashboard.tails import EvalTail
 from minips.errors import ConfigError
+from minips.protocol import wire
 from minips.rules import DEFAULT_RULE
 from minips.web.headless import remove_profile
 from minips.worker.client import PSClient
@@ -408,3 +411,112 @@ def test_worker_rates_use_the_oldest_poll_that_knew_the_worker():
         (0, 10.0, 640.0, 0),  # 20 steps in 2 s
         (1, 5.0, 320.0, 15),  # joined at 1.0: 5 steps in 1 s, not 0 for a missing start
     ]
+
+
+# ------------------------------------------------- the collector against scripted stats
+
+
+@contextlib.contextmanager
+def scripted_stats(script, then="repeat"):
+    """A ROUTER on loopback answering the collector's `stats` requests with the entries of
+    `script` in turn (a server whose uptime and counters the test chooses); after the last,
+    the last again (then="repeat") or no answer (then="gone": the server stopped).
+    Yields its address."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    done = threading.Event()
+
+    def serve():
+        answered = 0
+        while not done.is_set():
+            if not router.poll(20):
+                continue
+            routing, *frames = router.recv_multipart()
+            request = wire.decode_request(frames)
+            if answered >= len(script) and then == "gone":
+                continue
+            stats = script[min(answered, len(script) - 1)]
+            reply = {"op": "stats", "rid": request.header["rid"], "stats": stats}
+            router.send_multipart([routing, *wire.encode(reply)])
+            answered += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        context.destroy(linger=0)
+
+
+def _counters(uptime, updates):
+    return {"uptime": uptime, "updates": updates, "samples": 64 * updates, "workers": []}
+
+
+def _rate_at(collector, uptime):
+    """The updates/s the collector computed at the first poll of `uptime` (its history)."""
+    deadline = time.monotonic() + 10
+    while True:
+        history = collector.snapshot().get("history", [])
+        if found := [point for point in history if point["uptime"] == uptime]:
+            return found[0]["updates_per_s"]
+        assert time.monotonic() < deadline, history
+        time.sleep(0.01)
+
+
+def test_the_update_rate_is_averaged_over_the_last_three_seconds_of_uptime():
+    # Idle for 6 s, then 30 updates a second: at uptime 10 the last 3 s say 30/s (the
+    # whole run would say 12/s).
+    script = [_counters(t, 30 * max(0, t - 6)) for t in range(11)]
+    with scripted_stats(script) as address:
+        collector = Collector(address, interval=0.01)
+        collector.start()
+        try:
+            assert _rate_at(collector, 10) == 30.0
+        finally:
+            collector.stop()
+
+
+def test_a_restarted_servers_counters_are_not_subtracted_from_the_old_ones():
+    # Uptime 10..12 at 100 updates/s, then a new server: uptime 1 and 2, 5 updates/s.
+    script = [
+        _counters(10, 1000),
+        _counters(11, 1100),
+        _counters(12, 1200),
+        _counters(1, 5),
+        _counters(2, 10),
+    ]
+    with scripted_stats(script) as address:
+        collector = Collector(address, interval=0.01)
+        collector.start()
+        try:
+            assert _rate_at(collector, 1) == 0.0  # nothing before it in this server's life
+            assert _rate_at(collector, 2) == 5.0
+        finally:
+            collector.stop()
+
+
+def test_a_server_gone_after_the_final_eval_is_finished_and_one_gone_while_live_is_lost(
+    tmp_path,
+):
+    metrics = tmp_path / "eval.jsonl"
+    final = {"event": "eval", "time": 1, "samples": 64, "accuracy": 0.9, "loss": 0.3}
+    metrics.write_text(json.dumps({**final, "final": True}) + "\n")  # the evaluator's last
+    with (
+        scripted_stats([_counters(1, 1)], then="gone") as ended,
+        scripted_stats([_counters(1, 1)], then="gone") as crashed,
+    ):
+        collectors = [Collector(ended, metrics, interval=0.01), Collector(crashed, interval=0.01)]
+        for collector in collectors:
+            collector.start()
+        try:
+            deadline = time.monotonic() + 20
+            while any(c.snapshot()["phase"] in ("connecting", "live") for c in collectors):
+                assert time.monotonic() < deadline, [c.snapshot()["phase"] for c in collectors]
+                time.sleep(0.02)
+            assert [c.snapshot()["phase"] for c in collectors] == ["finished", "lost"]
+        finally:
+            for collector in collectors:
+                collector.stop()
