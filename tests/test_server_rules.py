@@ -303,6 +303,20 @@ def test_a_pull_is_held_while_the_cluster_assembles_even_by_asgd():
     assert released.op == "pull" and released.header["rid"] == 41
 
 
+def test_an_observer_does_not_count_towards_the_assembly():
+    with running_server("asgd", world_size=2, heartbeat_timeout=30.0) as server:
+        with RawPeer(server.endpoint) as evaluator, RawPeer(server.endpoint) as early:
+            hello = {"op": "hello", "worker": "eval", "info": {"role": "observer"}}
+            assert evaluator.request(hello).op == "hello"
+            raw_hello(early, "early")
+            # one worker and an observer: the cluster of two is still assembling
+            assert send_then_fence(early, pull_header("early", rid=61)) is None  # held
+            with PSClient(server.endpoint) as late:
+                late.hello()
+                assert early.recv().header["rid"] == 61  # whole now: answered
+            assert early.request({"op": "bye", "worker": "early"}).op == "bye"
+
+
 def test_a_pull_arriving_while_stopping_is_answered_though_the_rule_would_hold_it():
     with running_server("ssp", rule_options={"staleness": 0}, stop_grace=30.0) as server:
         with (
