@@ -105,7 +105,9 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     RUNNING.add(proc)
     try:
         stdout, _ = proc.communicate(timeout=timeout)
-        verdict = "survived" if proc.returncode == 0 else "killed"
+        # pytest's 4 (usage: a test file that is not there) and 5 (no test collected) say
+        # nothing about the mutant: the list no longer matches the tests
+        verdict = {0: "survived", 4: "invalid", 5: "invalid"}.get(proc.returncode, "killed")
         tail = stdout.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
         verdict, tail = "killed", ["timeout"]
