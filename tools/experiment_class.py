@@ -80,14 +80,17 @@ def one_run(args: argparse.Namespace, mix: str, rule: str, plan: str) -> dict[st
     stats = _final_stats(out)
     steps = max(1, stats["worker_steps"])
     rows = [w for w in stats["workers"] if not w.get("observer")]  # not the evaluator's pulls
+    # The share counts clocked steps on both sides: the pushes accepted while the server
+    # stops (in worker_steps, and in the bytes) are no worker's step.
     browser_steps = sum(w["clock"] for w in rows if (w.get("info") or {}).get("agent") == "browser")
+    clocked = sum(w["clock"] for w in rows)
     up, down = sum(w["bytes_in"] for w in rows), sum(w["bytes_out"] for w in rows)
     reached = time_to_target(run.events("eval"), args.target, run.summary["wall_s"])
     return {
         "mix": mix, "rule": rule, "plan": plan, "accuracy": run.summary["accuracy"],
         "wall_s": run.summary["wall_s"], "time_to_target": reached and reached["time"],
         "samples": run.summary["samples"], "worker_steps": steps,
-        "browser_steps": browser_steps, "up_per_step": up / steps,
+        "browser_steps": browser_steps, "clocked_steps": clocked, "up_per_step": up / steps,
         "down_per_step": down / steps, "load": loads,
     }  # fmt: skip
 
@@ -101,7 +104,7 @@ def table(rows: list[dict[str, Any]], target: float) -> str:
     ]
     for r in rows:
         reached = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}"
-        share = f"{r['browser_steps']} of {r['worker_steps']}"
+        share = f"{r['browser_steps']} of {r['clocked_steps']}"
         load = ", ".join(str(x) for x in r["load"]) if r["load"] else "-"
         lines.append(
             f"| {r['mix']} | {r['rule']} | {r['plan']} | {reached} | {r['accuracy']:.4f} | "
