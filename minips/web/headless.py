@@ -13,6 +13,7 @@ launcher out of patience), it is left where the next run clears it, not in /tmp.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -66,11 +67,25 @@ def _stop_on_sigterm(_signum: int, _frame: object) -> NoReturn:
     raise SystemExit(0)  # unwinds through the `finally` that closes Chromium
 
 
+# Chromium makes its singleton socket in TMPDIR/org.chromium.Chromium.XXXXXX/SingletonSocket
+# and aborts ("Socket path too long") when that passes a Unix socket path's 107 bytes.
+SOCKET_SUFFIX = len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
+SUN_PATH_MAX = 107
+
+
+def chromium_tmpdir() -> str:
+    """A TMPDIR for Chromium short enough for its singleton socket: this process's own when
+    it is, else the system's /tmp (a deep TMPDIR, as a test runner's, would abort it)."""
+    own = tempfile.gettempdir()
+    return own if len(own) + SOCKET_SUFFIX <= SUN_PATH_MAX else "/tmp"
+
+
 def run_tabs(binary: str, url: str, tabs: int, profile: Path) -> None:
     """Start Chromium with `profile`, open `tabs` pages at `url`, wait until Chromium exits
     (or SIGTERM arrives); Chromium is closed and the profile removed either way."""
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
-    chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    env = {**os.environ, "TMPDIR": chromium_tmpdir()}
+    chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
     try:
         port = devtools_port(profile, chromium)
         for _ in range(tabs):
