@@ -24,32 +24,18 @@ notes the load average before and after it).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from experiment_layers import held  # one flock helper for the tools' grids
 
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.run.report import time_to_target
 from minips.run.rundir import load_run
-
-
-@contextmanager
-def held(lock: str | None):
-    """An exclusive flock on `lock` for the duration (nothing without one)."""
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _final_stats(out: Path) -> dict[str, Any]:
