@@ -116,3 +116,16 @@ def test_a_step_sent_in_parts_is_as_stale_as_its_oldest_part():
     np.testing.assert_array_equal(params["fc.w"], np.full((3, 4), -1.0, np.float32))
     np.testing.assert_array_equal(params["fc.b"], np.full(4, -2.0, np.float32))
     assert stats["staleness_max"] == 1
+
+
+def test_the_server_stops_by_itself_once_every_rank_said_bye_finished_and_not_before():
+    with running_server(world_size=2) as server, RawPeer(server.endpoint) as peer:
+        hello(peer, "a")
+        hello(peer, "b")
+        bye(peer, "a", finished=True)
+        bye(peer, "b", finished=False)  # rank 1's shard is not done: the run goes on
+        assert not server.stop.requested
+        assert hello(peer, "c")["rank"] == 1
+        bye(peer, "c", finished=True)
+        assert server.stop.requested and server.stop.by_workers
+        assert server.stop.why == "every worker finished its epochs"
