@@ -2,7 +2,7 @@
 
     python tools/experiment_class.py --out class --link 100mbit --mixes 2+2,0+4 \\
         --plans dense,auto --rules ssgd,dana-gap [--model mlp] [--budget 60000] \\
-        [--lock /work/locks/cpu]
+        [--seeds 0,1,2] [--lock /work/locks/cpu]
 
 Every run is a real `minips run` (minips.run.launch.run_local): the server behind a shaped
 link shared by every worker (`--netem RATE`, as a classroom's Wi-Fi access point: root
@@ -13,12 +13,13 @@ rule's momentum (ssgd's SGD 0.9, dana-gap's own), one global sample budget, eval
 every 2 s. A mix is "N+B". `auto` is the planner's plan for that link and class (browser
 steps counted as slower, ssgd's barrier).
 
-Writes OUT/<mix>-<rule>-<plan>/ (run directories; a finished one is reused, so an
-interrupted grid resumes), OUT/results.json, and prints a markdown table: time to the
-target accuracy, final accuracy, wall time, the workers' bytes per step each way (the
-server's counters of every worker's messages, the evaluator's pulls left out), and the
-browsers' share of the steps. With --lock, each run holds an flock on that file (and
-notes the load average before and after it).
+Writes OUT/<mix>-<rule>-<plan>/ for seed 0 and OUT/<mix>-<rule>-<plan>-s<seed>/ for the
+others (run directories; a finished one is reused, so an interrupted grid resumes),
+OUT/results.json, and prints a markdown table: time to the target accuracy, final
+accuracy, wall time, the workers' bytes per step each way (the server's counters of every
+worker's messages, the evaluator's pulls left out), and the browsers' share of the steps.
+With --lock, each run holds an flock on that file (and notes the load average before and
+after it).
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ def _final_stats(out: Path) -> dict[str, Any]:
     return next(json.loads(x) for x in lines if '"event": "server"' in x)["stats"]
 
 
-def one_run(args: argparse.Namespace, mix: str, rule: str, plan: str) -> dict[str, Any]:
+def one_run(
+    args: argparse.Namespace, mix: str, rule: str, plan: str, seed: int = 0
+) -> dict[str, Any]:
     numpy_workers, browsers = (int(n) for n in mix.split("+"))
-    out = Path(args.out) / f"{mix}-{rule}-{plan}"
+    out = Path(args.out) / (f"{mix}-{rule}-{plan}" + (f"-s{seed}" if seed else ""))
     config = RunConfig(
         model=args.model, dataset="fashion-mnist", epochs=args.epochs, batch_size=64,
         workers=numpy_workers + browsers, browser=browsers, browser_headless=browsers > 0,
         listen="127.0.0.1:0", lr=0.01, rule=rule, max_samples=args.budget,
-        netem=args.link, plan=plan, heartbeat_timeout=60.0,
+        netem=args.link, plan=plan, heartbeat_timeout=60.0, seed=seed,
     )  # fmt: skip
     loads = None
     if not (out / "summary.json").exists():
@@ -73,7 +76,7 @@ def one_run(args: argparse.Namespace, mix: str, rule: str, plan: str) -> dict[st
     up, down = sum(w["bytes_in"] for w in rows), sum(w["bytes_out"] for w in rows)
     reached = time_to_target(run.events("eval"), args.target, run.summary["wall_s"])
     return {
-        "mix": mix, "rule": rule, "plan": plan, "accuracy": run.summary["accuracy"],
+        "mix": mix, "rule": rule, "plan": plan, "seed": seed, "accuracy": run.summary["accuracy"],
         "wall_s": run.summary["wall_s"], "time_to_target": reached and reached["time"],
         "samples": run.summary["samples"], "worker_steps": steps,
         "browser_steps": browser_steps, "clocked_steps": clocked, "up_per_step": up / steps,
@@ -84,16 +87,18 @@ def one_run(args: argparse.Namespace, mix: str, rule: str, plan: str) -> dict[st
 def table(rows: list[dict[str, Any]], target: float) -> str:
     """One markdown line per run."""
     lines = [
-        f"| NumPy + browsers | rule | plan | time to {target:g} (s) | final accuracy | wall (s) "
+        f"| NumPy + browsers | rule | plan | seed | time to {target:g} (s) | final accuracy "
+        "| wall (s) "
         "| KB up/step | KB down/step | browsers' steps | load before, after |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         reached = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}"
         share = f"{r['browser_steps']} of {r['clocked_steps']}"
         load = ", ".join(str(x) for x in r["load"]) if r["load"] else "-"
         lines.append(
-            f"| {r['mix']} | {r['rule']} | {r['plan']} | {reached} | {r['accuracy']:.4f} | "
+            f"| {r['mix']} | {r['rule']} | {r['plan']} | {r.get('seed', 0)} | {reached} "
+            f"| {r['accuracy']:.4f} | "
             f"{r['wall_s']:.1f} | {r['up_per_step'] / 1e3:.1f} | {r['down_per_step'] / 1e3:.1f} "
             f"| {share} | {load} |"
         )
@@ -111,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=60_000, help="global sample budget")
     parser.add_argument("--epochs", type=int, default=10, help="per worker (the budget ends first)")
     parser.add_argument("--target", type=float, default=0.80)
+    parser.add_argument("--seeds", default="0", help="comma-separated run seeds")
     parser.add_argument("--lock", help="an flock file held during each run")
     args = parser.parse_args(argv)
     rows = []
     for mix in args.mixes.split(","):
         for rule in args.rules.split(","):
             for plan in args.plans.split(","):
-                rows.append(one_run(args, mix, rule, plan))
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    rows.append(one_run(args, mix, rule, plan, seed))
                 (Path(args.out) / "results.json").write_text(json.dumps(rows, indent=2))
     print(table(rows, args.target))
     return 0
