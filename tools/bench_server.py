@@ -56,6 +56,10 @@ from minips.server.group import shard_params  # noqa: E402
 
 RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 
+# The folder of a run's ipc socket files: made for the run, inherited by the processes
+# it starts, removed at its end.
+SOCKETS = "MINIPS_BENCH_SOCKETS"
+
 
 def serve(endpoint_queue: mp.Queue, bind: str) -> None:
     """The server process: lenet5 parameters, asgd, momentum 0.9, no fixed world size.
@@ -188,7 +192,7 @@ def main() -> None:
 
     bind = "tcp://127.0.0.1:*"
     if args.transport == "ipc":
-        bind = f"ipc://{tempfile.mkdtemp(prefix='minips-bench-')}/server.sock"
+        bind = f"ipc://{tempfile.mkdtemp(dir=os.environ.get(SOCKETS))}/server.sock"
     ctx_queue: mp.Queue = mp.Queue()
     if args.servers > 1 and not raw:
         shards, endpoint = start_group(args.servers, bind, lr=0.01, momentum=0.9)
@@ -235,4 +239,6 @@ def _stop(endpoint: str, raw: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tempfile.TemporaryDirectory(prefix="minips-bench-") as sockets:
+        os.environ[SOCKETS] = sockets  # the processes it starts inherit it
+        main()

@@ -67,7 +67,15 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="Also write the rows as JSON here.")
     args = parser.parse_args()
 
-    out_root = Path(args.out or tempfile.mkdtemp(prefix="minips-bench-"))
+    if args.out:
+        report(args, Path(args.out))
+        return
+    with tempfile.TemporaryDirectory(prefix="minips-bench-") as runs:  # not kept
+        report(args, Path(runs))
+
+
+def report(args: argparse.Namespace, out_root: Path) -> None:
+    """Run every configuration into `out_root` and print the table (and --json)."""
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"{args.model} on {args.dataset}, {args.epochs} epochs of samples, batch "
           f"{args.batch_size}, lr {args.lr}, momentum {args.momentum}")  # fmt: skip

@@ -63,6 +63,10 @@ LENET5 = {
     "fc2.b": (10,),
 }
 
+# The folder of a run's ipc socket files: made for the run, inherited by the processes
+# it starts, removed at its end.
+SOCKETS = "MINIPS_BENCH_SOCKETS"
+
 
 def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -71,7 +75,7 @@ def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
 
 def _address(transport: str) -> str:
     if transport == "ipc":
-        return f"ipc://{tempfile.mkdtemp(prefix='minips-bench-')}/server.sock"
+        return f"ipc://{tempfile.mkdtemp(dir=os.environ.get(SOCKETS))}/server.sock"
     return "tcp://127.0.0.1:*"
 
 
@@ -378,4 +382,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tempfile.TemporaryDirectory(prefix="minips-bench-") as sockets:
+        os.environ[SOCKETS] = sockets  # the processes it starts inherit it
+        main()
