@@ -55,9 +55,22 @@ function keepSeat(s) {
   seats?.setItem(SEAT, JSON.stringify({ workerId, progress }));
 }
 
+// The worker reports every step (100 a second on the MLP), and redrawing the page each time
+// takes the CPU the worker's next step needs: the text is redrawn at most every
+// REDRAW_MS, at once when the state changes. The status and the seat follow every report.
+const REDRAW_MS = 200;
+let latest = null;
+let redraw = null; // the pending timer
 function render(s) {
   window.minipsStatus = s;
   keepSeat(s);
+  const changed = !latest || s.state !== latest.state;
+  latest = s;
+  if (changed) draw(s);
+  else redraw ??= setTimeout(() => ((redraw = null), draw(latest)), REDRAW_MS);
+}
+
+function draw(s) {
   show("state", stateMessage(s));
   if (s.rank !== undefined) show("rank", `${s.rank} of ${s.worldSize}${s.slowdown > 1 ? ` (slowdown ${s.slowdown}x)` : ""}`);
   if (s.model) show("what", `${s.model} / ${s.dataset} / ${s.rule}`);
@@ -74,6 +87,7 @@ function render(s) {
 
 /** A failure in words a student can act on; the technical line goes under "details". */
 function fail(error) {
+  clearTimeout(redraw); // a pending redraw would cover the failure with the last status
   const { what, todo } = explain(error, window.minipsStatus);
   window.minipsStatus = { ...window.minipsStatus, state: "failed", error: error.message, code: error.code, message: what };
   show("state", what);
