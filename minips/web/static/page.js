@@ -2,7 +2,8 @@
 // from the query string: ?steps=N (stop after N steps), &eval=N (test examples for the
 // accuracy, 500), &evalsec=S (seconds between accuracy checks, 5), &id=NAME (the worker id;
 // a random one by default), &engine=js (the plain JavaScript products even where WebAssembly
-// SIMD runs). window.minipsStatus holds the latest status for scripts (the
+// SIMD runs), &stamps=1 (each step's messaging stamped: tools/profile_messaging.py).
+// window.minipsStatus holds the latest status for scripts (the
 // tests read it through the DevTools protocol).
 //
 // The tab's seat survives a reload: its worker id and progress are kept in sessionStorage
@@ -34,6 +35,7 @@ const options = {
   evalExamples: Number(params.get("eval")) || 500,
   evalSeconds: Number(params.get("evalsec")) || 5,
   engine: params.get("engine"),
+  stamps: params.has("stamps"),
 };
 
 const ENGINES = {
