@@ -134,7 +134,8 @@ def main() -> None:
     server_args = ["--workers", "1", "--rule", "asgd", "--model", args.model]
     server_args += ["--dataset", args.dataset, "--batch-size", "64"]
     stamps = Stamps()
-    with tempfile.TemporaryDirectory() as tmp:
+    # Chromium's helpers may still be writing its profile as the directory goes
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         chromium = Chromium(Path(tmp))
         try:
             with server_process(Path(tmp), *server_args) as endpoint:
