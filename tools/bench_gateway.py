@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         gateway.wait(10)
         stop.set()
         server.join(5)
+        shutil.rmtree(tmp, ignore_errors=True)  # the socket, Chromium's profile
     return 0
 
 
