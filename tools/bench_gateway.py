@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def message(size: int, rid: int) -> list[bytes]:
 
 
 def echo_server(address: str, down: int, stop: threading.Event) -> None:
-    """A ROUTER that answers every message with a reply of `down` bytes (the same rid)."""
+    """A ROUTER that answers every message with a reply of `down` bytes (the same rid), and
+    a `stats` request (the gateway's probe for a server group) with empty stats."""
     context = zmq.Context.instance()
     sock = context.socket(zmq.ROUTER)
     sock.bind(address)
@@ -52,8 +54,13 @@ def echo_server(address: str, down: int, stop: threading.Event) -> None:
         if not sock.poll(100):
             continue
         routing, *frames = sock.recv_multipart(copy=False)
-        rid = msgpack.unpackb(frames[0].bytes)["rid"]
-        sock.send_multipart([routing, msgpack.packb({"v": 1, "op": "push", "rid": rid}), *reply])
+        header = msgpack.unpackb(frames[0].bytes)
+        if header.get("op") == "stats":  # the gateway asks whether this is a group's root
+            answer = {"v": 1, "op": "stats", "rid": header["rid"], "stats": {}}
+            sock.send_multipart([routing, msgpack.packb(answer)])
+            continue
+        answer = {"v": 1, "op": "push", "rid": header["rid"]}
+        sock.send_multipart([routing, msgpack.packb(answer), *reply])
     sock.close(linger=0)
 
 
@@ -189,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         gateway.wait(10)
         stop.set()
         server.join(5)
+        shutil.rmtree(tmp, ignore_errors=True)  # the socket, Chromium's profile
     return 0
 
 

@@ -89,7 +89,8 @@ def main() -> None:
     parser.add_argument("--engines", default="wasm,js", help="comma-separated: wasm, js")
     args = parser.parse_args()
     print(json.dumps({**vars(args), "load_1min": round(os.getloadavg()[0], 2)}))
-    with tempfile.TemporaryDirectory() as tmp:
+    # Chromium's helpers may still be writing its profile as the directory goes
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         chromium = Chromium(Path(tmp))
         try:
             with server_process(Path(tmp), "--workers", "1") as endpoint:

@@ -20,7 +20,8 @@
 
   ;; A tile of 4 rows x 8 columns of c kept in eight v128 registers for the whole sum over
   ;; p: each step loads b[p, j..j+8) once (two v128) and uses it for four rows, each row's
-  ;; A(i, p) broadcast to four lanes (f32x4.splat). gemm.js's addRowCombination, four
+  ;; A(i, p) loaded straight into four lanes (v128.load32_splat: one broadcast load, where
+  ;; f32.load then f32x4.splat takes a shuffle too). gemm.js's addRowCombination, four
   ;; columns per instruction and four rows per load of b.
   (func $tile_4x8
     (param $a i32) (param $sai i32) (param $sap i32)  ;; A(i, p) at a + i*sai + p*sap
@@ -48,16 +49,16 @@
         (br_if $done (i32.ge_u (local.get $b) (local.get $end)))
         (local.set $bl (v128.load (local.get $b)))
         (local.set $bh (v128.load offset=16 (local.get $b)))
-        (local.set $x (f32x4.splat (f32.load (local.get $a))))
+        (local.set $x (v128.load32_splat (local.get $a)))
         (local.set $c0l (f32x4.add (local.get $c0l) (f32x4.mul (local.get $x) (local.get $bl))))
         (local.set $c0h (f32x4.add (local.get $c0h) (f32x4.mul (local.get $x) (local.get $bh))))
-        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a1)))))
+        (local.set $x (v128.load32_splat (i32.add (local.get $a) (local.get $a1))))
         (local.set $c1l (f32x4.add (local.get $c1l) (f32x4.mul (local.get $x) (local.get $bl))))
         (local.set $c1h (f32x4.add (local.get $c1h) (f32x4.mul (local.get $x) (local.get $bh))))
-        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a2)))))
+        (local.set $x (v128.load32_splat (i32.add (local.get $a) (local.get $a2))))
         (local.set $c2l (f32x4.add (local.get $c2l) (f32x4.mul (local.get $x) (local.get $bl))))
         (local.set $c2h (f32x4.add (local.get $c2h) (f32x4.mul (local.get $x) (local.get $bh))))
-        (local.set $x (f32x4.splat (f32.load (i32.add (local.get $a) (local.get $a3)))))
+        (local.set $x (v128.load32_splat (i32.add (local.get $a) (local.get $a3))))
         (local.set $c3l (f32x4.add (local.get $c3l) (f32x4.mul (local.get $x) (local.get $bl))))
         (local.set $c3h (f32x4.add (local.get $c3h) (f32x4.mul (local.get $x) (local.get $bh))))
         (local.set $a (i32.add (local.get $a) (local.get $sap)))
@@ -82,7 +83,7 @@
     (block $done
       (loop $p
         (br_if $done (i32.ge_u (local.get $b) (local.get $end)))
-        (local.set $x (f32x4.splat (f32.load (local.get $a))))
+        (local.set $x (v128.load32_splat (local.get $a)))
         (local.set $cl (f32x4.add (local.get $cl) (f32x4.mul (local.get $x) (v128.load (local.get $b)))))
         (local.set $ch (f32x4.add (local.get $ch) (f32x4.mul (local.get $x) (v128.load offset=16 (local.get $b)))))
         (local.set $a (i32.add (local.get $a) (local.get $sap)))

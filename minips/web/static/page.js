@@ -2,7 +2,8 @@
 // from the query string: ?steps=N (stop after N steps), &eval=N (test examples for the
 // accuracy, 500), &evalsec=S (seconds between accuracy checks, 5), &id=NAME (the worker id;
 // a random one by default), &engine=js (the plain JavaScript products even where WebAssembly
-// SIMD runs). window.minipsStatus holds the latest status for scripts (the
+// SIMD runs), &stamps=1 (each step's messaging stamped: tools/profile_messaging.py).
+// window.minipsStatus holds the latest status for scripts (the
 // tests read it through the DevTools protocol).
 //
 // The tab's seat survives a reload: its worker id and progress are kept in sessionStorage
@@ -34,6 +35,7 @@ const options = {
   evalExamples: Number(params.get("eval")) || 500,
   evalSeconds: Number(params.get("evalsec")) || 5,
   engine: params.get("engine"),
+  stamps: params.has("stamps"),
 };
 
 const ENGINES = {
@@ -55,9 +57,22 @@ function keepSeat(s) {
   seats?.setItem(SEAT, JSON.stringify({ workerId, progress }));
 }
 
+// The worker reports every step (100 a second on the MLP), and redrawing the page each time
+// takes the CPU the worker's next step needs: the text is redrawn at most every
+// REDRAW_MS, at once when the state changes. The status and the seat follow every report.
+const REDRAW_MS = 200;
+let latest = null;
+let redraw = null; // the pending timer
 function render(s) {
   window.minipsStatus = s;
   keepSeat(s);
+  const changed = !latest || s.state !== latest.state;
+  latest = s;
+  if (changed) draw(s);
+  else redraw ??= setTimeout(() => ((redraw = null), draw(latest)), REDRAW_MS);
+}
+
+function draw(s) {
   show("state", stateMessage(s));
   if (s.rank !== undefined) show("rank", `${s.rank} of ${s.worldSize}${s.slowdown > 1 ? ` (slowdown ${s.slowdown}x)` : ""}`);
   if (s.model) show("what", `${s.model} / ${s.dataset} / ${s.rule}`);
@@ -74,6 +89,7 @@ function render(s) {
 
 /** A failure in words a student can act on; the technical line goes under "details". */
 function fail(error) {
+  clearTimeout(redraw); // a pending redraw would cover the failure with the last status
   const { what, todo } = explain(error, window.minipsStatus);
   window.minipsStatus = { ...window.minipsStatus, state: "failed", error: error.message, code: error.code, message: what };
   show("state", what);

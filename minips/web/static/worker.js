@@ -22,6 +22,11 @@ import { epochOrder, normalise, parseIdx } from "./data.js";
 const status = { state: "starting", steps: 0, samples: 0, staleness: [], accuracy: null,
   computeSeconds: 0, commSeconds: 0 };
 
+// With ?stamps=1 each step's messaging is stamped, in ms on the wall clock (comparable with
+// the gateway's time.time()): start, encode, sent, arrived, decoded, applied; the last
+// status holds them all (tools/profile_messaging.py reads them beside the gateway's).
+const mark = (stamp, key) => stamp && (stamp[key] = performance.timeOrigin + performance.now());
+
 function report(fields) {
   Object.assign(status, fields);
   const recent = status.staleness.slice(-50);
@@ -61,8 +66,9 @@ class ClosedError extends Error {
 
 /** One WebSocket to the gateway; request() sends and waits for the reply with its rid. */
 class Connection {
-  constructor(url, timeoutMs, retries) {
+  constructor(url, timeoutMs, retries, stamped = false) {
     Object.assign(this, { url, timeoutMs, retries, rid: 0, waiting: null, outgoing: null });
+    this.stamp = stamped ? {} : null; // the last request's stamps (see `mark`)
   }
 
   open() {
@@ -76,7 +82,9 @@ class Connection {
         if (this.waiting) this.waiting.reject(this.closed);
       };
       this.ws.onmessage = (event) => {
+        mark(this.stamp, "arrived");
         const reply = decodeMessage(event.data);
+        mark(this.stamp, "decoded");
         if (this.waiting && reply.header.rid === this.waiting.rid) this.waiting.resolve(reply);
         // else: a late reply to an attempt given up on (protocol.md §8): dropped
       };
@@ -97,9 +105,11 @@ class Connection {
         };
         this.waiting = { rid, resolve: done(resolve), reject: done(reject) };
         // send() copies the bytes, so the next request may reuse the same buffer
+        mark(this.stamp, "encode");
         const message = encodeMessage({ ...header, rid }, arrays, this.outgoing);
         this.outgoing = message.buffer;
         this.ws.send(message);
+        mark(this.stamp, "sent");
       });
       if (reply === null) continue; // timed out: try again (a push keeps its seq)
       if (reply.header.op === "error") throw new ServerError(reply.header.code, reply.header.reason);
@@ -161,7 +171,8 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 async function train(options) {
   const { base, workerId } = options;
   const wsUrl = base.replace(/^http/, "ws") + "ws";
-  const conn = new Connection(wsUrl, options.timeoutMs || 60000, 3);
+  const conn = new Connection(wsUrl, options.timeoutMs || 60000, 3, options.stamps);
+  const stamps = [];
   await conn.open();
   const info = { role: "worker", agent: "browser", ua: navigator.userAgent.slice(0, 200) };
   if (options.host) info.host = options.host;
@@ -246,6 +257,7 @@ async function train(options) {
       if (slowdown > 1) await sleep((slowdown - 1) * compute); // imitate a slower machine
 
       const sending = performance.now();
+      mark(conn.stamp, "start");
       const params = model.params;
       const { parts: arrays, base } = sender.step(version); // the gradients due, encoded
       if (sampler) {
@@ -266,6 +278,7 @@ async function train(options) {
       }
       status.staleness.push(pushed.staleness);
       applyParams(reply);
+      if (mark(conn.stamp, "applied")) stamps.push({ ...conn.stamp });
       version = pushed.version;
       status.commSeconds += (performance.now() - sending) / 1000;
       const steps = status.steps + 1;
@@ -294,7 +307,7 @@ async function train(options) {
     if (err.code !== "unknown_worker") throw err; // already gone: nothing to leave
   }
   conn.close();
-  report({ state: "done", outcome: finished ? "finished" : stop ? "ended" : "stopped" });
+  report({ state: "done", ...(options.stamps ? { stamps } : {}), outcome: finished ? "finished" : stop ? "ended" : "stopped" });
 }
 
 /** hello, patient with `not_owner`: right after a reload the gateway may still be saying
