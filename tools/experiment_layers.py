@@ -139,10 +139,19 @@ def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dic
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
         "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
         "time_to": {t: r and r["time"] for t, r in reached.items()},
+        "samples_to": {t: r and r["samples"] for t, r in reached.items()},
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
         "bytes_by_param": by_param, "load": load,
     }  # fmt: skip
+
+
+def _again(out: str, r: dict[str, Any]) -> dict[str, Any]:
+    """A row of results.json read again from its run directory (fields added since)."""
+    directory = Path(out) / f"{r['link']}-{r['plan']}-s{r['seed']}"
+    if not (directory / "summary.json").exists():
+        return r
+    return row(directory, r["link"], r["plan"], r["seed"], r.get("load") or {})
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -189,6 +198,28 @@ def table(rows: list[dict[str, Any]], links: list[str]) -> str:
             f"{statistics.mean(r['down_per_step'] for r in group) / 1e3:,.1f} | "
             f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
         )
+    return "\n".join(lines)
+
+
+def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
+    """Markdown: one line per run, with the samples of the first evaluation at 0.85."""
+    lines = [
+        "| link | plan | seed | final accuracy | time to 0.80 (s) | time to 0.85 (s) | "
+        "samples at 0.85 | wall (s) | KB up/step | KB down/step | load start-end |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (link, plan), group in _groups(rows, links).items():
+        for r in sorted(group, key=lambda r: r["seed"]):
+            t80, t85 = (r["time_to"][t] for t in ("0.80", "0.85"))
+            at85 = r.get("samples_to", {}).get("0.85")
+            load = r.get("load") or {}
+            lines.append(
+                f"| {link} | {plan} | {r['seed']} | {r['accuracy']:.4f} | "
+                + " | ".join("-" if v is None else f"{v:.1f}" for v in (t80, t85))
+                + f" | {'-' if at85 is None else f'{at85:,}'} | {r['wall_s']:.1f} | "
+                f"{r['up_per_step'] / 1e3:,.1f} | {r['down_per_step'] / 1e3:,.1f} | "
+                f"{load.get('before', 0):.1f}-{load.get('after', 0):.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -278,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", help="flock this file for each run (e.g. /work/locks/cpu)")
     parser.add_argument("--plot", help="write the time-to-0.85 plot here (png)")
     parser.add_argument("--trace", action="store_true", help="trace worker 0 of each run")
+    parser.add_argument(
+        "--table", action="store_true", help="run nothing: print the tables of the runs in OUT"
+    )
     args = parser.parse_args(argv)
     results = Path(args.out) / "results.json"
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -285,16 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     done = json.loads(results.read_text()) if results.exists() else []
     rows = {(r["link"], r["plan"], r["seed"]): r for r in done}
     links = args.links.split(",")
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in [] if args.table else [int(s) for s in args.seeds.split(",")]:
         for link in links:
             for plan in args.plans.split(","):
                 rows[link, plan_label(plan), seed] = one_run(args, link, plan, seed)
                 results.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
-    every = list(rows.values())
+    every = [_again(args.out, r) for r in rows.values()]
     order = links + sorted({r["link"] for r in every} - set(links))
     print(table(every, order))
-    print()
-    print(versus(every, order))
+    for plan in ("auto", "fp16"):
+        print()
+        print(versus(every, order, plan))
+    if args.table:
+        print()
+        print(per_seed(every, order))
     if args.plot:
         plot(every, order, args.workers, args.plot)
         print(f"\nplot: {args.plot}")
