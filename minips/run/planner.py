@@ -9,7 +9,7 @@ The objective (docs/algorithms.md, "The cost model", with its sources and measur
     T(plan) = step(plan) x samples(plan) / samples(dense)
 
 the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
-samples(dense) = 1 + the measured sample cost of each tensor's encoding
+samples(dense) = 1 + the measured sample cost of each tensor's (push, pull) pair
 (plan_samples.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
 
     compute   the layers' CPU ms x contention: N workers and K servers share the machine's
