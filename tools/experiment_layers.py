@@ -43,6 +43,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
+
 from minips.protocol.plan import ParamPlan, Plan
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
@@ -140,10 +142,28 @@ def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dic
         "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
         "time_to": {t: r and r["time"] for t, r in reached.items()},
         "samples_to": {t: r and r["samples"] for t, r in reached.items()},
+        "fitted_time_to": {f"{t:.2f}": fitted_time_to(run.events("eval"), t) for t in TARGETS},
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
         "bytes_by_param": by_param, "load": load,
     }  # fmt: skip
+
+
+def fitted_time_to(evals: list[dict[str, Any]], target: float) -> float | None:
+    """The time at which the run's accuracy curve, fitted, reaches `target`: the samples
+    to it on tools/sample_cost.py's fit acc(S) = A - B S^-C of every evaluation from 5,000
+    samples on, turned into seconds along the evaluations' own (samples, time) pairs.
+    Less jagged than the first evaluation at the target, which moves by one evaluation
+    interval (5-10 s here) when the curve hovers around it. None: not reached in the run."""
+    import numpy as np
+
+    points = [e for e in evals if e.get("accuracy") is not None and e.get("time") is not None]
+    if sum(e["samples"] >= 5000 for e in points) < 3:
+        return None
+    samples = fitted_samples_to(points, target)
+    if not samples <= points[-1]["samples"]:
+        return None
+    return float(np.interp(samples, [e["samples"] for e in points], [e["time"] for e in points]))
 
 
 def _again(out: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -201,22 +221,48 @@ def table(rows: list[dict[str, Any]], links: list[str]) -> str:
     return "\n".join(lines)
 
 
+def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
+    """Markdown: the fitted times to 0.80 and 0.85 (`fitted_time_to`), means ± sd over
+    seeds, and dense's mean over each plan's on the same link."""
+    lines = [
+        "| link | plan | seeds | fitted time to 0.80 (s) | fitted time to 0.85 (s) | "
+        "dense / plan: 0.80 | 0.85 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    groups = _groups(rows, links)
+    for (link, plan), group in groups.items():
+        cells = []
+        for target in ("0.80", "0.85"):
+            d = _mean([r["fitted_time_to"][target] for r in groups.get((link, "dense"), [])])
+            o = _mean([r["fitted_time_to"][target] for r in group])
+            cells.append(f"{d / o:.2f}" if d and o else "-")
+        lines.append(
+            f"| {link} | {plan} | {len(group)} | "
+            f"{_mean_sd([r['fitted_time_to']['0.80'] for r in group])} | "
+            f"{_mean_sd([r['fitted_time_to']['0.85'] for r in group])} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
+    return "\n".join(lines)
+
+
 def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
     """Markdown: one line per run, with the samples of the first evaluation at 0.85."""
     lines = [
         "| link | plan | seed | final accuracy | time to 0.80 (s) | time to 0.85 (s) | "
-        "samples at 0.85 | wall (s) | KB up/step | KB down/step | load start-end |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "samples at 0.85 | fitted time to 0.80 / 0.85 (s) | wall (s) | KB up/step | "
+        "KB down/step | load start-end |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (link, plan), group in _groups(rows, links).items():
         for r in sorted(group, key=lambda r: r["seed"]):
             t80, t85 = (r["time_to"][t] for t in ("0.80", "0.85"))
             at85 = r.get("samples_to", {}).get("0.85")
+            fit = " / ".join("-" if v is None else f"{v:.1f}" for v in r["fitted_time_to"].values())
             load = r.get("load") or {}
             lines.append(
                 f"| {link} | {plan} | {r['seed']} | {r['accuracy']:.4f} | "
                 + " | ".join("-" if v is None else f"{v:.1f}" for v in (t80, t85))
-                + f" | {'-' if at85 is None else f'{at85:,}'} | {r['wall_s']:.1f} | "
+                + f" | {'-' if at85 is None else f'{at85:,}'} | {fit} | {r['wall_s']:.1f} | "
                 f"{r['up_per_step'] / 1e3:,.1f} | {r['down_per_step'] / 1e3:,.1f} | "
                 f"{load.get('before', 0):.1f}-{load.get('after', 0):.1f} |"
             )
@@ -331,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(versus(every, order, plan))
     if args.table:
+        print()
+        print(fitted(every, order))
         print()
         print(per_seed(every, order))
     if args.plot:
