@@ -308,7 +308,8 @@ def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) 
     groups = _groups(rows, links)
     fastest = max((link_rate_mbit(k[0], workers) or 0) for k in groups)
     unlimited_x = 4 * fastest if fastest else 1e4  # unlimited drawn right of the fastest link
-    for plan in sorted({k[1] for k in groups}):
+    for n, plan in enumerate(sorted({k[1] for k in groups})):
+        color = f"C{n}"  # one colour per plan, own and shared links alike
         for shared in (False, True):
             points = []
             for (link, p), group in groups.items():
@@ -329,7 +330,7 @@ def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) 
                 else dict(marker="o")
             )
             label = f"{plan}, shared link (--netem)" if shared else f"{plan}, own link"
-            ax.errorbar(xs, ys, yerr=sds, label=label, capsize=3, **style)
+            ax.errorbar(xs, ys, yerr=sds, label=label, capsize=3, color=color, **style)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("each worker's link (Mbit/s; rightmost: unlimited loopback)")
