@@ -43,6 +43,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
+
 from minips.protocol.plan import ParamPlan, Plan
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
@@ -139,10 +141,37 @@ def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dic
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
         "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
         "time_to": {t: r and r["time"] for t, r in reached.items()},
+        "samples_to": {t: r and r["samples"] for t, r in reached.items()},
+        "fitted_time_to": {f"{t:.2f}": fitted_time_to(run.events("eval"), t) for t in TARGETS},
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
         "bytes_by_param": by_param, "load": load,
     }  # fmt: skip
+
+
+def fitted_time_to(evals: list[dict[str, Any]], target: float) -> float | None:
+    """The time at which the run's accuracy curve, fitted, reaches `target`: the samples
+    to it on tools/sample_cost.py's fit acc(S) = A - B S^-C of every evaluation from 5,000
+    samples on, turned into seconds along the evaluations' own (samples, time) pairs.
+    Less jagged than the first evaluation at the target, which moves by one evaluation
+    interval (5-10 s here) when the curve hovers around it. None: not reached in the run."""
+    import numpy as np
+
+    points = [e for e in evals if e.get("accuracy") is not None and e.get("time") is not None]
+    if sum(e["samples"] >= 5000 for e in points) < 3:
+        return None
+    samples = fitted_samples_to(points, target)
+    if not samples <= points[-1]["samples"]:
+        return None
+    return float(np.interp(samples, [e["samples"] for e in points], [e["time"] for e in points]))
+
+
+def _again(out: str, r: dict[str, Any]) -> dict[str, Any]:
+    """A row of results.json read again from its run directory (fields added since)."""
+    directory = Path(out) / f"{r['link']}-{r['plan']}-s{r['seed']}"
+    if not (directory / "summary.json").exists():
+        return r
+    return row(directory, r["link"], r["plan"], r["seed"], r.get("load") or {})
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -192,6 +221,54 @@ def table(rows: list[dict[str, Any]], links: list[str]) -> str:
     return "\n".join(lines)
 
 
+def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
+    """Markdown: the fitted times to 0.80 and 0.85 (`fitted_time_to`), means ± sd over
+    seeds, and dense's mean over each plan's on the same link."""
+    lines = [
+        "| link | plan | seeds | fitted time to 0.80 (s) | fitted time to 0.85 (s) | "
+        "dense / plan: 0.80 | 0.85 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    groups = _groups(rows, links)
+    for (link, plan), group in groups.items():
+        cells = []
+        for target in ("0.80", "0.85"):
+            d = _mean([r["fitted_time_to"][target] for r in groups.get((link, "dense"), [])])
+            o = _mean([r["fitted_time_to"][target] for r in group])
+            cells.append(f"{d / o:.2f}" if d and o else "-")
+        lines.append(
+            f"| {link} | {plan} | {len(group)} | "
+            f"{_mean_sd([r['fitted_time_to']['0.80'] for r in group])} | "
+            f"{_mean_sd([r['fitted_time_to']['0.85'] for r in group])} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
+    """Markdown: one line per run, with the samples of the first evaluation at 0.85."""
+    lines = [
+        "| link | plan | seed | final accuracy | time to 0.80 (s) | time to 0.85 (s) | "
+        "samples at 0.85 | fitted time to 0.80 / 0.85 (s) | wall (s) | KB up/step | "
+        "KB down/step | load start-end |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (link, plan), group in _groups(rows, links).items():
+        for r in sorted(group, key=lambda r: r["seed"]):
+            t80, t85 = (r["time_to"][t] for t in ("0.80", "0.85"))
+            at85 = r.get("samples_to", {}).get("0.85")
+            fit = " / ".join("-" if v is None else f"{v:.1f}" for v in r["fitted_time_to"].values())
+            load = r.get("load") or {}
+            lines.append(
+                f"| {link} | {plan} | {r['seed']} | {r['accuracy']:.4f} | "
+                + " | ".join("-" if v is None else f"{v:.1f}" for v in (t80, t85))
+                + f" | {'-' if at85 is None else f'{at85:,}'} | {fit} | {r['wall_s']:.1f} | "
+                f"{r['up_per_step'] / 1e3:,.1f} | {r['down_per_step'] / 1e3:,.1f} | "
+                f"{load.get('before', 0):.1f}-{load.get('after', 0):.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> str:
     """Markdown: `plan` against dense per link: how much sooner to each target, the
     accuracy difference, and how many times fewer bytes up and in total."""
@@ -231,7 +308,8 @@ def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) 
     groups = _groups(rows, links)
     fastest = max((link_rate_mbit(k[0], workers) or 0) for k in groups)
     unlimited_x = 4 * fastest if fastest else 1e4  # unlimited drawn right of the fastest link
-    for plan in sorted({k[1] for k in groups}):
+    for n, plan in enumerate(sorted({k[1] for k in groups})):
+        color = f"C{n}"  # one colour per plan, own and shared links alike
         for shared in (False, True):
             points = []
             for (link, p), group in groups.items():
@@ -252,7 +330,7 @@ def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) 
                 else dict(marker="o")
             )
             label = f"{plan}, shared link (--netem)" if shared else f"{plan}, own link"
-            ax.errorbar(xs, ys, yerr=sds, label=label, capsize=3, **style)
+            ax.errorbar(xs, ys, yerr=sds, label=label, capsize=3, color=color, **style)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("each worker's link (Mbit/s; rightmost: unlimited loopback)")
@@ -278,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", help="flock this file for each run (e.g. /work/locks/cpu)")
     parser.add_argument("--plot", help="write the time-to-0.85 plot here (png)")
     parser.add_argument("--trace", action="store_true", help="trace worker 0 of each run")
+    parser.add_argument(
+        "--table", action="store_true", help="run nothing: print the tables of the runs in OUT"
+    )
     args = parser.parse_args(argv)
     results = Path(args.out) / "results.json"
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -285,16 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     done = json.loads(results.read_text()) if results.exists() else []
     rows = {(r["link"], r["plan"], r["seed"]): r for r in done}
     links = args.links.split(",")
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in [] if args.table else [int(s) for s in args.seeds.split(",")]:
         for link in links:
             for plan in args.plans.split(","):
                 rows[link, plan_label(plan), seed] = one_run(args, link, plan, seed)
                 results.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
-    every = list(rows.values())
+    every = [_again(args.out, r) for r in rows.values()]
     order = links + sorted({r["link"] for r in every} - set(links))
     print(table(every, order))
-    print()
-    print(versus(every, order))
+    for plan in ("auto", "fp16"):
+        print()
+        print(versus(every, order, plan))
+    if args.table:
+        print()
+        print(fitted(every, order))
+        print()
+        print(per_seed(every, order))
     if args.plot:
         plot(every, order, args.workers, args.plot)
         print(f"\nplot: {args.plot}")

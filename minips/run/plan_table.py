@@ -57,6 +57,10 @@ def format_table(report: PlanReport) -> str:
         f"(dense: {p['dense_step_ms']:.1f} ms)",
         f"samples to an accuracy: x{p['samples_factor']:.3f} of dense's; time to it: "
         f"x{p['time_to_accuracy_vs_dense']:.3f} of dense's",
+        f"candidates, time to accuracy x dense's: lossless codecs (dense, fp16, sf) "
+        f"x{p['lossless_time_vs_dense']:.3f}, with lossy ones x{p['lossy_time_vs_dense']:.3f}"
+        f" (a step down is taken at x{p['min_gain']:g} of the less lossy or less): "
+        f"{_tier(report)}",
         "choice: "
         + (
             "all dense (the link is fast enough)"
@@ -65,3 +69,9 @@ def format_table(report: PlanReport) -> str:
         ),  # fmt: skip
     ]
     return "\n".join(lines)
+
+
+def _tier(report: PlanReport) -> str:
+    if report.plan.is_dense():
+        return "dense"
+    return "lossy" if report.predicted["samples_factor"] > 1 else "lossless"

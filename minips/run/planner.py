@@ -9,7 +9,7 @@ The objective (docs/algorithms.md, "The cost model", with its sources and measur
     T(plan) = step(plan) x samples(plan) / samples(dense)
 
 the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
-samples(dense) = 1 + the measured sample cost of each tensor's encoding
+samples(dense) = 1 + the measured sample cost of each tensor's (push, pull) pair
 (plan_samples.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
 
     compute   the layers' CPU ms x contention: N workers and K servers share the machine's
@@ -26,13 +26,19 @@ The choice:
 
 1. No link limit: all dense (a codec only costs CPU and samples there).
 2. Each weight has a ladder per direction, most faithful first (`push_ladder`,
-   `pull_ladder`); coordinate descent from all dense: for each tensor and direction in
-   turn (the most dense bytes first), among the rungs whose T (given the others) is
-   within TIE of the least, the one of least sample cost, then of fewest bytes; until a
-   sweep changes nothing. (So fp16, free in samples, is taken wherever it is no slower.)
-3. Unless that plan's T is at most MIN_GAIN x dense's T, the plan is all dense: what the
-   model leaves out (cache misses, threads, a sample cost known to a few percent) all
-   counts against compressing.
+   `pull_ladder`); a tensor's (push, pull) pair costs samples as measured for that pair
+   (plan_samples.SAMPLE_COST; a pair measured nowhere is never picked). Coordinate
+   descent from all dense: for each tensor in turn (the most dense bytes first), among
+   its pairs whose T (given the others) is within TIE of the least, the one of least
+   sample cost, then of fewest bytes; until a sweep changes nothing. (So fp16, free in
+   samples, is taken wherever it is no slower.) Run twice: over the lossless pairs alone
+   (measured to cost no samples: dense, fp16, sf fp16), then from there over every
+   measured pair.
+3. Each step down must clearly pay: the lossless plan is taken only if its T is at most
+   MIN_GAIN x dense's, the lossy one only if its T is at most MIN_GAIN x the less lossy
+   plans' (dense's and the lossless one's, whichever is less); otherwise the less lossy
+   plan stands. What the model leaves out (cache misses, threads, a sample cost known to
+   a few percent) all counts against compressing.
 4. A compressed plan sends wait-free (minips/worker/transmit.py).
 """
 
@@ -56,10 +62,10 @@ from minips.run.plan_costs import (
     push_time,
     spec_text,
 )
-from minips.run.plan_samples import sample_cost, samples_factor
+from minips.run.plan_samples import is_lossless, sample_cost, samples_factor
 
-TIE = 0.02  # rungs whose T is within 2 % of the least count as equal: the most faithful wins
-MIN_GAIN = 0.75  # compress only when T falls to at most 3/4 of dense's
+TIE = 0.02  # pairs whose T is within 2 % of the least count as equal: the most faithful wins
+MIN_GAIN = 0.8  # each step down (dense, lossless, lossy) must cut T to at most 0.8x
 SMALL = 10_000  # entries: smaller tensors are never sparsified
 
 SF16: Spec = {"codec": "sf", "dtype": "float16"}
@@ -267,11 +273,16 @@ def make_plan(
         wait_free = _compressed(rows)
         return time_to_accuracy(name, measured, rows, batch_size, cluster, rate, wait_free)
 
-    dense_t = objective(choices)
+    dense = list(choices)
+    dense_t = lossless_t = lossy_t = objective(dense)
     if rate is not None:
-        _descend(choices, objective, name, batch_size)
-        if objective(choices) > MIN_GAIN * dense_t:
-            choices = [replace(c, push_rung=0, pull_rung=0) for c in choices]
+        lossless = _descend(dense, objective, name, batch_size, lossless_only=True)
+        lossy = _descend(lossless, objective, name, batch_size, lossless_only=False)
+        lossless_t, lossy_t = objective(lossless), objective(lossy)
+        if lossless_t <= MIN_GAIN * dense_t:
+            choices = lossless
+        if lossy_t <= MIN_GAIN * min(dense_t, lossless_t):
+            choices = lossy
     wait_free = _compressed(choices)
     params = {c.name: ParamPlan(push=c.push, pull=c.pull) for c in choices}
     step = predict_step(measured, choices, batch_size, cluster, rate, wait_free)
@@ -302,6 +313,10 @@ def make_plan(
         "dense_step_ms": round(dense_step["step"], 3),
         "samples_factor": round(samples_factor(name, _chosen(choices)), 4),
         "time_to_accuracy_vs_dense": round(objective(choices) / dense_t, 4),
+        # The candidates of step 3 of the module doc, the chosen one among them.
+        "lossless_time_vs_dense": round(lossless_t / dense_t, 4),
+        "lossy_time_vs_dense": round(lossy_t / dense_t, 4),
+        "min_gain": MIN_GAIN,
     }  # fmt: skip
     plan = Plan(params=params if wait_free else {}, wait_free=wait_free, predicted=predicted)
     return PlanReport(plan, measured, choices, batch_size, cluster, network, rate, predicted)
@@ -312,38 +327,46 @@ def _compressed(choices: list[ParamChoice]) -> bool:
 
 
 def _descend(
-    choices: list[ParamChoice], objective: Any, model_name: str, batch_size: int, sweeps: int = 10
-) -> None:
-    """Step 2 of the module doc: coordinate descent over the rungs, in place."""
+    start: list[ParamChoice], objective: Any, model_name: str, batch_size: int,
+    lossless_only: bool, sweeps: int = 10,
+) -> list[ParamChoice]:  # fmt: skip
+    """Step 2 of the module doc: coordinate descent over each tensor's (push, pull) pairs,
+    from `start`; over the lossless pairs alone if `lossless_only`. A new list."""
+    choices = list(start)
     order = sorted(range(len(choices)), key=lambda i: -math.prod(choices[i].shape))
     for _ in range(sweeps):
         changed = False
         for i in order:
-            for direction in ("push", "pull"):
-                c = choices[i]
-                ladder = c.push_ladder if direction == "push" else c.pull_ladder
-                if len(ladder) == 1:
-                    continue
-                times = []
-                for rung in range(len(ladder)):
-                    choices[i] = replace(c, **{f"{direction}_rung": rung})
-                    times.append(objective(choices))
-                near = [r for r, t in enumerate(times) if t <= min(times) * (1 + TIE)]
-                best = min(near, key=lambda r: _loss_then_bytes(c, direction, r, model_name,
-                                                                batch_size))  # fmt: skip
-                choices[i] = replace(c, **{f"{direction}_rung": best})
-                changed |= best != getattr(c, f"{direction}_rung")
+            c = choices[i]
+            pairs = [
+                (up, down)
+                for up in range(len(c.push_ladder))
+                for down in range(len(c.pull_ladder))
+                if not lossless_only or is_lossless(
+                    model_name, c.name, c.push_ladder[up], c.pull_ladder[down])
+            ]  # fmt: skip
+            if len(pairs) == 1:
+                continue
+            times = []
+            for up, down in pairs:
+                choices[i] = replace(c, push_rung=up, pull_rung=down)
+                times.append(objective(choices))
+            least = min(times)
+            near = [pair for pair, t in zip(pairs, times, strict=True) if t <= least * (1 + TIE)]
+            up, down = min(near, key=lambda pair: _loss_then_bytes(c, pair, model_name,
+                                                                   batch_size))  # fmt: skip
+            choices[i] = replace(c, push_rung=up, pull_rung=down)
+            changed |= (up, down) != (c.push_rung, c.pull_rung)
         if not changed:
-            return
+            break
+    return choices
 
 
 def _loss_then_bytes(
-    c: ParamChoice, direction: str, rung: int, model_name: str, batch_size: int
+    c: ParamChoice, pair: tuple[int, int], model_name: str, batch_size: int
 ) -> tuple[float, int]:
-    """The tie-break among rungs of about the same T: the least sample cost, then the
+    """The tie-break among pairs of about the same T: the least sample cost, then the
     fewest bytes (an encoding that costs no samples, fp16, is then taken for free)."""
-    if direction == "push":
-        spec = c.push_ladder[rung]
-        return sample_cost(model_name, c.name, "push", spec), push_bytes(spec, c.shape, batch_size)
-    spec = c.pull_ladder[rung]
-    return sample_cost(model_name, c.name, "pull", spec), pull_bytes(spec, c.shape)
+    push, pull = c.push_ladder[pair[0]], c.pull_ladder[pair[1]]
+    cost = sample_cost(model_name, c.name, push, pull)
+    return cost, push_bytes(push, c.shape, batch_size) + pull_bytes(pull, c.shape)
