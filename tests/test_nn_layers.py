@@ -135,6 +135,48 @@ def test_conv_training_forward_reuses_its_buffers_and_evaluation_leaves_the_cach
     assert conv.cache.cols is not cols and conv.cache.cols.shape[1] == cols.shape[1] * 2 // 3
 
 
+# (in_channels, out_channels, kernel, stride, padding, H, W, pool block)
+BLOCKED_CASES = [(1, 3, 5, 1, 0, 12, 10, 2), (2, 4, 3, 1, 1, 6, 9, 3), (3, 2, 3, 2, 1, 9, 9, 5)]
+
+
+@pytest.mark.parametrize("dy_as_windows", [True, False])
+@pytest.mark.parametrize("case", BLOCKED_CASES)
+def test_conv_with_a_pool_block_hands_on_windows_of_the_same_numbers(case, dy_as_windows):
+    conv, x = make_conv(case[:7], "batch_last")
+    b = conv.pool_block = case[7]
+    stride, padding = conv.stride, conv.padding
+    w = conv.params["w"]
+    y = conv.forward(x)
+    n, o, ho, _, wo, _ = y.shape
+    assert y.shape == (3, conv.out_channels, ho, b, wo, b)
+    y_naive = conv2d_forward_naive(x, w, conv.params["b"], stride, padding)
+    np.testing.assert_allclose(y.reshape(y_naive.shape), y_naive, rtol=1e-10, atol=1e-10)
+    # Each window offset (u, v) is one contiguous block of (Ho/b, Wo/b, N) per channel.
+    assert y[:, :, :, 1, :, 0].transpose(1, 2, 3, 0)[0].flags.c_contiguous
+
+    dy = np.random.default_rng(2).standard_normal(y_naive.shape)
+    dx = conv.backward(dy.reshape(y.shape) if dy_as_windows else dy)
+    dx_naive, dw_naive, db_naive = conv2d_backward_naive(dy, x, w, stride, padding)
+    np.testing.assert_allclose(dx, dx_naive, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(conv.grads["w"], dw_naive, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(conv.grads["b"], db_naive, rtol=1e-10, atol=1e-10)
+
+
+def test_conv_pool_block_that_does_not_divide_the_output_gives_plain_output():
+    conv, x = make_conv((1, 2, 3, 1, 0, 8, 8), "c")  # 6x6 output, block 4 does not divide it
+    conv.pool_block = 4
+    y = conv.forward(x)
+    np.testing.assert_allclose(
+        y, conv2d_forward_naive(x, conv.params["w"], conv.params["b"]), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_conv_with_a_pool_block_gradients_match_centred_differences():
+    conv, x = make_conv(BLOCKED_CASES[1][:7], "batch_last")
+    conv.pool_block = BLOCKED_CASES[1][7]
+    check_layer_gradients(conv, x)
+
+
 @pytest.mark.parametrize("bad_shape", [(2, 2, 6, 6), (2, 1, 6), (2, 1, 2, 2)])
 def test_conv_rejects_wrong_input(bad_shape):
     conv = Conv2D(1, 4, 3)
@@ -163,6 +205,26 @@ def test_maxpool_matches_naive_loops(case, order):
     # Outputs keep the input's memory order: on batch-last input every view runs along N.
     assert np.argsort(y.strides).tolist() == np.argsort(x.strides).tolist()
     assert dx.strides == x.strides
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_maxpool_takes_a_conv_windows_and_hands_dx_back_in_that_shape(size):
+    rng = np.random.default_rng(4)
+    conv = Conv2D(2, 3, 3, rng=rng)
+    conv.cast(np.float64)
+    conv.pool_block = size
+    x = rng.standard_normal((2, 2, 3 * size + 2, 2 * size + 2))
+    windows = conv.forward(x)  # (2, 3, 3, size, 2, size)
+    plain = windows.reshape(2, 3, 3 * size, 2 * size)
+    pool = MaxPool2D(size, size)
+    y = pool.forward(windows)
+    np.testing.assert_array_equal(y, maxpool_forward_naive(plain, size, size))
+    dy = rng.standard_normal(y.shape)
+    dx = pool.backward(dy)
+    assert dx.shape == windows.shape and dx.strides == windows.strides
+    np.testing.assert_array_equal(
+        dx.reshape(plain.shape), maxpool_backward_naive(dy, plain, size, size)
+    )
 
 
 def test_maxpool_ties_route_gradient_to_the_first_maximum():

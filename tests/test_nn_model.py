@@ -19,7 +19,7 @@ from minips.nn import (
     softmax_cross_entropy,
 )
 from minips.nn.gradcheck import numerical_gradient, relative_error
-from minips.nn.model import run_order
+from minips.nn.model import pool_blocks, run_order
 
 
 def batch(n=4, seed=0, dtype=np.float32):
@@ -182,6 +182,37 @@ def test_run_order_moves_each_relu_after_the_max_pool_it_feeds():
         "pool1", "relu1", "conv1", "relu2", "pool2", "relu3", "pool3", "relu4",
     )  # fmt: skip
     assert lenet5()._run_order[:6] == ("conv1", "pool1", "relu1", "conv2", "pool2", "relu2")
+
+
+def test_pool_blocks_go_to_each_first_conv_whose_output_a_tiling_pool_takes():
+    layers = dict(
+        conv1=Conv2D(1, 1, 1), relu1=ReLU(), pool1=MaxPool2D(2, 2),
+        conv2=Conv2D(1, 1, 1), pool2=MaxPool2D(3, 3),
+        conv3=Conv2D(1, 1, 1), pool3=MaxPool2D(3, 2),  # overlapping windows: no block
+        conv4=Conv2D(1, 1, 1), relu2=ReLU(), relu3=ReLU(), pool4=MaxPool2D(),  # two ReLUs
+        conv5=Conv2D(1, 1, 1),
+        conv6=Conv2D(1, 1, 1), pool6=MaxPool2D(),  # computes its input gradient: no block
+    )  # fmt: skip
+    for name, layer in layers.items():
+        layer.need_input_grad = name == "conv6"
+    assert pool_blocks(layers) == {"conv1": 2, "conv2": 3}
+    model = lenet5()
+    assert [model.layers[name].pool_block for name in ("conv1", "conv2")] == [2, 1]
+
+
+def test_lenet5_with_pool_blocks_computes_what_it_computes_without():
+    model = lenet5(seed=1).astype(np.float64)
+    plain = model.astype(np.float64)
+    for name in ("conv1", "conv2"):
+        plain.layers[name].pool_block = 1
+    x, y = batch(n=5, seed=3, dtype=np.float64)
+    logits = model.forward(x)
+    assert model.layers["pool1"].cache.x.ndim == 6  # pool1 was handed conv1's windows
+    np.testing.assert_allclose(logits, plain.forward(x), rtol=1e-12, atol=1e-12)
+    model.backward(softmax_cross_entropy(logits, y)[1])
+    plain.backward(softmax_cross_entropy(plain.forward(x), y)[1])
+    for name, grad in model.grads.items():
+        np.testing.assert_allclose(grad, plain.grads[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("size, stride", [(2, 2), (3, 1), (3, 2)])

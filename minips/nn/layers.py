@@ -154,6 +154,11 @@ class MaxPool2D(Layer):
     strided view of the whole batch, so no window matrix is ever copied. y and dx keep the
     memory order of x: on a conv's batch-last output every view's innermost axis is the
     contiguous batch.
+
+    When the windows tile x (stride == size), x may also come as its windows (N, C, Ho,
+    size, Wo, size), as a Conv2D with `pool_block` hands them on (its reshape to (N, C, H, W)
+    is the input); each offset's view is then one contiguous block per channel, and dx
+    comes back in that shape.
     """
 
     kind = "pool"
@@ -166,20 +171,26 @@ class MaxPool2D(Layer):
         self.size, self.stride = size, stride
         self.cache: PoolCache | None = None
 
-    def _offset_view(self, a: np.ndarray, u: int, v: int, ho: int, wo: int) -> np.ndarray:
-        """The (N, C, Ho, Wo) strided view of window element (u, v) in every window of a."""
-        s = self.stride
-        return a[:, :, u : u + s * ho : s, v : v + s * wo : s]
+    def _offset_views(self, a: np.ndarray, ho: int, wo: int) -> list[np.ndarray]:
+        """The (N, C, Ho, Wo) strided views of a, one per window offset (u, v) in row-major
+        order: view[n, c, i, j] = a[n, c, s*i + u, s*j + v] (a: x, dx, or their windows)."""
+        k, s = self.size, self.stride
+        if a.ndim == 6:  # windows (N, C, Ho, k, Wo, k)
+            return [a[:, :, :, u, :, v] for u in range(k) for v in range(k)]
+        return [a[:, :, u : u + s * ho : s, v : v + s * wo : s] for u in range(k) for v in range(k)]
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
-        """x (N, C, H, W) -> y (N, C, Ho, Wo)."""
-        check_ndim(x, 4, "(N, C, H, W)")
-        n, c, h, w = x.shape
+        """x (N, C, H, W), or its windows when they tile it -> y (N, C, Ho, Wo)."""
         k, s = self.size, self.stride
-        if h < k or w < k:
-            raise ShapeError(f"input {h}x{w} is smaller than the {k}x{k} pooling window")
-        ho, wo = (h - k) // s + 1, (w - k) // s + 1
-        views = [self._offset_view(x, *divmod(o, k), ho, wo) for o in range(k * k)]
+        if x.ndim == 6 and s == k and x.shape[3] == x.shape[5] == k:
+            ho, wo = x.shape[2], x.shape[4]
+        else:
+            check_ndim(x, 4, "(N, C, H, W)")
+            h, w = x.shape[2:]
+            if h < k or w < k:
+                raise ShapeError(f"input {h}x{w} is smaller than the {k}x{k} pooling window")
+            ho, wo = (h - k) // s + 1, (w - k) // s + 1
+        views = self._offset_views(x, ho, wo)
         y = views[0].copy(order="K")  # (N, C, Ho, Wo), in x's memory order
         for view in views[1:]:
             np.maximum(y, view, out=y)
@@ -188,22 +199,20 @@ class MaxPool2D(Layer):
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
-        """dy (N, C, Ho, Wo) -> dx (N, C, H, W), nonzero only at each window's argmax."""
+        """dy (N, C, Ho, Wo) -> dx shaped like x, nonzero only at each window's argmax."""
         cache = self._cached()
         if not self.need_input_grad:
             return None
         ho, wo = dy.shape[2:]
         k, s = self.size, self.stride
-        h, w = cache.x.shape[2:]
         overlapping = s < k
         # Windows that tile x exactly write every element of dx once: no zeroing needed.
-        tiled = s == k and h == k * ho and w == k * wo
+        tiled = s == k and (cache.x.ndim == 6 or cache.x.shape[2:] == (k * ho, k * wo))
         if tiled:
             dx = np.empty_like(cache.x, dtype=dy.dtype)
         else:
             dx = np.zeros_like(cache.x, dtype=dy.dtype)
-        for offset in range(k * k):
-            target = self._offset_view(dx, *divmod(offset, k), ho, wo)  # (N, C, Ho, Wo) view
+        for offset, target in enumerate(self._offset_views(dx, ho, wo)):
             if overlapping:  # windows share inputs: contributions add up
                 target += dy * (cache.argmax == offset)
             else:  # each input sits in at most one window: write straight into dx
