@@ -520,3 +520,9 @@ def test_a_server_gone_after_the_final_eval_is_finished_and_one_gone_while_live_
         finally:
             for collector in collectors:
                 collector.stop()
+
+
+def test_the_snapshot_before_the_first_poll_says_it_is_not_connected():
+    collector = Collector("tcp://127.0.0.1:9", interval=0.01)  # never started: no poll yet
+    snapshot = collector.snapshot()
+    assert snapshot["connected"] is False and snapshot["phase"] == "connecting"

@@ -135,7 +135,9 @@ class Collector:
         self.phase = "connecting"
         self.summary: dict[str, Any] | None = None  # the run's summary, once it ended
         self._last: dict[str, Any] = {}  # the last snapshot's stats and workers
-        self._snapshot: dict[str, Any] = {"seq": 0, "phase": self.phase, "connect": connect}
+        # Served before the first poll too (a page or script may ask at once): say so.
+        self._snapshot: dict[str, Any] = {"seq": 0, "phase": self.phase, "connect": connect,
+                                          "connected": False}  # fmt: skip
         self._changed = threading.Condition()
         self._stopped = threading.Event()  # everything: the poller and the event streams
         self._polling = threading.Event()  # set: the poller stops (the run ended)
