@@ -285,13 +285,13 @@ def pool_blocks(layers: dict[str, Layer]) -> dict[str, int]:
     names = list(layers)
     blocks: dict[str, int] = {}
     for i, name in enumerate(names):
+        conv = layers[name]
+        if type(conv) is not Conv2D or conv.need_input_grad:
+            continue
         after = [layers[other] for other in names[i + 1 : i + 3]]
         if after and type(after[0]) is ReLU:
             after = after[1:]
         pool = after[0] if after else None
-        conv = layers[name]
-        if type(conv) is not Conv2D or conv.need_input_grad:
-            continue
         if type(pool) is MaxPool2D and pool.size == pool.stride:
             blocks[name] = pool.size
     return blocks
