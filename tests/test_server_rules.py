@@ -177,16 +177,19 @@ def test_a_killed_worker_does_not_stall_the_ssgd_barrier():
     params = make_params()
     before = params["fc.b"].copy()
     with running_server("ssgd", params=params, lr=1.0, heartbeat_timeout=1.0) as server:
-        victim = subprocess.Popen(
-            [sys.executable, "-c", VICTIM, server.endpoint],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            with PSClient(server.endpoint, worker_id="a", timeout=5.0) as a:
-                a.hello()
-                _wait_until(lambda: "victim" in server.registry.by_id)
+        with PSClient(server.endpoint, worker_id="a", timeout=5.0) as a:
+            # "a" registers before the victim starts, so round 1 has both as members, and
+            # pings while the victim's process starts (under load that can take longer than
+            # the heartbeat timeout, and a silent "a" would be declared dead).
+            a.hello()
+            victim = subprocess.Popen(
+                [sys.executable, "-c", VICTIM, server.endpoint],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                _wait_until(lambda: a.ping() is False and "victim" in server.registry.by_id)
                 first = a.push({"fc.b": np.full(4, 1.0, np.float32)}, base=0)
                 assert victim.stdout.readline().split() == ["pushed", "1"]
                 assert first.version == 1
@@ -198,9 +201,9 @@ def test_a_killed_worker_does_not_stall_the_ssgd_barrier():
                 assert second.applied and second.version == 2
                 stats = {w["worker"]: w for w in a.stats()["workers"]}
                 assert stats["victim"]["alive"] is False and stats["a"]["alive"] is True
-        finally:
-            victim.kill()
-            victim.wait(timeout=10)
+            finally:
+                victim.kill()
+                victim.wait(timeout=10)
     # round 1: mean(1, 3) = 2; round 2: a alone, 1.
     np.testing.assert_array_equal(params["fc.b"], before - 2.0 - 1.0)
 
