@@ -19,7 +19,15 @@ from minips.protocol.plan import Plan
 from minips.run.config import RunConfig
 from minips.run.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
 from minips.run.plan_samples import sample_cost
-from minips.run.planner import MIN_GAIN, Cluster, Measured, Network, make_plan
+from minips.run.plan_table import _tier, format_table
+from minips.run.planner import (
+    MIN_GAIN,
+    WAIT_FREE_GAIN,
+    Cluster,
+    Measured,
+    Network,
+    make_plan,
+)
 from minips.worker.netlimit import Link
 
 DENSE_BYTES = 431_080 * 4  # LeNet-5, each way
@@ -199,33 +207,47 @@ def test_a_pair_of_encodings_measured_nowhere_is_never_chosen():
 
 
 def test_each_step_down_must_cut_the_time_to_accuracy_by_the_margin():
-    """Lossless codecs only at <= MIN_GAIN x dense's predicted time to accuracy, lossy ones
-    only at <= MIN_GAIN x the less lossy plans'; and the margin is what decides somewhere:
-    a lossy plan predicted faster, but not by the margin, loses to a less lossy one."""
-    decided_by_margin = lossy_taken = False
+    """Dense goes wait-free only at <= WAIT_FREE_GAIN x its predicted time to accuracy;
+    lossless codecs only at <= MIN_GAIN x the less of dense's two, lossy ones only at <=
+    MIN_GAIN x the less lossy plans'; and the margin is what decides somewhere: a lossy
+    plan predicted faster, but not by the margin, loses to a less lossy one."""
+    decided_by_margin = lossy_taken = wait_free_taken = False
     for report in _sweep():
         p = report.predicted
-        keys = ("time_to_accuracy_vs_dense", "lossless_time_vs_dense", "lossy_time_vs_dense")
-        t, lossless, lossy = (p[k] for k in keys)
-        if p["samples_factor"] > 1:
-            assert t == lossy <= MIN_GAIN * min(1.0, lossless)
+        keys = ("time_to_accuracy_vs_dense", "dense_wait_free_time_vs_dense",
+                "lossless_time_vs_dense", "lossy_time_vs_dense")  # fmt: skip
+        t, wait_free, lossless, lossy = (p[k] for k in keys)
+        least_dense = min(1.0, wait_free)
+        tier = _tier(report)
+        if tier == "lossy":
+            assert t == lossy <= MIN_GAIN * min(least_dense, lossless)
             lossy_taken = True
-        elif not report.plan.is_dense():
-            assert t == lossless <= MIN_GAIN
+        elif tier == "lossless":
+            assert t == lossless <= MIN_GAIN * least_dense
+        elif tier == "dense wait-free":
+            assert t == wait_free <= WAIT_FREE_GAIN and lossless > MIN_GAIN * wait_free
+            wait_free_taken = True
         else:
-            assert t == 1
-        decided_by_margin |= lossy < min(1.0, lossless) and p["samples_factor"] == 1
-    assert decided_by_margin and lossy_taken
+            assert t == 1 and wait_free > WAIT_FREE_GAIN and lossless > MIN_GAIN
+        decided_by_margin |= lossy < min(least_dense, lossless) and p["samples_factor"] == 1
+    assert decided_by_margin and lossy_taken and wait_free_taken
 
 
-def test_a_fast_link_gets_the_least_lossy_plan():
-    """1 Gbit/s each: lossy codecs would gain less than the margin, so the plan costs no
-    samples (here, with this machine's fixed times, all dense)."""
+def test_a_fast_link_sends_dense_wait_free():
+    """1 Gbit/s each: fc1's dense gradient crosses the link while conv2 and conv1 are still
+    in backward, so dense sent wait-free beats dense after backward by more than
+    WAIT_FREE_GAIN, and no codec gains the margin over it: the plan is every parameter
+    dense, sent wait-free (measured faster than dense, docs/results.md)."""
     report = plan_for(bandwidth="1gbit")
-    assert report.predicted["samples_factor"] == 1
-    assert report.predicted["lossy_time_vs_dense"] > MIN_GAIN * min(
-        1.0, report.predicted["lossless_time_vs_dense"]
-    )
+    p = report.predicted
+    assert _tier(report) == "dense wait-free" and p["samples_factor"] == 1
+    assert report.plan.wait_free and report.plan.to_dict()["params"] == {}
+    assert p["up_bytes_per_step"] == p["down_bytes_per_step"] == DENSE_BYTES
+    assert p["dense_wait_free_time_vs_dense"] <= WAIT_FREE_GAIN
+    assert p["lossless_time_vs_dense"] > MIN_GAIN * p["dense_wait_free_time_vs_dense"]
+    assert p["step_parts_ms"]["push"] < 1.0  # hidden behind backward
+    table = format_table(report)
+    assert "choice: all dense, wait-free sending" in table and "dense wait-free" in table
 
 
 def test_minips_plan_prints_the_table_and_writes_a_plan_run_accepts(tmp_path):
