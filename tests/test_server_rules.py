@@ -73,6 +73,38 @@ def test_ssgd_applies_exactly_the_mean_as_one_update():
     assert sorted(records[0]["workers"]) == [0, 1] and records[0]["staleness"] == [0, 0]
 
 
+@pytest.mark.parametrize("arrival", [("a", "b", "c"), ("a", "c", "b"), ("c", "a", "b")])
+def test_ssgd_sums_a_round_in_rank_order_whatever_order_the_pushes_arrive_in(arrival):
+    """float32 addition is not associative: (1e8 + 1) - 1e8 is 0, (1e8 - 1e8) + 1 is 1. The
+    round's sum is taken in rank order (a, b, c said hello in that order), so the update
+    is the same bits whichever push the link delivers first."""
+    values = {"a": 1e8, "b": 1.0, "c": -1e8}  # ranks 0, 1, 2
+    params = make_params()
+    before = params["fc.b"].copy()
+    with running_server("ssgd", params=params, lr=1.0) as server:
+        clients = {name: PSClient(server.endpoint, worker_id=name) for name in "abc"}
+        try:
+            for name in "abc":
+                assert clients[name].hello()["rank"] == "abc".index(name)
+            threads = []
+            for name in arrival[:2]:
+                grads = {"fc.b": np.full(4, values[name], np.float32)}
+                threads.append(_in_thread(clients[name].push, grads, base=0)[0])
+                _wait_until(lambda name=name: server.registry.by_id[name].held_pushes)
+            last = arrival[2]
+            assert (
+                clients[last].push({"fc.b": np.full(4, values[last], np.float32)}, base=0).applied
+            )
+            for thread in threads:
+                thread.join(timeout=10)
+        finally:
+            for client in clients.values():
+                client.close()
+    in_rank_order = (np.float32(1e8) + np.float32(1.0)) + np.float32(-1e8)  # 0
+    np.testing.assert_array_equal(params["fc.b"], before - in_rank_order / np.float32(3))
+    assert in_rank_order != (np.float32(1e8) + np.float32(-1e8)) + np.float32(1.0)
+
+
 def test_ssgd_partial_pushes_accumulate_until_the_last():
     params = make_params()
     before = {k: v.copy() for k, v in params.items()}

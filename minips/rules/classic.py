@@ -10,6 +10,8 @@ from minips.errors import ConfigError
 from minips.rules.base import ASGD, Outcome, Push, Rule, RuleOption, Update, option_default
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from minips.server.registry import WorkerState
 
 
@@ -87,6 +89,13 @@ class SSGD(Rule):
         self._sums.clear()
         return Outcome(answers=answers)
 
+    def _in_rank_order(self, worker_ids: Iterable[str]) -> list[str]:
+        """The round's workers by rank: float32 addition is not associative, so summing in
+        arrival order would let the link's timing change the update's low bits; by rank a
+        seed's run is the same on every link."""
+        ranks = {w.worker_id: w.rank for w in self.registry.by_id.values()}
+        return sorted(worker_ids, key=lambda worker_id: (ranks.get(worker_id, -1), worker_id))
+
     def _try_complete(self) -> Outcome:
         """The round's update, once every live worker's `last` push is in."""
         live = self.registry.live()
@@ -96,7 +105,7 @@ class SSGD(Rule):
             return Outcome()
         totals: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
-        for worker_id in self._held:
+        for worker_id in self._in_rank_order(self._held):
             for name, grad_sum in self._sums.pop(worker_id, {}).items():
                 totals[name] = totals[name] + grad_sum if name in totals else grad_sum
                 counts[name] = counts.get(name, 0) + 1
