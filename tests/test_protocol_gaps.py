@@ -185,31 +185,34 @@ def test_stats_pushes_count_a_steps_last_false_pushes_and_clock_its_steps():
     assert "a step's `last: false` pushes included" in " ".join(DOC.split())
 
 
-def test_ssgd_averages_in_float32_in_the_order_the_last_pushes_arrived():
-    values = [1.0, 2.0**24, -(2.0**24)]  # 1 + 2^24 rounds to 2^24 in float32
+def test_ssgd_averages_in_float32_adding_the_workers_in_rank_order():
+    values = [1.0, 2.0**24, -(2.0**24)]  # ranks 0, 1, 2; 1 + 2^24 rounds to 2^24 in float32
     params = {"fc.b": np.zeros(4, np.float32), "fc.w": np.zeros((3, 4), np.float32)}
     with running_server("ssgd", params=params, lr=1.0, world_size=3) as server:
         clients = [PSClient(server.endpoint, timeout=10) for _ in values]
-        for client in clients:
-            client.hello()
+        for rank, client in enumerate(clients):
+            assert client.hello()["rank"] == rank
         threads = []
-        for client, value in zip(clients, values, strict=True):
+        for client, value in reversed(list(zip(clients, values, strict=True))):
             grad = {"fc.b": np.full(4, value, np.float32)}
             threads.append(threading.Thread(target=client.push, args=(grad, 0)))
             threads[-1].start()
-            time.sleep(0.3)  # arrive in this order
+            time.sleep(0.3)  # arrive last rank first: the sum must not follow them
         for thread in threads:
             thread.join(timeout=10)
         got = server.store.params["fc.b"]
         for client in clients:
             client.close()
     total = np.float32(0)
-    for value in values:
+    for value in values:  # rank order
         total = np.float32(total + np.float32(value))
     expected = -(total / np.float32(3))
-    assert expected == 0.0 and np.float64(sum(values)) / 3 != 0.0  # the order shows
+    arrival = np.float32(np.float32(-(2.0**24)) + np.float32(2.0**24)) + np.float32(1.0)
+    assert expected == 0.0 and arrival != 0.0  # the order shows
     assert got.tolist() == [expected] * 4
-    assert "in the order their `last` pushes arrived" in _section("### 6.2 Rules")
+    assert "added in rank order, whatever order their `last` pushes arrived in" in _section(
+        "### 6.2 Rules"
+    )
 
 
 def test_the_push_that_reaches_the_sample_budget_is_applied_with_stop_false():
