@@ -74,12 +74,14 @@ def _version(out: Path) -> int | None:
 
 def _kill_when_training(out: Path, rng: random.Random, after_version: int) -> list[str]:
     """SIGKILL the server a random 0.3-1.5 s after it applied updates past `after_version`
-    and a checkpoint exists (a slow machine may take longer than one interval to write the
-    first); return its command line."""
+    and wrote a checkpoint since this call (a slow machine may take longer than one
+    interval to write its first; the one on disk may be the previous server's); return its
+    command line."""
+    since = time.time()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         version = _version(out)
-        if version is not None and version > after_version and (out / "checkpoint.npz").exists():
+        if version is not None and version > after_version and _checkpointed_since(out, since):
             time.sleep(rng.uniform(0.3, 1.5))
             server = _server(out)
             assert server is not None, "no server process"
@@ -87,6 +89,14 @@ def _kill_when_training(out: Path, rng: random.Random, after_version: int) -> li
             return server[1]
         time.sleep(0.1)
     raise AssertionError("the server did not train")
+
+
+def _checkpointed_since(out: Path, since: float) -> bool:
+    """Whether the run's checkpoint was written at or after `since` (time.time())."""
+    try:
+        return (out / "checkpoint.npz").stat().st_mtime >= since
+    except FileNotFoundError:
+        return False
 
 
 def _first_update(log: Path, timeout: float = 90) -> dict:
