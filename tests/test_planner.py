@@ -19,7 +19,7 @@ from minips.protocol.plan import Plan
 from minips.run.config import RunConfig
 from minips.run.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
 from minips.run.plan_samples import sample_cost
-from minips.run.plan_table import _tier, format_table
+from minips.run.plan_table import format_table
 from minips.run.planner import (
     MIN_GAIN,
     WAIT_FREE_GAIN,
@@ -218,7 +218,7 @@ def test_each_step_down_must_cut_the_time_to_accuracy_by_the_margin():
                 "lossless_time_vs_dense", "lossy_time_vs_dense")  # fmt: skip
         t, wait_free, lossless, lossy = (p[k] for k in keys)
         least_dense = min(1.0, wait_free)
-        tier = _tier(report)
+        tier = p["chosen"]
         if tier == "lossy":
             assert t == lossy <= MIN_GAIN * min(least_dense, lossless)
             lossy_taken = True
@@ -240,7 +240,7 @@ def test_a_fast_link_sends_dense_wait_free():
     dense, sent wait-free (measured faster than dense, docs/results.md)."""
     report = plan_for(bandwidth="1gbit")
     p = report.predicted
-    assert _tier(report) == "dense wait-free" and p["samples_factor"] == 1
+    assert p["chosen"] == "dense wait-free" and p["samples_factor"] == 1
     assert report.plan.wait_free and report.plan.to_dict()["params"] == {}
     assert p["up_bytes_per_step"] == p["down_bytes_per_step"] == DENSE_BYTES
     assert p["dense_wait_free_time_vs_dense"] <= WAIT_FREE_GAIN

@@ -61,19 +61,11 @@ def format_table(report: PlanReport) -> str:
         f"x{p['dense_wait_free_time_vs_dense']:.3f}, lossless codecs (dense, fp16, sf) "
         f"x{p['lossless_time_vs_dense']:.3f}, with lossy ones x{p['lossy_time_vs_dense']:.3f}"
         f" (a step down is taken at x{p['min_gain']:g} of the less lossy or less): "
-        f"{_tier(report)}",
+        f"{p['chosen']}",
         "choice: "
         + {
             "dense": "all dense (the link is fast enough)",
             "dense wait-free": "all dense, wait-free sending (the push hides behind backward)",
-        }.get(_tier(report), "per-layer codecs above, wait-free sending"),
+        }.get(p["chosen"], "per-layer codecs above, wait-free sending"),
     ]
     return "\n".join(lines)
-
-
-def _tier(report: PlanReport) -> str:
-    if report.plan.is_dense():
-        return "dense"
-    if all(c.push_rung == c.pull_rung == 0 for c in report.choices):
-        return "dense wait-free"
-    return "lossy" if report.predicted["samples_factor"] > 1 else "lossless"

@@ -329,9 +329,17 @@ def make_plan(
         "lossless_time_vs_dense": round(lossless_t / dense_t, 4),
         "lossy_time_vs_dense": round(lossy_t / dense_t, 4),
         "min_gain": MIN_GAIN,
+        "chosen": _tier(choices, wait_free, samples_factor(name, _chosen(choices))),
     }  # fmt: skip
     plan = Plan(params=params if wait_free else {}, wait_free=wait_free, predicted=predicted)
     return PlanReport(plan, measured, choices, batch_size, cluster, network, rate, predicted)
+
+
+def _tier(choices: list[ParamChoice], wait_free: bool, samples: float) -> str:
+    """Which candidate the plan is: "dense", "dense wait-free", "lossless" or "lossy"."""
+    if not _compressed(choices):
+        return "dense wait-free" if wait_free else "dense"
+    return "lossy" if samples > 1 else "lossless"
 
 
 def _compressed(choices: list[ParamChoice]) -> bool:
