@@ -231,11 +231,7 @@ def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
     ]
     groups = _groups(rows, links)
     for (link, plan), group in groups.items():
-        cells = []
-        for target in ("0.80", "0.85"):
-            d = _mean([r["fitted_time_to"][target] for r in groups.get((link, "dense"), [])])
-            o = _mean([r["fitted_time_to"][target] for r in group])
-            cells.append(f"{d / o:.2f}" if d and o else "-")
+        cells = _sooner(groups.get((link, "dense"), []), group, "fitted_time_to")
         lines.append(
             f"| {link} | {plan} | {len(group)} | "
             f"{_mean_sd([r['fitted_time_to']['0.80'] for r in group])} | "
@@ -269,6 +265,17 @@ def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _sooner(dense: list[dict], other: list[dict], key: str) -> list[str]:
+    """Per target, dense's mean time over `other`'s (rows' `key`: time_to or fitted_time_to),
+    as a table cell; "-" where either group never got there."""
+    cells = []
+    for target in ("0.80", "0.85"):
+        d = _mean([r[key][target] for r in dense])
+        o = _mean([r[key][target] for r in other])
+        cells.append(f"{d / o:.2f}" if d and o else "-")
+    return cells
+
+
 def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> str:
     """Markdown: `plan` against dense per link: how much sooner to each target, the
     accuracy difference, and how many times fewer bytes up and in total."""
@@ -282,11 +289,7 @@ def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> 
         dense, other = groups.get((link, "dense")), groups.get((link, plan))
         if not dense or not other:
             continue
-        cells = []
-        for target in ("0.80", "0.85"):
-            d = _mean([r["time_to"][target] for r in dense])
-            o = _mean([r["time_to"][target] for r in other])
-            cells.append(f"{d / o:.2f}" if d and o else "-")
+        cells = _sooner(dense, other, "time_to")
         gap = 100 * (statistics.mean(r["accuracy"] for r in other)
                      - statistics.mean(r["accuracy"] for r in dense))  # fmt: skip
         up = [statistics.mean(r["up_per_step"] for r in g) for g in (dense, other)]
