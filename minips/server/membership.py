@@ -106,11 +106,12 @@ class Membership:
             log.warning("%s cannot follow this run: %s", describe(worker), worker.refused)
             why = "refused the run"
         left = self.retire(worker, why)
-        self.outbox.reply(envelope, {"op": "bye"}, worker=worker)
         # With a fixed world size a run ends once every rank's shard is finished (each
         # worker said `bye` after its epochs): the server stops by itself (protocol.md 5.6).
+        # The stop is asked for before the reply goes, so whoever reads the reply finds it.
         if not self.stop.stopping and self.registry.all_finished():
             self.stop.request("every worker finished its epochs", by_workers=True)
+        self.outbox.reply(envelope, {"op": "bye"}, worker=worker)
         return left
 
     def check_liveness(self, now: float) -> Iterator[Outcome]:
