@@ -112,10 +112,10 @@ class Pulls:
         store = self.store
         header = {**(held.push_reply or {"op": "pull"}), "version": store.version,
                   "param_versions": store.param_versions, "stop": self.stop.stopping}  # fmt: skip
-        self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
-        if not worker.observer:
+        if not worker.observer:  # noted before the reply goes, as everything a reply reports
             self.telemetry.count_pull(parts)
             self.rule.on_pulled(worker)
+        self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
 
 
 @dataclass
