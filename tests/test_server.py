@@ -13,6 +13,7 @@ from test_server_support import SHAPES, RawPeer, make_params, packb, running_ser
 from minips.errors import ConfigError, ShapeError
 from minips.protocol import wire
 from minips.rules import make_rule
+from minips.server.checkpoint_file import read_checkpoint
 from minips.server.server import ParameterServer, ServerOptions
 from minips.server.store import SGD
 from minips.worker.client import PSClient, ServerError
@@ -266,6 +267,26 @@ def test_periodic_checkpoints(tmp_path):
             assert not path.exists()
             ps.push(_grads(), base=1)
             assert path.exists()
+
+
+def test_kept_checkpoints_hold_the_model_at_each_versions_own_point(tmp_path):
+    path = tmp_path / "c.npz"
+    with running_server(checkpoint_path=path, checkpoint_every=2, keep_checkpoints=True,
+                        lr=1.0) as server:  # fmt: skip
+        with PSClient(server.endpoint) as ps:
+            ps.hello()
+            at_version = {}
+            for base in range(4):
+                ps.push(_grads(), base=base)
+                at_version[base + 1] = {name: a.copy() for name, a in server.store.params.items()}
+    kept = sorted(p.name for p in tmp_path.glob("c-v*.npz"))
+    assert kept == ["c-v000002.npz", "c-v000004.npz"]  # the shutdown's (version 4) not twice
+    for version in (2, 4):
+        saved = read_checkpoint(tmp_path / f"c-v{version:06d}.npz")
+        assert int(saved["version"]) == version
+        for name, expected in at_version[version].items():
+            np.testing.assert_array_equal(saved[f"param/{name}"], expected)
+    assert not np.array_equal(at_version[2]["fc.w"], at_version[4]["fc.w"])
 
 
 def test_checkpoint_without_path_is_an_error():

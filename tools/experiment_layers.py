@@ -25,7 +25,10 @@ Writes OUT/<link>-<plan>-s<seed>/ (run directories), OUT/results.json (one row p
 time to 0.80 and 0.85, final accuracy, wall time, the server's byte counters per worker
 step, the load average around the run) and prints two markdown tables: means over seeds,
 and auto against dense per link. Finished runs are reused (delete a directory to redo
-it), so an interrupted grid resumes. `--lock FILE` holds an flock on FILE for each run
+it), so an interrupted grid resumes. `--every-versions N` times the runs by version
+instead: the server keeps the model every N versions and each is evaluated after the run
+(tools/eval_versions.py), so every run tests the same versions, with no evaluator sharing
+the cores while it runs. `--lock FILE` holds an flock on FILE for each run
 (one run per hold, not the grid), so runs on a shared machine do not overlap timed work.
 """
 
@@ -43,6 +46,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from eval_versions import VERSIONS_FILE, evaluate_versions, version_times
+from layers_tables import fitted, group_rows, per_seed, table, versus
 from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
 
 from minips.protocol.plan import ParamPlan, Plan
@@ -111,6 +116,11 @@ def one_run(args: argparse.Namespace, link: str, plan: str, seed: int) -> dict[s
         workers=args.workers, lr=0.01, momentum=0.9, rule=args.rule, max_samples=args.budget,
         trace=str(out / "trace-worker0.json") if args.trace else None, **link_options(link),
     )  # fmt: skip
+    eval_interval = args.eval_interval
+    if args.every_versions:  # the model kept every N versions, evaluated after the run
+        eval_interval = 1e9  # the evaluator only at the start and the end: no CPU in between
+        config = replace(config, checkpoint_every=args.every_versions, keep_checkpoints=True,
+                         checkpoint_interval=0.0)  # fmt: skip
     load: dict[str, Any] = {}
     if not summary_path.exists():
         out.mkdir(parents=True, exist_ok=True)
@@ -119,8 +129,10 @@ def one_run(args: argparse.Namespace, link: str, plan: str, seed: int) -> dict[s
             load["before"] = os.getloadavg()[0]
             print(f"{time.strftime('%H:%M:%S')} run {out.name} (load {load['before']:.1f})",
                   file=sys.stderr, flush=True)  # fmt: skip
-            run_local(config, out, eval_interval=args.eval_interval)
+            run_local(config, out, eval_interval=eval_interval)
             load["after"] = os.getloadavg()[0]
+            if args.every_versions:  # in the lock: the next run's clock is not shared with it
+                evaluate_versions(out, stop_at=max(TARGETS), remove=True)
         (out / "load.json").write_text(json.dumps(load) + "\n")
     elif (out / "load.json").exists():
         load = json.loads((out / "load.json").read_text())
@@ -134,15 +146,18 @@ def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dic
     stats = next(r for r in _records(out / "updates.jsonl") if r.get("event") == "server")["stats"]
     steps = max(1, stats["worker_steps"])
     by_param = stats.get("bytes_by_param", {})
-    reached = {
-        f"{t:.2f}": time_to_target(run.events("eval"), t, summary["wall_s"]) for t in TARGETS
-    }
+    evals = run.events("eval")
+    if (out / VERSIONS_FILE).exists():  # the kept versions' evaluations (eval_versions.py)
+        evals = evaluate_versions(out)
+    reached = {f"{t:.2f}": time_to_target(evals, t, summary["wall_s"]) for t in TARGETS}
+    first_update = min(version_times(out).items(), default=(0, None))[1]
     return {
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
         "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
         "time_to": {t: r and r["time"] for t, r in reached.items()},
         "samples_to": {t: r and r["samples"] for t, r in reached.items()},
-        "fitted_time_to": {f"{t:.2f}": fitted_time_to(run.events("eval"), t) for t in TARGETS},
+        "fitted_time_to": {f"{t:.2f}": fitted_time_to(evals, t) for t in TARGETS},
+        "first_update_s": first_update, "by_version": (out / VERSIONS_FILE).exists(),
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
         "bytes_by_param": by_param, "load": load,
@@ -178,128 +193,6 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _mean_sd(values: list[float | None], digits: str = ".4g") -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "-"
-    text = format(statistics.mean(got), digits)
-    if len(got) > 1:
-        text += f" ± {statistics.stdev(got):.2g}"
-    return text + ("" if len(got) == len(values) else f" ({len(got)}/{len(values)})")
-
-
-def _mean(values: list[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return statistics.mean(got) if got and len(got) == len(values) else None
-
-
-def _groups(rows: list[dict[str, Any]], links: list[str]) -> dict[tuple[str, str], list[dict]]:
-    keys = sorted({(r["link"], r["plan"]) for r in rows},
-                  key=lambda k: (links.index(k[0]) if k[0] in links else 99, k[1]))  # fmt: skip
-    return {k: [r for r in rows if (r["link"], r["plan"]) == k] for k in keys}
-
-
-def table(rows: list[dict[str, Any]], links: list[str]) -> str:
-    """Markdown: one line per (link, plan), means ± sd over seeds."""
-    lines = [
-        "| link | plan | seeds | time to 0.80 (s) | time to 0.85 (s) | final accuracy | "
-        "wall (s) | KB up/step | KB down/step | load |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for (link, plan), group in _groups(rows, links).items():
-        loads = [r["load"].get("before") for r in group if r.get("load")]
-        lines.append(
-            f"| {link} | {plan} | {len(group)} | "
-            f"{_mean_sd([r['time_to']['0.80'] for r in group])} | "
-            f"{_mean_sd([r['time_to']['0.85'] for r in group])} | "
-            f"{_mean_sd([r['accuracy'] for r in group], '.4f')} | "
-            f"{_mean_sd([r['wall_s'] for r in group])} | "
-            f"{statistics.mean(r['up_per_step'] for r in group) / 1e3:,.1f} | "
-            f"{statistics.mean(r['down_per_step'] for r in group) / 1e3:,.1f} | "
-            f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
-        )
-    return "\n".join(lines)
-
-
-def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
-    """Markdown: the fitted times to 0.80 and 0.85 (`fitted_time_to`), means ± sd over
-    seeds, and dense's mean over each plan's on the same link."""
-    lines = [
-        "| link | plan | seeds | fitted time to 0.80 (s) | fitted time to 0.85 (s) | "
-        "dense / plan: 0.80 | 0.85 |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    groups = _groups(rows, links)
-    for (link, plan), group in groups.items():
-        cells = _sooner(groups.get((link, "dense"), []), group, "fitted_time_to")
-        lines.append(
-            f"| {link} | {plan} | {len(group)} | "
-            f"{_mean_sd([r['fitted_time_to']['0.80'] for r in group])} | "
-            f"{_mean_sd([r['fitted_time_to']['0.85'] for r in group])} | "
-            f"{cells[0]} | {cells[1]} |"
-        )
-    return "\n".join(lines)
-
-
-def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
-    """Markdown: one line per run, with the samples of the first evaluation at 0.85."""
-    lines = [
-        "| link | plan | seed | final accuracy | time to 0.80 (s) | time to 0.85 (s) | "
-        "samples at 0.85 | fitted time to 0.80 / 0.85 (s) | wall (s) | KB up/step | "
-        "KB down/step | load start-end |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for (link, plan), group in _groups(rows, links).items():
-        for r in sorted(group, key=lambda r: r["seed"]):
-            t80, t85 = (r["time_to"][t] for t in ("0.80", "0.85"))
-            at85 = r.get("samples_to", {}).get("0.85")
-            fit = " / ".join("-" if v is None else f"{v:.1f}" for v in r["fitted_time_to"].values())
-            load = r.get("load") or {}
-            lines.append(
-                f"| {link} | {plan} | {r['seed']} | {r['accuracy']:.4f} | "
-                + " | ".join("-" if v is None else f"{v:.1f}" for v in (t80, t85))
-                + f" | {'-' if at85 is None else f'{at85:,}'} | {fit} | {r['wall_s']:.1f} | "
-                f"{r['up_per_step'] / 1e3:,.1f} | {r['down_per_step'] / 1e3:,.1f} | "
-                f"{load.get('before', 0):.1f}-{load.get('after', 0):.1f} |"
-            )
-    return "\n".join(lines)
-
-
-def _sooner(dense: list[dict], other: list[dict], key: str) -> list[str]:
-    """Per target, dense's mean time over `other`'s (rows' `key`: time_to or fitted_time_to),
-    as a table cell; "-" where either group never got there."""
-    cells = []
-    for target in ("0.80", "0.85"):
-        d = _mean([r[key][target] for r in dense])
-        o = _mean([r[key][target] for r in other])
-        cells.append(f"{d / o:.2f}" if d and o else "-")
-    return cells
-
-
-def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> str:
-    """Markdown: `plan` against dense per link: how much sooner to each target, the
-    accuracy difference, and how many times fewer bytes up and in total."""
-    lines = [
-        f"| link | dense / {plan}: time to 0.80 | time to 0.85 | accuracy {plan} - dense "
-        "(points) | bytes up: dense / " + plan + " | bytes in all: dense / " + plan + " |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    groups = _groups(rows, links)
-    for link in links:
-        dense, other = groups.get((link, "dense")), groups.get((link, plan))
-        if not dense or not other:
-            continue
-        cells = _sooner(dense, other, "time_to")
-        gap = 100 * (statistics.mean(r["accuracy"] for r in other)
-                     - statistics.mean(r["accuracy"] for r in dense))  # fmt: skip
-        up = [statistics.mean(r["up_per_step"] for r in g) for g in (dense, other)]
-        total = [statistics.mean(r["up_per_step"] + r["down_per_step"] for r in g)
-                 for g in (dense, other)]  # fmt: skip
-        lines.append(f"| {link} | {cells[0]} | {cells[1]} | {gap:+.2f} | "
-                     f"{up[0] / up[1]:.1f} | {total[0] / total[1]:.1f} |")  # fmt: skip
-    return "\n".join(lines)
-
-
 def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) -> None:
     """Time to 0.85 against each worker's link rate, one line per plan (mean ± sd)."""
     import matplotlib
@@ -308,7 +201,7 @@ def plot(rows: list[dict[str, Any]], links: list[str], workers: int, path: str) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups = _groups(rows, links)
+    groups = group_rows(rows, links)
     fastest = max((link_rate_mbit(k[0], workers) or 0) for k in groups)
     unlimited_x = 4 * fastest if fastest else 1e4  # unlimited drawn right of the fastest link
     for n, plan in enumerate(sorted({k[1] for k in groups})):
@@ -356,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=120_000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--eval-interval", type=float, default=5.0)
+    parser.add_argument("--every-versions", type=int, default=0, help="keep the model every "
+                        "N versions and evaluate those after the run (tools/eval_versions.py), "
+                        "instead of an evaluator every --eval-interval s")  # fmt: skip
     parser.add_argument("--lock", help="flock this file for each run (e.g. /work/locks/cpu)")
     parser.add_argument("--plot", help="write the time-to-0.85 plot here (png)")
     parser.add_argument("--trace", action="store_true", help="trace worker 0 of each run")

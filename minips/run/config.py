@@ -215,6 +215,10 @@ class RunConfig(ConfigBase):
     checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
                                          "the model changed (0: never by time).", minimum=0,
                                          server_option="checkpoint_interval")
+    keep_checkpoints: bool = setting(False, "Keep every checkpoint as CHECKPOINT-vVERSION.npz "
+                                     "(with --checkpoint-every N: the model at the same "
+                                     "versions in every run, to evaluate afterwards).",
+                                     server_option="keep_checkpoints")
     resume: str | None = setting(None, "Start from this checkpoint (a server's, or "
                                  "`minips train --save`'s).", server_option="resume",
                                  commands=TRAIN_RUN_SERVER,

@@ -75,6 +75,12 @@ def previous_path(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
+def versioned_path(path: str | Path, version: int) -> Path:
+    """A kept checkpoint of version `version` (--keep-checkpoints): run.npz -> run-v000120.npz."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-v{version:06d}{path.suffix}")
+
+
 def read_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
     """Every array of a checkpoint (or model) file; DataError saying what is wrong when the
     file is missing, empty or damaged."""

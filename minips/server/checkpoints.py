@@ -17,12 +17,13 @@ reads its slices of a whole model's checkpoint: minips/server/group_checkpoints.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips.errors import ConfigError
-from minips.server.checkpoint_file import Checkpoint, load_checkpoint
+from minips.server.checkpoint_file import Checkpoint, load_checkpoint, versioned_path
 from minips.server.group_checkpoints import (
     GROUP_SSGD_EVERY,
     assemble,
@@ -45,8 +46,9 @@ class Checkpointer:
     path: where they go (None: nowhere; `save` is then a ConfigError). every: every this
     many updates (0: never). interval: every this many seconds (0: never). rule, spec:
     recorded in each checkpoint's meta (the rule's name, the model's spec). rule_state:
-    the rule whose own state goes into each checkpoint and comes back on resume. shard:
-    (this shard, the group's size) for a shard of a server group (None: one server).
+    the rule whose own state goes into each checkpoint and comes back on resume. keep_all:
+    each checkpoint also stays as `versioned_path(path, version)`. shard: (this shard, the
+    group's size) for a shard of a server group (None: one server).
     """
 
     def __init__(
@@ -59,10 +61,11 @@ class Checkpointer:
         rule: str = "",
         spec: Any = None,
         rule_state: Rule | None = None,
+        keep_all: bool = False,
         shard: tuple[int, int] | None = None,
     ) -> None:
         self.store, self.counters, self.rule_state = store, counters, rule_state
-        self.shard = shard
+        self.shard, self.keep_all = shard, keep_all
         if shard is not None and path:
             path = shard_path(path, shard[0])
             if rule == "ssgd":  # one consistent point for the group (group_checkpoints.py)
@@ -105,6 +108,10 @@ class Checkpointer:
         state = self.rule_state.state() if self.rule_state is not None else {}
         extra = {f"rule/{key}": array for key, array in state.items()}
         path = self.store.save(self.path, meta, extra, keep_previous=True)
+        if self.keep_all:  # a second name for the same file: no copy, no second write
+            versioned = versioned_path(path, self.store.version)
+            versioned.unlink(missing_ok=True)
+            os.link(path, versioned)
         log.info("checkpoint at version %d -> %s", self.store.version, path)
         return path
 
@@ -124,4 +131,4 @@ class Checkpointer:
         self._last = (now, self.store.version)
 
 
-__all__ = ["Checkpointer", "assemble", "shard_files", "shard_path", "slicer"]
+__all__ = ["Checkpointer", "assemble", "shard_files", "shard_path", "slicer", "versioned_path"]

@@ -21,9 +21,11 @@ class ServerOptions:
     ranks 0..world_size-1 (None: no limit). heartbeat_timeout: seconds of silence before a
     worker is declared dead. checkpoint_path / checkpoint_every / checkpoint_interval: a
     checkpoint every N updates and every S seconds when the version moved (0: only at
-    shutdown). resume: a checkpoint to start from (its update and sample counts too).
-    max_samples: stop once pushes reported this many training samples in total (0: no
-    limit). stop_grace: seconds a stopping server waits for clients to leave.
+    shutdown). keep_checkpoints: each checkpoint also stays as NAME-vVERSION.npz (a run's
+    curve evaluated afterwards at the same versions in every run). resume: a checkpoint to
+    start from (its update and sample counts too). max_samples: stop once pushes reported
+    this many training samples in total (0: no limit). stop_grace: seconds a stopping
+    server waits for clients to leave.
     poll_interval: seconds between looks at the clock when idle.
     """
 
@@ -33,6 +35,7 @@ class ServerOptions:
     checkpoint_path: str | Path | None = None
     checkpoint_every: int = 0
     checkpoint_interval: float = 0.0  # also checkpoint every this many seconds (0: never)
+    keep_checkpoints: bool = False
     resume: str | Path | None = None
     max_samples: int = 0
     limits: Limits = DEFAULT_LIMITS

@@ -94,7 +94,7 @@ class ParameterServer:
         self.checkpoints = Checkpointer(
             self.store, self.telemetry.counters, options.checkpoint_path,
             options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
-            rule_state=rule,
+            rule_state=rule, keep_all=options.keep_checkpoints,
             shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
         if options.resume:
