@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from eval_versions import VERSIONS_FILE, evaluate_versions, version_times
-from layers_tables import fitted, group_rows, per_seed, table, versus
+from layers_tables import after_startup, fitted, group_rows, per_seed, table, versus
 from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
 
 from minips.protocol.plan import ParamPlan, Plan
@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(versus(every, order, plan))
     if args.table:
+        print()
+        print(after_startup(every, order))
         print()
         print(fitted(every, order))
         print()
