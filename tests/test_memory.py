@@ -237,62 +237,118 @@ def test_ten_thousand_connections_cost_a_bounded_amount(tmp_path):
     assert peak - idle <= most * each / 1024, (idle, peak)
 
 
-def _flood(port: int, messages: int, frames: int, replies: list) -> None:
-    """Send `messages` messages of `frames` empty frames and a hello header each; record
-    (time, bytes) of each reply."""
-    peer = zmtp_peer(port)
-    peer.settimeout(120)
-    flood = zmtp_message([b""] * frames + wire.encode({"op": "hello", "worker": "flood"}))
-    try:
-        for _ in range(messages):
-            peer.sendall(flood)
-        for _ in range(messages):
-            flags, size = recv_exactly(peer, 2)
-            assert not flags & 2, "a long frame: more than an error reply"
-            got = 2 + size + (len(recv_exactly(peer, size)) - size)
-            while flags & 1:  # MORE: the rest of the reply
-                flags, size = recv_exactly(peer, 2)
-                recv_exactly(peer, size)
-                got += 2 + size
-            replies.append((time.monotonic(), got))
-    finally:
-        peer.close()
+def read_reply(peer: socket.socket) -> list[bytes]:
+    """The frames of one reply on a ZMTP peer."""
+    frames, more = [], True
+    while more:
+        flags, size = recv_exactly(peer, 2)
+        if flags & 2:  # a long frame
+            size = int.from_bytes(bytes([size]) + recv_exactly(peer, 7), "big")
+        frames.append(recv_exactly(peer, size))
+        more = bool(flags & 1)
+    return frames
+
+
+def unread_bytes(port: int) -> int:
+    """Bytes on the loopback connections to `port` that no reader has taken yet: what its
+    clients have not sent (tx_queue) and what its I/O thread has not read (rx_queue), from
+    /proc/net/tcp. Zero once ZeroMQ holds everything sent so far."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        _, local, remote, state, queues = line.split()[:5]
+        if state != "01":  # ESTABLISHED only (a listening socket's rx_queue is its backlog)
+            continue
+        tx, rx = (int(queue, 16) for queue in queues.split(":"))
+        if int(local.rsplit(":", 1)[1], 16) == port:
+            total += rx
+        if int(remote.rsplit(":", 1)[1], 16) == port:
+            total += tx
+    return total
 
 
 def test_a_million_empty_frames_cost_no_more_than_their_bound_and_no_echo(tmp_path):
     """Three clients each send a message of a million empty frames (2 MB on the wire, 64 MB
     in ZeroMQ until read): memory stays within the bound of what is held for all
     connections (frames counted), each gets one short error, not a million delimiters, the
-    memory is given back, and an honest worker is served in turn between them."""
-    frames, messages = 1_000_000, 1
+    memory is given back, and an honest request that arrives while the first is read is
+    served in turn, before the last.
+
+    The floods' bodies are sent first and held by ZeroMQ together; then, in this order, the
+    first flood's last frame, the honest request and the two other floods' last frames, so
+    the server sees the requests complete in that order whatever the scheduling. ZeroMQ
+    serves the complete ones in turn; a server that let the floods starve the honest one
+    answers it after the last."""
+    frames = 1_000_000
     grad = {"fc1.b": np.full(500, 1e-6, np.float32)}
+    body = frame_header(0, more=True) * frames
+    last = zmtp_message(wire.encode({"op": "hello", "worker": "flood"}))
     with minips_server(tmp_path) as (server, endpoint):
         idle, _ = memory_mib(server.pid)
-        replies: list[tuple[float, int]] = []
-        floods = [threading.Thread(target=_flood, args=(port_of(endpoint), messages, frames,
-                                                        replies)) for _ in range(3)]  # fmt: skip
-        honest_steps = []
+        port = port_of(endpoint)
+        floods = [zmtp_peer(port) for _ in range(3)]
+        turn = zmtp_peer(port)  # the honest request sent between them
         with PSClient(endpoint, timeout=60, retries=0) as honest:
             honest.hello()
             version = honest.pull().version
-            started = time.monotonic()
-            for flood in floods:
-                flood.start()
-            while any(flood.is_alive() for flood in floods):
-                version = honest.push(grad, base=version, pull_since=version).version
-                honest_steps.append(time.monotonic())
-            for flood in floods:
-                flood.join()
+            senders = [threading.Thread(target=flood.sendall, args=(body,)) for flood in floods]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join()
+            deadline = time.monotonic() + 60
+            while unread_bytes(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not unread_bytes(port), "the server's I/O thread did not read the floods"
+            assert honest.stats()["version"] == version  # the floods are not complete yet
+            floods[0].sendall(last)
+            turn.sendall(zmtp_message(wire.encode({"op": "stats"})))
+            floods[1].sendall(last)
+            floods[2].sendall(last)
+            wakes, replies = _answers(floods, turn)
+            version = honest.push(grad, base=version, pull_since=version).version
             assert honest.stats()["workers"][0]["alive"]
         rss, peak = memory_mib(server.pid)
+        for peer in [*floods, turn]:
+            peer.close()
     held = documented("held for all connections together")
     on_top = documented("what arrives between two checks")
-    sizes = sorted(size for _, size in replies)
-    gaps = np.diff([started, *honest_steps])
+    sizes = sorted(replies[flood] for flood in floods)
     print(f"idle {idle:.0f} MiB, peak {peak:.0f} MiB, after {rss:.0f} MiB; replies {sizes}; "
-          f"{len(honest_steps)} honest steps, the longest {gaps.max():.2f} s")  # fmt: skip
-    assert len(replies) == 3 * messages and all(size < 300 for _, size in replies)
+          f"answered in turn: {wakes}")  # fmt: skip
+    assert all(size < 300 for size in sizes)
     assert peak - idle <= held + on_top, (idle, peak)
     assert rss - idle <= (peak - idle) / 4  # given back once read
-    first, last = min(t for t, _ in replies), max(t for t, _ in replies)
-    assert any(first < step < last for step in honest_steps)  # served between the floods
+    # The honest request's reply was read at wake `honest`; replies read at the same wake
+    # came in an order not seen, so only strictly later ones are known to be later.
+    honest_wake = next(index for index, names in enumerate(wakes) if "honest" in names)
+    assert any("flood" in names for names in wakes[: honest_wake + 1])  # not served first
+    assert any("flood" in names for names in wakes[honest_wake + 1 :])  # nor after them all
+
+
+def _answers(
+    floods: list[socket.socket], turn: socket.socket
+) -> tuple[list[list[str]], dict[socket.socket, int]]:
+    """Read the floods' and the honest request's replies as they come: (the names read at
+    each wake of the selector, in order; each flood's reply size in bytes)."""
+    selector = selectors.DefaultSelector()
+    for peer in [*floods, turn]:
+        peer.settimeout(120)
+        selector.register(peer, selectors.EVENT_READ)
+    wakes, replies = [], {}
+    while len(replies) < len(floods) + 1:
+        ready = selector.select(timeout=120)
+        assert ready, "no reply in 120 s"
+        names = []
+        for key, _ in ready:
+            selector.unregister(key.fileobj)
+            frames = read_reply(key.fileobj)
+            if key.fileobj is turn:
+                assert wire.decode_reply(frames).header["op"] == "stats"
+                names.append("honest")
+            else:  # its first empty frame was taken for a REQ delimiter, and echoed
+                assert frames[0] == b"" and wire.decode_reply(frames[1:]).header["op"] == "error"
+                names.append("flood")
+            replies[key.fileobj] = sum(2 + len(frame) for frame in frames)
+        wakes.append(names)
+    selector.close()
+    return wakes, replies
