@@ -37,9 +37,9 @@ def gateway_for():
         gateway.close()
 
 
-def _server_args(tmp_path, workers: int) -> list[str]:
+def _server_args(tmp_path, workers: int, epochs: int = EPOCHS) -> list[str]:
     # Heartbeat timeout 60 s: a seat that came back sooner was given back by the gateway.
-    args = ["--workers", str(workers), "--rule", "asgd", "--epochs", str(EPOCHS), *TRAIN]
+    args = ["--workers", str(workers), "--rule", "asgd", "--epochs", str(epochs), *TRAIN]
     return args + ["--heartbeat-timeout", "60", "--updates-log", str(tmp_path / "updates.jsonl")]
 
 
@@ -112,7 +112,9 @@ def test_a_tab_that_only_looked_holds_no_seat(tmp_path, browser, gateway_for):
 
 
 def test_students_read_what_happened_and_what_to_do(tmp_path, browser, gateway_for):
-    server = server_process(tmp_path, *_server_args(tmp_path, 1))
+    # Epochs enough that the first tab is still training when the gateway goes, however
+    # long the second tab takes to open on a loaded machine (three take about 10 s).
+    server = server_process(tmp_path, *_server_args(tmp_path, 1, epochs=1000))
     endpoint = server.__enter__()
     try:
         gateway = gateway_for(endpoint)
