@@ -129,3 +129,29 @@ def test_the_server_stops_by_itself_once_every_rank_said_bye_finished_and_not_be
         bye(peer, "c", finished=True)
         assert server.stop.requested and server.stop.by_workers
         assert server.stop.why == "every worker finished its epochs"
+
+
+def test_a_server_awaiting_an_observer_stops_only_after_its_hello_and_it_reads_the_end():
+    params = {"fc.b": np.zeros(4, np.float32), "fc.w": np.zeros((3, 4), np.float32)}
+    with (
+        running_server(params=params, lr=1.0, world_size=1, observers_awaited=1) as server,
+        RawPeer(server.endpoint) as peer,
+        RawPeer(server.endpoint) as evaluator,
+    ):
+        hello(peer, "a")
+        assert peer.request(push_header("a", 0, 0, rid=1), full("fc.b", 1.0)).header["applied"]
+        bye(peer, "a", finished=True)  # the last rank finished before the evaluator came
+        assert not server.stop.requested
+        assert peer.request({"op": "stats"}).header["stats"]["version"] == 1  # still serving
+        hello(evaluator, "eval", role="observer")
+        assert server.stop.requested and server.stop.by_workers
+        final = evaluator.request({"op": "pull", "worker": "eval"})
+        assert final.header["stop"] is True and final.header["version"] == 1
+        np.testing.assert_array_equal(final.arrays["fc.b"], np.full(4, -1.0, np.float32))
+
+
+def test_without_an_observer_awaited_the_last_bye_stops_the_server_at_once():
+    with running_server(world_size=1) as server, RawPeer(server.endpoint) as peer:
+        hello(peer, "a")
+        bye(peer, "a", finished=True)
+        assert server.stop.requested

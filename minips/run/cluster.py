@@ -139,7 +139,9 @@ def coordinate(
     """Rank 0: prepare the run directory, serve the root and evaluate beside it, wait for
     the group and the workers (at most `startup_timeout` s), write the results."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    config = replace(prepare_run_dir(config, run_dir), bind=root_bind(env))
+    # The evaluator starts beside the root, the workers anywhere: a job shorter than the
+    # evaluator's start would end before its hello without the root awaiting it.
+    config = replace(prepare_run_dir(config, run_dir), bind=root_bind(env), observers_awaited=1)
     run_dir.config.write_text(config.to_json())
     run = LaunchedRun(config, run_dir, eval_interval=eval_interval, startup_timeout=startup_timeout)
     run.launcher = env.launcher

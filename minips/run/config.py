@@ -239,6 +239,11 @@ class RunConfig(ConfigBase):
     checkpoint: str | None = setting(None, "Checkpoint file (.npz).", commands=("server",),
                                      server_option="checkpoint_path",
                                      cli_type=click.Path(dir_okay=False))
+    observers_awaited: int = setting(0, "Once every rank finished, stop only after this many "
+                                     "observers (an evaluator) said hello, so one started "
+                                     "beside the job still tests the final model.",
+                                     commands=("server",), minimum=0, flag="--await-observers",
+                                     server_option="observers_awaited")
     shard: int = setting(-1, "Serve only shard J of the --servers group (0: the root, whose "
                          "--bind is the group's address, waiting for the others; 1..K-1: "
                          "join --root). -1: all K shards on this machine, or with --root "

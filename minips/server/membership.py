@@ -35,7 +35,9 @@ class Membership:
     config: the run's config map, sent in every hello reply with the worker's rank, the
     world size and the rule added. heartbeat_timeout: seconds of silence before a worker
     is declared dead (also in the hello reply). stop: the server's stop state (hellos are
-    refused once it began; replies carry it).
+    refused once it began; replies carry it). observers_awaited: the stop by the workers'
+    byes waits until this many observers have said hello (an evaluator started beside a
+    launched job, which the workers need not wait for, still tests the final model).
     """
 
     def __init__(
@@ -47,9 +49,11 @@ class Membership:
         config: dict[str, Any],
         heartbeat_timeout: float,
         stop: Stop,
+        observers_awaited: int = 0,
     ) -> None:
         self.registry, self.store, self.rule, self.outbox = registry, store, rule, outbox
         self.config, self.heartbeat_timeout, self.stop = config, heartbeat_timeout, stop
+        self.observers_awaited, self.observers_seen = observers_awaited, 0
         self.group: ShardRole | None = None  # set on a shard of a server group
 
     def hello(self, envelope: Envelope, request: Message) -> Outcome:
@@ -84,6 +88,9 @@ class Membership:
         }
         if self.group is not None:  # a shard of a group: where the others are (16.4)
             header["group"] = self.group.group()
+        if worker.observer:
+            self.observers_seen += 1
+            self.stop_if_every_rank_finished()  # the last one awaited: its next reply says stop
         self.outbox.reply(envelope, header, worker=worker)
         return replaced
 
@@ -106,13 +113,19 @@ class Membership:
             log.warning("%s cannot follow this run: %s", describe(worker), worker.refused)
             why = "refused the run"
         left = self.retire(worker, why)
-        # With a fixed world size a run ends once every rank's shard is finished (each
-        # worker said `bye` after its epochs): the server stops by itself (protocol.md 5.6).
-        # The stop is asked for before the reply goes, so whoever reads the reply finds it.
-        if not self.stop.stopping and self.registry.all_finished():
-            self.stop.request("every worker finished its epochs", by_workers=True)
+        # Asked for before the reply goes, so whoever reads the reply finds it.
+        self.stop_if_every_rank_finished()
         self.outbox.reply(envelope, {"op": "bye"}, worker=worker)
         return left
+
+    def stop_if_every_rank_finished(self) -> None:
+        """With a fixed world size a run ends once every rank's shard is finished (each
+        worker said `bye` after its epochs) and the observers awaited have come: the server
+        stops by itself (protocol.md 5.6)."""
+        if self.stop.stopping or self.observers_seen < self.observers_awaited:
+            return
+        if self.registry.all_finished():
+            self.stop.request("every worker finished its epochs", by_workers=True)
 
     def check_liveness(self, now: float) -> Iterator[Outcome]:
         """Declare workers dead that have sent nothing for the heartbeat timeout: the

@@ -25,7 +25,8 @@ class ServerOptions:
     curve evaluated afterwards at the same versions in every run). resume: a checkpoint to
     start from (its update and sample counts too). max_samples: stop once pushes reported
     this many training samples in total (0: no limit). stop_grace: seconds a stopping
-    server waits for clients to leave.
+    server waits for clients to leave. observers_awaited: the stop once every rank finished
+    waits until this many observers have said hello (docs/protocol.md 5.6).
     poll_interval: seconds between looks at the clock when idle.
     """
 
@@ -36,6 +37,7 @@ class ServerOptions:
     checkpoint_every: int = 0
     checkpoint_interval: float = 0.0  # also checkpoint every this many seconds (0: never)
     keep_checkpoints: bool = False
+    observers_awaited: int = 0
     resume: str | Path | None = None
     max_samples: int = 0
     limits: Limits = DEFAULT_LIMITS
