@@ -110,8 +110,7 @@ class ParameterServer:
         self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
-                                               options.heartbeat_timeout, stop,
-                                               options.observers_awaited)  # fmt: skip
+            options.heartbeat_timeout, stop, options.observers_awaited)  # fmt: skip
         # op -> handler(envelope, request) -> the rule's decision on a worker who left, or None
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
