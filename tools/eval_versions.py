@@ -49,15 +49,17 @@ def version_times(run_dir: Path) -> dict[int, float]:
     return times
 
 
+def read_versions(run_dir: Path) -> list[dict[str, Any]]:
+    """The records `evaluate_versions` wrote to RUN_DIR/versions.jsonl ([]: none)."""
+    path = run_dir / VERSIONS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def evaluate_versions(
     run_dir: Path, stop_at: float | None = None, remove: bool = False
 ) -> list[dict[str, Any]]:
     """The records of RUN_DIR's kept checkpoints (module docstring), also written to
-    RUN_DIR/versions.jsonl; files already evaluated there are not evaluated again."""
-    out = run_dir / VERSIONS_FILE
-    done = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    if done and (remove or not kept_checkpoints(run_dir)):
-        return done
+    RUN_DIR/versions.jsonl."""
     config = json.loads((run_dir / "config.json").read_text())
     data = load_dataset(config["dataset"], config.get("data_dir"))
     model = build_model(config["model"], seed=0)
@@ -65,14 +67,15 @@ def evaluate_versions(
     records = []
     for version, path in kept_checkpoints(run_dir):
         arrays = read_checkpoint(path)
-        model.set_params({k[6:]: v for k, v in arrays.items() if k.startswith("param/")}, True)
+        params = {k.removeprefix("param/"): v for k, v in arrays.items() if k.startswith("param/")}
+        model.set_params(params, strict=True)
         accuracy, loss = evaluate(model, data.x_test, data.y_test)
         meta = json.loads(str(arrays["meta"]))
         record = {"event": "eval", "version": version, "time": times.get(version)}
         records.append({**record, "samples": meta["samples"], "accuracy": accuracy, "loss": loss})
         if stop_at is not None and accuracy >= stop_at:
             break
-    out.write_text("".join(json.dumps(record) + "\n" for record in records))
+    (run_dir / VERSIONS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     if remove:
         for _, path in kept_checkpoints(run_dir):
             path.unlink()

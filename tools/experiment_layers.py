@@ -46,7 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eval_versions import VERSIONS_FILE, evaluate_versions, version_times
+from eval_versions import evaluate_versions, read_versions
 from layers_tables import after_startup, fitted, group_rows, per_seed, table, versus
 from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
 
@@ -143,21 +143,23 @@ def row(out: Path, link: str, plan: str, seed: int, load: dict[str, Any]) -> dic
     """One finished run's figures (the server's own counters for bytes)."""
     run = load_run(out)
     summary = json.loads((out / "summary.json").read_text())
-    stats = next(r for r in _records(out / "updates.jsonl") if r.get("event") == "server")["stats"]
+    updates = _records(out / "updates.jsonl")
+    stats = next(r for r in updates if r.get("event") == "server")["stats"]
     steps = max(1, stats["worker_steps"])
     by_param = stats.get("bytes_by_param", {})
-    evals = run.events("eval")
-    if (out / VERSIONS_FILE).exists():  # the kept versions' evaluations (eval_versions.py)
-        evals = evaluate_versions(out)
+    evals = read_versions(out) or run.events("eval")  # the kept versions' (eval_versions.py)
     reached = {f"{t:.2f}": time_to_target(evals, t, summary["wall_s"]) for t in TARGETS}
-    first_update = min(version_times(out).items(), default=(0, None))[1]
+    first_update = next((r["time"] for r in updates if r.get("event") == "update"), None)
+    time_to = {t: r and r["time"] for t, r in reached.items()}
     return {
         "link": link, "plan": plan, "seed": seed, "accuracy": summary["accuracy"],
         "wall_s": summary["wall_s"], "samples": summary["samples"], "worker_steps": steps,
-        "time_to": {t: r and r["time"] for t, r in reached.items()},
+        "time_to": time_to,
+        "after_first_update": {t: None if v is None or first_update is None else v - first_update
+                               for t, v in time_to.items()},  # fmt: skip
         "samples_to": {t: r and r["samples"] for t, r in reached.items()},
         "fitted_time_to": {f"{t:.2f}": fitted_time_to(evals, t) for t in TARGETS},
-        "first_update_s": first_update, "by_version": (out / VERSIONS_FILE).exists(),
+        "first_update_s": first_update,
         "up_per_step": sum(v["up"] for v in by_param.values()) / steps,
         "down_per_step": sum(v["down"] for v in by_param.values()) / steps,
         "bytes_by_param": by_param, "load": load,

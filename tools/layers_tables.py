@@ -102,8 +102,8 @@ def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
 
 
 def _sooner(dense: list[dict], other: list[dict], key: str) -> list[str]:
-    """Per target, dense's mean time over `other`'s (rows' `key`: time_to or fitted_time_to),
-    as a table cell; "-" where either group never got there."""
+    """Per target, dense's mean time over `other`'s (rows' `key`: time_to, fitted_time_to or
+    after_first_update), as a table cell; "-" where either group never got there."""
     cells = []
     for target in ("0.80", "0.85"):
         d = _mean([r[key][target] for r in dense])
@@ -145,22 +145,14 @@ def after_startup(rows: list[dict[str, Any]], links: list[str]) -> str:
         "| dense / plan: 0.80 | 0.85 |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-
-    def training(group: list[dict], target: str) -> list[float | None]:
-        return [None if r["time_to"][target] is None or r.get("first_update_s") is None
-                else r["time_to"][target] - r["first_update_s"] for r in group]  # fmt: skip
-
     groups = group_rows(rows, links)
     for (link, plan), group in groups.items():
-        dense = groups.get((link, "dense"), [])
-        cells = []
-        for target in ("0.80", "0.85"):
-            d, o = _mean(training(dense, target)), _mean(training(group, target))
-            cells.append(f"{d / o:.2f}" if d and o else "-")
+        cells = _sooner(groups.get((link, "dense"), []), group, "after_first_update")
         lines.append(
             f"| {link} | {plan} | {len(group)} | "
             f"{_mean_sd([r.get('first_update_s') for r in group])} | "
-            f"{_mean_sd(training(group, '0.80'))} | {_mean_sd(training(group, '0.85'))} | "
+            f"{_mean_sd([r['after_first_update']['0.80'] for r in group])} | "
+            f"{_mean_sd([r['after_first_update']['0.85'] for r in group])} | "
             f"{cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)
