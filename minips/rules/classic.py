@@ -93,8 +93,8 @@ class SSGD(Rule):
         """The round's workers by rank: float32 addition is not associative, so summing in
         arrival order would let the link's timing change the update's low bits; by rank a
         seed's run is the same on every link."""
-        ranks = {w.worker_id: w.rank for w in self.registry.by_id.values()}
-        return sorted(worker_ids, key=lambda worker_id: (ranks.get(worker_id, -1), worker_id))
+        by_id = self.registry.by_id  # only the round's workers are looked up, not every id
+        return sorted(worker_ids, key=lambda w: (by_id[w].rank if w in by_id else -1, w))
 
     def _try_complete(self) -> Outcome:
         """The round's update, once every live worker's `last` push is in."""
