@@ -148,10 +148,3 @@ def test_a_server_awaiting_an_observer_stops_only_after_its_hello_and_it_reads_t
         final = evaluator.request({"op": "pull", "worker": "eval"})
         assert final.header["stop"] is True and final.header["version"] == 1
         np.testing.assert_array_equal(final.arrays["fc.b"], np.full(4, -1.0, np.float32))
-
-
-def test_without_an_observer_awaited_the_last_bye_stops_the_server_at_once():
-    with running_server(world_size=1) as server, RawPeer(server.endpoint) as peer:
-        hello(peer, "a")
-        bye(peer, "a", finished=True)
-        assert server.stop.requested
