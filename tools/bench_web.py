@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_web_support import Chromium, quiet_env, server_process, wait_for  # noqa: E402
 
 from minips.web import start_gateway  # noqa: E402
+from minips.web.headless import remove_profile  # noqa: E402
 
 
 def numpy_worker(tmp: Path, server_args: list[str], steps: int) -> dict:
@@ -148,12 +149,16 @@ def main() -> None:
     )
     runs = []
     for repeat in range(args.repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            runs.append(numpy_worker(Path(tmp), server_args, args.steps))
+        tmp = Path(tempfile.mkdtemp(prefix="bench-web-"))
+        try:
+            runs.append(numpy_worker(tmp, server_args, args.steps))
             print(json.dumps({"repeat": repeat, **runs[-1]}), flush=True)
             for engine in engines:
-                runs.append(browser_worker(Path(tmp), server_args, args.steps, engine))
+                runs.append(browser_worker(tmp, server_args, args.steps, engine))
                 print(json.dumps({"repeat": repeat, **runs[-1]}), flush=True)
+        finally:
+            # Chromium's helpers may still write in its profile here for a moment
+            remove_profile(tmp)
     for line in summary(runs):
         print(json.dumps({"median": True, **line}))
     print(json.dumps({"load_1min_after": round(os.getloadavg()[0], 2)}))
