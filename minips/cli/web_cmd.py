@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from minips.cli.numbers import BoundedIntRange
 from minips.web.admission import Admission
 
 
@@ -41,14 +42,14 @@ from minips.web.admission import Admission
 )
 @click.option(
     "--max-browsers",
-    type=click.IntRange(min=1),
+    type=BoundedIntRange(min=1),
     default=Admission.max_browsers,
     show_default=True,
     help="WebSockets at once; one more is refused with a clear message.",
 )
 @click.option(
     "--max-memory",
-    type=click.IntRange(min=1),
+    type=BoundedIntRange(min=1),
     default=Admission.max_memory >> 20,
     show_default=True,
     help="MiB of browsers' messages held at once, over all of them.",

@@ -1,0 +1,86 @@
+"""Bad input on the command line and in the files it reads: one `error:` line, exit 2.
+
+Each case is one the commands once let through: a NaN or an integer too large for the
+wire that no range refused, a path the file system refuses, a damaged file beside a run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minips.cli import main
+from minips.errors import ConfigError
+from minips.run.config import RunConfig
+from minips.run.settings import MAX_INT
+
+HUGE = str(MAX_INT + 1)
+TINY_RUN = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--workers", "1"]
+
+
+def _refused(capsys, *args: str) -> str:
+    """The one error line `minips ARGS` prints, asserting it exits 2 with nothing else."""
+    with pytest.raises(SystemExit) as leaving:
+        main(list(args))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert leaving.value.code == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["train", "--lr", "nan"], "--lr: 'nan' is not a finite number"),
+        (["train", "--weight-decay", "inf"], "--weight-decay: 'inf' is not a finite number"),
+        (["train", "--momentum", "nan"], "--momentum: 'nan' is not a finite number"),
+        (["train", "--seed", "-1"], "--seed: -1 is not in the range x>=0"),
+        (["run", "--join-wait", "1e400"], "--join-wait: '1e400' is not a finite number"),
+        (["run", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: 'nan' is not a finite"),
+        (["run", "--clip-norm", "nan"], "--clip-norm: 'nan' is not a finite number"),
+        (["run", "--epochs", HUGE], f"--epochs: {HUGE} is more than {MAX_INT}"),
+        (["run", "--seed", HUGE], f"--seed: {HUGE} is more than {MAX_INT}"),
+        (["run", "--rule", "ssp", "--staleness", HUGE], f"--staleness: {HUGE} is more than"),
+        (["run", "--workers", "1025"], "--workers: 1025 is not in the range 1<=x<=1024"),
+        (["run", "--workers", "1", "--hetero", "nan"], "--hetero factors must be finite"),
+        (["run", "--eval-interval", "nan"], "--eval-interval: 'nan' is not a finite number"),
+        (["worker", "--connect", "tcp://127.0.0.1:9", "--timeout", "inf"], "--timeout: 'inf'"),
+        (["worker", "--connect", "tcp://127.0.0.1:9", "--rank", HUGE], f"--rank: {HUGE} is"),
+        (["plan", "--compute-ms", "nan"], "--compute-ms: 'nan' is not a finite number"),
+    ],
+)
+def test_a_number_no_run_can_use_is_refused_at_its_option(tmp_path, capsys, args, words):
+    # Data for train, and an --out that holds a file for run: were the number let through,
+    # the command would go on to train, or be refused for its --out instead.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    extra = {
+        "train": ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--quiet"],
+        "run": ["--dataset", "synthetic", "--out", str(tmp_path)],
+        "plan": ["--bandwidth", "100mbit", "--repeats", "1", "--json", str(a_file) + "/x"],
+    }.get(args[0], [])
+    assert words in _refused(capsys, *args, *extra)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"lr": NaN}', "lr must be a finite number, got nan"),
+        ('{"join_wait": Infinity}', "join wait must be a finite number, got inf"),
+        ('{"seed": -1}', "seed must be >= 0, got -1"),
+        (f'{{"epochs": {HUGE}}}', f"epochs must be <= {MAX_INT}"),
+        ('{"workers": 2, "hetero": [1, "x"]}', "--hetero factors must be finite numbers"),
+        ('{"rule": "ssp", "rule_options": {"staleness": 1e400}}', "rule option staleness"),
+    ],
+)
+def test_a_config_file_with_a_number_no_run_can_use_is_refused(tmp_path, text, words):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        RunConfig.from_json(path).validate()
+
+
+def test_more_servers_than_a_model_can_split_is_one_short_line():
+    with pytest.raises(ConfigError) as caught:
+        RunConfig(model="mlp", dataset="synthetic", servers=100_000).validate()
+    line = str(caught.value)
+    assert line.startswith("--servers 100000 is more than the") and len(line) < 200
