@@ -6,6 +6,10 @@ wire that no range refused, a path the file system refuses, a damaged file besid
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from minips.cli import main
@@ -84,3 +88,25 @@ def test_more_servers_than_a_model_can_split_is_one_short_line():
         RunConfig(model="mlp", dataset="synthetic", servers=100_000).validate()
     line = str(caught.value)
     assert line.startswith("--servers 100000 is more than the") and len(line) < 200
+
+
+def test_an_out_directory_the_file_system_refuses_is_one_line(tmp_path):
+    """A real process, as a user meets it: `minips run --out` under a file."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "out"
+    argv = [sys.executable, "-m", "minips", "run", *TINY_RUN, "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot use {out}")
+    assert lines[0].endswith(f"{tmp_path / 'a-file'} is a file, not a directory")
+
+
+def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"event": "eval", "time": 1.0}) + "\n")
+    (tmp_path / "a-file").write_text("")
+    pytest.importorskip("matplotlib")
+    line = _refused(capsys, "plot", str(run_dir), "--out", str(tmp_path / "a-file" / "p.png"))
+    assert str(tmp_path / "a-file") in line and line.endswith("a file, not a directory")
