@@ -110,3 +110,33 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     line = _refused(capsys, "plot", str(run_dir), "--out", str(tmp_path / "a-file" / "p.png"))
     assert str(tmp_path / "a-file") in line and line.endswith("a file, not a directory")
+
+
+def _other_models_checkpoint(path):
+    from minips.nn import build_model
+    from minips.server.store import SGD, ParameterStore
+
+    params = build_model("lenet5").params
+    return ParameterStore(params, SGD(params, lr=0.1)).save(path)
+
+
+@pytest.mark.parametrize("resume", ["text", "another-model"])
+def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
+    tmp_path, capsys, resume
+):
+    previous = tmp_path / "run"
+    previous.mkdir()
+    kept = {name: f"{name} of the previous run" for name in ("metrics.jsonl", "summary.json")}
+    for name, text in kept.items():
+        (previous / name).write_text(text)
+    path = tmp_path / "resume.npz"
+    if resume == "text":
+        path.write_text("not a checkpoint\n")
+        words = "is not an .npz archive (it starts with b'not a ')"
+    else:
+        _other_models_checkpoint(path)
+        words = "holds parameters ['conv1.b'"
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous), "--resume", str(path)]
+    line = _refused(capsys, *args)
+    assert line.startswith(f"error: checkpoint {path}") and words in line
+    assert {p.name: p.read_text() for p in previous.iterdir()} == kept

@@ -293,6 +293,7 @@ class RunConfig(ConfigBase):
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         _check_browser_slots(self)
         _check_group(self)
+        _check_resume(self)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
@@ -345,6 +346,18 @@ def _check_group(config: RunConfig) -> None:
                 "that shards could split"
             )
         partition_of_model(params, servers)  # a shard left empty
+
+
+def _check_resume(config: RunConfig) -> None:
+    """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
+    before `minips run --force` removes the previous run or any process starts. (A server
+    group's shards each check their own slices when they load them.)"""
+    if not config.resume or config.servers > 1:
+        return
+    from minips.nn import build_model
+    from minips.server.checkpoint_file import load_checkpoint
+
+    load_checkpoint(config.resume).check_params(build_model(config.model).params)
 
 
 def _check_browser_slots(config: RunConfig) -> None:
