@@ -140,3 +140,25 @@ def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
     line = _refused(capsys, *args)
     assert line.startswith(f"error: checkpoint {path}") and words in line
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
+
+
+def _idx_dir(path, n_train: int, n_test: int):
+    """A --data-dir holding mnist's four IDX files with these many examples."""
+    import numpy as np
+
+    from minips.data import IDX_FILES, write_idx
+
+    (path / "mnist").mkdir(parents=True)
+    for role, stem in IDX_FILES.items():
+        n = n_train if role.startswith("train") else n_test
+        shape = (n, 28, 28) if role.endswith("images") else (n,)
+        write_idx(path / "mnist" / stem, np.zeros(shape, np.uint8))
+    return path
+
+
+@pytest.mark.parametrize("n_train, n_test, split", [(0, 5, "training"), (5, 0, "test")])
+def test_a_dataset_with_an_empty_split_is_refused(tmp_path, capsys, n_train, n_test, split):
+    data_dir = _idx_dir(tmp_path, n_train, n_test)
+    args = ["train", "--model", "mlp", "--dataset", "mnist", "--data-dir", str(data_dir)]
+    line = _refused(capsys, *args, "--epochs", "1", "--quiet")
+    assert line == f"error: {data_dir / 'mnist'}: the {split} set is empty (0 images)"
