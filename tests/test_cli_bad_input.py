@@ -162,3 +162,29 @@ def test_a_dataset_with_an_empty_split_is_refused(tmp_path, capsys, n_train, n_t
     args = ["train", "--model", "mlp", "--dataset", "mnist", "--data-dir", str(data_dir)]
     line = _refused(capsys, *args, "--epochs", "1", "--quiet")
     assert line == f"error: {data_dir / 'mnist'}: the {split} set is empty (0 images)"
+
+
+EVAL = json.dumps({"event": "eval", "time": 1.5, "samples": 64, "accuracy": 0.5}) + "\n"
+
+
+@pytest.mark.parametrize(
+    "files, words",
+    [
+        ({"metrics.jsonl": EVAL + "[1, 2]\n"}, "metrics.jsonl line 2 is not a JSON object"),
+        ({"metrics.jsonl": EVAL, "summary.json": "[1]"}, "summary.json is not a JSON object"),
+        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "a run file is not valid JSON"),
+        ({"metrics.jsonl": EVAL, "config.json": '"lenet5"'}, "config.json is not a JSON object"),
+        ({"eval.jsonl": EVAL + '{"event": "eval", "time": "x"}\n'},
+         "eval.jsonl line 2: time 'x' is not a number"),
+    ],
+)  # fmt: skip
+def test_a_run_directory_with_a_file_of_the_wrong_shape_is_one_line(tmp_path, capsys, files, words):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert words in _refused(capsys, "report", str(tmp_path))
+
+
+def test_a_run_file_that_is_a_directory_is_one_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").mkdir()
+    line = _refused(capsys, "report", str(tmp_path))
+    assert line == f"error: cannot use {tmp_path / 'metrics.jsonl'}: Is a directory"

@@ -351,11 +351,13 @@ def load_run(path: str | Path) -> Run:
                 )
             records = merge_logs(partial)
             complete = False
+        summary = _read_json(run_dir.summary) or next(
+            (r for r in reversed(records) if r.get("event") == "summary"), {}
+        )
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
-    summary = _read_json(run_dir.summary) or next(
-        (r for r in reversed(records) if r.get("event") == "summary"), {}
-    )
+    except ValueError as exc:  # valid JSON, not what a run writes (read_metrics, _read_json)
+        raise RunDirError(str(exc)) from None
     summary = {key: value for key, value in summary.items() if key != "event"}
     return Run(root, config, summary, records, complete)
 
@@ -382,4 +384,8 @@ def load_train_metrics(path: Path) -> Run:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    """A run's JSON object file ({} when absent); ValueError when it holds no object."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
