@@ -188,3 +188,19 @@ def test_a_run_file_that_is_a_directory_is_one_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").mkdir()
     line = _refused(capsys, "report", str(tmp_path))
     assert line == f"error: cannot use {tmp_path / 'metrics.jsonl'}: Is a directory"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--rule", "nosuch"], "unknown update rule 'nosuch'"),
+        (["--momentum", "0.5"], "rule dana-gap keeps one momentum per worker"),
+        (["--workers", "1025"], "--workers: 1025 is not in the range 1<=x<=1024"),
+    ],
+)
+def test_plan_refuses_what_run_would_refuse(tmp_path, capsys, args, words):
+    # Were it let through, planning would fail on writing the plan under a file.
+    (tmp_path / "a-file").write_text("")
+    json_path = str(tmp_path / "a-file" / "plan.json")
+    line = _refused(capsys, "plan", *args, "--repeats", "1", "--json", json_path)
+    assert words in line

@@ -8,12 +8,13 @@ from pathlib import Path
 import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
+from minips.server.registry import MAX_REGISTERED
 
 
 @click.command("plan")
 @click.option("--model", default="lenet5", show_default=True, help="Model from the zoo.")
 @click.option("--batch-size", type=BoundedIntRange(min=1), default=64, show_default=True)
-@click.option("--workers", type=BoundedIntRange(min=1), default=4, show_default=True)
+@click.option("--workers", type=BoundedIntRange(1, MAX_REGISTERED), default=4, show_default=True)
 @click.option(
     "--bandwidth",
     default=None,
@@ -65,13 +66,16 @@ def plan(
 ) -> None:
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.nn import build_model
-    from minips.rules import server_momentum
+    from minips.rules import rule_class, server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
     from minips.run.plan_table import format_table
     from minips.run.planner import Network, make_plan
 
     rule = rule or DEFAULT_RULE
+    chosen = rule_class(rule)  # an unknown rule: its one-line error, as `minips run` says it
+    if momentum is not None:
+        chosen.check_server_momentum(momentum)
     momentum = server_momentum(rule) if momentum is None else momentum
     network = Network.parse(bandwidth=bandwidth, netem=netem)
     if browser > workers:
