@@ -204,3 +204,15 @@ def test_plan_refuses_what_run_would_refuse(tmp_path, capsys, args, words):
     json_path = str(tmp_path / "a-file" / "plan.json")
     line = _refused(capsys, "plan", *args, "--repeats", "1", "--json", json_path)
     assert words in line
+
+
+@pytest.mark.parametrize("name", ["../outside", "", ".hidden", "server", "a/b"])
+def test_keys_refuses_a_client_name_that_is_no_file_name_in_the_directory(tmp_path, capsys, name):
+    line = _refused(capsys, "keys", str(tmp_path / "keys"), "--client", name)
+    assert "cannot name key files" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written, inside or out
+
+
+def test_keys_refuses_a_client_named_twice(tmp_path, capsys):
+    line = _refused(capsys, "keys", str(tmp_path / "keys"), "--client", "a", "--client", "a")
+    assert line == "error: client names ['a'] are given more than once"
