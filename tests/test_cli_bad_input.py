@@ -216,3 +216,27 @@ def test_keys_refuses_a_client_name_that_is_no_file_name_in_the_directory(tmp_pa
 def test_keys_refuses_a_client_named_twice(tmp_path, capsys):
     line = _refused(capsys, "keys", str(tmp_path / "keys"), "--client", "a", "--client", "a")
     assert line == "error: client names ['a'] are given more than once"
+
+
+def test_train_refuses_a_save_path_it_cannot_write_before_it_trains(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    save = tmp_path / "a-file" / "model.npz"
+    args = ["train", "--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--quiet"]
+    line = _refused(capsys, *args, "--save", str(save))
+    assert (
+        line
+        == f"error: --save {save}: cannot write there ({save.parent} is a file, not a directory)"
+    )
+
+
+def test_a_server_refuses_a_checkpoint_path_it_cannot_write_before_it_serves(tmp_path):
+    from minips.errors import RunDirError
+    from minips.run.build import make_server
+
+    (tmp_path / "a-file").write_text("")
+    checkpoint = tmp_path / "a-file" / "checkpoint.npz"
+    config = RunConfig(
+        model="mlp", dataset="synthetic", bind="tcp://127.0.0.1:*", checkpoint=str(checkpoint)
+    )
+    with pytest.raises(RunDirError, match="--checkpoint .*: cannot write there"):
+        make_server(config).close()  # (closed when the check is missing)

@@ -31,6 +31,7 @@ the run ends; `load_run` reads a directory back, a finished one or an interrupte
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,21 @@ def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
         for path in out.glob(pattern):
             if path.is_file() and path.resolve() != kept:
                 path.unlink()
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """RunDirError unless a file can be written at `path` (its directory made if missing),
+    tried with a temporary file there: said at the start, so no training is lost to a
+    checkpoint or model file that cannot be written when it is due."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        in_the_way = next((parent for parent in path.parents if parent.is_file()), None)
+        reason = f"{in_the_way} is a file, not a directory" if in_the_way else exc.strerror
+        raise RunDirError(f"{option} {path}: cannot write there ({reason})") from None
 
 
 # --- writing the results ---------------------------------------------------------------
