@@ -240,3 +240,29 @@ def test_a_server_refuses_a_checkpoint_path_it_cannot_write_before_it_serves(tmp
     )
     with pytest.raises(RunDirError, match="--checkpoint .*: cannot write there"):
         make_server(config).close()  # (closed when the check is missing)
+
+
+NO_PORT = "--connect 'nonsense' needs a host and a port, e.g. tcp://127.0.0.1:5555"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["dashboard", "--connect", "nonsense"], NO_PORT),
+        (["web", "--connect", "nonsense"], NO_PORT),
+        (["web", "--connect", "tcp://127.0.0.1:9", "--url-file", "{a-file}/url"],
+         "--url-file {a-file}/url: cannot write there ({a-file} is a file, not a directory)"),
+    ],
+)  # fmt: skip
+def test_a_page_server_refuses_its_bad_input_before_it_serves(tmp_path, args, words):
+    """Real processes: these commands serve until stopped, so a refusal must come first
+    (a bad --connect was a traceback in a thread, or a page that never trained)."""
+    if args[0] == "web":
+        pytest.importorskip("websockets")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    args = [arg.replace("{a-file}", str(a_file)) for arg in args]
+    argv = [sys.executable, "-m", "minips", *args, "--listen", "127.0.0.1:0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "error: " + words.replace("{a-file}", str(a_file))
