@@ -45,6 +45,7 @@ def _refused(capsys, *args: str) -> str:
         (["run", "--seed", HUGE], f"--seed: {HUGE} is more than {MAX_INT}"),
         (["run", "--rule", "ssp", "--staleness", HUGE], f"--staleness: {HUGE} is more than"),
         (["run", "--workers", "1025"], "--workers: 1025 is not in the range 1<=x<=1024"),
+        (["run", "--workers", HUGE], f"--workers: {HUGE} is not in the range 1<=x<=1024"),
         (["run", "--workers", "1", "--hetero", "nan"], "--hetero factors must be finite"),
         (["run", "--eval-interval", "nan"], "--eval-interval: 'nan' is not a finite number"),
         (["worker", "--connect", "tcp://127.0.0.1:9", "--timeout", "inf"], "--timeout: 'inf'"),

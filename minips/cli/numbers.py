@@ -38,7 +38,7 @@ class BoundedIntRange(click.IntRange):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         number = click.INT.convert(value, param, ctx)
-        if number > MAX_INT:
+        if number > MAX_INT and self.max == MAX_INT:  # a smaller max: its range says it
             self.fail(f"{number} is more than {MAX_INT}, the largest a worker reads.", param, ctx)
         return super().convert(number, param, ctx)
 
