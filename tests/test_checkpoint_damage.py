@@ -99,7 +99,7 @@ def _file_damage(good: Path, tmp_path: Path) -> list[tuple[str, Path, str]]:
     cases.append(("bit-flip", flipped, "Bad CRC-32"))
     text = tmp_path / "text.npz"
     text.write_text("not a checkpoint\n")
-    cases.append(("text", text, "is damaged"))
+    cases.append(("text", text, "is not an .npz archive (it starts with b'not a ')"))
     cases.append(("missing", tmp_path / "nowhere.npz", "does not exist"))
     return cases
 

@@ -11,8 +11,10 @@ that command runs or shows its own help, never for `minips --help` or another co
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -91,6 +93,21 @@ def click_error_line(exc: click.exceptions.ClickException) -> str:
     return message
 
 
+def path_error_line(exc: OSError) -> str:
+    """A file system's refusal as one line: "cannot use PATH: Read-only file system".
+
+    An OSError that names a path (a read-only --out, a --metrics file whose directory is a
+    file, a full disk) is the machine saying no to a path the command was given, not a bug.
+    """
+    where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):  # a file where a directory must be
+        in_the_way = next((p for p in (Path(where), *Path(where).parents) if p.is_file()), None)
+        if in_the_way is not None:
+            what = "a file" if str(in_the_way) == where else f"{in_the_way} is a file"
+            return f"cannot use {where}: {what}, not a directory"
+    return f"cannot use {where}: {exc.strerror or exc}"
+
+
 def _param_name(ctx: click.Context, param: click.Parameter) -> str:
     """ "--workers", "RUN_DIR", or "MINIPS_RUN_WORKERS" for a value read from the environment."""
     source = ctx.get_parameter_source(param.name) if param.name else None
@@ -131,6 +148,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except MinipsError as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not about a path the user named: a bug, with its traceback
+        click.echo(f"error: {path_error_line(exc)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

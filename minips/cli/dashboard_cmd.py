@@ -45,8 +45,10 @@ def dashboard(
     stops, the page keeps its last numbers. Ctrl-C stops it.
     """
     from minips.dashboard import start_dashboard
+    from minips.protocol.address import normalize
     from minips.protocol.auth import load_client_keys
 
+    connect = normalize(connect, "--connect", wildcard_port=False)  # not in the polling thread
     client_keys = load_client_keys(keys, key_name) if keys else None
     url, stop = start_dashboard(connect, metrics, listen, updates_log, client_keys)
     click.echo(f"dashboard for {connect} on {url} (Ctrl-C stops it)")

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
 from minips.cli.options import config_options
 from minips.run.config import RunConfig
 
@@ -26,15 +27,15 @@ from minips.run.config import RunConfig
     "a directory every machine sees).",
 )  # fmt: skip
 @click.option(
-    "--port", type=click.IntRange(1, 65535), default=5555, show_default=True,
+    "--port", type=BoundedIntRange(1, 65535), default=5555, show_default=True,
     help="The root's port when the launcher sets no MASTER_PORT or DMLC_PS_ROOT_PORT.",
 )  # fmt: skip
 @click.option(
-    "--startup-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+    "--startup-timeout", type=FiniteFloatRange(min=1), default=60.0, show_default=True,
     help="Seconds the job has to assemble (every shard joined, every worker said hello); "
     "past them rank 0 names who is missing and stops the job.",
 )  # fmt: skip
-@click.option("--eval-interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+@click.option("--eval-interval", type=FiniteFloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between evaluations of the model (rank 0).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Reuse --out even if it holds a previous run.")
 def launch(

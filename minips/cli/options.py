@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
 from minips.rules import RuleOption
 from minips.run.config import RULE_OPTIONS, rule_flags
 from minips.run.settings import Setting, setting_of
@@ -40,14 +41,13 @@ def config_options(cls: type, command: str) -> Callable[[Callable], Callable]:
 
 
 def click_type(kind: type, spec: Setting | RuleOption) -> click.ParamType:
-    """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices."""
+    """The click type of a value of `kind` (int, float, str) in `spec`'s range or choices
+    (a number also finite, and an integer at most MAX_INT: minips.cli.numbers)."""
     if spec.choices:
         return click.Choice(list(spec.choices))
     if kind not in (int, float):
         return click.STRING
-    if spec.minimum is None and spec.maximum is None:
-        return click.INT if kind is int else click.FLOAT
-    ranged = click.IntRange if kind is int else click.FloatRange
+    ranged = BoundedIntRange if kind is int else FiniteFloatRange
     return ranged(spec.minimum, spec.maximum, min_open=spec.min_open, max_open=spec.max_open)
 
 

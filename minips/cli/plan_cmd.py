@@ -7,11 +7,14 @@ from pathlib import Path
 
 import click
 
+from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
+from minips.server.registry import MAX_REGISTERED
+
 
 @click.command("plan")
 @click.option("--model", default="lenet5", show_default=True, help="Model from the zoo.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--batch-size", type=BoundedIntRange(min=1), default=64, show_default=True)
+@click.option("--workers", type=BoundedIntRange(1, MAX_REGISTERED), default=4, show_default=True)
 @click.option(
     "--bandwidth",
     default=None,
@@ -27,22 +30,22 @@ import click
 @click.option("--rule", default=None, help="The run's update rule (as `minips run --rule`; "
               "default: its default): ssgd's barrier waits for the slowest worker, and the "
               "rule sets the default --momentum.")  # fmt: skip
-@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=None,
+@click.option("--momentum", type=FiniteFloatRange(0, 1, max_open=True), default=None,
               help="The server's SGD momentum (as `minips run --momentum`; default: the "
               "rule's, 0 under dana-gap): top-k then corrects for it (docs/protocol.md "
               "13.9).")  # fmt: skip
-@click.option("--browser", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--browser", type=BoundedIntRange(min=0), default=0, show_default=True,
               help="How many of the workers are browser slots (as `minips run --browser`): "
               "their steps are slower.")  # fmt: skip
-@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--servers", type=BoundedIntRange(min=1), default=1, show_default=True,
               help="A server group of K shards (as `minips run --servers`): the server's "
               "work splits K ways, and under --netem each shard has its own link.")  # fmt: skip
-@click.option("--cores", type=click.IntRange(min=1), default=None,
+@click.option("--cores", type=BoundedIntRange(min=1), default=None,
               help="Cores the workers and the server share (default: this machine's).")  # fmt: skip
-@click.option("--compute-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--compute-ms", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="One step's compute as a worker really gets it, if known (default: "
               "the layers' CPU time scaled by how many processes share the cores).")  # fmt: skip
-@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
+@click.option("--repeats", type=BoundedIntRange(min=1), default=7, show_default=True,
               help="Batches timed per layer (the fastest counts).")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the chosen plan here (for --plan FILE of run/server).")  # fmt: skip
@@ -63,13 +66,16 @@ def plan(
 ) -> None:
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.nn import build_model
-    from minips.rules import server_momentum
+    from minips.rules import rule_class, server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
     from minips.run.plan_table import format_table
     from minips.run.planner import Network, make_plan
 
     rule = rule or DEFAULT_RULE
+    chosen = rule_class(rule)  # an unknown rule: its one-line error, as `minips run` says it
+    if momentum is not None:
+        chosen.check_server_momentum(momentum)
     momentum = server_momentum(rule) if momentum is None else momentum
     network = Network.parse(bandwidth=bandwidth, netem=netem)
     if browser > workers:

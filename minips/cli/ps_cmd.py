@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
+from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
 from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
@@ -45,7 +46,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     )
     @click.option(
         "--eval-interval",
-        type=click.FloatRange(min=0.1),
+        type=FiniteFloatRange(min=0.1),
         default=2.0,
         show_default=True,
         help="Seconds between evaluations of the model.",
@@ -227,24 +228,24 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
 
 @click.command()
 @click.option("--connect", required=True, help="Server address, e.g. tcp://192.0.2.1:5555.")
-@click.option("--slowdown", type=click.FloatRange(min=1), default=None,
+@click.option("--slowdown", type=FiniteFloatRange(min=1), default=None,
               help="Make each step take F times its compute time.")  # fmt: skip
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False),
     help="This machine's copy of the dataset (default: the server's --data-dir).",
 )
-@click.option("--max-steps", type=click.IntRange(min=1), default=None)
+@click.option("--max-steps", type=BoundedIntRange(min=1), default=None)
 @click.option(
     "--rank",
-    type=click.IntRange(min=0),
+    type=BoundedIntRange(min=0),
     default=None,
     help="Take over this rank's shard (a worker that died or left unfinished).",
 )
 @click.option("--worker-id", default=None,
               help="This worker's name for the server; a restart with the same id gets its "
               "rank back at once.")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+@click.option("--timeout", type=FiniteFloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds to wait for each reply (keep it under the "
               "server's heartbeat timeout, 30 s by default).")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
@@ -356,7 +357,7 @@ def _train_worker(
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05),
     default=2.0,
     show_default=True,
     help="Seconds between two tests.",

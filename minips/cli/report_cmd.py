@@ -10,9 +10,11 @@ import json
 
 import click
 
+from minips.cli.numbers import FiniteFloatRange
+
 _RUN_DIRS = click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
 _TARGET = click.option(
-    "--target", type=click.FloatRange(0, 1), default=None,
+    "--target", type=FiniteFloatRange(0, 1), default=None,
     help="Also show when test accuracy first reached this value.",
 )  # fmt: skip
 

@@ -29,9 +29,12 @@ def train(metrics_path: str | None, save_path: str | None, quiet: bool, **option
     Prints `test accuracy: 0.XXXX` at the end.
     """
     from minips.run.metrics import MetricsLog
+    from minips.run.rundir import check_writable
     from minips.trainer import train as run_training
 
     config = TrainConfig.from_options(options)
+    if save_path:
+        check_writable(save_path, "--save")
     with MetricsLog(metrics_path) as metrics:
         if quiet:
             _, result = run_training(config, metrics, save=save_path)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from minips.cli.numbers import BoundedIntRange
 from minips.web.admission import Admission
 
 
@@ -41,14 +42,14 @@ from minips.web.admission import Admission
 )
 @click.option(
     "--max-browsers",
-    type=click.IntRange(min=1),
+    type=BoundedIntRange(min=1),
     default=Admission.max_browsers,
     show_default=True,
     help="WebSockets at once; one more is refused with a clear message.",
 )
 @click.option(
     "--max-memory",
-    type=click.IntRange(min=1),
+    type=BoundedIntRange(min=1),
     default=Admission.max_memory >> 20,
     show_default=True,
     help="MiB of browsers' messages held at once, over all of them.",
@@ -70,6 +71,8 @@ def web(
     shard from here, trains with JavaScript in a Web Worker, and talks to the server through
     this gateway. Needs pip install 'minips[web]'.
     """  # fmt: skip
+    from minips.protocol.address import normalize
+    from minips.run.rundir import check_writable
     from minips.web.gateway import Gateway, check_installed, parse_listen
 
     check_installed()
@@ -78,6 +81,9 @@ def web(
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     host, port = parse_listen(listen)
+    connect = normalize(connect, "--connect", wildcard_port=False)  # not a page that never trains
+    if url_file:
+        check_writable(url_file, "--url-file")
     admission = Admission(max_browsers, max_memory << 20, list(allow_origin))
     gateway = Gateway(connect, host, port, data_dir, admission)
 
@@ -93,6 +99,8 @@ def web(
     try:
         asyncio.run(gateway.serve(announce))
     except OSError as exc:  # port in use, address not available
+        if exc.filename is not None:
+            raise  # a file, not the address (minips.cli says which)
         from minips.errors import ConfigError
 
         raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None

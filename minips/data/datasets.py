@@ -223,7 +223,8 @@ def normalize(images: np.ndarray, name: str) -> np.ndarray:
 
 
 def _check_pair(images: np.ndarray, labels: np.ndarray, split: str, source: str) -> None:
-    """Validate one split's raw arrays: (N, 28, 28) uint8 images and (N,) labels < 10."""
+    """Validate one split's raw arrays: (N, 28, 28) uint8 images and (N,) labels < 10,
+    N >= 1 (no run can train on, or test on, no example)."""
     if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or images.dtype != np.uint8:
         raise DataError(
             f"{source}: {split} images have shape {images.shape} and dtype {images.dtype}; "
@@ -233,7 +234,9 @@ def _check_pair(images: np.ndarray, labels: np.ndarray, split: str, source: str)
         raise DataError(
             f"{source}: {split} labels have shape {labels.shape} for {len(images)} images"
         )
-    if labels.size and (labels.min() < 0 or labels.max() >= N_CLASSES):
+    if not len(labels):
+        raise DataError(f"{source}: the {split} set is empty (0 images)")
+    if labels.min() < 0 or labels.max() >= N_CLASSES:
         raise DataError(f"{source}: {split} labels outside 0..{N_CLASSES - 1}")
 
 

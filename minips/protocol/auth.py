@@ -28,6 +28,7 @@ implementers in other languages.
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,24 @@ class ClientKeys:
 # ------------------------------------------------------------------------------ key files
 
 
+# A client's name is the stem of its key files: no path separator, no hidden file.
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_client_names(clients: tuple[str, ...]) -> None:
+    """AuthError unless each name makes key files inside the key directory, once each
+    (`../x` would write outside it; `server` or a repeated name would overwrite a pair)."""
+    bad = [name for name in clients if not CLIENT_NAME.fullmatch(name) or name == SERVER]
+    if bad:
+        raise AuthError(
+            f"client names {bad} cannot name key files: use letters, digits, '_', '-' and "
+            f"'.' (not first), and not {SERVER!r}"
+        )
+    repeated = sorted({name for name in clients if clients.count(name) > 1})
+    if repeated:
+        raise AuthError(f"client names {repeated} are given more than once")
+
+
 def make_keys(directory: str | Path, clients: tuple[str, ...] = (WORKER, OPERATOR),
               operators: tuple[str, ...] = (OPERATOR,)) -> list[Path]:  # fmt: skip
     """Write a key directory (module docstring): the server's pair and one pair per client.
@@ -90,6 +109,7 @@ def make_keys(directory: str | Path, clients: tuple[str, ...] = (WORKER, OPERATO
     `operators/`. Existing files are never overwritten (AuthError): a new key would lock
     out every client holding the old one. Returns the files written.
     """
+    check_client_names(clients)
     directory = Path(directory)
     names = (SERVER, *clients)
     existing = [directory / f"{n}{s}" for n in names for s in (PUBLIC_SUFFIX, SECRET_SUFFIX)]

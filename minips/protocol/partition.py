@@ -183,7 +183,7 @@ def partition(
     if empty:
         raise ConfigError(
             f"{servers} servers are too many for a model of {len(full)} parameters: "
-            f"shard(s) {', '.join(map(str, empty))} would hold nothing"
+            f"shard(s) {_first_few(empty)} would hold nothing"
         )
     order = {name: i for i, name in enumerate(full)}
     ordered = tuple(tuple(sorted(s, key=lambda p: order[p.name])) for s in by_shard)
@@ -193,3 +193,11 @@ def partition(
 def partition_of_model(params: Mapping[str, np.ndarray], servers: int) -> Partition:
     """The partition of a model's parameters (name -> array, model order)."""
     return partition({name: array.shape for name, array in params.items()}, servers)
+
+
+def _first_few(numbers: list[int], shown: int = 8) -> str:
+    """ "1, 2, 3" or, past `shown` numbers, "1, 2, ..., 9 (12 in all)": an error stays a line."""
+    if len(numbers) <= shown:
+        return ", ".join(map(str, numbers))
+    first = ", ".join(map(str, numbers[: shown - 1]))
+    return f"{first}, ..., {numbers[-1]} ({len(numbers)} in all)"

@@ -23,6 +23,7 @@ from minips.run.config import RunConfig
 from minips.run.plan_costs import group_gain
 from minips.run.planner import Cluster, Network, make_plan
 from minips.run.report_text import plural
+from minips.run.rundir import check_writable
 from minips.server.checkpoints import shard_path
 from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
@@ -42,6 +43,8 @@ def make_server(
     already answered: `joining_config`).
     """
     config.validate()
+    if config.checkpoint:
+        check_writable(config.checkpoint, "--checkpoint")
     model = build_model(config.model, seed=config.seed)
     rule = make_rule(config.rule, **config.rule_options)
     plan = resolve_plan(config)

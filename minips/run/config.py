@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
@@ -40,7 +41,15 @@ from minips.rules import (
     make_rule,
     server_momentum,
 )
-from minips.run.settings import TRAIN_RUN_SERVER, check_range, check_type, setting, setting_of
+from minips.run.settings import (
+    TRAIN_RUN_SERVER,
+    check_finite,
+    check_range,
+    check_type,
+    setting,
+    setting_of,
+)
+from minips.server.registry import MAX_REGISTERED
 from minips.server.server import ServerOptions
 
 RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
@@ -163,9 +172,10 @@ class RunConfig(ConfigBase):
     batch_size: int = setting(64, "Samples per gradient.", commands=TRAIN_RUN_SERVER,
                               to_workers=True, minimum=1)
     seed: int = setting(0, "Seed of the initial parameters and of the shuffling.",
-                        commands=TRAIN_RUN_SERVER, to_workers=True)
+                        commands=TRAIN_RUN_SERVER, to_workers=True, minimum=0)
     # the cluster
-    workers: int = setting(2, "Number of workers (ranks 0..N-1).", minimum=1,
+    workers: int = setting(2, "Number of workers (ranks 0..N-1; at most the ids a server "
+                           "remembers).", minimum=1, maximum=MAX_REGISTERED,
                            server_option="world_size", commands=("run", "server"))
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
                                   to_workers=True, parse=_comma_floats)
@@ -273,12 +283,17 @@ class RunConfig(ConfigBase):
             raise ConfigError(
                 f"--hetero gives {len(self.hetero)} factors for {self.workers} workers"
             )
+        if not all(_is_number(factor) and math.isfinite(factor) for factor in self.hetero):
+            raise ConfigError(f"--hetero factors must be finite numbers, got {self.hetero}")
         if any(factor < 1 for factor in self.hetero):
             raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
+        for key, value in self.rule_options.items():
+            check_finite(f"rule option {key}", value)
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         _check_browser_slots(self)
         _check_group(self)
+        _check_resume(self)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
@@ -302,6 +317,10 @@ class RunConfig(ConfigBase):
         return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_group(config: RunConfig) -> None:
     """ConfigError when --servers, --shard and --root cannot make a server group."""
     shard, servers = config.shard, config.servers
@@ -319,7 +338,26 @@ def _check_group(config: RunConfig) -> None:
         from minips.nn import build_model
         from minips.protocol.partition import partition_of_model
 
-        partition_of_model(build_model(config.model).params, servers)  # a shard left empty
+        params = build_model(config.model).params
+        rows = sum(max(array.shape[0] if array.ndim else 1, 1) for array in params.values())
+        if servers > rows:  # each shard holds at least one row (or scalar) of a parameter
+            raise ConfigError(
+                f"--servers {servers} is more than the {rows} parameter rows of {config.model} "
+                "that shards could split"
+            )
+        partition_of_model(params, servers)  # a shard left empty
+
+
+def _check_resume(config: RunConfig) -> None:
+    """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
+    before `minips run --force` removes the previous run or any process starts. (A server
+    group's shards each check their own slices when they load them.)"""
+    if not config.resume or config.servers > 1:
+        return
+    from minips.nn import build_model
+    from minips.server.checkpoint_file import load_checkpoint
+
+    load_checkpoint(config.resume).check_params(build_model(config.model).params)
 
 
 def _check_browser_slots(config: RunConfig) -> None:

@@ -85,9 +85,26 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Read a metrics.jsonl file back into a list of records (blank lines skipped)."""
+    """Read a metrics.jsonl file back into a list of records (blank lines skipped).
+
+    ValueError (json.JSONDecodeError for a line that is not JSON) naming the line when a
+    record is not a JSON object or its `time` is not a number: what readers rely on.
+    """
+    records = []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                records.append(_checked_record(json.loads(line), path, number))
+    return records
+
+
+def _checked_record(record: Any, path: str | Path, number: int) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} line {number} is not a JSON object")
+    time = record.get("time", 0.0)
+    if not isinstance(time, (int, float)) or isinstance(time, bool):
+        raise ValueError(f"{path} line {number}: time {time!r} is not a number")
+    return record
 
 
 def merge_logs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:

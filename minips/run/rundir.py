@@ -31,6 +31,7 @@ the run ends; `load_run` reads a directory back, a finished one or an interrupte
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,21 @@ def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
         for path in out.glob(pattern):
             if path.is_file() and path.resolve() != kept:
                 path.unlink()
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """RunDirError unless a file can be written at `path` (its directory made if missing),
+    tried with a temporary file there: said at the start, so no training is lost to a
+    checkpoint or model file that cannot be written when it is due."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        in_the_way = next((parent for parent in path.parents if parent.is_file()), None)
+        reason = f"{in_the_way} is a file, not a directory" if in_the_way else exc.strerror
+        raise RunDirError(f"{option} {path}: cannot write there ({reason})") from None
 
 
 # --- writing the results ---------------------------------------------------------------
@@ -351,11 +367,13 @@ def load_run(path: str | Path) -> Run:
                 )
             records = merge_logs(partial)
             complete = False
+        summary = _read_json(run_dir.summary) or next(
+            (r for r in reversed(records) if r.get("event") == "summary"), {}
+        )
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
-    summary = _read_json(run_dir.summary) or next(
-        (r for r in reversed(records) if r.get("event") == "summary"), {}
-    )
+    except ValueError as exc:  # valid JSON, not what a run writes (read_metrics, _read_json)
+        raise RunDirError(str(exc)) from None
     summary = {key: value for key, value in summary.items() if key != "event"}
     return Run(root, config, summary, records, complete)
 
@@ -382,4 +400,8 @@ def load_train_metrics(path: Path) -> Run:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    """A run's JSON object file ({} when absent); ValueError when it holds no object."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data

@@ -9,6 +9,7 @@ value to its field's kind (`from_json`); both are used by minips.run.config's Co
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field
 from pathlib import Path
@@ -21,6 +22,10 @@ from minips.rules import RuleOption
 
 TRAIN_RUN_SERVER = ("train", "run", "server", "launch")
 RUN_SERVER = ("run", "server", "launch")
+
+# The largest integer a setting may hold: msgpack's int64, which hello carries to workers
+# in every language (Python's msgpack cannot pack an int past 2^64 at all).
+MAX_INT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,12 @@ def check_type(item: Field, value: Any, path: str | Path) -> None:
 
 
 def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
-    """ConfigError "epochs must be >= 1, got 0" when `value` is outside `spec`'s range."""
+    """ConfigError "epochs must be >= 1, got 0" when `value` is outside `spec`'s range
+    (a number, also when it is NaN or infinite, or an integer past MAX_INT)."""
     low, high = spec.minimum, spec.maximum
     if spec.choices and value not in spec.choices:
         raise ConfigError(f"{label} must be one of {', '.join(spec.choices)}, got {value!r}")
+    check_finite(label, value)
     below = low is not None and (value <= low if spec.min_open else value < low)
     above = high is not None and (value >= high if spec.max_open else value > high)
     if not (below or above):
@@ -99,3 +106,12 @@ def check_range(label: str, value: Any, spec: Setting | RuleOption) -> None:
     else:
         want = f"in {'(' if spec.min_open else '['}{low:g}, {high:g}{')' if spec.max_open else ']'}"
     raise ConfigError(f"{label} must be {want}, got {value!r}")
+
+
+def check_finite(label: str, value: Any) -> None:
+    """ConfigError for a float that is NaN or infinite, or an integer past MAX_INT: they
+    pass every range (NaN compares false with any bound) and no run can use them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{label} must be a finite number, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT:
+        raise ConfigError(f"{label} must be <= {MAX_INT}, got {value}")

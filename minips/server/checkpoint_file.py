@@ -12,7 +12,8 @@ A checkpoint is one .npz archive (NumPy's zip of .npy arrays, no pickle) of thes
     rule/...                  the update rule's own state (minips.rules: Rule.state)
 
 `read_checkpoint` turns every way a file can be damaged (missing, empty, truncated, a
-flipped bit, not a zip, pickled objects) into a one-line DataError; `check_checkpoint` then
+flipped bit, not a zip, pickled objects) into a one-line DataError (a file that is no
+archive at all is named so, before NumPy would take it for a pickle); `check_checkpoint` then
 checks what the arrays say (missing keys, bad metadata, a negative version, NaN or Inf),
 so a damaged checkpoint is refused before anything is served from it. Neither needs the
 model: a server checks names and shapes against its own parameters afterwards
@@ -37,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from minips.errors import DataError
+from minips.errors import DataError, ShapeError
 
 CHECKPOINT_FORMAT = 1
+ZIP_MAGIC = b"PK\x03\x04"  # how an .npz (a zip archive) starts
+NPY_MAGIC = b"\x93NUMPY"  # how one .npy array starts (refused below, by name)
 SECTIONS = ("param/", "param_version/", "optim/", "rule/")  # besides `meta` and `version`
 
 # What a damaged zip or .npy can raise while it is read (zipfile, zlib, NumPy's header
@@ -68,6 +71,23 @@ class Checkpoint:
     def param_names(self) -> list[str]:
         return [key[len("param/") :] for key in self.arrays if key.startswith("param/")]
 
+    def check_params(self, params: dict[str, np.ndarray]) -> None:
+        """ShapeError unless it holds exactly the parameters `params` (name -> array), each
+        of the same shape: a checkpoint of this model, not of another."""
+        names = self.param_names()
+        if sorted(names) != sorted(params):
+            raise ShapeError(
+                f"checkpoint {self.path} holds parameters {sorted(names)}, "
+                f"the model has {sorted(params)}"
+            )
+        for name, param in params.items():
+            saved = self.arrays[f"param/{name}"]
+            if saved.shape != param.shape:
+                raise ShapeError(
+                    f"checkpoint {self.path}: {name} has shape {saved.shape}, "
+                    f"the model has {param.shape}"
+                )
+
 
 def previous_path(path: str | Path) -> Path:
     """The checkpoint written before the latest: run.npz -> run.prev.npz."""
@@ -89,6 +109,10 @@ def read_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
         raise DataError(f"checkpoint {path} does not exist")
     if path.stat().st_size == 0:
         raise DataError(f"checkpoint {path} is empty (0 bytes)")
+    with path.open("rb") as file:
+        start = file.read(len(NPY_MAGIC))
+    if not start.startswith((ZIP_MAGIC, NPY_MAGIC)):
+        raise DataError(f"checkpoint {path} is not an .npz archive (it starts with {start!r})")
     try:
         loaded = np.load(path, allow_pickle=False)
         if not hasattr(loaded, "files"):  # a bare .npy array, not an archive of them

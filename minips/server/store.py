@@ -166,19 +166,8 @@ class ParameterStore:
         Names and shapes must match the model exactly (ShapeError otherwise); nothing is
         changed unless the whole checkpoint fits.
         """
-        path, contents = checkpoint.path, checkpoint.arrays
-        names = checkpoint.param_names()
-        if sorted(names) != sorted(self.params):
-            raise ShapeError(
-                f"checkpoint {path} holds parameters {sorted(names)}, "
-                f"the model has {sorted(self.params)}"
-            )
-        for name, param in self.params.items():
-            if contents[f"param/{name}"].shape != param.shape:
-                raise ShapeError(
-                    f"checkpoint {path}: {name} has shape {contents[f'param/{name}'].shape}, "
-                    f"the model has {param.shape}"
-                )
+        contents = checkpoint.arrays
+        checkpoint.check_params(self.params)
         self.optimizer.check_state_dict(checkpoint.section("optim/"))
         for name, param in self.params.items():
             saved = contents[f"param/{name}"]

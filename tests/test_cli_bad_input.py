@@ -1,0 +1,269 @@
+"""Bad input on the command line and in the files it reads: one `error:` line, exit 2.
+
+Each case is one the commands once let through: a NaN or an integer too large for the
+wire that no range refused, a path the file system refuses, a damaged file beside a run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minips.cli import main
+from minips.errors import ConfigError
+from minips.run.config import RunConfig
+from minips.run.settings import MAX_INT
+
+HUGE = str(MAX_INT + 1)
+TINY_RUN = ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--workers", "1"]
+
+
+def _refused(capsys, *args: str) -> str:
+    """The one error line `minips ARGS` prints, asserting it exits 2 with nothing else."""
+    with pytest.raises(SystemExit) as leaving:
+        main(list(args))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert leaving.value.code == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["train", "--lr", "nan"], "--lr: 'nan' is not a finite number"),
+        (["train", "--weight-decay", "inf"], "--weight-decay: 'inf' is not a finite number"),
+        (["train", "--momentum", "nan"], "--momentum: 'nan' is not a finite number"),
+        (["train", "--seed", "-1"], "--seed: -1 is not in the range x>=0"),
+        (["run", "--join-wait", "1e400"], "--join-wait: '1e400' is not a finite number"),
+        (["run", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: 'nan' is not a finite"),
+        (["run", "--clip-norm", "nan"], "--clip-norm: 'nan' is not a finite number"),
+        (["run", "--epochs", HUGE], f"--epochs: {HUGE} is more than {MAX_INT}"),
+        (["run", "--seed", HUGE], f"--seed: {HUGE} is more than {MAX_INT}"),
+        (["run", "--rule", "ssp", "--staleness", HUGE], f"--staleness: {HUGE} is more than"),
+        (["run", "--workers", "1025"], "--workers: 1025 is not in the range 1<=x<=1024"),
+        (["run", "--workers", HUGE], f"--workers: {HUGE} is not in the range 1<=x<=1024"),
+        (["run", "--workers", "1", "--hetero", "nan"], "--hetero factors must be finite"),
+        (["run", "--eval-interval", "nan"], "--eval-interval: 'nan' is not a finite number"),
+        (["worker", "--connect", "tcp://127.0.0.1:9", "--timeout", "inf"], "--timeout: 'inf'"),
+        (["worker", "--connect", "tcp://127.0.0.1:9", "--rank", HUGE], f"--rank: {HUGE} is"),
+        (["plan", "--compute-ms", "nan"], "--compute-ms: 'nan' is not a finite number"),
+    ],
+)
+def test_a_number_no_run_can_use_is_refused_at_its_option(tmp_path, capsys, args, words):
+    # Data for train, and an --out that holds a file for run: were the number let through,
+    # the command would go on to train, or be refused for its --out instead.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    extra = {
+        "train": ["--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--quiet"],
+        "run": ["--dataset", "synthetic", "--out", str(tmp_path)],
+        "plan": ["--bandwidth", "100mbit", "--repeats", "1", "--json", str(a_file) + "/x"],
+    }.get(args[0], [])
+    assert words in _refused(capsys, *args, *extra)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"lr": NaN}', "lr must be a finite number, got nan"),
+        ('{"join_wait": Infinity}', "join wait must be a finite number, got inf"),
+        ('{"seed": -1}', "seed must be >= 0, got -1"),
+        (f'{{"epochs": {HUGE}}}', f"epochs must be <= {MAX_INT}"),
+        ('{"workers": 2, "hetero": [1, "x"]}', "--hetero factors must be finite numbers"),
+        ('{"rule": "ssp", "rule_options": {"staleness": 1e400}}', "rule option staleness"),
+    ],
+)
+def test_a_config_file_with_a_number_no_run_can_use_is_refused(tmp_path, text, words):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        RunConfig.from_json(path).validate()
+
+
+def test_more_servers_than_a_model_can_split_is_one_short_line():
+    with pytest.raises(ConfigError) as caught:
+        RunConfig(model="mlp", dataset="synthetic", servers=100_000).validate()
+    line = str(caught.value)
+    assert line.startswith("--servers 100000 is more than the") and len(line) < 200
+
+
+def test_an_out_directory_the_file_system_refuses_is_one_line(tmp_path):
+    """A real process, as a user meets it: `minips run --out` under a file."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "out"
+    argv = [sys.executable, "-m", "minips", "run", *TINY_RUN, "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot use {out}")
+    assert lines[0].endswith(f"{tmp_path / 'a-file'} is a file, not a directory")
+
+
+def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"event": "eval", "time": 1.0}) + "\n")
+    (tmp_path / "a-file").write_text("")
+    pytest.importorskip("matplotlib")
+    line = _refused(capsys, "plot", str(run_dir), "--out", str(tmp_path / "a-file" / "p.png"))
+    assert str(tmp_path / "a-file") in line and line.endswith("a file, not a directory")
+
+
+def _other_models_checkpoint(path):
+    from minips.nn import build_model
+    from minips.server.store import SGD, ParameterStore
+
+    params = build_model("lenet5").params
+    return ParameterStore(params, SGD(params, lr=0.1)).save(path)
+
+
+@pytest.mark.parametrize("resume", ["text", "another-model"])
+def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
+    tmp_path, capsys, resume
+):
+    previous = tmp_path / "run"
+    previous.mkdir()
+    kept = {name: f"{name} of the previous run" for name in ("metrics.jsonl", "summary.json")}
+    for name, text in kept.items():
+        (previous / name).write_text(text)
+    path = tmp_path / "resume.npz"
+    if resume == "text":
+        path.write_text("not a checkpoint\n")
+        words = "is not an .npz archive (it starts with b'not a ')"
+    else:
+        _other_models_checkpoint(path)
+        words = "holds parameters ['conv1.b'"
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous), "--resume", str(path)]
+    line = _refused(capsys, *args)
+    assert line.startswith(f"error: checkpoint {path}") and words in line
+    assert {p.name: p.read_text() for p in previous.iterdir()} == kept
+
+
+def _idx_dir(path, n_train: int, n_test: int):
+    """A --data-dir holding mnist's four IDX files with these many examples."""
+    import numpy as np
+
+    from minips.data import IDX_FILES, write_idx
+
+    (path / "mnist").mkdir(parents=True)
+    for role, stem in IDX_FILES.items():
+        n = n_train if role.startswith("train") else n_test
+        shape = (n, 28, 28) if role.endswith("images") else (n,)
+        write_idx(path / "mnist" / stem, np.zeros(shape, np.uint8))
+    return path
+
+
+@pytest.mark.parametrize("n_train, n_test, split", [(0, 5, "training"), (5, 0, "test")])
+def test_a_dataset_with_an_empty_split_is_refused(tmp_path, capsys, n_train, n_test, split):
+    data_dir = _idx_dir(tmp_path, n_train, n_test)
+    args = ["train", "--model", "mlp", "--dataset", "mnist", "--data-dir", str(data_dir)]
+    line = _refused(capsys, *args, "--epochs", "1", "--quiet")
+    assert line == f"error: {data_dir / 'mnist'}: the {split} set is empty (0 images)"
+
+
+EVAL = json.dumps({"event": "eval", "time": 1.5, "samples": 64, "accuracy": 0.5}) + "\n"
+
+
+@pytest.mark.parametrize(
+    "files, words",
+    [
+        ({"metrics.jsonl": EVAL + "[1, 2]\n"}, "metrics.jsonl line 2 is not a JSON object"),
+        ({"metrics.jsonl": EVAL, "summary.json": "[1]"}, "summary.json is not a JSON object"),
+        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "a run file is not valid JSON"),
+        ({"metrics.jsonl": EVAL, "config.json": '"lenet5"'}, "config.json is not a JSON object"),
+        ({"eval.jsonl": EVAL + '{"event": "eval", "time": "x"}\n'},
+         "eval.jsonl line 2: time 'x' is not a number"),
+    ],
+)  # fmt: skip
+def test_a_run_directory_with_a_file_of_the_wrong_shape_is_one_line(tmp_path, capsys, files, words):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert words in _refused(capsys, "report", str(tmp_path))
+
+
+def test_a_run_file_that_is_a_directory_is_one_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").mkdir()
+    line = _refused(capsys, "report", str(tmp_path))
+    assert line == f"error: cannot use {tmp_path / 'metrics.jsonl'}: Is a directory"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--rule", "nosuch"], "unknown update rule 'nosuch'"),
+        (["--momentum", "0.5"], "rule dana-gap keeps one momentum per worker"),
+        (["--workers", "1025"], "--workers: 1025 is not in the range 1<=x<=1024"),
+    ],
+)
+def test_plan_refuses_what_run_would_refuse(tmp_path, capsys, args, words):
+    # Were it let through, planning would fail on writing the plan under a file.
+    (tmp_path / "a-file").write_text("")
+    json_path = str(tmp_path / "a-file" / "plan.json")
+    line = _refused(capsys, "plan", *args, "--repeats", "1", "--json", json_path)
+    assert words in line
+
+
+@pytest.mark.parametrize("name", ["../outside", "", ".hidden", "server", "a/b"])
+def test_keys_refuses_a_client_name_that_is_no_file_name_in_the_directory(tmp_path, capsys, name):
+    line = _refused(capsys, "keys", str(tmp_path / "keys"), "--client", name)
+    assert "cannot name key files" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written, inside or out
+
+
+def test_keys_refuses_a_client_named_twice(tmp_path, capsys):
+    line = _refused(capsys, "keys", str(tmp_path / "keys"), "--client", "a", "--client", "a")
+    assert line == "error: client names ['a'] are given more than once"
+
+
+def test_train_refuses_a_save_path_it_cannot_write_before_it_trains(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    save = tmp_path / "a-file" / "model.npz"
+    args = ["train", "--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--quiet"]
+    line = _refused(capsys, *args, "--save", str(save))
+    assert (
+        line
+        == f"error: --save {save}: cannot write there ({save.parent} is a file, not a directory)"
+    )
+
+
+def test_a_server_refuses_a_checkpoint_path_it_cannot_write_before_it_serves(tmp_path):
+    from minips.errors import RunDirError
+    from minips.run.build import make_server
+
+    (tmp_path / "a-file").write_text("")
+    checkpoint = tmp_path / "a-file" / "checkpoint.npz"
+    config = RunConfig(
+        model="mlp", dataset="synthetic", bind="tcp://127.0.0.1:*", checkpoint=str(checkpoint)
+    )
+    with pytest.raises(RunDirError, match="--checkpoint .*: cannot write there"):
+        make_server(config).close()  # (closed when the check is missing)
+
+
+NO_PORT = "--connect 'nonsense' needs a host and a port, e.g. tcp://127.0.0.1:5555"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["dashboard", "--connect", "nonsense"], NO_PORT),
+        (["web", "--connect", "nonsense"], NO_PORT),
+        (["web", "--connect", "tcp://127.0.0.1:9", "--url-file", "{a-file}/url"],
+         "--url-file {a-file}/url: cannot write there ({a-file} is a file, not a directory)"),
+    ],
+)  # fmt: skip
+def test_a_page_server_refuses_its_bad_input_before_it_serves(tmp_path, args, words):
+    """Real processes: these commands serve until stopped, so a refusal must come first
+    (a bad --connect was a traceback in a thread, or a page that never trained)."""
+    if args[0] == "web":
+        pytest.importorskip("websockets")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    args = [arg.replace("{a-file}", str(a_file)) for arg in args]
+    argv = [sys.executable, "-m", "minips", *args, "--listen", "127.0.0.1:0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "error: " + words.replace("{a-file}", str(a_file))
