@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from minips.rules import (
     make_rule,
     server_momentum,
 )
+from minips.run.config_checks import check_browser_slots, check_group, check_hetero, check_resume
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
     check_finite,
@@ -279,21 +279,14 @@ class RunConfig(ConfigBase):
     def validate(self) -> None:
         """One-line ConfigError/DataError for options no run could use."""
         super().validate()
-        if self.hetero and len(self.hetero) != self.workers:
-            raise ConfigError(
-                f"--hetero gives {len(self.hetero)} factors for {self.workers} workers"
-            )
-        if not all(_is_number(factor) and math.isfinite(factor) for factor in self.hetero):
-            raise ConfigError(f"--hetero factors must be finite numbers, got {self.hetero}")
-        if any(factor < 1 for factor in self.hetero):
-            raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
+        check_hetero(self.hetero, self.workers)
         for key, value in self.rule_options.items():
             check_finite(f"rule option {key}", value)
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
-        _check_browser_slots(self)
-        _check_group(self)
-        _check_resume(self)
+        check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
+        check_group(self.servers, self.shard, self.root, self.model)
+        check_resume(self.resume, self.servers, self.model)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
@@ -315,64 +308,6 @@ class RunConfig(ConfigBase):
         options = ServerOptions(**{key: value for key, value in chosen.items() if key})
         # CURVE keys from the `keys` directory; without one, no authentication
         return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_group(config: RunConfig) -> None:
-    """ConfigError when --servers, --shard and --root cannot make a server group."""
-    shard, servers = config.shard, config.servers
-    if shard >= servers:
-        raise ConfigError(
-            f"--shard {shard} is not a shard of --servers {servers} (0..{servers - 1})"
-        )
-    if shard >= 1 and not config.root:
-        raise ConfigError(f"--shard {shard} joins a group: give its root's address (--root)")
-    if config.root and shard == 0:
-        raise ConfigError("--root is for a shard that joins a group: give --shard 1..K-1 (or -1)")
-    if config.root and servers < 2:
-        raise ConfigError("--root joins a server group: give its size, --servers K (K >= 2)")
-    if servers > 1:
-        from minips.nn import build_model
-        from minips.protocol.partition import partition_of_model
-
-        params = build_model(config.model).params
-        rows = sum(max(array.shape[0] if array.ndim else 1, 1) for array in params.values())
-        if servers > rows:  # each shard holds at least one row (or scalar) of a parameter
-            raise ConfigError(
-                f"--servers {servers} is more than the {rows} parameter rows of {config.model} "
-                "that shards could split"
-            )
-        partition_of_model(params, servers)  # a shard left empty
-
-
-def _check_resume(config: RunConfig) -> None:
-    """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
-    before `minips run --force` removes the previous run or any process starts. (A server
-    group's shards each check their own slices when they load them.)"""
-    if not config.resume or config.servers > 1:
-        return
-    from minips.nn import build_model
-    from minips.server.checkpoint_file import load_checkpoint
-
-    load_checkpoint(config.resume).check_params(build_model(config.model).params)
-
-
-def _check_browser_slots(config: RunConfig) -> None:
-    """ConfigError when --browser, --browser-headless and --listen cannot make a run."""
-    if config.browser > config.workers:
-        raise ConfigError(
-            f"--browser {config.browser} is more than --workers {config.workers} "
-            "(--workers counts every worker, the browser slots included)"
-        )
-    if config.browser_headless and not config.browser:
-        raise ConfigError("--browser-headless needs --browser N (the slots it fills)")
-    if config.browser:
-        from minips.web.slots import check_browser_options
-
-        check_browser_options(config.listen, config.browser_headless)
 
 
 def _derived_fields(source: type, command: str) -> list[tuple[str, Any, Field]]:

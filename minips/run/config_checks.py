@@ -1,0 +1,80 @@
+"""A run's cross-field checks: what `RunConfig.validate` asks beyond each field's range.
+
+Each raises a one-line ConfigError (or the DataError/ShapeError of a checkpoint) for options that
+no run could use together, said before any process starts or `--force` removes anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minips.errors import ConfigError
+
+
+def check_hetero(hetero: list[float], workers: int) -> None:
+    """ConfigError unless --hetero is empty or one finite factor >= 1 per worker."""
+    if hetero and len(hetero) != workers:
+        raise ConfigError(f"--hetero gives {len(hetero)} factors for {workers} workers")
+    if not all(_is_number(factor) and math.isfinite(factor) for factor in hetero):
+        raise ConfigError(f"--hetero factors must be finite numbers, got {hetero}")
+    if any(factor < 1 for factor in hetero):
+        raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_group(servers: int, shard: int, root: str | None, model: str) -> None:
+    """ConfigError when --servers, --shard and --root cannot make a server group of
+    `model`'s parameters."""
+    if shard >= servers:
+        raise ConfigError(
+            f"--shard {shard} is not a shard of --servers {servers} (0..{servers - 1})"
+        )
+    if shard >= 1 and not root:
+        raise ConfigError(f"--shard {shard} joins a group: give its root's address (--root)")
+    if root and shard == 0:
+        raise ConfigError("--root is for a shard that joins a group: give --shard 1..K-1 (or -1)")
+    if root and servers < 2:
+        raise ConfigError("--root joins a server group: give its size, --servers K (K >= 2)")
+    if servers > 1:
+        from minips.nn import build_model
+        from minips.protocol.partition import partition_of_model
+
+        params = build_model(model).params
+        rows = sum(max(array.shape[0] if array.ndim else 1, 1) for array in params.values())
+        if servers > rows:  # each shard holds at least one row (or scalar) of a parameter
+            raise ConfigError(
+                f"--servers {servers} is more than the {rows} parameter rows of {model} "
+                "that shards could split"
+            )
+        partition_of_model(params, servers)  # a shard left empty
+
+
+def check_resume(resume: str | None, servers: int, model: str) -> None:
+    """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
+    before `minips run --force` removes the previous run or any process starts. (A server
+    group's shards each check their own slices when they load them.)"""
+    if not resume or servers > 1:
+        return
+    from minips.nn import build_model
+    from minips.server.checkpoint_file import load_checkpoint
+
+    load_checkpoint(resume).check_params(build_model(model).params)
+
+
+def check_browser_slots(browser: int, workers: int, headless: bool, listen: str) -> None:
+    """ConfigError when --browser, --browser-headless and --listen cannot make a run."""
+    if browser > workers:
+        raise ConfigError(
+            f"--browser {browser} is more than --workers {workers} "
+            "(--workers counts every worker, the browser slots included)"
+        )
+    if headless and not browser:
+        raise ConfigError("--browser-headless needs --browser N (the slots it fills)")
+    if browser:
+        from minips.web.slots import check_browser_options
+
+        check_browser_options(listen, headless)
