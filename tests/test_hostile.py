@@ -4,7 +4,16 @@ keeps serving every other request."""
 
 from __future__ import annotations
 
-from test_server_support import RawPeer, full, push_header, raw_hello, running_server, snapshot
+import numpy as np
+from test_server_support import (
+    RawPeer,
+    full,
+    pull_header,
+    push_header,
+    raw_hello,
+    running_server,
+    snapshot,
+)
 
 from minips.protocol.checks import MAX_PUSH_SAMPLES
 
@@ -30,3 +39,17 @@ def test_samples_at_the_limit_are_counted():
         header = {**push_header("w0", 0, 0, rid=1), "samples": MAX_PUSH_SAMPLES}
         assert peer.request(header, full("fc.b", 0.1)).header["applied"] is True
         assert peer.request({"op": "stats"}).header["stats"]["samples"] == MAX_PUSH_SAMPLES
+
+
+def test_dcasgd_refuses_a_push_whose_compensation_overflows():
+    # g = 1e20 is finite, but dcasgd's g * g (w - w_bak) is not: inf, or NaN where w = w_bak.
+    with running_server(rule="dcasgd") as server, RawPeer(server.endpoint) as peer:
+        raw_hello(peer, "w0")
+        assert peer.request(pull_header("w0", rid=1)).op == "pull"  # w_bak: version 0
+        assert peer.request(push_header("w0", 0, 0, rid=2), full("fc.b", 0.5)).header["applied"]
+        before = snapshot(server)
+        reply = peer.request(push_header("w0", 1, 0, rid=3), full("fc.b", 1e20))
+        assert reply.header.get("code") == "nonfinite", reply.header
+        assert snapshot(server) == before
+        assert peer.request(push_header("w0", 2, 0, rid=4), full("fc.b", 0.5)).header["applied"]
+        assert all(np.isfinite(array).all() for array in server.store.params.values())
