@@ -53,3 +53,16 @@ def test_dcasgd_refuses_a_push_whose_compensation_overflows():
         assert snapshot(server) == before
         assert peer.request(push_header("w0", 2, 0, rid=4), full("fc.b", 0.5)).header["applied"]
         assert all(np.isfinite(array).all() for array in server.store.params.values())
+
+
+def test_dana_gap_serves_a_push_after_a_pull_that_sent_nothing():
+    # A pull with `since` = the current version sends nothing, so the server knows no value
+    # the worker computes at: its next push must train (plain DANA there), not fail.
+    with running_server(rule="dana-gap") as server, RawPeer(server.endpoint) as peer:
+        raw_hello(peer, "w0")
+        assert peer.request(push_header("w0", 0, 0, rid=1), full("fc.b", 0.5)).header["applied"]
+        pulled = peer.request({**pull_header("w0", rid=2), "since": 1})
+        assert pulled.op == "pull" and not pulled.arrays
+        reply = peer.request(push_header("w0", 1, 1, rid=3), full("fc.b", 0.5))
+        assert reply.op == "push" and reply.header["applied"], reply.header
+        assert server.store.version == 2
