@@ -26,6 +26,7 @@ import argparse
 import copy
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -340,6 +341,7 @@ def main() -> int:
     parser.add_argument("--rule", default="asgd",
                         help=f"asgd (replayed) or {rules} (parameters kept finite)")  # fmt: skip
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # `timeout`: stop what it started too
     with tempfile.TemporaryDirectory(prefix="fuzz_server-") as tmp:
         proc, endpoint, log = start_server(Path(tmp), args.rule)
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -207,6 +208,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # `timeout`: stop what it started too
     with tempfile.TemporaryDirectory(prefix="fuzz_web-") as tmp:
         server, endpoint, _ = start_server(Path(tmp))
         py = [sys.executable, "-m", "minips"]
