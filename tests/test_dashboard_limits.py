@@ -90,3 +90,53 @@ def test_unread_event_streams_are_bounded_and_end(page):
 
 def test_unknown_paths_get_a_one_line_error(page):
     assert _get(page + "nothing") == (404, b"error: nothing at /nothing\n")
+
+
+@pytest.fixture(scope="module")
+def served():
+    """One dashboard for the refusal tests (stopping one costs its poller's 2 s timeout)."""
+    url, stop = start_dashboard(f"tcp://127.0.0.1:{free_port()}", None, "127.0.0.1:0")
+    try:
+        yield url
+    finally:
+        stop()
+
+
+def _raw(url: str, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """(status line, headers, body) of the answer to raw request bytes."""
+    with socket.create_connection(_address(url), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, dict(line.split(": ", 1) for line in lines), body
+
+
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405),
+        (b"FOO /events HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 101 + b"\r\n", 431),
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 70_000 + b"\r\n\r\n", 431),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"GET / HTTP/1.x\r\n\r\n", 400),
+    ],
+    ids=["post", "unknown-method", "101-headers", "huge-header", "long-path", "bad-version"],
+)
+def test_every_refusal_is_a_one_line_error(served, request_bytes, status):
+    line, headers, body = _raw(served, request_bytes)
+    assert line.split()[1] == str(status), line
+    assert headers["Content-Type"].startswith("text/plain")
+    assert body.startswith(b"error: ") and body.count(b"\n") == 1 and body.endswith(b"\n"), body
+    if status == 405:
+        assert headers["Allow"] == "GET, HEAD"
+    assert _get(served)[0] == 200  # and the page is still served
+
+
+def test_head_is_get_without_the_body(served):
+    line, headers, body = _raw(served, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert line.split()[1] == "200" and body == b""
+    assert int(headers["Content-Length"]) == len(_get(served)[1])

@@ -16,6 +16,7 @@ import zmq
 from test_server_support import RawPeer, running_server
 
 from minips.protocol import wire
+from minips.protocol.checks import MAX_PUSH_SAMPLES
 from minips.server import checks, registry
 from minips.server.server import ServerOptions
 
@@ -120,6 +121,7 @@ def test_the_limits_of_section_10_are_the_servers():
     assert f"silent for {registry.OBSERVER_EXPIRY} × `heartbeat_timeout`" in section
     assert f"| worker ids remembered (live or not) | {registry.MAX_REGISTERED:,} " in section
     assert checks.MAX_INFO_BYTES == 1024 and f"{checks.MAX_INFO_DEPTH} levels" in section
+    assert f"| a push's `samples` | {MAX_PUSH_SAMPLES:,} " in section
     assert f"high-water mark is {options.send_hwm} messages" in section
     assert "`MAXMSGSIZE` is the frame limit" in section
     with running_server() as server:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
@@ -85,6 +86,11 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             self.slots.release()
 
 
+def _error_body(reason: str) -> bytes:
+    """A refusal's body: `error: REASON` on one line (a request line may hold a CR)."""
+    return f"error: {' '.join(reason.split())}\n".encode()
+
+
 def _refuse_busy(request: socket.socket) -> None:
     body = b"error: the dashboard is busy (too many connections); try again in a moment\n"
     head = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -98,10 +104,14 @@ def _refuse_busy(request: socket.socket) -> None:
 
 def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        """GET / (the page), /snapshot.json, /events (SSE); nothing else, nothing written."""
+        """GET and HEAD of / (the page), /snapshot.json, /events (SSE); nothing else,
+        nothing written; every refusal a status and a one-line `error: ...` body."""
 
         timeout = SOCKET_TIMEOUT  # the socket's: a silent or half-sent request is dropped
         server: BoundedHTTPServer
+
+        def do_HEAD(self) -> None:  # noqa: N802 (the http.server name)
+            self.do_GET()  # _send and _stream leave the body out
 
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
             path = self.path.split("?")[0]
@@ -113,15 +123,38 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             elif path == "/events":
                 self._stream()
             else:
-                self._send(404, "text/plain; charset=utf-8", f"error: nothing at {path}\n".encode())
+                self._send(404, "text/plain; charset=utf-8", _error_body(f"nothing at {path}"))
 
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            """The refusals http.server makes itself (a request line or headers it cannot
+            read, too many headers, a method it has no do_ for) as a status and a one-line
+            `error: ...` body, like the dashboard's own; a method is 405, not 501."""
+            headers = {"Connection": "close"}
+            if code == HTTPStatus.NOT_IMPLEMENTED:  # what http.server answers an unknown method
+                code, headers["Allow"] = HTTPStatus.METHOD_NOT_ALLOWED, "GET, HEAD"
+                message = f"method {self.command} not allowed: GET and HEAD only"
+            self.close_connection = True
+            # The status line and headers even when no version could be read (http.server
+            # then assumes HTTP/0.9, which has neither): the refusal must be readable.
+            self.request_version = self.protocol_version
+            self._send(code, "text/plain; charset=utf-8",
+                       _error_body(message or HTTPStatus(code).phrase), headers)  # fmt: skip
+
+        def _send(
+            self, code: int, content_type: str, body: bytes, headers: dict[str, str] | None = None
+        ) -> None:
+            """Status, headers and (but to a HEAD) the body."""
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def _stream(self) -> None:
             if not self.server.streams.acquire(blocking=False):
@@ -140,6 +173,8 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
+            if self.command == "HEAD":
+                return
             self.wfile.write(b"retry: 1000\n\n")  # EventSource: reconnect after 1 s
             seq, ends = -1, time.monotonic() + STREAM_LIFETIME
             while not collector.stopped and (left := ends - time.monotonic()) > 0:

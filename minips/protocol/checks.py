@@ -11,6 +11,7 @@ into an `{"op": "error"}` reply. minips.protocol.wire decodes through them:
     check_descriptor(desc, i, limits)    one array's name, dtype, codec, part, shape
     check_shape(shape, what, limits)     a list of few non-negative integers, none huge
     check_fields(header, schema, kind)   the op's fields and their kinds
+    check_samples(header)                a push's `samples`, at most MAX_PUSH_SAMPLES
     check_finite(name, array)            a push's float arrays hold no NaN or Inf
 """
 
@@ -108,6 +109,10 @@ REPLY_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
 
 MAX_NAME_CHARS = 256
 MAX_NDIM = 8
+# A push's `samples` (docs/protocol.md 10): the server sums them, per worker and in all, and
+# msgpack carries integers below 2^64 only; 2^32 - 1 a push keeps the sum of 2^32 pushes
+# within that, so no count a client sends can make `stats` unencodable.
+MAX_PUSH_SAMPLES = 2**32 - 1
 
 
 class ProtocolError(MinipsError):
@@ -307,6 +312,15 @@ def check_fields(
             raise ProtocolError(
                 f"{op} {kind} field {name!r} must be {_KIND_TEXT[type_name]}", "bad_field"
             )
+
+
+def check_samples(header: dict[str, Any]) -> None:
+    """A push's `samples` (a uint once check_fields passed) at most MAX_PUSH_SAMPLES."""
+    samples = header.get("samples", 0)
+    if samples > MAX_PUSH_SAMPLES:
+        raise ProtocolError(
+            f"push samples {samples} exceed the limit of {MAX_PUSH_SAMPLES}", "too_large"
+        )
 
 
 def check_finite(name: str, array: np.ndarray) -> float | None:

@@ -214,6 +214,7 @@ def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     message = decode(frames, limits)
     checks.check_fields(message.header, REQUEST_FIELDS, "request")
     if message.op == "push":
+        checks.check_samples(message.header)
         for name, codec in message.codecs.items():
             if codec in PULL_ONLY_CODECS:
                 raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")

@@ -22,6 +22,7 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
+from minips.server.checks import step_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
@@ -331,14 +332,31 @@ class DCASGD(ASGD):
         versions, copies = reader.worker_numbers("pulled_version"), reader.worker_arrays("pulled")
         self._bak = {w: (version, copies.get(w, {}), {}) for w, version in versions.items()}
 
-    def on_push(self, push: Push) -> Outcome:
+    def compensated(self, push: Push) -> dict[str, np.ndarray] | None:
+        """g + lam g * g * (w - w_bak) for each gradient; None without a reference point."""
         bak = self._bak.get(push.worker.worker_id)
         if bak is None or bak[0] != push.base or not self.lam:
-            return Outcome.update_now(push)  # no reference point: plain ASGD
+            return None
         _, w_bak, _ = bak
         lam = np.float32(self.lam)
-        compensated = {
-            name: g + lam * g * g * (self.store.params[name] - w_bak[name])  # w - w_bak
-            for name, g in push.grads.items()
-        }
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by check_push
+            return {
+                name: g + lam * g * g * (self.store.params[name] - w_bak[name])  # w - w_bak
+                for name, g in push.grads.items()
+            }
+
+    def check_push(self, push: Push) -> None:
+        """`nonfinite` when the compensated step would make a parameter non-finite: the
+        server checked the pushed g, but g * g overflows for a finite |g| above 1.8e19."""
+        for name, grad in (self.compensated(push) or {}).items():
+            if not step_stays_finite(self.store, name, grad):
+                raise ProtocolError(
+                    f"gradient {name!r}, compensated, would make the parameter non-finite",
+                    "nonfinite",
+                )
+
+    def on_push(self, push: Push) -> Outcome:
+        compensated = self.compensated(push)
+        if compensated is None:
+            return Outcome.update_now(push)  # no reference point: plain ASGD
         return Outcome.update_now(push, grads=compensated)

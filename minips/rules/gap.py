@@ -105,13 +105,17 @@ class GapPenalty:
         current: dict[str, np.ndarray],
         then: dict[str, np.ndarray],
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """(g / G per parameter, the mean gap |w - w_then| / C per layer, for telemetry)."""
+        """(g / G per parameter, the mean gap |w - w_then| / C per layer, for telemetry).
+
+        A parameter missing from `then` (no pull since the worker registered sent it: a
+        first pull with `since` at the current version sends nothing) has no reference
+        point and is not penalized, as one that never moved."""
         penalized: dict[str, np.ndarray] = {}
         gap_sum: dict[str, float] = {}
         sizes: dict[str, int] = {}
         for name, grad in grads.items():
             size = self.step_size(name)
-            if size is None:  # nothing has moved yet: there is no gap to measure
+            if size is None or name not in then:  # no move yet, or no w_then: no gap
                 penalized[name], steps_behind = grad, np.zeros(grad.shape, np.float32)
             else:  # in place where it can be: this runs on every push, over the model
                 size[size == 0] = np.inf  # a coordinate that never moved has no gap

@@ -6,6 +6,8 @@
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
     OverflowCheck(store).check(grads, sq_norms)
                                      refuse a push whose step would overflow a parameter
+    step_stays_finite(store, name, grad)
+                                     its exact check (a rule that changes a gradient, too)
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
 section 9: an error changes nothing). That a live worker id answers only to the client
@@ -123,7 +125,7 @@ class OverflowCheck:
                 step = opt.momentum * norm_v + math.sqrt(sq_g) + opt.weight_decay * norm_w
                 if norm_w + opt.lr * step < FLOAT32_SAFE:  # False for NaN (0 * inf) too
                     continue
-                if not self._step_stays_finite(name, grad):
+                if not step_stays_finite(self.store, name, grad):
                     raise ProtocolError(
                         f"gradient {name!r} would make the parameter non-finite", "nonfinite"
                     )
@@ -156,13 +158,16 @@ class OverflowCheck:
         self._bounds[name] = (array, *bounds)
         return bounds
 
-    def _step_stays_finite(self, name: str, grad: np.ndarray) -> bool:
-        """The exact check: the step computed into temporaries, every entry finite."""
-        opt, weight = self.store.optimizer, self.store.params[name]
-        velocity = opt.velocity.get(name) if opt.momentum else None
-        step = grad + opt.weight_decay * weight if opt.weight_decay else grad
-        if velocity is not None:
-            step = opt.momentum * velocity + step
+
+def step_stays_finite(store: ParameterStore, name: str, grad: np.ndarray) -> bool:
+    """The exact check: the optimizer's step of `grad` on parameter `name` computed into
+    temporaries (nothing changed), every entry finite."""
+    opt, weight = store.optimizer, store.params[name]
+    velocity = opt.velocity.get(name) if opt.momentum else None
+    step = grad + opt.weight_decay * weight if opt.weight_decay else grad
+    if velocity is not None:
+        step = opt.momentum * velocity + step
+    with np.errstate(over="ignore", invalid="ignore"):
         return all_finite(weight - np.float32(opt.lr) * step)
 
 
