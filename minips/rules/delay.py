@@ -296,6 +296,8 @@ class DCASGD(ASGD):
         self.lam = float(lam)
         # worker_id -> (version of the pull, name -> copy, name -> param version of copy)
         self._bak: dict[str, tuple[int, dict[str, np.ndarray], dict[str, int]]] = {}
+        # the push check_push just passed and its compensated gradients (None: plain asgd)
+        self._checked: tuple[Push, dict[str, np.ndarray] | None] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "lam": self.lam}
@@ -347,8 +349,10 @@ class DCASGD(ASGD):
 
     def check_push(self, push: Push) -> None:
         """`nonfinite` when the compensated step would make a parameter non-finite: the
-        server checked the pushed g, but g * g overflows for a finite |g| above 1.8e19."""
-        for name, grad in (self.compensated(push) or {}).items():
+        server checked the pushed g, but g * g overflows for a finite |g| above 1.8e19.
+        The compensation is kept for `on_push` of the same push (computed once)."""
+        self._checked = (push, self.compensated(push))
+        for name, grad in (self._checked[1] or {}).items():
             if not step_stays_finite(self.store, name, grad):
                 raise ProtocolError(
                     f"gradient {name!r}, compensated, would make the parameter non-finite",
@@ -356,7 +360,11 @@ class DCASGD(ASGD):
                 )
 
     def on_push(self, push: Push) -> Outcome:
-        compensated = self.compensated(push)
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is push:
+            compensated = checked[1]
+        else:  # a step assembled from several pushes
+            compensated = self.compensated(push)
         if compensated is None:
             return Outcome.update_now(push)  # no reference point: plain ASGD
         return Outcome.update_now(push, grads=compensated)

@@ -7,7 +7,8 @@
     OverflowCheck(store).check(grads, sq_norms)
                                      refuse a push whose step would overflow a parameter
     step_stays_finite(store, name, grad)
-                                     its exact check (a rule that changes a gradient, too)
+                                     one gradient's check, by norms, else exactly (a rule
+                                     that changes a gradient uses it too)
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
 section 9: an error changes nothing). That a live worker id answers only to the client
@@ -160,10 +161,17 @@ class OverflowCheck:
 
 
 def step_stays_finite(store: ParameterStore, name: str, grad: np.ndarray) -> bool:
-    """The exact check: the optimizer's step of `grad` on parameter `name` computed into
-    temporaries (nothing changed), every entry finite."""
+    """True when the optimizer's step of `grad` leaves parameter `name` finite (nothing
+    changed). The norms first, BLAS passes without temporaries:
+    ||w|| + lr (momentum ||v|| + ||g|| + weight_decay ||w||) < FLOAT32_SAFE bounds every
+    entry of the new w; only when they cannot tell, the step computed into temporaries."""
     opt, weight = store.optimizer, store.params[name]
     velocity = opt.velocity.get(name) if opt.momentum else None
+    norm_w = math.sqrt(sum_of_squares(weight))
+    norm_v = 0.0 if velocity is None else math.sqrt(sum_of_squares(velocity))
+    step = opt.momentum * norm_v + math.sqrt(sum_of_squares(grad)) + opt.weight_decay * norm_w
+    if norm_w + opt.lr * step < FLOAT32_SAFE:  # False for NaN (0 * inf) too
+        return True
     step = grad + opt.weight_decay * weight if opt.weight_decay else grad
     if velocity is not None:
         step = opt.momentum * velocity + step
