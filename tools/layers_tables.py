@@ -55,26 +55,6 @@ def table(rows: list[dict[str, Any]], links: list[str]) -> str:
     return "\n".join(lines)
 
 
-def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
-    """Markdown: the fitted times to 0.80 and 0.85 (`fitted_time_to`), means ± sd over
-    seeds, and dense's mean over each plan's on the same link."""
-    lines = [
-        "| link | plan | seeds | fitted time to 0.80 (s) | fitted time to 0.85 (s) | "
-        "dense / plan: 0.80 | 0.85 |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    groups = group_rows(rows, links)
-    for (link, plan), group in groups.items():
-        cells = _sooner(groups.get((link, "dense"), []), group, "fitted_time_to")
-        lines.append(
-            f"| {link} | {plan} | {len(group)} | "
-            f"{_mean_sd([r['fitted_time_to']['0.80'] for r in group])} | "
-            f"{_mean_sd([r['fitted_time_to']['0.85'] for r in group])} | "
-            f"{cells[0]} | {cells[1]} |"
-        )
-    return "\n".join(lines)
-
-
 def per_seed(rows: list[dict[str, Any]], links: list[str]) -> str:
     """Markdown: one line per run, with the samples of the first evaluation at 0.85."""
     lines = [
@@ -136,23 +116,44 @@ def versus(rows: list[dict[str, Any]], links: list[str], plan: str = "auto") -> 
     return "\n".join(lines)
 
 
+def fitted(rows: list[dict[str, Any]], links: list[str]) -> str:
+    """Markdown: the fitted times to 0.80 and 0.85 (`fitted_time_to`), means ± sd over
+    seeds, and dense's mean over each plan's on the same link."""
+    titles = ["fitted time to 0.80 (s)", "fitted time to 0.85 (s)"]
+    return _against_dense(rows, links, "fitted_time_to", titles)
+
+
 def after_startup(rows: list[dict[str, Any]], links: list[str]) -> str:
     """Markdown: the times to 0.80 and 0.85 counted from the run's first update (its
     processes started, the data loaded: 6-8 s here, the same work under every plan),
     means ± sd over seeds, and dense's mean over each plan's on the same link."""
+    titles = ["to 0.80 after it (s)", "to 0.85 after it (s)"]
+    first = ("first update (s)", "first_update_s")
+    return _against_dense(rows, links, "after_first_update", titles, first)
+
+
+def _against_dense(
+    rows: list[dict[str, Any]],
+    links: list[str],
+    key: str,
+    titles: list[str],
+    first: tuple[str, str] | None = None,
+) -> str:
+    """Markdown, a line per (link, plan): the seeds, the mean ± sd of the row key `first`
+    names (if any), of the rows' `key` times to 0.80 and 0.85, and dense's mean over the
+    plan's (`_sooner`)."""
+    columns = ["link", "plan", "seeds", *([first[0]] if first else []), *titles]
+    columns += ["dense / plan: 0.80", "0.85"]
     lines = [
-        "| link | plan | seeds | first update (s) | to 0.80 after it (s) | to 0.85 after it (s) "
-        "| dense / plan: 0.80 | 0.85 |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| " + " | ".join(columns) + " |",
+        "| --- | --- " + "| ---: " * (len(columns) - 2) + "|",
     ]
     groups = group_rows(rows, links)
     for (link, plan), group in groups.items():
-        cells = _sooner(groups.get((link, "dense"), []), group, "after_first_update")
-        lines.append(
-            f"| {link} | {plan} | {len(group)} | "
-            f"{_mean_sd([r.get('first_update_s') for r in group])} | "
-            f"{_mean_sd([r['after_first_update']['0.80'] for r in group])} | "
-            f"{_mean_sd([r['after_first_update']['0.85'] for r in group])} | "
-            f"{cells[0]} | {cells[1]} |"
-        )
+        cells = [str(len(group))]
+        if first:
+            cells.append(_mean_sd([r.get(first[1]) for r in group]))
+        cells += [_mean_sd([r[key][target] for r in group]) for target in ("0.80", "0.85")]
+        cells += _sooner(groups.get((link, "dense"), []), group, key)
+        lines.append(f"| {link} | {plan} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
