@@ -20,7 +20,7 @@ from test_server_support import (
     send_then_fence,
 )
 
-from minips.rules import ASGD
+from minips.rules import ASGD, Outcome, Update
 
 BUG = 13.0  # the gradient value the rules below fail on
 
@@ -36,6 +36,18 @@ class FailsInOnPush(ASGD):
         if _has_bug(push):
             raise RuntimeError("a bug in the rule")
         return super().on_push(push)
+
+
+class WritesAnUnknownParameter(ASGD):
+    """asgd whose update of a push holding BUG names, after a real parameter, one the
+    model does not have: the store fails in the middle of writing it."""
+
+    def on_push(self, push):
+        if not _has_bug(push):
+            return super().on_push(push)
+        steps = [(name, grad, 1.0) for name, grad in push.grads.items()]
+        steps.append(("no.such", np.zeros(4, np.float32), 1.0))
+        return Outcome(updates=[Update([push], steps)], answers=[(push, True)])
 
 
 class FailsToAnswerAfterABadPush(ASGD):
@@ -118,6 +130,18 @@ def test_a_failed_step_sent_in_several_pushes_is_not_applied_and_the_next_one_is
             # the failed step's kept layer went with it: only the second step was applied
             np.testing.assert_array_equal(reply.arrays["fc.w"], np.full((3, 4), -0.5))
             np.testing.assert_array_equal(reply.arrays["fc.b"], np.full(4, -0.25))
+
+
+def test_an_update_failing_in_the_middle_of_its_write_writes_nothing():
+    with running_server(WritesAnUnknownParameter()) as server, RawPeer(server.endpoint) as a:
+        raw_hello(a, "a")
+        before = _full_pull(a, "a", rid=1)
+        _assert_internal(a.request(push_header("a", 0, 0, rid=2), full("fc.b", BUG)))
+        _assert_internal(send_then_fence(a, push_header("a", 0, 0, rid=3), full("fc.b", BUG)))
+        assert _full_pull(a, "a", rid=4) == before
+        reply = a.request(push_header("a", 1, 0, rid=5), full("fc.b", 0.5))
+        assert reply.op == "push" and reply.header["applied"], reply.header
+        assert reply.header["version"] == 1
 
 
 def test_a_pull_half_the_rule_failed_on_is_not_held_for_later():
