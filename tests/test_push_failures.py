@@ -20,7 +20,7 @@ from test_server_support import (
     send_then_fence,
 )
 
-from minips.rules import ASGD, Outcome, Update
+from minips.rules import ASGD, SSGD, Outcome, Update
 
 BUG = 13.0  # the gradient value the rules below fail on
 
@@ -31,6 +31,15 @@ def _has_bug(push) -> bool:
 
 class FailsInOnPush(ASGD):
     """asgd whose on_push raises on a push holding BUG."""
+
+    def on_push(self, push):
+        if _has_bug(push):
+            raise RuntimeError("a bug in the rule")
+        return super().on_push(push)
+
+
+class BarrierFailsInOnPush(SSGD):
+    """ssgd whose on_push raises on a push holding BUG, before the push joins the round."""
 
     def on_push(self, push):
         if _has_bug(push):
@@ -130,6 +139,23 @@ def test_a_failed_step_sent_in_several_pushes_is_not_applied_and_the_next_one_is
             # the failed step's kept layer went with it: only the second step was applied
             np.testing.assert_array_equal(reply.arrays["fc.w"], np.full((3, 4), -0.5))
             np.testing.assert_array_equal(reply.arrays["fc.b"], np.full(4, -0.25))
+
+
+def test_a_push_failed_at_a_barrier_leaves_the_round_to_the_next_push():
+    params = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
+    with running_server(BarrierFailsInOnPush(), params=params, lr=1.0) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            _assert_internal(b.request(push_header("b", 0, 0, rid=2), full("fc.b", BUG)))
+            _assert_internal(send_then_fence(b, push_header("b", 0, 0, rid=3), full("fc.b", BUG)))
+            reply = b.request(push_header("b", 1, 0, rid=4), full("fc.b", 0.5))
+            held = a.recv()  # a's push, held at the barrier, is answered with the round
+            for answer in (reply, held):
+                assert answer.op == "push" and answer.header["applied"], answer.header
+                assert answer.header["version"] == 1
+            assert _full_pull(a, "a", rid=5)["fc.b"] == np.full(4, -0.75, np.float32).tobytes()
 
 
 def test_an_update_failing_in_the_middle_of_its_write_writes_nothing():
