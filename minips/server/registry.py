@@ -127,7 +127,8 @@ class WorkerState:
 
     def seen_push(self, seq: int) -> str:
         """What `seq` is to this worker: "new" (higher than any it sent), "held" (accepted,
-        not answered yet), "answered" (one of the last SEQ_WINDOW answered), else "stale".
+        not answered yet), "answered" (one of the last SEQ_WINDOW answered), "failed" (one
+        of those, answered with the error its handling failed with), else "stale".
 
         Several pushes may be in flight at once (a sender thread pushing layer by layer),
         each held or answered on its own; a retry of any of them is recognised.
@@ -135,8 +136,18 @@ class WorkerState:
         if seq in self.held_pushes:
             return "held"
         if seq in self.answered:
-            return "answered"
+            return "failed" if self.answered[seq]["op"] == "error" else "answered"
         return "new" if seq > self.highest_seq else "stale"
+
+    def refused_retry(self, seq: int) -> ProtocolError:
+        """The error for a push `seq` neither new, held nor answered: the one its first
+        attempt failed with ("failed"), else `stale_seq` ("stale")."""
+        if seq in self.answered:
+            return ProtocolError(self.answered[seq]["reason"], self.answered[seq]["code"])
+        return ProtocolError(
+            f"push seq {seq} is older than this worker's last push ({self.highest_seq})",
+            "stale_seq",
+        )
 
     def accept(self, push: Push) -> None:
         """Book an accepted push: held until answered, its extra bytes counted."""
@@ -355,6 +366,18 @@ class WorkerRegistry:
                 self.grace,
             )
             self.assembling = False
+
+    def fail_held(self, reply_to: Any, error: ProtocolError) -> None:
+        """What is held for the request whose reply goes to `reply_to` (an Envelope), once
+        handling it failed with `error` (`internal`: a bug): its push is answered `error`,
+        remembered so a retry gets it again and is never applied; its pull half is dropped,
+        the request had its one reply. Nothing stays held for it."""
+        failure = {"op": "error", "reason": error.reason, "code": error.code}
+        for worker in self.by_id.values():
+            for push in [p for p in worker.held_pushes.values() if p.reply_to is reply_to]:
+                worker.remember_answer(push.seq, failure)
+            if worker.held_pull is not None and worker.held_pull.reply_to is reply_to:
+                worker.held_pull = None
 
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
         """Live workers with nothing held that have been silent (`silent_for`) for `timeout`

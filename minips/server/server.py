@@ -172,6 +172,7 @@ class ParameterServer:
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("internal error handling a request")
             error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
+            self.registry.fail_held(envelope, error)  # exactly once: a retry gets it too
             self.outbox.error(envelope, error, body)
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
@@ -335,8 +336,8 @@ class ParameterServer:
 
     def answer_retry(self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]) -> None:
         """A push whose `seq` is not new: a retry (after a lost reply, from a new socket) is
-        answered as the first attempt was or will be, and applied once (docs/protocol.md 8);
-        a push older than the worker's last one is `stale_seq`."""
+        answered as the first attempt was or will be, and applied once (docs/protocol.md 8):
+        one whose handling failed gets its error again; an older one is `stale_seq`."""
         seq, seen = header["seq"], worker.seen_push(header["seq"])
         if seen == "held":  # still waiting (at a barrier, say): the answer goes to the retry
             worker.held_pushes[seq].reply_to = envelope
@@ -344,9 +345,8 @@ class ParameterServer:
             self.pulls.hold(worker, HeldPull(envelope, header["pull_since"], worker.answered[seq]))
         elif seen == "answered":
             self.outbox.reply(envelope, worker.answered[seq], worker=worker)
-        else:
-            raise ProtocolError(f"push seq {seq} is older than this worker's last push "
-                                f"({worker.highest_seq})", "stale_seq")  # fmt: skip
+        else:  # "failed" or "stale"
+            raise worker.refused_retry(seq)
 
     def use_plan(self, plan: Plan) -> None:
         """Serve by `plan` from now on: pulls by its encodings (minips.server.pulls), without

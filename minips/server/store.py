@@ -108,6 +108,7 @@ class ParameterStore:
         new version is written into a new array that replaces the old one in `params`, so
         an array once handed to a pull reply is never modified (no copy per pull).
         """
+        _check_steps(self.params, steps)  # a rule's wrong step: nothing written (no half)
         self.version += 1
         for name, grad, scale in steps:
             if self.in_place:
@@ -315,6 +316,14 @@ class SGD:
             if name == key or name not in self.params:
                 continue
             self.velocity[name] = np.array(buf, dtype=self.params[name].dtype)
+
+
+def _check_steps(params: dict[str, np.ndarray], steps: list[tuple[str, np.ndarray, float]]) -> None:
+    """ValueError (an `internal` error: a bug in the rule that made them) unless every step
+    names a parameter and has its shape, so an update fails before it writes anything."""
+    for name, grad, _ in steps:
+        if name not in params or np.shape(grad) != params[name].shape:
+            raise ValueError(f"an update's step for {name!r} fits no parameter of the model")
 
 
 def _published(array: np.ndarray) -> np.ndarray:

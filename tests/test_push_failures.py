@@ -1,0 +1,186 @@
+"""A push whose handling fails after the server accepted it (a bug in a rule): the worker
+gets `internal`, a retry of the same `seq` gets the same `internal` and is never applied,
+nothing stays held for the failed request, the model is as before, and the server goes
+on serving that worker and the others (docs/protocol.md 8, 9).
+
+The rules below have a bug on purpose (no real rule fails so); each fails only on a push
+holding the gradient value BUG, so every other push is served as usual.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from test_server_support import (
+    RawPeer,
+    full,
+    pull_header,
+    push_header,
+    raw_hello,
+    running_server,
+    send_then_fence,
+)
+
+from minips.rules import ASGD, SSGD, Outcome, Update
+
+BUG = 13.0  # the gradient value the rules below fail on
+
+
+def _has_bug(push) -> bool:
+    return any((grad == BUG).any() for grad in push.grads.values())
+
+
+class FailsInOnPush(ASGD):
+    """asgd whose on_push raises on a push holding BUG."""
+
+    def on_push(self, push):
+        if _has_bug(push):
+            raise RuntimeError("a bug in the rule")
+        return super().on_push(push)
+
+
+class BarrierFailsInOnPush(SSGD):
+    """ssgd whose on_push raises on a push holding BUG, before the push joins the round."""
+
+    def on_push(self, push):
+        if _has_bug(push):
+            raise RuntimeError("a bug in the rule")
+        return super().on_push(push)
+
+
+class WritesAnUnknownParameter(ASGD):
+    """asgd whose update of a push holding BUG names, after a real parameter, one the
+    model does not have: the store fails in the middle of writing it."""
+
+    def on_push(self, push):
+        if not _has_bug(push):
+            return super().on_push(push)
+        steps = [(name, grad, 1.0) for name, grad in push.grads.items()]
+        steps.append(("no.such", np.zeros(4, np.float32), 1.0))
+        return Outcome(updates=[Update([push], steps)], answers=[(push, True)])
+
+
+class FailsToAnswerAfterABadPush(ASGD):
+    """asgd whose may_answer_pull raises for a worker whose last push held BUG."""
+
+    def __init__(self):
+        self.bad: set[str] = set()
+
+    def on_push(self, push):
+        if _has_bug(push):
+            self.bad.add(push.worker.worker_id)
+        return super().on_push(push)
+
+    def may_answer_pull(self, worker):
+        if worker.worker_id in self.bad:
+            raise RuntimeError("a bug in the rule")
+        return True
+
+
+def _full_pull(peer: RawPeer, worker: str, rid: int) -> dict[str, bytes]:
+    reply = peer.request(pull_header(worker, rid=rid))
+    assert reply.op == "pull", reply.header
+    return {name: np.asarray(array).tobytes() for name, array in reply.arrays.items()}
+
+
+def _assert_internal(reply) -> None:
+    assert reply is not None, "the retry is held, never answered"
+    assert reply.op == "error" and reply.header["code"] == "internal", reply.header
+    assert not reply.arrays
+
+
+def test_a_retry_of_a_push_the_rule_failed_on_gets_the_same_internal_error():
+    with running_server(FailsInOnPush()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            before = _full_pull(a, "a", rid=1)
+            first = a.request(push_header("a", 0, 0, rid=2), full("fc.b", BUG))
+            _assert_internal(first)
+            retry = send_then_fence(a, push_header("a", 0, 0, rid=3), full("fc.b", BUG))
+            _assert_internal(retry)
+            assert retry.header["reason"] == first.header["reason"]
+            assert retry.header["rid"] == 3
+            assert _full_pull(b, "b", rid=4) == before  # the failed push changed nothing
+            reply = a.request(push_header("a", 1, 0, rid=5), full("fc.b", 0.5))
+            assert reply.op == "push" and reply.header["applied"], reply.header
+            reply = b.request(push_header("b", 0, 1, rid=6), full("fc.b", 0.5))
+            assert reply.op == "push" and reply.header["applied"], reply.header
+            assert reply.header["version"] == 2
+
+
+def test_a_retry_of_a_failed_fused_push_gets_the_error_without_parameters():
+    with running_server(FailsInOnPush()) as server, RawPeer(server.endpoint) as a:
+        raw_hello(a, "a")
+        before = _full_pull(a, "a", rid=1)
+        fused = {**push_header("a", 0, 0, rid=2), "pull_since": None}
+        _assert_internal(a.request(fused, full("fc.b", BUG)))
+        _assert_internal(send_then_fence(a, {**fused, "rid": 3}, full("fc.b", BUG)))
+        assert _full_pull(a, "a", rid=4) == before
+        reply = a.request({**fused, "seq": 1, "rid": 5}, full("fc.b", 0.5))
+        assert reply.op == "push" and reply.header["applied"], reply.header
+        assert reply.header["version"] == 1 and set(reply.arrays) == {"fc.w", "fc.b"}
+
+
+def test_a_failed_step_sent_in_several_pushes_is_not_applied_and_the_next_one_is():
+    params = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
+    with running_server(FailsInOnPush(), params=params, lr=1.0) as server:
+        with RawPeer(server.endpoint) as a:
+            raw_hello(a, "a")
+            layer = a.request(push_header("a", 0, 0, rid=1, last=False), full("fc.w", 1.0))
+            assert layer.op == "push" and layer.header["applied"] is False, layer.header
+            closing = {**push_header("a", 1, 0, rid=2), "pull_since": 0}
+            _assert_internal(a.request(closing, full("fc.b", BUG)))
+            _assert_internal(send_then_fence(a, {**closing, "rid": 3}, full("fc.b", BUG)))
+            layer = a.request(push_header("a", 2, 0, rid=4, last=False), full("fc.w", 0.5))
+            assert layer.op == "push" and layer.header["applied"] is False, layer.header
+            reply = a.request({**closing, "seq": 3, "rid": 5}, full("fc.b", 0.25))
+            assert reply.op == "push" and reply.header["applied"], reply.header
+            assert reply.header["version"] == 1
+            # the failed step's kept layer went with it: only the second step was applied
+            np.testing.assert_array_equal(reply.arrays["fc.w"], np.full((3, 4), -0.5))
+            np.testing.assert_array_equal(reply.arrays["fc.b"], np.full(4, -0.25))
+
+
+def test_a_push_failed_at_a_barrier_leaves_the_round_to_the_next_push():
+    params = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
+    with running_server(BarrierFailsInOnPush(), params=params, lr=1.0) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            _assert_internal(b.request(push_header("b", 0, 0, rid=2), full("fc.b", BUG)))
+            _assert_internal(send_then_fence(b, push_header("b", 0, 0, rid=3), full("fc.b", BUG)))
+            reply = b.request(push_header("b", 1, 0, rid=4), full("fc.b", 0.5))
+            held = a.recv()  # a's push, held at the barrier, is answered with the round
+            for answer in (reply, held):
+                assert answer.op == "push" and answer.header["applied"], answer.header
+                assert answer.header["version"] == 1
+            assert _full_pull(a, "a", rid=5)["fc.b"] == np.full(4, -0.75, np.float32).tobytes()
+
+
+def test_an_update_failing_in_the_middle_of_its_write_writes_nothing():
+    with running_server(WritesAnUnknownParameter()) as server, RawPeer(server.endpoint) as a:
+        raw_hello(a, "a")
+        before = _full_pull(a, "a", rid=1)
+        _assert_internal(a.request(push_header("a", 0, 0, rid=2), full("fc.b", BUG)))
+        _assert_internal(send_then_fence(a, push_header("a", 0, 0, rid=3), full("fc.b", BUG)))
+        assert _full_pull(a, "a", rid=4) == before
+        reply = a.request(push_header("a", 1, 0, rid=5), full("fc.b", 0.5))
+        assert reply.op == "push" and reply.header["applied"], reply.header
+        assert reply.header["version"] == 1
+
+
+def test_a_pull_half_the_rule_failed_on_is_not_held_for_later():
+    # a's fused push is applied, then its pull half fails: a gets `internal` and nothing of
+    # that request stays held, so b's push is answered once and then nothing more.
+    with running_server(FailsToAnswerAfterABadPush()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            fused = {**push_header("a", 0, 0, rid=1), "pull_since": None}
+            _assert_internal(a.request(fused, full("fc.b", BUG)))
+            reply = send_then_fence(b, push_header("b", 0, 0, rid=2), full("fc.b", 0.5))
+            assert reply is not None and reply.op == "push", reply and reply.header
+            assert reply.header["applied"] and reply.header["version"] == 2
+            # the failed request had its one reply: the next one a gets is for its stats
+            assert a.request({"op": "stats", "rid": 3}).op == "stats"
