@@ -14,6 +14,9 @@ the page from its opening to its "done" (data download and the engine's warm-up 
 
     python tools/bench_web.py --model lenet5 --dataset sample --steps 40 --repeats 3
 
+`--plan FILE` gives both servers a transmission plan (`minips plan --json`), which the NumPy
+worker and the page both follow; without it both send and receive every parameter dense.
+
 Needs chromium and pip install '.[web]'. Prints one JSON line per run, then one line per
 worker with the medians and their ratio to the NumPy worker.
 """
@@ -131,12 +134,15 @@ def main() -> None:
     parser.add_argument(
         "--engines", default="wasm,js", help="browser engines, comma-separated: wasm, js"
     )
+    parser.add_argument("--plan", help="a plan JSON file for both workers (default: dense)")
     args = parser.parse_args()
     engines = args.engines.split(",")
     if not set(engines) <= {"wasm", "js"}:
         parser.error(f"--engines takes wasm and js, got {args.engines!r}")
     server_args = ["--workers", "1", "--rule", "asgd", "--model", args.model]
     server_args += ["--dataset", args.dataset, "--batch-size", str(args.batch_size)]
+    if args.plan:
+        server_args += ["--plan", str(Path(args.plan).resolve())]
     load = os.getloadavg()[0]
     print(
         json.dumps(
