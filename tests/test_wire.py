@@ -205,6 +205,16 @@ def test_large_finite_values_pass_although_their_sum_overflows():
     assert wire.all_finite(np.full(10, 6e4, np.float16))
 
 
+def test_float16_finiteness_by_exponent_bits_agrees_with_isfinite_on_every_value():
+    every_float16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    for value in every_float16:
+        one = np.array([0, value, 1], np.float16)
+        assert wire.all_finite(one) == bool(np.isfinite(one).all()), value
+    strided = every_float16.reshape(256, 256)[:, ::2]  # not contiguous
+    assert not wire.all_finite(strided)
+    assert wire.all_finite(np.linspace(-65504, 65504, 1001).astype(np.float16)[::3])
+
+
 def test_a_push_records_each_float32_gradients_squared_norm_for_the_server():
     grad = np.arange(-3, 5, dtype=np.float32)
     message = decode_request(_push_frames({"g": grad, "h": np.ones(3, np.float32)}))
