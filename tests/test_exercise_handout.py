@@ -19,6 +19,13 @@ SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
 STARTER_FILES = sorted(p.name for p in STARTERS.iterdir() if p.is_file())
 
 
+@pytest.fixture(autouse=True)
+def no_pythonpath(monkeypatch):
+    """The fresh venv's processes see only what the wheel installed, even when the suite
+    itself runs with PYTHONPATH pointing at a work tree."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+
 def _wheel(tmp: Path) -> Path:
     """A wheel built from a copy of the source (the work tree gets no build files)."""
     source = tmp / "source"
