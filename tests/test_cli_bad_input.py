@@ -51,8 +51,11 @@ def _refused(capsys, *args: str) -> str:
         (["worker", "--connect", "tcp://127.0.0.1:9", "--timeout", "inf"], "--timeout: 'inf'"),
         (["worker", "--connect", "tcp://127.0.0.1:9", "--rank", HUGE], f"--rank: {HUGE} is"),
         (["plan", "--compute-ms", "nan"], "--compute-ms: 'nan' is not a finite number"),
+        (["plan", "--batch-size", "10" + "0" * 11], "--batch-size: 1000000000000 is not in"),
+        (["run", "--plan", "auto", "--batch-size", "10" + "0" * 11],
+         "--plan auto times batches of --batch-size here: at most 4096, got 1000000000000"),
     ],
-)
+)  # fmt: skip
 def test_a_number_no_run_can_use_is_refused_at_its_option(tmp_path, capsys, args, words):
     # Data for train, and an --out that holds a file for run: were the number let through,
     # the command would go on to train, or be refused for its --out instead.
@@ -82,6 +85,15 @@ def test_a_config_file_with_a_number_no_run_can_use_is_refused(tmp_path, text, w
     path.write_text(text)
     with pytest.raises(ConfigError, match=words):
         RunConfig.from_json(path).validate()
+
+
+def test_a_server_refuses_a_batch_too_large_for_the_planner_to_time():
+    """`minips server --plan auto` plans in its own process, as `minips plan` does (a batch
+    that large was a MemoryError from the planner's first allocation)."""
+    config = RunConfig(model="mlp", dataset="synthetic", plan="auto", batch_size=10**12)
+    with pytest.raises(ConfigError, match="--plan auto times batches of --batch-size here"):
+        config.validate()
+    RunConfig(model="mlp", dataset="synthetic", batch_size=10**12).validate()  # no planner
 
 
 def test_more_servers_than_a_model_can_split_is_one_short_line():

@@ -65,6 +65,17 @@ def check_resume(resume: str | None, servers: int, model: str) -> None:
     load_checkpoint(resume).check_params(build_model(model).params)
 
 
+def check_plan_batch(plan: str, batch_size: int) -> None:
+    """ConfigError when `--plan auto` would time batches larger than the planner holds."""
+    from minips.run.plan_costs import MAX_PLAN_BATCH
+
+    if plan == "auto" and batch_size > MAX_PLAN_BATCH:
+        raise ConfigError(
+            f"--plan auto times batches of --batch-size here: at most {MAX_PLAN_BATCH}, "
+            f"got {batch_size}"
+        )
+
+
 def check_browser_slots(browser: int, workers: int, headless: bool, listen: str) -> None:
     """ConfigError when --browser, --browser-headless and --listen cannot make a run."""
     if browser > workers:
