@@ -279,3 +279,44 @@ def test_a_page_server_refuses_its_bad_input_before_it_serves(tmp_path, args, wo
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == "error: " + words.replace("{a-file}", str(a_file))
+
+
+def _netem_refusal() -> str | None:
+    from minips.run import netem
+
+    try:
+        netem.check_can_shape()
+    except netem.NetemError as error:
+        return str(error)
+    return None
+
+
+def _links_named(prefix: str) -> list[str]:
+    """The namespaces, links and qdiscs on this machine whose names start with `prefix`."""
+    found = []
+    for command in (["ip", "netns", "list"], ["ip", "-o", "link"], ["tc", "qdisc", "show"]):
+        listing = subprocess.run(command, capture_output=True, text=True).stdout
+        found += [line for line in listing.splitlines() if prefix in line]
+    return found
+
+
+@pytest.mark.skipif(_netem_refusal() is not None, reason=f"netem: {_netem_refusal()}")
+def test_a_netem_rate_tc_refuses_is_one_line_and_leaves_no_link(tmp_path, capsys, monkeypatch):
+    """1bit passes minips' rate check, but tc reads it as 0 bytes/s and refuses it (with a
+    usage text); the namespace and veth pair made before that must go."""
+    import secrets
+
+    from minips.run import netem
+
+    name = "t" + secrets.token_hex(2)  # the veths are named after these 5 characters
+    monkeypatch.setenv("MINIPS_NETEM_NAME", name)
+    try:
+        line = _refused(capsys, "run", *TINY_RUN, "--quiet", "--out", str(tmp_path / "run"),
+                        "--netem", "1bit")  # fmt: skip
+        assert line == 'error: --netem 1bit: tc failed: tbf: the "rate" parameter is mandatory.'
+        assert _links_named(name) == []
+    finally:  # what a failing run left, removed even when the test fails
+        for netns in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                    text=True).stdout.split():  # fmt: skip
+            if netns.startswith(f"{name}-ps-"):
+                netem._remove(netem.ShapedLink(netns, "", ""))

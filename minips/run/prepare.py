@@ -112,4 +112,4 @@ def server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | None
         with netem.shaped_links(config.servers, config.netem) as links:
             yield [(link.prefix, link.server_addr) for link in links]
     except netem.NetemError as exc:
-        raise ConfigError(f"--netem: {exc}") from None
+        raise ConfigError(f"--netem {config.netem}: {exc}") from None
