@@ -320,3 +320,24 @@ def test_a_netem_rate_tc_refuses_is_one_line_and_leaves_no_link(tmp_path, capsys
                                     text=True).stdout.split():  # fmt: skip
             if netns.startswith(f"{name}-ps-"):
                 netem._remove(netem.ShapedLink(netns, "", ""))
+
+
+def test_a_shard_whose_root_never_answers_says_it_waits_then_one_error_line(capsys, monkeypatch):
+    """`minips server --root ADDR` with nothing at ADDR: one line saying what it waits for
+    and how long, then the error line when the wait is over (the wait cut short here)."""
+    import socket
+
+    import minips.server.group
+
+    monkeypatch.setattr(minips.server.group, "ASSEMBLE_TIMEOUT", 2.0)
+    with socket.socket() as taken:  # bound, never listening: a port nobody answers at
+        taken.bind(("127.0.0.1", 0))
+        root = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(SystemExit) as leaving:
+            main(["server", "--servers", "2", "--shard", "1", "--root", root])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert leaving.value.code == 2, lines
+    assert lines == [
+        f"waiting for the group's root at {root} (up to 2 s)",
+        f"error: no answer from the group's root at {root} within 2 s",
+    ]

@@ -160,7 +160,7 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
 
             serve_group_here(config, endpoint_file, updates_log, t0, verbose)
             return
-        config, joiner = join_root(config)
+        config, joiner = join_root(config, on_wait=lambda line: click.echo(line, err=True))
         if config.servers > 1:  # a launched shard names its files by the index it got
             updates_log = updates_log and updates_log.replace("{shard}", str(config.shard))
             endpoint_file = endpoint_file and endpoint_file.replace("{shard}", str(config.shard))
