@@ -51,7 +51,7 @@ def launch(
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
-    from minips.run.rundir import claim_run_dir
+    from minips.run.prepare import claim_run_dir
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)

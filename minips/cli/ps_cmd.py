@@ -79,7 +79,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         run early, says so in one line, and the exit status is 3.
         """
         from minips.run.launch import run_local
-        from minips.run.rundir import claim_run_dir
+        from minips.run.prepare import claim_run_dir
 
         config = config_class.from_options(options)
         config.validate()  # before anything is removed
