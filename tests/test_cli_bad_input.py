@@ -155,6 +155,42 @@ def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
 
 
+def _checkpoint_reads(monkeypatch) -> list[str]:
+    """The paths every checkpoint read in this process reads from, from now on."""
+    from minips.server import checkpoint_file
+
+    reads, read = [], checkpoint_file.read_checkpoint
+    monkeypatch.setattr(checkpoint_file, "read_checkpoint", lambda p: reads.append(p) or read(p))
+    return reads
+
+
+def test_minips_run_reads_its_resume_checkpoint_once_before_it_starts(tmp_path, monkeypatch):
+    """Checked against the model once, before --out is claimed (the server process reads it
+    again only to resume from it)."""
+    from minips.nn import build_model
+    from minips.run.launch import LocalRun
+    from minips.server.store import SGD, ParameterStore
+
+    params = build_model("mlp").params
+    path = str(ParameterStore(params, SGD(params, lr=0.1)).save(tmp_path / "resume.npz"))
+    reads = _checkpoint_reads(monkeypatch)
+    summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "staleness_mean": None,
+               "staleness_max": None, "accuracy": 0.0}  # fmt: skip
+    monkeypatch.setattr(LocalRun, "run", lambda self: summary)  # no processes started
+    main(["run", *TINY_RUN, "--quiet", "--out", str(tmp_path / "run"), "--resume", path])
+    assert [str(p) for p in reads] == [path]
+
+
+def test_a_server_reads_its_resume_checkpoint_once(tmp_path, monkeypatch):
+    from minips.run.build import make_server
+
+    path = _other_models_checkpoint(tmp_path / "lenet5.npz")
+    reads = _checkpoint_reads(monkeypatch)
+    config = RunConfig(dataset="synthetic", bind="tcp://127.0.0.1:*", resume=str(path))
+    make_server(config).close()
+    assert [str(p) for p in reads] == [str(path)]
+
+
 def _idx_dir(path, n_train: int, n_test: int):
     """A --data-dir holding mnist's four IDX files with these many examples."""
     import numpy as np

@@ -50,6 +50,7 @@ def launch(
     """
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
+    from minips.run.config_checks import check_resume
     from minips.run.launchenv import read_launch_env
     from minips.run.prepare import claim_run_dir
 
@@ -58,6 +59,7 @@ def launch(
     config = RunConfig.from_options(options)
     if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
+        check_resume(config.resume, config.servers, config.model)
         claim_run_dir(Path(out), force)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
     summary = take_role(config, env, Path(out), eval_interval, startup_timeout)

@@ -45,7 +45,6 @@ from minips.run.config_checks import (
     check_group,
     check_hetero,
     check_plan_batch,
-    check_resume,
 )
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
@@ -292,7 +291,6 @@ class RunConfig(ConfigBase):
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
         check_group(self.servers, self.shard, self.root, self.model)
-        check_resume(self.resume, self.servers, self.model)
         check_plan_batch(self.plan, self.batch_size)
         from minips.data import find_dataset, load_dataset
 

@@ -1,7 +1,9 @@
 """A run's cross-field checks: what `RunConfig.validate` asks beyond each field's range.
 
-Each raises a one-line ConfigError (or the DataError/ShapeError of a checkpoint) for options that
-no run could use together, said before any process starts or `--force` removes anything.
+Each raises a one-line ConfigError for options that no run could use together, said before
+any process starts or `--force` removes anything. `check_resume` reads a file, so the run
+commands call it themselves, once, before --out is claimed (a server reads its --resume
+only to resume from it, which checks it the same way).
 """
 
 from __future__ import annotations
