@@ -155,6 +155,27 @@ def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
 
 
+def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, monkeypatch):
+    """`minips launch --force --resume OUT/checkpoint.npz`, as `minips run` does: the
+    previous run's files go, the checkpoint the new run starts from stays."""
+    import minips.run.cluster
+    from minips.nn import build_model
+    from minips.server.store import SGD, ParameterStore
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    params = build_model("mlp").params
+    checkpoint = ParameterStore(params, SGD(params, lr=0.1)).save(out / "checkpoint.npz")
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)  # this process: the coordinator of a torchrun job
+    summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "workers": 1, "accuracy": 0.0}
+    monkeypatch.setattr(minips.run.cluster, "launch", lambda *args: summary)  # no job
+    main(["launch", "--model", "mlp", "--dataset", "synthetic", "--force", "--out", str(out),
+          "--resume", str(checkpoint)])  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz"]
+
+
 def _checkpoint_reads(monkeypatch) -> list[str]:
     """The paths every checkpoint read in this process reads from, from now on."""
     from minips.server import checkpoint_file

@@ -60,7 +60,7 @@ def launch(
     if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
         check_resume(config.resume, config.servers, config.model)
-        claim_run_dir(Path(out), force)
+        claim_run_dir(Path(out), force, keep=Path(config.resume) if config.resume else None)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
     summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
     click.echo(
