@@ -51,8 +51,11 @@ def _refused(capsys, *args: str) -> str:
         (["worker", "--connect", "tcp://127.0.0.1:9", "--timeout", "inf"], "--timeout: 'inf'"),
         (["worker", "--connect", "tcp://127.0.0.1:9", "--rank", HUGE], f"--rank: {HUGE} is"),
         (["plan", "--compute-ms", "nan"], "--compute-ms: 'nan' is not a finite number"),
+        (["plan", "--batch-size", "10" + "0" * 11], "--batch-size: 1000000000000 is not in"),
+        (["run", "--plan", "auto", "--batch-size", "10" + "0" * 11],
+         "--plan auto times batches of --batch-size here: at most 4096, got 1000000000000"),
     ],
-)
+)  # fmt: skip
 def test_a_number_no_run_can_use_is_refused_at_its_option(tmp_path, capsys, args, words):
     # Data for train, and an --out that holds a file for run: were the number let through,
     # the command would go on to train, or be refused for its --out instead.
@@ -82,6 +85,15 @@ def test_a_config_file_with_a_number_no_run_can_use_is_refused(tmp_path, text, w
     path.write_text(text)
     with pytest.raises(ConfigError, match=words):
         RunConfig.from_json(path).validate()
+
+
+def test_a_server_refuses_a_batch_too_large_for_the_planner_to_time():
+    """`minips server --plan auto` plans in its own process, as `minips plan` does (a batch
+    that large was a MemoryError from the planner's first allocation)."""
+    config = RunConfig(model="mlp", dataset="synthetic", plan="auto", batch_size=10**12)
+    with pytest.raises(ConfigError, match="--plan auto times batches of --batch-size here"):
+        config.validate()
+    RunConfig(model="mlp", dataset="synthetic", batch_size=10**12).validate()  # no planner
 
 
 def test_more_servers_than_a_model_can_split_is_one_short_line():
@@ -141,6 +153,63 @@ def test_force_keeps_the_previous_run_when_resume_is_no_checkpoint_of_the_model(
     line = _refused(capsys, *args)
     assert line.startswith(f"error: checkpoint {path}") and words in line
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
+
+
+def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, monkeypatch):
+    """`minips launch --force --resume OUT/checkpoint.npz`, as `minips run` does: the
+    previous run's files go, the checkpoint the new run starts from stays."""
+    import minips.run.cluster
+    from minips.nn import build_model
+    from minips.server.store import SGD, ParameterStore
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    params = build_model("mlp").params
+    checkpoint = ParameterStore(params, SGD(params, lr=0.1)).save(out / "checkpoint.npz")
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)  # this process: the coordinator of a torchrun job
+    summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "workers": 1, "accuracy": 0.0}
+    monkeypatch.setattr(minips.run.cluster, "launch", lambda *args: summary)  # no job
+    main(["launch", "--model", "mlp", "--dataset", "synthetic", "--force", "--out", str(out),
+          "--resume", str(checkpoint)])  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz"]
+
+
+def _checkpoint_reads(monkeypatch) -> list[str]:
+    """The paths every checkpoint read in this process reads from, from now on."""
+    from minips.server import checkpoint_file
+
+    reads, read = [], checkpoint_file.read_checkpoint
+    monkeypatch.setattr(checkpoint_file, "read_checkpoint", lambda p: reads.append(p) or read(p))
+    return reads
+
+
+def test_minips_run_reads_its_resume_checkpoint_once_before_it_starts(tmp_path, monkeypatch):
+    """Checked against the model once, before --out is claimed (the server process reads it
+    again only to resume from it)."""
+    from minips.nn import build_model
+    from minips.run.launch import LocalRun
+    from minips.server.store import SGD, ParameterStore
+
+    params = build_model("mlp").params
+    path = str(ParameterStore(params, SGD(params, lr=0.1)).save(tmp_path / "resume.npz"))
+    reads = _checkpoint_reads(monkeypatch)
+    summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "staleness_mean": None,
+               "staleness_max": None, "accuracy": 0.0}  # fmt: skip
+    monkeypatch.setattr(LocalRun, "run", lambda self: summary)  # no processes started
+    main(["run", *TINY_RUN, "--quiet", "--out", str(tmp_path / "run"), "--resume", path])
+    assert [str(p) for p in reads] == [path]
+
+
+def test_a_server_reads_its_resume_checkpoint_once(tmp_path, monkeypatch):
+    from minips.run.build import make_server
+
+    path = _other_models_checkpoint(tmp_path / "lenet5.npz")
+    reads = _checkpoint_reads(monkeypatch)
+    config = RunConfig(dataset="synthetic", bind="tcp://127.0.0.1:*", resume=str(path))
+    make_server(config).close()
+    assert [str(p) for p in reads] == [str(path)]
 
 
 def _idx_dir(path, n_train: int, n_test: int):
@@ -267,3 +336,65 @@ def test_a_page_server_refuses_its_bad_input_before_it_serves(tmp_path, args, wo
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == "error: " + words.replace("{a-file}", str(a_file))
+
+
+def _netem_refusal() -> str | None:
+    from minips.run import netem
+
+    try:
+        netem.check_can_shape()
+    except netem.NetemError as error:
+        return str(error)
+    return None
+
+
+def _links_named(prefix: str) -> list[str]:
+    """The namespaces, links and qdiscs on this machine whose names start with `prefix`."""
+    found = []
+    for command in (["ip", "netns", "list"], ["ip", "-o", "link"], ["tc", "qdisc", "show"]):
+        listing = subprocess.run(command, capture_output=True, text=True).stdout
+        found += [line for line in listing.splitlines() if prefix in line]
+    return found
+
+
+@pytest.mark.skipif(_netem_refusal() is not None, reason=f"netem: {_netem_refusal()}")
+def test_a_netem_rate_tc_refuses_is_one_line_and_leaves_no_link(tmp_path, capsys, monkeypatch):
+    """1bit passes minips' rate check, but tc reads it as 0 bytes/s and refuses it (with a
+    usage text); the namespace and veth pair made before that must go."""
+    import secrets
+
+    from minips.run import netem
+
+    name = "t" + secrets.token_hex(2)  # the veths are named after these 5 characters
+    monkeypatch.setenv("MINIPS_NETEM_NAME", name)
+    try:
+        line = _refused(capsys, "run", *TINY_RUN, "--quiet", "--out", str(tmp_path / "run"),
+                        "--netem", "1bit")  # fmt: skip
+        assert line == 'error: --netem 1bit: tc failed: tbf: the "rate" parameter is mandatory.'
+        assert _links_named(name) == []
+    finally:  # what a failing run left, removed even when the test fails
+        for netns in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                    text=True).stdout.split():  # fmt: skip
+            if netns.startswith(f"{name}-ps-"):
+                netem._remove(netem.ShapedLink(netns, "", ""))
+
+
+def test_a_shard_whose_root_never_answers_says_it_waits_then_one_error_line(capsys, monkeypatch):
+    """`minips server --root ADDR` with nothing at ADDR: one line saying what it waits for
+    and how long, then the error line when the wait is over (the wait cut short here)."""
+    import socket
+
+    import minips.server.group
+
+    monkeypatch.setattr(minips.server.group, "ASSEMBLE_TIMEOUT", 2.0)
+    with socket.socket() as taken:  # bound, never listening: a port nobody answers at
+        taken.bind(("127.0.0.1", 0))
+        root = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(SystemExit) as leaving:
+            main(["server", "--servers", "2", "--shard", "1", "--root", root])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert leaving.value.code == 2, lines
+    assert lines == [
+        f"waiting for the group's root at {root} (up to 2 s)",
+        f"error: no answer from the group's root at {root} within 2 s",
+    ]

@@ -133,7 +133,7 @@ def test_the_documented_timeouts_are_the_defaults():
     section = _one_line(DOC.split("## 7. Liveness")[1].split("## 8.")[0])
     heartbeat = ServerOptions().heartbeat_timeout
     assert f"default `heartbeat_timeout` is {heartbeat:g} s" in section
-    from minips.cli.ps_cmd import worker
+    from minips.cli.client_cmd import worker
 
     timeout = next(p.default for p in worker.params if p.name == "timeout")
     assert f"reply timeout {timeout:g} s" in section and timeout < heartbeat

@@ -8,12 +8,19 @@ from pathlib import Path
 import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
+from minips.run.plan_costs import MAX_PLAN_BATCH
 from minips.server.registry import MAX_REGISTERED
 
 
 @click.command("plan")
 @click.option("--model", default="lenet5", show_default=True, help="Model from the zoo.")
-@click.option("--batch-size", type=BoundedIntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--batch-size",
+    type=BoundedIntRange(1, MAX_PLAN_BATCH),
+    default=64,
+    show_default=True,
+    help="Samples per gradient (timed here in real batches).",
+)
 @click.option("--workers", type=BoundedIntRange(1, MAX_REGISTERED), default=4, show_default=True)
 @click.option(
     "--bandwidth",

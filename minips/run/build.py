@@ -103,16 +103,19 @@ def joining_config(run: dict[str, Any], own: RunConfig) -> RunConfig:
     return replace(config, **kept)
 
 
-def join_root(config: RunConfig) -> tuple[RunConfig, Any]:
+def join_root(
+    config: RunConfig, on_wait: Callable[[str], None] | None = None
+) -> tuple[RunConfig, Any]:
     """A shard 1..K-1 (or -1: whichever the root gives) asks its root what to be
     (docs/protocol.md 16.3): the run's config with its own fields, and its Joiner; any
-    other server: (config, None)."""
+    other server: (config, None). on_wait(line): told once if the root does not answer
+    at once (Joiner.ask)."""
     if config.root is None:
         return config, None
     keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # join: an operator's
     joiner = Joiner(config.root, config.shard if config.shard >= 1 else None, config.servers, keys)
     try:
-        reply = joiner.ask()
+        reply = joiner.ask(on_wait=on_wait)
         return replace(joining_config(reply["run"], config), shard=reply["shard"]), joiner
     except BaseException:
         joiner.close()

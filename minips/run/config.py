@@ -40,7 +40,12 @@ from minips.rules import (
     make_rule,
     server_momentum,
 )
-from minips.run.config_checks import check_browser_slots, check_group, check_hetero, check_resume
+from minips.run.config_checks import (
+    check_browser_slots,
+    check_group,
+    check_hetero,
+    check_plan_batch,
+)
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
     check_finite,
@@ -286,7 +291,7 @@ class RunConfig(ConfigBase):
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
         check_group(self.servers, self.shard, self.root, self.model)
-        check_resume(self.resume, self.servers, self.model)
+        check_plan_batch(self.plan, self.batch_size)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:

@@ -1,7 +1,9 @@
 """A run's cross-field checks: what `RunConfig.validate` asks beyond each field's range.
 
-Each raises a one-line ConfigError (or the DataError/ShapeError of a checkpoint) for options that
-no run could use together, said before any process starts or `--force` removes anything.
+Each raises a one-line ConfigError for options that no run could use together, said before
+any process starts or `--force` removes anything. `check_resume` reads a file, so the run
+commands call it themselves, once, before --out is claimed (a server reads its --resume
+only to resume from it, which checks it the same way).
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def check_resume(resume: str | None, servers: int, model: str) -> None:
     from minips.server.checkpoint_file import load_checkpoint
 
     load_checkpoint(resume).check_params(build_model(model).params)
+
+
+def check_plan_batch(plan: str, batch_size: int) -> None:
+    """ConfigError when `--plan auto` would time batches larger than the planner holds."""
+    from minips.run.plan_costs import MAX_PLAN_BATCH
+
+    if plan == "auto" and batch_size > MAX_PLAN_BATCH:
+        raise ConfigError(
+            f"--plan auto times batches of --batch-size here: at most {MAX_PLAN_BATCH}, "
+            f"got {batch_size}"
+        )
 
 
 def check_browser_slots(browser: int, workers: int, headless: bool, listen: str) -> None:

@@ -144,11 +144,7 @@ class LocalRun:
                     self.processes.wait(name, timeout=60)
         finally:
             self._learn_ranks_from_reports()
-            try:
-                self.processes.stop_all()
-            except KeyboardInterrupt:  # the signal came during this very cleanup: finish it
-                self.processes.stop_all()
-                raise
+            self.processes.stop_all()
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
                 checkpoints.assemble(self.config.checkpoint)
@@ -309,8 +305,7 @@ class LocalRun:
             if self.training_ended is None and self.processes.restart("server"):
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
                 return True
-            if self.server_restarts.refused is not None:  # past the restart budget
-                raise MinipsError(self.server_restarts.past_budget(server, self.dir.logs))
+            self.server_restarts.check_budget(server, self.dir.logs)
             self.processes.check_alive("server")  # raises: the crash is the run's error
         if self.training_ended is None:
             self.training_ended = self._elapsed()
@@ -323,12 +318,10 @@ class LocalRun:
         """A shard 1..K-1 of a group that crashed is started again from its own checkpoint
         (minips.run.recovery) while the others keep serving; one that cannot be is the
         run's error."""
-        for name in self._server_names()[1:]:
+        for shard, name in enumerate(self._server_names()[1:], start=1):
             child = self.processes[name]
             if child.crashed() and not self.processes.restart(name):
-                policy = self.restarts[int(name.rsplit("-", 1)[1])]
-                if policy.refused is not None:  # past the restart budget
-                    raise MinipsError(policy.past_budget(child, self.dir.logs))
+                self.restarts[shard].check_budget(child, self.dir.logs)
                 self.processes.check_alive(name)  # raises: the crash is the run's error
 
     def _follow_counters(self, operator: PSClient, total: int) -> None:

@@ -93,16 +93,19 @@ def netns_prefix(netns: str) -> list[str]:
 def check_can_shape() -> None:
     """Raise NetemError (one line) unless we are root and have ip and tc."""
     if os.geteuid() != 0:
-        raise NetemError("--netem needs root (network namespaces and tc): run it with sudo")
+        raise NetemError("a shaped link needs root (network namespaces and tc): run it with sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise NetemError(f"`{tool}` not found: install iproute2")
 
 
 def _run(*args: str) -> str:
+    """The stdout of `args`; NetemError "tc failed: REASON" when it fails, REASON the first
+    line ip or tc said (tc adds its usage text after it)."""
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
-        raise NetemError(f"`{' '.join(args)}` failed: {done.stderr.strip()}")
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        raise NetemError(f"{args[0]} failed: {(said or [f'exit {done.returncode}'])[0]}")
     return done.stdout
 
 

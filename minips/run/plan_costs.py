@@ -105,6 +105,11 @@ class LayerTime:
     backward_ms: float = 0.0
 
 
+# The planner times real batches of the run's size, so it must hold one in memory: LeNet-5
+# takes about 0.5 MB a sample (2 GB and 8 s a pass at 4096, one BLAS thread).
+MAX_PLAN_BATCH = 4096
+
+
 def measure_layers(model: Sequential, batch_size: int, repeats: int = 7) -> list[LayerTime]:
     """Best-of-`repeats` forward and backward CPU ms of each layer on a random batch, here.
 

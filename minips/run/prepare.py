@@ -1,8 +1,9 @@
 """A local run before its processes start: the run directory and the config as run.
 
-`prepare_run_dir` checks the config, clears a previous run's outputs and fixes what the
-run's processes will be told: its local endpoint (`local_endpoint`), its key directory,
-and its plan (`--plan auto`: `minips plan` in a subprocess, as the workers run).
+`claim_run_dir` makes --out a run directory to write (with --force: a previous run's files
+removed). `prepare_run_dir` checks the config, clears a previous run's outputs and fixes
+what the run's processes will be told: its local endpoint (`local_endpoint`), its key
+directory, and its plan (`--plan auto`: `minips plan` in a subprocess, as the workers run).
 `server_links` puts each server behind its shaped link under `--netem`. Both `minips run`
 (minips.run.launch) and `minips launch`'s coordinator (minips.run.cluster) start from here.
 """
@@ -19,12 +20,12 @@ from pathlib import Path
 
 import zmq
 
-from minips.errors import ConfigError, MinipsError
+from minips.errors import ConfigError, MinipsError, RunDirError
 from minips.protocol import auth
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
-from minips.run.rundir import RunDir
+from minips.run.rundir import RUN_FILES, RunDir
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -72,6 +73,28 @@ def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
     (run_dir.logs / "planner.log").write_text(done.stdout)
 
 
+def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
+    """Make `out` a fresh run directory: RunDirError if it already holds files, unless
+    `force`, which removes a previous run's files (RUN_FILES; `keep`, a checkpoint to resume
+    from, stays) so no earlier report or log is mixed into the new run."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RunDirError(f"--out {out}: a file, not a directory")
+    if not force:
+        if any(out.iterdir()):
+            raise RunDirError(
+                f"--out {out} already holds files (a previous run?); "
+                "choose a new directory or add --force to replace that run"
+            )
+        return
+    kept = keep.resolve() if keep is not None else None
+    for pattern in RUN_FILES:
+        for path in out.glob(pattern):
+            if path.is_file() and path.resolve() != kept:
+                path.unlink()
+
+
 def local_endpoint(run_dir: RunDir) -> str:
     """The server's address for a run on this machine: an ipc:// socket in the run directory
     where ZeroMQ has ipc (a raw exchange of LeNet-5's 1.72 MB each way took 0.6-0.9x the
@@ -112,4 +135,4 @@ def server_links(config: RunConfig) -> Iterator[list[tuple[list[str], str | None
         with netem.shaped_links(config.servers, config.netem) as links:
             yield [(link.prefix, link.server_addr) for link in links]
     except netem.NetemError as exc:
-        raise ConfigError(f"--netem: {exc}") from None
+        raise ConfigError(f"--netem {config.netem}: {exc}") from None

@@ -168,7 +168,15 @@ class ProcessGroup:
 
     def stop_all(self, grace: float = 5.0) -> None:
         """SIGTERM every child still running, then SIGKILL what ignores it for `grace`
-        seconds: none left behind. Records every child's exit code."""
+        seconds: none left behind, also when Ctrl-C comes meanwhile (the stop finishes,
+        then KeyboardInterrupt goes on). Records every child's exit code."""
+        try:
+            self._stop_all(grace)
+        except KeyboardInterrupt:  # the signal came during this very cleanup: finish it
+            self._stop_all(grace)
+            raise
+
+    def _stop_all(self, grace: float) -> None:
         procs = {name: child.proc for name, child in self.children.items() if child.proc}
         for proc in procs.values():
             if proc.poll() is None:

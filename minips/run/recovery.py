@@ -175,13 +175,15 @@ class ServerRestarts:
         from), as a record; None when every crash was restarted."""
         return self.refused.record() if self.refused is not None else None
 
-    def past_budget(self, child: Child, logs: Path) -> str:
-        """The run's error line when the server crashed once more than it may be restarted:
-        how often, and the last words of the last server's own log."""
+    def check_budget(self, child: Child, logs: Path) -> None:
+        """MinipsError, the run's error, when the server crashed once more than it may be
+        restarted: how often, and the last words of the last server's own log."""
+        if self.refused is None:
+            return
         what = "the server" if self.shard == 0 else f"shard {self.shard}"
         codes = [r.exit_code for r in self.restarts] + [child.code()]
         log_file = logs / f"{child.log_name}.log"
-        return (
+        raise MinipsError(
             f"{what} crashed {len(codes)} times (exit codes {', '.join(map(str, codes))}),"
             f" once more than the {MAX_RESTARTS} restarts allowed; its last log, {log_file},"
             f" ends: {child.last_line(logs)}"

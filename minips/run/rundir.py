@@ -110,28 +110,6 @@ class RunDir:
                 path.unlink()
 
 
-def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
-    """Make `out` a fresh run directory: RunDirError if it already holds files, unless
-    `force`, which removes a previous run's files (RUN_FILES; `keep`, a checkpoint to resume
-    from, stays) so no earlier report or log is mixed into the new run."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise RunDirError(f"--out {out}: a file, not a directory")
-    if not force:
-        if any(out.iterdir()):
-            raise RunDirError(
-                f"--out {out} already holds files (a previous run?); "
-                "choose a new directory or add --force to replace that run"
-            )
-        return
-    kept = keep.resolve() if keep is not None else None
-    for pattern in RUN_FILES:
-        for path in out.glob(pattern):
-            if path.is_file() and path.resolve() != kept:
-                path.unlink()
-
-
 def check_writable(path: str | Path, option: str) -> None:
     """RunDirError unless a file can be written at `path` (its directory made if missing),
     tried with a temporary file there: said at the start, so no training is lost to a
@@ -166,13 +144,15 @@ def latest_collapse(path: Path) -> dict[str, Any] | None:
     return {k: v for k, v in found.items() if k not in ("event", "time")} if found else None
 
 
-def bytes_by_layer(by_param: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}."""
+def bytes_by_layer(*by_params: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}, summed
+    over every map given (a group's shards name their slices like the parameter)."""
     layers: dict[str, dict[str, int]] = {}
-    for name, counts in by_param.items():
-        layer = layers.setdefault(name.rsplit(".", 1)[0], {"up": 0, "down": 0})
-        layer["up"] += counts.get("up", 0)
-        layer["down"] += counts.get("down", 0)
+    for by_param in by_params:
+        for name, counts in by_param.items():
+            layer = layers.setdefault(name.rsplit(".", 1)[0], {"up": 0, "down": 0})
+            layer["up"] += counts.get("up", 0)
+            layer["down"] += counts.get("down", 0)
     return layers
 
 
@@ -279,13 +259,8 @@ def write_results(
         summary["shards"] = [shard_row(shard, finals[shard], restarts) for shard in range(servers)]
         summary["bytes_up"] = sum(row["bytes_up"] or 0 for row in summary["shards"])
         summary["bytes_down"] = sum(row["bytes_down"] or 0 for row in summary["shards"])
-        by_param: dict[str, dict[str, int]] = {}
-        for stats_j in finals:
-            for name, counts in (stats_j.get("bytes_by_param") or {}).items():
-                into = by_param.setdefault(name, {"up": 0, "down": 0})
-                into["up"] += counts.get("up", 0)
-                into["down"] += counts.get("down", 0)
-        summary["bytes_by_layer"] = bytes_by_layer(by_param)
+        by_params = (final.get("bytes_by_param") or {} for final in finals)
+        summary["bytes_by_layer"] = bytes_by_layer(*by_params)
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it

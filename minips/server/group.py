@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,9 +146,14 @@ class Joiner:
         self.root_stopping = False
         self._sent = 0.0
 
-    def ask(self, timeout: float = ASSEMBLE_TIMEOUT) -> dict[str, Any]:
+    def ask(
+        self, timeout: float | None = None, on_wait: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
         """The first join, without an address: the root's reply (index, run config), or
-        MinipsError once `timeout` seconds passed without one."""
+        MinipsError once `timeout` seconds (default ASSEMBLE_TIMEOUT) passed without one.
+        on_wait(line) is told once, after the first second without a reply, what the
+        shard waits for and how long."""
+        timeout = ASSEMBLE_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._send(None)
@@ -155,6 +161,9 @@ class Joiner:
                 reply = self._read()
                 if reply is not None:
                     return reply
+            elif on_wait is not None:
+                on_wait(f"waiting for the group's root at {self.root} (up to {timeout:g} s)")
+                on_wait = None
         raise MinipsError(f"no answer from the group's root at {self.root} within {timeout:g} s")
 
     def tick(self, now: float, address: str) -> None:
