@@ -357,10 +357,28 @@ def _links_named(prefix: str) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize("rate", ["1bit", "7bit", "1.5e8tbit"])
+def test_force_keeps_the_previous_run_when_tc_could_not_shape_the_netem_rate(
+    tmp_path, capsys, rate
+):
+    """tc's tbf shapes 1 byte/s to 2^64 - 1 bytes/s (1bit is 0 bytes/s to it): a rate
+    outside is refused with the options, before --force removes the previous run."""
+    previous = tmp_path / "run"
+    previous.mkdir()
+    kept = {name: f"{name} of the previous run" for name in ("metrics.jsonl", "summary.json")}
+    for name, text in kept.items():
+        (previous / name).write_text(text)
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous), "--netem", rate]
+    line = _refused(capsys, *args)
+    assert line.startswith(f"error: --netem: bad rate '{rate}': tc shapes 8bit"), line
+    assert {p.name: p.read_text() for p in previous.iterdir()} == kept
+
+
 @pytest.mark.skipif(_netem_refusal() is not None, reason=f"netem: {_netem_refusal()}")
-def test_a_netem_rate_tc_refuses_is_one_line_and_leaves_no_link(tmp_path, capsys, monkeypatch):
-    """1bit passes minips' rate check, but tc reads it as 0 bytes/s and refuses it (with a
-    usage text); the namespace and veth pair made before that must go."""
+def test_a_link_tc_refuses_is_one_line_and_leaves_nothing_behind(monkeypatch):
+    """A rate tc refuses, given to the shaped-link code itself (below the options' check):
+    one line, tc's reason without its usage text; the namespace and veth pair made before
+    tc refused are gone."""
     import secrets
 
     from minips.run import netem
@@ -368,9 +386,10 @@ def test_a_netem_rate_tc_refuses_is_one_line_and_leaves_no_link(tmp_path, capsys
     name = "t" + secrets.token_hex(2)  # the veths are named after these 5 characters
     monkeypatch.setenv("MINIPS_NETEM_NAME", name)
     try:
-        line = _refused(capsys, "run", *TINY_RUN, "--quiet", "--out", str(tmp_path / "run"),
-                        "--netem", "1bit")  # fmt: skip
-        assert line == 'error: --netem 1bit: tc failed: tbf: the "rate" parameter is mandatory.'
+        with pytest.raises(netem.NetemError) as refused:
+            with netem.shaped_links(1, "1bit"):
+                pass
+        assert str(refused.value) == 'tc failed: tbf: the "rate" parameter is mandatory.'
         assert _links_named(name) == []
     finally:  # what a failing run left, removed even when the test fails
         for netns in subprocess.run(["ip", "netns", "list"], capture_output=True,

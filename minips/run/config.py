@@ -95,6 +95,18 @@ def _rate_text(text: str | None) -> str | None:
     return text
 
 
+def _shaped_rate_text(text: str | None) -> str | None:
+    """A `--netem` rate: as `_rate_text`, and one tc's tbf can shape (1 byte/s up to
+    2^64 - 1), checked here so that no run directory is claimed for a link tc refuses."""
+    if (text := _rate_text(text)) is None:
+        return None
+    from minips.worker.netlimit import parse_rate
+
+    if not 1 <= parse_rate(text) < 2**64:
+        raise ValueError(f"bad rate {text!r}: tc shapes 8bit (1 byte/s) to 2^64 - 1 bytes/s")
+    return text
+
+
 Config = TypeVar("Config", bound="ConfigBase")
 
 
@@ -275,7 +287,7 @@ class RunConfig(ConfigBase):
     netem: str | None = setting(None, "A shared link at the server, e.g. 100mbit: the server "
                                 "runs in its own network namespace behind a tc-shaped veth "
                                 "pair (root only; minips/run/netem.py).", commands=("run",),
-                                parse=_rate_text)
+                                parse=_shaped_rate_text)
     trace: str | None = setting(None, "Write a Chrome trace (Perfetto) of the first worker's "
                                 "compute and send/receive spans to this file.",
                                 commands=("run",), cli_type=click.Path(dir_okay=False))
