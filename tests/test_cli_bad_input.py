@@ -374,6 +374,26 @@ def test_force_keeps_the_previous_run_when_tc_could_not_shape_the_netem_rate(
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
 
 
+def test_force_keeps_the_previous_run_when_this_user_cannot_shape_a_link(
+    tmp_path, capsys, monkeypatch
+):
+    """Not root: `--netem` cannot build its link, which is said before --force removes
+    the previous run (the link itself is built later, when the processes start)."""
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    previous = tmp_path / "run"
+    previous.mkdir()
+    (previous / "summary.json").write_text("the previous run's")
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous), "--netem", "100mbit"]
+    line = _refused(capsys, *args)
+    assert line == (
+        "error: --netem 100mbit: a shaped link needs root (network namespaces and tc): "
+        "run it with sudo"
+    )
+    assert [p.name for p in previous.iterdir()] == ["summary.json"]
+
+
 @pytest.mark.skipif(_netem_refusal() is not None, reason=f"netem: {_netem_refusal()}")
 def test_a_link_tc_refuses_is_one_line_and_leaves_nothing_behind(monkeypatch):
     """A rate tc refuses, given to the shaped-link code itself (below the options' check):

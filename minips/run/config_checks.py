@@ -67,6 +67,19 @@ def check_resume(resume: str | None, servers: int, model: str) -> None:
     load_checkpoint(resume).check_params(build_model(model).params)
 
 
+def check_can_shape(netem: str | None) -> None:
+    """ConfigError when `--netem` is set and this machine cannot build the shaped link (not
+    root, no ip or tc): asked before --out is claimed, as the link is built after."""
+    if netem is None:
+        return
+    from minips.run import netem as shaping
+
+    try:
+        shaping.check_can_shape()
+    except shaping.NetemError as exc:
+        raise ConfigError(f"--netem {netem}: {exc}") from None
+
+
 def check_plan_batch(plan: str, batch_size: int) -> None:
     """ConfigError when `--plan auto` would time batches larger than the planner holds."""
     from minips.run.plan_costs import MAX_PLAN_BATCH
