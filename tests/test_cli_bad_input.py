@@ -374,6 +374,29 @@ def test_force_keeps_the_previous_run_when_tc_could_not_shape_the_netem_rate(
     assert {p.name: p.read_text() for p in previous.iterdir()} == kept
 
 
+@pytest.mark.parametrize(
+    "plan, words",
+    [
+        ({"format": 1, "params": {"conv9.w": {"push": "fp16"}}}, "plan names 'conv9.w'"),
+        ({"format": 1, "params": {"fc1.w": {"push": "zzz"}}}, "unknown codec 'zzz'"),
+        ({"format": 1, "params": {"fc1.b": {"push": "sf"}}}, "codec sf needs an fc layer's"),
+    ],
+)
+def test_force_keeps_the_previous_run_when_the_plan_file_does_not_fit_the_model(
+    tmp_path, capsys, plan, words
+):
+    """A plan file is read and checked against the model with the options, before --force
+    removes the previous run (the plan is used only when the processes start)."""
+    previous = tmp_path / "run"
+    previous.mkdir()
+    (previous / "summary.json").write_text("the previous run's")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous), "--plan", str(path)]
+    assert words in _refused(capsys, *args)
+    assert [p.name for p in previous.iterdir()] == ["summary.json"]
+
+
 def test_force_keeps_the_previous_run_when_this_user_cannot_shape_a_link(
     tmp_path, capsys, monkeypatch
 ):

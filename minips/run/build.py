@@ -20,6 +20,7 @@ from minips.protocol.partition import partition_of_model
 from minips.protocol.plan import Plan, load_plan
 from minips.rules import make_rule
 from minips.run.config import RunConfig
+from minips.run.config_checks import check_plan_fits
 from minips.run.plan_costs import group_gain
 from minips.run.planner import Cluster, Network, make_plan
 from minips.run.report_text import plural
@@ -178,6 +179,5 @@ def resolve_plan(config: RunConfig) -> Plan:
         plan = make_plan(model, config.batch_size, cluster, network, momentum=config.momentum).plan
     else:
         plan = load_plan(config.plan)
-    shapes = {name: array.shape for name, array in model.params.items()}
-    plan.check_model(shapes, {info.name: info.kind for info in model.layer_info()})
+    check_plan_fits(plan, model)
     return plan

@@ -45,6 +45,7 @@ from minips.run.config_checks import (
     check_group,
     check_hetero,
     check_plan_batch,
+    check_plan_file,
 )
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
@@ -304,6 +305,7 @@ class RunConfig(ConfigBase):
         check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
         check_group(self.servers, self.shard, self.root, self.model)
         check_plan_batch(self.plan, self.batch_size)
+        check_plan_file(self.plan, self.model)
         from minips.data import find_dataset, load_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:

@@ -67,6 +67,25 @@ def check_resume(resume: str | None, servers: int, model: str) -> None:
     load_checkpoint(resume).check_params(build_model(model).params)
 
 
+def check_plan_file(plan: str, model: str) -> None:
+    """ConfigError when `--plan FILE` is no plan of `model` (a parameter it does not have,
+    an unknown codec, a codec its layer cannot take). `dense` and `auto` are plans of every
+    model; auto's is chosen when the run starts."""
+    if plan in ("dense", "auto"):
+        return
+    from minips.nn import build_model
+    from minips.protocol.plan import load_plan
+
+    check_plan_fits(load_plan(plan), build_model(model))
+
+
+def check_plan_fits(plan: Any, net: Any) -> None:
+    """ConfigError unless `plan` (a Plan) names only parameters of `net` (a Sequential)
+    with codecs their layers can take (Plan.check_model)."""
+    shapes = {name: array.shape for name, array in net.params.items()}
+    plan.check_model(shapes, {info.name: info.kind for info in net.layer_info()})
+
+
 def check_can_shape(netem: str | None) -> None:
     """ConfigError when `--netem` is set and this machine cannot build the shaped link (not
     root, no ip or tc): asked before --out is claimed, as the link is built after."""
