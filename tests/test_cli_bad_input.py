@@ -397,6 +397,39 @@ def test_force_keeps_the_previous_run_when_the_plan_file_does_not_fit_the_model(
     assert [p.name for p in previous.iterdir()] == ["summary.json"]
 
 
+@pytest.mark.parametrize("what", ["dashboard", "page", "keys"])
+def test_force_keeps_the_previous_run_when_what_its_processes_need_is_not_there(
+    tmp_path, capsys, what
+):
+    """An address the dashboard or the browser page cannot listen on, and a key directory
+    whose keys do not load, stop the run only when its processes start: they are asked
+    before --force removes the previous run."""
+    import socket
+
+    previous = tmp_path / "run"
+    previous.mkdir()
+    (previous / "summary.json").write_text("the previous run's")
+    args = ["run", *TINY_RUN, "--quiet", "--force", "--out", str(previous)]
+    with socket.socket() as taken:  # listening: nobody else can bind this port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        if what == "dashboard":
+            args += ["--dashboard", "--dashboard-listen", address]
+            words = f"error: --dashboard-listen {address}: cannot listen there: Address already"
+        elif what == "page":
+            args += ["--browser", "1", "--listen", address]
+            words = f"error: --listen {address}: cannot listen there: Address already"
+        else:
+            keys = tmp_path / "keys"
+            keys.mkdir()
+            (keys / "server.key_secret").write_text("not a key\n")
+            args += ["--keys", str(keys)]
+            words = f"error: cannot read key file {keys / 'server.key_secret'}"
+        assert _refused(capsys, *args).startswith(words)
+    assert [p.name for p in previous.iterdir()] == ["summary.json"]
+
+
 def test_force_keeps_the_previous_run_when_this_user_cannot_shape_a_link(
     tmp_path, capsys, monkeypatch
 ):

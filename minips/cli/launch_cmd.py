@@ -50,16 +50,15 @@ def launch(
     """
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
-    from minips.run.config_checks import check_resume
     from minips.run.launchenv import read_launch_env
-    from minips.run.prepare import claim_run_dir
+    from minips.run.prepare import check_run_can_start, claim_run_dir
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)
     config = RunConfig.from_options(options)
     if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
-        check_resume(config.resume, config.servers, config.model)
+        check_run_can_start(config)
         claim_run_dir(Path(out), force, keep=Path(config.resume) if config.resume else None)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
     summary = take_role(config, env, Path(out), eval_interval, startup_timeout)

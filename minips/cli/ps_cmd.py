@@ -78,14 +78,12 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         another). A model that collapsed (diverged, or at chance after a warm-up) stops the
         run early, says so in one line, and the exit status is 3.
         """
-        from minips.run.config_checks import check_can_shape, check_resume
         from minips.run.launch import run_local
-        from minips.run.prepare import claim_run_dir
+        from minips.run.prepare import check_run_can_start, claim_run_dir
 
         config = config_class.from_options(options)
         config.validate()  # before anything is removed
-        check_resume(config.resume, config.servers, config.model)
-        check_can_shape(config.netem)
+        check_run_can_start(config, dashboard_listen if dashboard else None)
         resume = Path(config.resume) if config.resume else None
         claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
         from minips.dashboard import RunDashboard

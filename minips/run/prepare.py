@@ -1,9 +1,11 @@
 """A local run before its processes start: the run directory and the config as run.
 
-`claim_run_dir` makes --out a run directory to write (with --force: a previous run's files
-removed). `prepare_run_dir` checks the config, clears a previous run's outputs and fixes
-what the run's processes will be told: its local endpoint (`local_endpoint`), its key
-directory, and its plan (`--plan auto`: `minips plan` in a subprocess, as the workers run).
+`check_run_can_start` asks, before anything is removed, for what the run's processes will
+need later; `claim_run_dir` then makes --out a run directory to write (with --force: a
+previous run's files removed). `prepare_run_dir` checks the config, clears a previous
+run's outputs and fixes what the run's processes will be told: its local endpoint
+(`local_endpoint`), its key directory, and its plan (`--plan auto`: `minips plan` in a
+subprocess, as the workers run).
 `server_links` puts each server behind its shaped link under `--netem`. Both `minips run`
 (minips.run.launch) and `minips launch`'s coordinator (minips.run.cluster) start from here.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,6 +27,7 @@ from minips.errors import ConfigError, MinipsError, RunDirError
 from minips.protocol import auth
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
+from minips.run.config_checks import check_can_shape, check_resume
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
 from minips.run.rundir import RUN_FILES, RunDir
 
@@ -71,6 +75,41 @@ def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
     if done.returncode != 0:
         raise MinipsError(f"the planner failed: {done.stderr.strip().splitlines()[-1:]}")
     (run_dir.logs / "planner.log").write_text(done.stdout)
+
+
+def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) -> None:
+    """MinipsError (one line) for what would stop the run only once its processes start,
+    said while --force has removed nothing yet: a --resume that is no checkpoint of the
+    model, a --netem link this machine cannot build, a --keys directory whose keys do not
+    load, and an address the browser page (--listen) or the dashboard cannot listen on."""
+    check_resume(config.resume, config.servers, config.model)
+    check_can_shape(config.netem)
+    if config.keys and (Path(config.keys) / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
+        auth.load_server_keys(config.keys)  # no server key yet: the run makes the keys
+        for client in (auth.WORKER, auth.OPERATOR):
+            auth.load_client_keys(config.keys, client)
+    if config.browser:
+        check_can_listen(config.listen, "--listen")
+    if dashboard_listen:
+        check_can_listen(dashboard_listen, "--dashboard-listen")
+
+
+def check_can_listen(listen: str, option: str) -> None:
+    """ConfigError unless HOST:PORT can be listened on now (a port of 0 always can): what
+    the gateway's or the dashboard's socket will bind, with the same SO_REUSEADDR."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return  # a malformed address is the server's own check to word
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise ConfigError(f"{option} {listen}: cannot listen there: {reason}") from None
 
 
 def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
