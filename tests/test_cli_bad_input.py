@@ -397,13 +397,14 @@ def test_force_keeps_the_previous_run_when_the_plan_file_does_not_fit_the_model(
     assert [p.name for p in previous.iterdir()] == ["summary.json"]
 
 
-@pytest.mark.parametrize("what", ["dashboard", "page", "keys"])
+@pytest.mark.parametrize("what", ["dashboard", "page", "keys", "trace"])
 def test_force_keeps_the_previous_run_when_what_its_processes_need_is_not_there(
     tmp_path, capsys, what
 ):
-    """An address the dashboard or the browser page cannot listen on, and a key directory
-    whose keys do not load, stop the run only when its processes start: they are asked
-    before --force removes the previous run."""
+    """An address the dashboard or the browser page cannot listen on, a key directory
+    whose keys do not load and a trace file that cannot be written stop the run only once
+    its processes start (the trace: when it ends): they are asked before --force removes
+    the previous run."""
     import socket
 
     previous = tmp_path / "run"
@@ -420,6 +421,10 @@ def test_force_keeps_the_previous_run_when_what_its_processes_need_is_not_there(
         elif what == "page":
             args += ["--browser", "1", "--listen", address]
             words = f"error: --listen {address}: cannot listen there: Address already"
+        elif what == "trace":
+            (tmp_path / "a-file").write_text("")
+            args += ["--trace", str(tmp_path / "a-file" / "trace.json")]
+            words = f"error: --trace {tmp_path / 'a-file' / 'trace.json'}: cannot write there"
         else:
             keys = tmp_path / "keys"
             keys.mkdir()

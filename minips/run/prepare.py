@@ -29,7 +29,7 @@ from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_can_shape, check_resume
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
-from minips.run.rundir import RUN_FILES, RunDir
+from minips.run.rundir import RUN_FILES, RunDir, check_writable
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -81,8 +81,11 @@ def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) 
     """MinipsError (one line) for what would stop the run only once its processes start,
     said while --force has removed nothing yet: a --resume that is no checkpoint of the
     model, a --netem link this machine cannot build, a --keys directory whose keys do not
-    load, and an address the browser page (--listen) or the dashboard cannot listen on."""
+    load, an address the browser page (--listen) or the dashboard cannot listen on, and a
+    --trace file that cannot be written (it is written when the run ends)."""
     check_resume(config.resume, config.servers, config.model)
+    if config.trace:
+        check_writable(config.trace, "--trace")
     check_can_shape(config.netem)
     if config.keys and (Path(config.keys) / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
         auth.load_server_keys(config.keys)  # no server key yet: the run makes the keys
