@@ -9,8 +9,9 @@ their versions (server/store.py), the worker registry (server/registry.py) and t
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-checkpoints server/checkpoints.py; both hand what the rule decided back to the loop. The
-path of one push:
+checkpoints server/checkpoints.py, the jobs of every turn server/timers.py (each contained:
+a failing one is logged and the loop goes on); they hand what the rule decided back to the
+loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -53,6 +54,7 @@ from minips.server.router import (
 from minips.server.stop import Stop, stop_on_signals
 from minips.server.store import SGD, ParameterStore
 from minips.server.telemetry import Telemetry, UpdateRecord
+from minips.server.timers import Timers
 
 __all__ = ["ParameterServer", "ServerOptions"]
 
@@ -122,6 +124,8 @@ class ParameterServer:
         self.group = members.group = group  # a shard of a server group (server/group.py)
         if group is not None:
             group.attach(self)
+        self.timers = Timers(self.inflow, self.checkpoints, members, self.pulls, rule,
+                             self.carry_out, self.after_leaving, group)  # fmt: skip
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
@@ -146,7 +150,7 @@ class ParameterServer:
                     self.serve(received.frames, received.dropped)
                     if received.dropped:
                         give_back_freed_memory()  # an attack leaves no peak behind
-            self.on_tick(time.monotonic())
+            self.timers.tick(time.monotonic())  # timers.py
         if self.options.checkpoint_path:
             self.checkpoints.save()
         log.info("stopped at version %d", self.store.version)
@@ -176,20 +180,6 @@ class ParameterServer:
             self.outbox.error(envelope, error, body)
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
-
-    def on_tick(self, now: float) -> None:
-        """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
-        connections holding too much of a message still arriving (minips/server/inflow.py)."""
-        self.inflow.check(now)
-        self.checkpoints.if_due(now)
-        for left in self.membership.check_liveness(now):
-            self.after_leaving(left)
-        if self.registry.assembling:
-            self.registry.update_assembly(now)
-            self.pulls.release()
-        self.carry_out(self.rule.on_tick(now))
-        if self.group is not None:  # a shard's joins; it stops with its root
-            self.group.tick(now)
 
     def serve_forever(self) -> None:
         """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
