@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from test_push_failures import BUG, _assert_internal, _has_bug
 from test_server_support import (
     RawPeer,
     full,
@@ -17,9 +18,10 @@ from test_server_support import (
     push_header,
     raw_hello,
     running_server,
+    send_then_fence,
 )
 
-from minips.rules import ASGD
+from minips.rules import ASGD, SSGD, Outcome, Update
 
 
 class TimerFailsAfterAPush(ASGD):
@@ -41,6 +43,21 @@ class TimerFailsAfterAPush(ASGD):
         self.failures += 1
         self.failed.release()
         raise RuntimeError("a bug in the rule's timer")
+
+
+class RoundFailsOnATimer(SSGD):
+    """ssgd that holds every push and completes the round on a timer, whose after_update
+    raises for a round holding BUG: the rule's decision on a timer fails half done."""
+
+    def _try_complete(self):
+        return Outcome()  # a push only joins the round: the timer completes it
+
+    def on_tick(self, now):
+        return SSGD._try_complete(self)
+
+    def after_update(self, update: Update) -> None:
+        if any(_has_bug(push) for push in update.pushes):
+            raise RuntimeError("a bug in the rule")
 
 
 def _ping(peer: RawPeer, worker: str, rid: int) -> None:
@@ -69,3 +86,21 @@ def test_a_timer_failing_on_every_turn_is_logged_once_and_the_server_goes_on(cap
     assert sum(bool(r.exc_info) for r in caplog.records) == 1  # one traceback, not one a turn
     powers_of_ten = len(str(rule.failures))  # the 1st, then its 10th, 100th, ... failure
     assert len(timer_lines) == powers_of_ten, [r.getMessage() for r in timer_lines]
+
+
+def test_a_round_failing_on_a_timer_answers_its_pushes_internal():
+    with running_server(RoundFailsOnATimer()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            b_reply = b.request(push_header("b", 0, 0, rid=2), full("fc.b", BUG))
+            _assert_internal(b_reply)
+            _assert_internal(a.recv())  # a's push, in the same failed round
+            _assert_internal(send_then_fence(a, push_header("a", 0, 0, rid=3), full("fc.b", 1.0)))
+            _ping(b, "b", rid=4)
+            assert send_then_fence(a, push_header("a", 1, 1, rid=5), full("fc.b", 0.5)) is None
+            reply = b.request(push_header("b", 1, 1, rid=6), full("fc.b", 0.5))
+            for answer in (reply, a.recv()):
+                assert answer.op == "push" and answer.header["applied"], answer.header
+                assert answer.header["version"] == 2  # the failed round's update stays written

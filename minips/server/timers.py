@@ -6,7 +6,8 @@ timers (an ssgd round completing once the assembly ended) and a shard's joins.
 
 Each job runs contained: one that fails (a bug) is logged once with its traceback, then
 only counted (a line at its 10th, 100th, ... failure), and the loop goes on serving and
-running the other jobs. A MinipsError is not a bug: the server cannot go
+running the other jobs; what it was carrying out is answered by carry_out's own
+containment (minips/server/failures.py). A MinipsError is not a bug: the server cannot go
 on (a group's root refused this shard), and it stops the loop as it says.
 """
 
