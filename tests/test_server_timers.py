@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 
+import numpy as np
+import pytest
 from test_push_failures import BUG, _assert_internal, _has_bug
 from test_server_support import (
     RawPeer,
     full,
+    make_params,
     pull_header,
     push_header,
     raw_hello,
@@ -22,6 +25,9 @@ from test_server_support import (
 )
 
 from minips.rules import ASGD, SSGD, Outcome, Update
+from minips.server.checkpoints import Checkpointer
+from minips.server.store import SGD, ParameterStore
+from minips.server.telemetry import Counters
 
 
 class TimerFailsAfterAPush(ASGD):
@@ -104,3 +110,20 @@ def test_a_round_failing_on_a_timer_answers_its_pushes_internal():
             for answer in (reply, a.recv()):
                 assert answer.op == "push" and answer.header["applied"], answer.header
                 assert answer.header["version"] == 2  # the failed round's update stays written
+
+
+def test_a_time_based_checkpoint_that_fails_is_tried_again_after_its_interval_not_each_turn(
+    tmp_path,
+):
+    (tmp_path / "a-file").write_text("")  # the checkpoint's folder is a file: every save fails
+    params = make_params()
+    store = ParameterStore(params, SGD(params, lr=0.5))
+    checkpoints = Checkpointer(store, Counters(), tmp_path / "a-file" / "c.npz", interval=10.0)
+    store.write([("fc.b", np.ones(4, np.float32), 1.0)])  # the version moved: one is due
+    start = checkpoints._last[0]
+    with pytest.raises(OSError):
+        checkpoints.if_due(start + 10.0)
+    checkpoints.if_due(start + 10.05)  # the next turn: not tried again (no OSError)
+    store.write([("fc.b", np.ones(4, np.float32), 1.0)])
+    with pytest.raises(OSError):  # a whole interval later, tried again
+        checkpoints.if_due(start + 20.0)
