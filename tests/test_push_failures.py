@@ -1,7 +1,8 @@
 """A push whose handling fails after the server accepted it (a bug in a rule): the worker
 gets `internal`, a retry of the same `seq` gets the same `internal` and is never applied,
 nothing stays held for the failed request, the model is as before, and the server goes
-on serving that worker and the others (docs/protocol.md 8, 9).
+on serving that worker and the others (docs/protocol.md 8, 9). A failure after an update
+was written answers every push of it still held `internal` too, whoever sent it.
 
 The rules below have a bug on purpose (no real rule fails so); each fails only on a push
 holding the gradient value BUG, so every other push is served as usual.
@@ -57,6 +58,15 @@ class WritesAnUnknownParameter(ASGD):
         steps = [(name, grad, 1.0) for name, grad in push.grads.items()]
         steps.append(("no.such", np.zeros(4, np.float32), 1.0))
         return Outcome(updates=[Update([push], steps)], answers=[(push, True)])
+
+
+class RoundFailsAfterItsWrite(SSGD):
+    """ssgd whose after_update raises for a round holding BUG: the update is written, then
+    carrying out the round fails (as a checkpoint on a full disk would)."""
+
+    def after_update(self, update):
+        if any(_has_bug(push) for push in update.pushes):
+            raise RuntimeError("a bug in the rule")
 
 
 class FailsToAnswerAfterABadPush(ASGD):
@@ -184,3 +194,57 @@ def test_a_pull_half_the_rule_failed_on_is_not_held_for_later():
             assert reply.header["applied"] and reply.header["version"] == 2
             # the failed request had its one reply: the next one a gets is for its stats
             assert a.request({"op": "stats", "rid": 3}).op == "stats"
+
+
+def _assert_applied(reply, version: int) -> None:
+    assert reply is not None and reply.op == "push", reply and reply.header
+    assert reply.header["applied"] and reply.header["version"] == version, reply.header
+
+
+def test_a_round_failing_after_its_write_answers_every_push_of_it_internal():
+    with running_server(RoundFailsAfterItsWrite()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            _assert_internal(b.request(push_header("b", 0, 0, rid=2), full("fc.b", BUG)))
+            _assert_internal(a.recv())  # a's push, held for the round that failed
+            for peer, worker, rid in ((a, "a", 3), (b, "b", 4)):  # a retry: the same error
+                retry = send_then_fence(peer, push_header(worker, 0, 0, rid=rid), full("fc.b", 1))
+                _assert_internal(retry)
+            assert send_then_fence(a, push_header("a", 1, 1, rid=5), full("fc.b", 0.5)) is None
+            reply = b.request(push_header("b", 1, 1, rid=6), full("fc.b", 0.5))
+            for answer in (reply, a.recv()):  # the failed round's update stays written: t = 2
+                _assert_applied(answer, 2)
+
+
+def test_a_round_a_bye_completes_and_fails_answers_the_held_pushes_and_the_bye_once():
+    with running_server(RoundFailsAfterItsWrite()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", BUG)) is None
+            bye = send_then_fence(b, {"op": "bye", "worker": "b", "rid": 2})
+            assert bye is not None and bye.op == "bye", bye and bye.header  # and nothing more
+            _assert_internal(a.recv())
+            _assert_internal(send_then_fence(a, push_header("a", 0, 0, rid=3), full("fc.b", BUG)))
+            _assert_applied(a.request(push_header("a", 1, 1, rid=4), full("fc.b", 0.5)), 2)
+
+
+def test_a_round_whose_checkpoint_fails_on_a_full_disk_answers_both_pushes_internal(tmp_path):
+    full_disk = tmp_path / "a-file"  # the checkpoint's folder is a file: its saves fail
+    full_disk.write_text("")
+    options = {"checkpoint_path": full_disk / "c.npz", "checkpoint_every": 1}
+    with running_server("ssgd", **options) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            _assert_internal(b.request(push_header("b", 0, 0, rid=2), full("fc.b", 1.0)))
+            _assert_internal(a.recv())  # a's push, held for the round whose checkpoint failed
+            full_disk.unlink()  # room again: the next checkpoint, and the one at the stop, work
+            assert send_then_fence(a, push_header("a", 1, 1, rid=3), full("fc.b", 0.5)) is None
+            reply = b.request(push_header("b", 1, 1, rid=4), full("fc.b", 0.5))
+            for answer in (reply, a.recv()):
+                _assert_applied(answer, 2)
+    assert (full_disk / "c.npz").exists()

@@ -367,18 +367,6 @@ class WorkerRegistry:
             )
             self.assembling = False
 
-    def fail_held(self, reply_to: Any, error: ProtocolError) -> None:
-        """What is held for the request whose reply goes to `reply_to` (an Envelope), once
-        handling it failed with `error` (`internal`: a bug): its push is answered `error`,
-        remembered so a retry gets it again and is never applied; its pull half is dropped,
-        the request had its one reply. Nothing stays held for it."""
-        failure = {"op": "error", "reason": error.reason, "code": error.code}
-        for worker in self.by_id.values():
-            for push in [p for p in worker.held_pushes.values() if p.reply_to is reply_to]:
-                worker.remember_answer(push.seq, failure)
-            if worker.held_pull is not None and worker.held_pull.reply_to is reply_to:
-                worker.held_pull = None
-
     def silent(self, now: float, timeout: float) -> list[WorkerState]:
         """Live workers with nothing held that have been silent (`silent_for`) for `timeout`
         seconds, and observers silent for OBSERVER_EXPIRY heartbeat timeouts."""

@@ -42,6 +42,7 @@ class Envelope:
     routing: list[Any]
     rid: int | None = None
     origin: Origin = Origin(b"")  # who sent it: routing id, CURVE key
+    answered: bool = False  # a reply went: a failure after it sends no second one
 
 
 @dataclass
@@ -141,13 +142,18 @@ class Outbox:
         too, with the time: its silence (liveness) counts from its last reply."""
         if envelope.rid is not None:
             header = {**header, "rid": envelope.rid}
+        envelope.answered = True
         nbytes = self.send(envelope.routing, wire.encode_parts(header, parts))
         if worker is not None:
             worker.bytes_out += nbytes
             worker.last_answered = time.monotonic()
 
     def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
-        """Answer a request that failed with `error` (its rid read from `body` if need be)."""
+        """Answer a request that failed with `error` (its rid read from `body` if need be);
+        nothing when it was answered already (a failure after its reply: logged, no second)."""
+        if envelope.answered:
+            return
+        envelope.answered = True
         self.counters.errors += 1
         log.debug("error reply (%s): %s", error.code, error.reason)
         rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)

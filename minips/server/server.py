@@ -9,8 +9,10 @@ their versions (server/store.py), the worker registry (server/registry.py) and t
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-checkpoints server/checkpoints.py; both hand what the rule decided back to the loop. The
-path of one push:
+checkpoints server/checkpoints.py, the jobs of every turn server/timers.py; they hand what
+the rule decided back to the loop. A bug (in a handler, the rule, a timer) is logged, the
+request and pushes it leaves waiting are answered `internal`, and the loop goes on
+(server/failures.py). The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -36,6 +38,7 @@ from minips.rules import Outcome, Rule
 from minips.server import checks
 from minips.server.checkpoints import Checkpointer
 from minips.server.collapse import CollapseWatch, output_classes
+from minips.server.failures import Failures
 from minips.server.group import ShardRole, operator_fields, refuse_join
 from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
@@ -53,6 +56,7 @@ from minips.server.router import (
 from minips.server.stop import Stop, stop_on_signals
 from minips.server.store import SGD, ParameterStore
 from minips.server.telemetry import Telemetry, UpdateRecord
+from minips.server.timers import Timers
 
 __all__ = ["ParameterServer", "ServerOptions"]
 
@@ -106,6 +110,7 @@ class ParameterServer:
                                                     options.send_hwm, options.keys)  # fmt: skip
         self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))  # inflow.py
         self.outbox = outbox = Outbox(self.socket, self.telemetry.counters)
+        self.failures = Failures(self.registry, outbox)  # a bug: nobody left waiting
         # routing id, a REQ delimiter, the header, the array frames, and one to see more
         self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
@@ -122,6 +127,8 @@ class ParameterServer:
         self.group = members.group = group  # a shard of a server group (server/group.py)
         if group is not None:
             group.attach(self)
+        self.timers = Timers(self.inflow, self.checkpoints, members, self.pulls, rule,
+                             self.carry_out, self.after_leaving, group)  # fmt: skip
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
@@ -146,7 +153,7 @@ class ParameterServer:
                     self.serve(received.frames, received.dropped)
                     if received.dropped:
                         give_back_freed_memory()  # an attack leaves no peak behind
-            self.on_tick(time.monotonic())
+            self.timers.tick(time.monotonic())  # timers.py
         if self.options.checkpoint_path:
             self.checkpoints.save()
         log.info("stopped at version %d", self.store.version)
@@ -169,27 +176,10 @@ class ParameterServer:
             self.outbox.error(envelope, exc, body)
             if exc.code == "nonfinite":  # the model may have diverged (server/collapse.py)
                 self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
-        except Exception as exc:  # a bug: say so, keep serving
-            log.exception("internal error handling a request")
-            error = ProtocolError(f"internal server error: {type(exc).__name__}", "internal")
-            self.registry.fail_held(envelope, error)  # exactly once: a retry gets it too
-            self.outbox.error(envelope, error, body)
+        except Exception as exc:  # a bug: say so, answer `internal`, keep serving
+            self.failures.request_failed(envelope, exc, body)  # a retry gets it too
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
-
-    def on_tick(self, now: float) -> None:
-        """Timers: dead workers, the end of the assembly, the rule's own timers, checkpoints;
-        connections holding too much of a message still arriving (minips/server/inflow.py)."""
-        self.inflow.check(now)
-        self.checkpoints.if_due(now)
-        for left in self.membership.check_liveness(now):
-            self.after_leaving(left)
-        if self.registry.assembling:
-            self.registry.update_assembly(now)
-            self.pulls.release()
-        self.carry_out(self.rule.on_tick(now))
-        if self.group is not None:  # a shard's joins; it stops with its root
-            self.group.tick(now)
 
     def serve_forever(self) -> None:
         """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
@@ -297,24 +287,28 @@ class ParameterServer:
 
     def carry_out(self, outcome: Outcome) -> None:
         """Apply the rule's updates (t += 1 each), record its drops, send its answers; then
-        the pulls the rule now allows."""
-        for update in outcome.updates:
-            for push in update.pushes:
-                push.staleness = self.store.version - push.base  # tau, t just before it
-            version = self.store.write(update.steps)
-            self.overflow.carry(update.steps)  # its norm bounds, to the versions just written
-            self.collapse.on_applied()
-            self.rule.after_update(update)
-            self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
-            self.checkpoints.after_update(version)
-        for push in outcome.drops:
-            self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
-            push.worker.dropped += 1
-            self.answer_push(push, applied=False)
-        for push, applied in outcome.answers:
-            self.answer_push(push, applied)
-        if outcome.updates or outcome.answers or outcome.drops:
-            self.pulls.release()
+        the pulls the rule now allows. A failure answers its pushes still held `internal`."""
+        try:
+            for update in outcome.updates:
+                for push in update.pushes:
+                    push.staleness = self.store.version - push.base  # tau, t just before it
+                version = self.store.write(update.steps)
+                self.overflow.carry(update.steps)  # its norm bounds, to the versions written
+                self.collapse.on_applied()
+                self.rule.after_update(update)
+                self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
+                self.checkpoints.after_update(version)
+            for push in outcome.drops:
+                self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
+                push.worker.dropped += 1
+                self.answer_push(push, applied=False)
+            for push, applied in outcome.answers:
+                self.answer_push(push, applied)
+            if outcome.updates or outcome.answers or outcome.drops:
+                self.pulls.release()
+        except Exception as exc:  # a bug: the round's other pushes would wait for ever
+            self.failures.outcome_failed(outcome, exc)  # failures.py
+            raise
 
     def after_leaving(self, outcome: Outcome) -> None:
         """Carry out the rule's decision on a worker who left (or a hello that completed
