@@ -11,6 +11,8 @@ which will not come. Each failed push is remembered with its error, so a retry o
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -57,13 +59,18 @@ class Failures:
             if worker.held_pull is not None and worker.held_pull.reply_to is reply_to:
                 worker.held_pull = None
 
-    def outcome_failed(self, outcome: Outcome, exc: Exception) -> None:
-        """Carrying out a rule's `outcome` failed with `exc` (an update may be written
-        already): each of its pushes still held is answered `internal` now and remembered
-        so. The caller re-raises: the failure is logged where it is caught."""
-        error = internal(exc)
-        for push in self.fail_pushes(_pushes_of(outcome), error):
-            self.outbox.error(push.reply_to, error, [])
+    @contextmanager
+    def answering(self, outcome: Outcome) -> Iterator[None]:
+        """Carry out a rule's `outcome` in this block; should it fail (an update may be
+        written already), each of its pushes still held is answered `internal` now and
+        remembered so, and the failure goes on up, to be logged where it is caught."""
+        try:
+            yield
+        except Exception as exc:  # the round's other pushes would wait for ever
+            error = internal(exc)
+            for push in self.fail_pushes(_pushes_of(outcome), error):
+                self.outbox.error(push.reply_to, error, [])
+            raise
 
     def fail_pushes(self, pushes: list[Push], error: ProtocolError) -> list[Push]:
         """Of `pushes`, the ones still held, each remembered as answered with `error` (a

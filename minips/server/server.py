@@ -288,7 +288,7 @@ class ParameterServer:
     def carry_out(self, outcome: Outcome) -> None:
         """Apply the rule's updates (t += 1 each), record its drops, send its answers; then
         the pulls the rule now allows. A failure answers its pushes still held `internal`."""
-        try:
+        with self.failures.answering(outcome):  # failures.py: nobody left waiting by a bug
             for update in outcome.updates:
                 for push in update.pushes:
                     push.staleness = self.store.version - push.base  # tau, t just before it
@@ -306,9 +306,6 @@ class ParameterServer:
                 self.answer_push(push, applied)
             if outcome.updates or outcome.answers or outcome.drops:
                 self.pulls.release()
-        except Exception as exc:  # a bug: the round's other pushes would wait for ever
-            self.failures.outcome_failed(outcome, exc)  # failures.py
-            raise
 
     def after_leaving(self, outcome: Outcome) -> None:
         """Carry out the rule's decision on a worker who left (or a hello that completed
