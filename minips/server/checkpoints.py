@@ -116,9 +116,16 @@ class Checkpointer:
         return path
 
     def after_update(self, version: int) -> None:
-        """The update-count checkpoint: at every `every`-th version."""
-        if self.path and self.every and version % self.every == 0:
+        """The update-count checkpoint: at every `every`-th version. One that cannot be
+        written (a full disk) is logged, not raised: the update it follows is applied and
+        its pushes get their answers; the next one tries again."""
+        if not (self.path and self.every and version % self.every == 0):
+            return
+        try:
             self.save()
+        except OSError as exc:
+            log.error("checkpoint at version %d not written (%s); training goes on, the next "
+                      "one tries again", version, exc)  # fmt: skip
 
     def if_due(self, now: float) -> None:
         """The time-based checkpoint: every `interval` seconds, if anything changed
