@@ -435,6 +435,16 @@ def test_force_keeps_the_previous_run_when_what_its_processes_need_is_not_there(
     assert [p.name for p in previous.iterdir()] == ["summary.json"]
 
 
+def test_a_trace_inside_a_new_out_is_a_run_like_any_other(tmp_path, capsys):
+    """--trace under --out, in a folder not made yet: the start's check creates nothing,
+    so --out is still new when it is claimed, and the trace is written there."""
+    out = tmp_path / "new"
+    trace = out / "traces" / "t.json"
+    main(["run", *TINY_RUN, "--quiet", "--out", str(out), "--trace", str(trace)])
+    assert "test accuracy" in capsys.readouterr().out
+    assert trace.exists()
+
+
 def test_force_keeps_the_previous_run_when_this_user_cannot_shape_a_link(
     tmp_path, capsys, monkeypatch
 ):

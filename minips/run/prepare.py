@@ -29,7 +29,7 @@ from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_can_shape, check_resume
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
-from minips.run.rundir import RUN_FILES, RunDir, check_writable
+from minips.run.rundir import RUN_FILES, RunDir
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -85,7 +85,7 @@ def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) 
     --trace file that cannot be written (it is written when the run ends)."""
     check_resume(config.resume, config.servers, config.model)
     if config.trace:
-        check_writable(config.trace, "--trace")
+        check_creatable(config.trace, "--trace")
     check_can_shape(config.netem)
     if config.keys and (Path(config.keys) / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
         auth.load_server_keys(config.keys)  # no server key yet: the run makes the keys
@@ -95,6 +95,20 @@ def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) 
         check_can_listen(config.listen, "--listen")
     if dashboard_listen:
         check_can_listen(dashboard_listen, "--dashboard-listen")
+
+
+def check_creatable(path: str | Path, option: str) -> None:
+    """RunDirError unless a file could be made at `path` later, creating nothing now (the
+    path may lie in an --out that must stay empty until it is claimed): its nearest
+    existing folder is a folder this process may write in."""
+    existing = next(parent for parent in Path(path).absolute().parents if parent.exists())
+    if not existing.is_dir():
+        reason = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = f"{existing} is not writable"
+    else:
+        return
+    raise RunDirError(f"{option} {path}: cannot write there ({reason})")
 
 
 def check_can_listen(listen: str, option: str) -> None:

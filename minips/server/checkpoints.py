@@ -133,11 +133,15 @@ class Checkpointer:
         last, version = self._last
         if not (self.interval and self.path) or now - last < self.interval:
             return
-        # Noted first: one that fails (a full disk) is tried again an interval later, not
-        # on every turn of the loop (minips/server/timers.py logs and counts the failure).
+        if self.store.version == version:
+            self._last = (now, version)
+            return
+        # Noted first, with the version of the last one written: one that fails (a full
+        # disk) is tried again an interval later, not on every turn of the loop, even when
+        # no update comes meanwhile (minips/server/timers.py logs and counts the failure).
+        self._last = (now, version)
+        self.save()
         self._last = (now, self.store.version)
-        if self.store.version != version:
-            self.save()
 
 
 __all__ = ["Checkpointer", "assemble", "shard_files", "shard_path", "slicer", "versioned_path"]

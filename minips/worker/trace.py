@@ -124,6 +124,9 @@ class Trace:
         self._closed = True
         document = {"traceEvents": self.events(), "displayTimeUnit": "ms"}
         partial = self.path.with_name(self.path.name + ".partial")
+        partial.parent.mkdir(
+            parents=True, exist_ok=True
+        )  # --trace names a file, its folder may be new
         partial.write_text(json.dumps(document, separators=(",", ":")))
         partial.replace(self.path)
 
