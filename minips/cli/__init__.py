@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import click
 
 from minips import __version__
+from minips.cli.environment import unknown_variables
 from minips.errors import MinipsError
 
 # name -> ("module:attribute" of the click command, the line `minips --help` shows for it;
@@ -70,6 +72,15 @@ class LazyGroup(click.Group):
             return None
         module, _, attribute = self.table[cmd_name][0].partition(":")
         return getattr(importlib.import_module(module), attribute)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if name is not None and command is not None:
+            for line in unknown_variables(os.environ, name, command, list(self.table)):
+                click.echo(line, err=True)
+        return name, command, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # From the table, so listing the commands imports none of them.
@@ -131,7 +142,8 @@ def cli() -> None:
     """minips: a small parameter server for distributed deep learning.
 
     Every option can also be given as an environment variable MINIPS_<COMMAND>_<OPTION>,
-    e.g. MINIPS_RUN_WORKERS=4 for `minips run --workers 4`. Datasets are looked up in
+    e.g. MINIPS_RUN_WORKERS=4 for `minips run --workers 4` (a MINIPS_ variable that no
+    option reads is named in a warning). Datasets are looked up in
     --data-dir, then /usr/share/datasets, then $MINIPS_DATA (default ~/.cache/minips).
     """
 
