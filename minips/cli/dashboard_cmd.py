@@ -52,6 +52,7 @@ def dashboard(
     client_keys = load_client_keys(keys, key_name) if keys else None
     url, stop = start_dashboard(connect, metrics, listen, updates_log, client_keys)
     click.echo(f"dashboard for {connect} on {url} (Ctrl-C stops it)")
+    click.echo(f"projector view: {url}?projector")
     try:
         while True:
             time.sleep(3600)

@@ -94,6 +94,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             def on_start(endpoint: str) -> None:
                 if url := page.start(endpoint):
                     click.echo(f"dashboard: {url}")
+                    click.echo(f"projector view: {url}?projector")
 
             hooks = {"on_start": on_start, "announce": click.echo}
             if quiet:

@@ -37,30 +37,45 @@ PAGE = r"""<!doctype html>
  th { background: #f0f0f0; position: sticky; top: 0; font-weight: 600; }
  td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
  td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
+ #view-link { font-size: 12px; margin-left: 12px; color: #05a; }
+ /* Projector view (?projector): a few numbers and the charts in type a class reads from the
+    back of the room (48 px numbers, 22 px table at 1280x720); the charts take the height. */
+ body.projector { font-size: 22px; padding: 12px 18px; gap: 12px; }
+ body.projector h1 { font-size: 32px; } body.projector h1 small { font-size: 22px; }
+ body.projector #final { font-size: 28px; padding: 6px 14px; }
+ body.projector .tile { flex: 1 1 0; padding: 4px 14px; }
+ body.projector .tile b { font-size: 48px; line-height: 1.15; }
+ body.projector .tile span { font-size: 20px; color: #444; white-space: nowrap; }
+ body.projector .charts { flex: 1 1 auto; min-height: 0; }
+ body.projector .charts > div { height: 100%; }
+ body.projector canvas { height: 100%; box-sizing: border-box; }
+ body.projector #table-box { flex: 0 0 auto; max-height: 30vh; min-height: 0; }
+ body.projector table { font-size: 22px; } body.projector th, body.projector td { padding: 2px 12px; }
+ body.projector .minor, body.projector #shards, body.projector #view-link { display: none; }
 </style></head><body>
-<h1>minips <small id="connect"></small> <small id="status" class="connecting">connecting...</small></h1>
+<h1>minips <small id="connect"></small> <small id="status" class="connecting">connecting...</small><a id="view-link" href="?projector">projector view</a></h1>
 <div id="final" hidden></div>
 <div class="tiles">
- <div class="tile"><span>rule</span><b id="stat-rule">-</b></div>
+ <div class="tile minor"><span>rule</span><b id="stat-rule">-</b></div>
  <div class="tile"><span>test accuracy</span><b id="stat-accuracy">-</b></div>
- <div class="tile"><span>version t</span><b id="stat-version">-</b></div>
- <div class="tile"><span>updates</span><b id="stat-updates">-</b></div>
+ <div class="tile minor"><span>version t</span><b id="stat-version">-</b></div>
+ <div class="tile minor"><span>updates</span><b id="stat-updates">-</b></div>
  <div class="tile"><span>updates/s</span><b id="stat-updates-per-s">-</b></div>
  <div class="tile"><span>samples</span><b id="stat-samples">-</b></div>
  <div class="tile"><span>live workers</span><b id="stat-live-workers">-</b></div>
  <div class="tile"><span>staleness mean / max</span><b><i id="stat-staleness-mean">-</i> / <i id="stat-staleness-max">-</i></b></div>
- <div class="tile"><span>bytes up (to server)</span><b id="stat-bytes-in">-</b></div>
- <div class="tile"><span>bytes down</span><b id="stat-bytes-out">-</b></div>
- <div class="tile"><span>server uptime</span><b id="stat-uptime">-</b></div>
+ <div class="tile minor"><span>bytes up (to server)</span><b id="stat-bytes-in">-</b></div>
+ <div class="tile minor"><span>bytes down</span><b id="stat-bytes-out">-</b></div>
+ <div class="tile minor"><span>server uptime</span><b id="stat-uptime">-</b></div>
 </div>
 <div class="charts">
  <div><canvas id="chart-accuracy"></canvas></div>
  <div><canvas id="chart-contribution"></canvas></div>
  <div><canvas id="chart-staleness"></canvas></div>
 </div>
-<div id="table-box"><table id="workers"><thead><tr><th>rank</th><th>agent</th><th>host</th><th>state</th>
- <th>steps</th><th>samples</th><th>samples/s</th><th>steps/s</th><th>behind fastest</th>
- <th>staleness mean</th><th>max</th><th>scale mean</th><th>bytes up</th><th>bytes down</th></tr></thead><tbody></tbody></table></div>
+<div id="table-box"><table id="workers"><thead><tr><th>rank</th><th>agent</th><th class="minor">host</th><th>state</th>
+ <th>steps</th><th>samples</th><th>samples/s</th><th class="minor">steps/s</th><th class="minor">behind fastest</th>
+ <th>staleness mean</th><th class="minor">max</th><th class="minor">scale mean</th><th class="minor">bytes up</th><th class="minor">bytes down</th></tr></thead><tbody></tbody></table></div>
 <table id="shards" hidden><thead><tr><th>shard</th><th>version</th><th>updates</th>
  <th>updates/s</th><th>bytes up</th><th>bytes down</th><th>bytes/s</th><th>load</th></tr></thead>
  <tbody></tbody></table>
@@ -73,6 +88,12 @@ const fmt = (v, digits) => typeof v === "number" ? (Number.isInteger(v) && digit
 const pct = a => (100 * a).toFixed(1) + "%";
 const AGENT_COLOURS = { numpy: "#1f77b4" };  // browsers: orange
 let last = null;
+// The projector view: the class's view in large type; its chart text scales with it.
+const PROJECTOR = new URLSearchParams(location.search).has("projector");
+const SCALE = PROJECTOR ? 1.7 : 1;
+const MINOR_COLUMNS = new Set(["host", "steps_per_s", "behind", "staleness_max", "scale_mean", "bytes_in", "bytes_out"]);
+if (PROJECTOR) document.body.classList.add("projector");
+const px = n => Math.round(n * SCALE) + "px system-ui";
 
 function setValue(id, value, text) {
   const el = document.getElementById(id);
@@ -90,12 +111,12 @@ function canvas(id) {
 }
 
 function frame(g, w, h, title, xLabel) {
-  const box = { left: 44, right: 10, top: 22, bottom: 28 };
+  const box = { left: 44 * SCALE, right: 10, top: 22 * SCALE, bottom: 28 * SCALE };
   box.w = w - box.left - box.right; box.h = h - box.top - box.bottom;
-  g.fillStyle = "#222"; g.font = "12px system-ui"; g.fillText(title, 8, 14);
+  g.fillStyle = "#222"; g.font = px(12); g.fillText(title, 8, 14 * SCALE);
   g.strokeStyle = "#999"; g.beginPath(); g.moveTo(box.left, box.top); g.lineTo(box.left, box.top + box.h);
   g.lineTo(box.left + box.w, box.top + box.h); g.stroke();
-  g.font = "11px system-ui"; g.fillStyle = "#666"; g.fillText(xLabel, box.left + box.w / 2 - 20, h - 4);
+  g.font = px(11); g.fillStyle = "#666"; g.fillText(xLabel, box.left + box.w / 2 - 20 * SCALE, h - 4);
   return box;
 }
 
@@ -104,15 +125,15 @@ function lineChart(id, points, title, xLabel, yMin, yMax, yText) {
   if (points.length === 0) { g.fillText("no data yet", b.left + b.w / 2 - 30, b.top + b.h / 2); return; }
   const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1e-9);
-  const px = x => b.left + (x - x0) / (x1 - x0) * b.w, py = y => b.top + b.h - (y - yMin) / (yMax - yMin) * b.h;
+  const x = v => b.left + (v - x0) / (x1 - x0) * b.w, y = v => b.top + b.h - (v - yMin) / (yMax - yMin) * b.h;
   g.fillText(yText(yMax), 4, b.top + 4); g.fillText(yText(yMin), 4, b.top + b.h);
-  g.fillText(fmt(x0, 0), b.left, b.top + b.h + 12); g.fillText(fmt(x1, 0), b.left + b.w - 24, b.top + b.h + 12);
+  g.fillText(fmt(x0, 0), b.left, b.top + b.h + 12 * SCALE); g.fillText(fmt(x1, 0), b.left + b.w - 24 * SCALE, b.top + b.h + 12 * SCALE);
   g.strokeStyle = "#1f77b4"; g.lineWidth = 2; g.beginPath();
-  points.forEach((p, i) => i ? g.lineTo(px(p[0]), py(p[1])) : g.moveTo(px(p[0]), py(p[1])));
+  points.forEach((p, i) => i ? g.lineTo(x(p[0]), y(p[1])) : g.moveTo(x(p[0]), y(p[1])));
   g.stroke(); g.lineWidth = 1;
   const end = points[points.length - 1];
-  g.fillStyle = "#1f77b4"; g.font = "bold 13px system-ui";
-  g.fillText(yText(end[1]), Math.min(px(end[0]) - 40, b.left + b.w - 48), Math.max(py(end[1]) - 6, b.top + 12));
+  g.fillStyle = "#1f77b4"; g.font = "bold " + px(13);
+  g.fillText(yText(end[1]), Math.min(x(end[0]) - 40 * SCALE, b.left + b.w - 48 * SCALE), Math.max(y(end[1]) - 6, b.top + 12 * SCALE));
 }
 
 function barChart(id, bars, title, xLabel) {
@@ -121,12 +142,12 @@ function barChart(id, bars, title, xLabel) {
   if (bars.length === 0) { g.fillText("no data yet", b.left + b.w / 2 - 30, b.top + b.h / 2); return; }
   const top = Math.max(...bars.map(x => x.value), 1), step = b.w / bars.length, gap = Math.min(4, step / 4);
   g.fillText(fmt(top), 4, b.top + 4); g.fillText("0", 4, b.top + b.h);
-  const every = Math.ceil(bars.length / Math.max(1, Math.floor(b.w / 22)));
+  const every = Math.ceil(bars.length / Math.max(1, Math.floor(b.w / (22 * SCALE))));
   bars.forEach((bar, i) => {
     const bh = bar.value / top * b.h;
     g.fillStyle = bar.colour || "#1f77b4";
     g.fillRect(b.left + i * step + gap / 2, b.top + b.h - bh, step - gap, bh);
-    if (i % every === 0) { g.fillStyle = "#444"; g.fillText(bar.label, b.left + i * step + step / 2 - 6, b.top + b.h + 12); }
+    if (i % every === 0) { g.fillStyle = "#444"; g.fillText(bar.label, b.left + i * step + step / 2 - 6 * SCALE, b.top + b.h + 12 * SCALE); }
   });
 }
 
@@ -172,7 +193,8 @@ function render(s) {
   lineChart("chart-accuracy", evals.map(e => [e.time, e.accuracy]), "test accuracy vs time", "seconds", 0, 1, pct);
   const workers = s.workers || [];
   barChart("chart-contribution", workers.map(w => ({ label: String(w.rank), value: w.samples,
-    colour: AGENT_COLOURS[w.agent] || "#ff7f0e" })), "samples per worker (blue: NumPy, orange: browser)", "rank");
+    colour: AGENT_COLOURS[w.agent] || "#ff7f0e" })),
+    PROJECTOR ? "samples per worker (blue: NumPy)" : "samples per worker (blue: NumPy, orange: browser)", "rank");
   barChart("chart-staleness", (s.staleness_histogram || []).map((n, tau, all) => ({
     label: tau === all.length - 1 && tau >= 30 ? "30+" : String(tau), value: n, colour: "#2ca02c" })),
     "pushes by staleness", "staleness tau");
@@ -198,6 +220,7 @@ function render(s) {
     for (const [key, value, text] of cells) {
       const td = document.createElement("td"); td.dataset.key = key; td.dataset.value = value; td.textContent = text;
       if (key === "state") td.className = value;
+      if (MINOR_COLUMNS.has(key)) td.classList.add("minor");
       tr.appendChild(td);
     }
     tr.dataset.pushes = w.pushes;
