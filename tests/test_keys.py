@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import zmq
 
@@ -68,3 +69,24 @@ def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
             sock.close(0)
         gatekeeper.stop()
         context.term()
+
+
+def test_the_start_line_says_whether_the_server_is_authenticated(tmp_path, caplog):
+    import logging
+
+    from minips.rules import make_rule
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
+
+    auth.make_keys(tmp_path, clients=("worker", "operator"))
+    lines = {}
+    for name, keys in (("open", None), ("keyed", auth.load_server_keys(tmp_path))):
+        params = {"w": np.zeros((2, 2), np.float32)}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="minips.server"):
+            options = ServerOptions(bind="tcp://127.0.0.1:*", keys=keys)
+            server = ParameterServer(params, make_rule("asgd"), SGD(params), options)
+            server.close()
+        lines[name] = next(r.getMessage() for r in caplog.records if "serving" in r.getMessage())
+    assert "authenticated" not in lines["open"]
+    assert lines["keyed"].endswith("authenticated (CURVE keys)"), lines

@@ -132,7 +132,9 @@ class ParameterServer:
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
-        log.info("serving %d parameters on %s, rule %s", len(params), self.endpoint, rule.name)
+        authenticated = ", authenticated (CURVE keys)" if options.keys is not None else ""
+        log.info("serving %d parameters on %s, rule %s%s", len(params), self.endpoint, rule.name,
+                 authenticated)  # fmt: skip
 
     # ---------------------------------------------------------------------------- the loop
 
