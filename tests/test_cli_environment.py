@@ -51,3 +51,25 @@ def test_a_group_commands_subcommand_options_are_known():
     names = list(cli.table)
     assert unknown_variables({"MINIPS_DATA_DOWNLOAD_BASE_URL": "1"}, "data", command, names) == []
     assert unknown_variables({"MINIPS_DATA_DOWNLOAD_BASE_ULR": "1"}, "data", command, names)
+
+
+def _launch_blas_threads(env: dict[str, str]) -> str:
+    code = (
+        "import os, sys\n"
+        "from minips.cli import cli\n"
+        "assert 'numpy' not in sys.modules\n"
+        "cli.get_command(None, 'launch')\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS'))\n"
+    )
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_launch_pins_blas_to_one_thread_before_numpy_loads_unless_the_user_set_it():
+    assert _launch_blas_threads({}) == "1 1"
+    assert _launch_blas_threads({"OPENBLAS_NUM_THREADS": "3"}) == "3 1"

@@ -57,6 +57,21 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
 }  # fmt: skip
 
 
+# Commands whose process computes beside the job's other processes on the same cores (a
+# launched worker or shard): BLAS gets one thread per process, as `minips run` gives its
+# children, before the command's module loads numpy.
+SINGLE_THREADED_COMMANDS = ("launch",)
+
+
+def pin_blas_to_one_thread() -> None:
+    """One BLAS thread for this process (OPENBLAS/OMP/MKL_NUM_THREADS=1), unless the user
+    set them; effective only before numpy is first imported."""
+    from minips.run.processes import SINGLE_THREADED_BLAS
+
+    for name, value in SINGLE_THREADED_BLAS.items():
+        os.environ.setdefault(name, value)
+
+
 class LazyGroup(click.Group):
     """A click group that finds its commands in a table and imports each on first use."""
 
@@ -70,6 +85,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.table:
             return None
+        if cmd_name in SINGLE_THREADED_COMMANDS:
+            pin_blas_to_one_thread()
         module, _, attribute = self.table[cmd_name][0].partition(":")
         return getattr(importlib.import_module(module), attribute)
 

@@ -61,6 +61,8 @@ def launch(
         check_run_can_start(config)
         claim_run_dir(Path(out), force, keep=Path(config.resume) if config.resume else None)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
+        threads = os.environ.get("OPENBLAS_NUM_THREADS", "?")
+        click.echo(f"BLAS threads per process: {threads} (OPENBLAS_NUM_THREADS; set it to change)")
     summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
     click.echo(
         f"{summary['samples']} samples, {summary['updates']} updates in {summary['wall_s']:.1f} s "
