@@ -68,7 +68,7 @@ def minips_server(tmp_path: Path, *options: str) -> Iterator[tuple[subprocess.Po
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, env=env,
                                 preexec_fn=raise_fd_limit)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # only catches a hang
         while not endpoint_file.exists():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
