@@ -183,7 +183,7 @@ def test_bucket_paces_real_zmq_traffic():
         dealer.close()
     elapsed = time.monotonic() - start
     assert received == 8 * 1_000_006
-    _assert_never_faster(received, elapsed, link.up)  # unpaced, loopback takes ~10 ms
+    _assert_never_faster(received, elapsed, link.up)
 
 
 def test_frames_nbytes_counts_bytes_not_items():
