@@ -22,7 +22,6 @@ def _lines_with_times(stream, into):
 def test_minips_run_with_a_learning_rate_far_too_large_stops_early_and_says_so(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--workers", "2", "--lr", "3", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -35,13 +34,14 @@ def test_minips_run_with_a_learning_rate_far_too_large_stops_early_and_says_so(t
     reader.join()
     said = [(at, line) for at, line in lines if line.startswith("collapsed: ")]
     assert len(said) == 1, lines  # one line, while the run went (then the summary lines)
-    assert said[0][0] - start < 60  # the model diverges within the first seconds
     assert "try a smaller --lr than 3" in said[0][1]
     assert "Traceback" not in err and "Traceback" not in "".join(line for _, line in lines)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["collapse"]["line"] == said[0][1] and summary["ended"] == "collapsed"
     assert summary["collapse"]["sign"] in ("nonfinite", "loss", "accuracy")
-    assert summary["samples"] < 5 * 5500  # stopped early: not the 5 epochs of 2 workers
+    # Stopped early (not the 5 epochs of 2 workers): the measure of "within the first
+    # seconds" that does not depend on the machine's speed.
+    assert summary["samples"] < 5 * 5500
     assert lines[-1][1] == f"stopped early, exit status {COLLAPSED}: {said[0][1]}"
     report = subprocess.run(
         [sys.executable, "-m", "minips", "report", str(out)], capture_output=True, text=True

@@ -48,6 +48,23 @@ def _handler_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-"))
 
 
+def _until(condition, what: str, timeout: float = 60) -> None:
+    """Wait for `condition()`; the bound only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the dashboard sends on `sock` until it closes it."""
+    sock.settimeout(60)  # only catches a hang: the dashboard closes each one itself
+    answer = b""
+    while chunk := sock.recv(4096):
+        answer += chunk
+    return answer
+
+
 def test_partial_requests_hold_at_most_the_thread_bound_and_are_dropped(page):
     before = _handler_threads()
     held = []
@@ -55,14 +72,14 @@ def test_partial_requests_hold_at_most_the_thread_bound_and_are_dropped(page):
         sock = socket.create_connection(_address(page), timeout=5)
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         held.append(sock)
-    time.sleep(0.3)
+    _until(lambda: len(select.select(held, [], [], 0)[0]) >= 10, "the 10 past the bound")
     assert _handler_threads() - before <= MAX_THREADS
-    busy, _, _ = select.select(held, [], [], 0)
-    assert len(busy) >= 10  # the ones past the bound were answered at once
-    assert all(s.recv(200).startswith(b"HTTP/1.1 503 ") for s in busy)
-    time.sleep(1.5)  # past the socket timeout: every partial request was dropped
-    assert all(s.recv(10) == b"" for s in held if s not in busy)
-    assert _handler_threads() - before <= 1
+    # Each is answered in the end: past the bound a 503 (from the accepting thread, at
+    # once), within it nothing, the connection closed after SOCKET_TIMEOUT of silence.
+    answers = [_answer(sock) for sock in held]
+    refused = [answer for answer in answers if answer]
+    assert len(refused) >= 10 and all(a.startswith(b"HTTP/1.1 503 ") for a in refused), answers
+    _until(lambda: _handler_threads() - before <= 1, "the dropped requests' threads to end")
     assert _get(page)[0] == 200  # and the page is served
     for sock in held:
         sock.close()
@@ -74,14 +91,17 @@ def test_unread_event_streams_are_bounded_and_end(page):
         sock = socket.create_connection(_address(page), timeout=5)
         sock.sendall(b"GET /events HTTP/1.0\r\n\r\n")
         streams.append(sock)
-    time.sleep(0.5)
+    # A stream's first byte comes after it took its place among the MAX_STREAMS.
+    _until(lambda: len(select.select(streams, [], [], 0)[0]) == MAX_STREAMS, "the streams")
     status, body = _get(page + "events")
     assert (
         status == 503
         and body == f"error: {MAX_STREAMS} dashboard pages are open already\n".encode()
     )
     assert _get(page + "snapshot.json")[0] == 200  # threads are left for everything else
-    time.sleep(2.5)  # past the stream lifetime: the unread streams ended
+    # Past the stream lifetime the unread streams end (each gives its place back before
+    # its connection is closed), and a new page gets a stream.
+    assert all(_answer(sock).startswith(b"HTTP/1.0 200 ") for sock in streams)
     with urllib.request.urlopen(page + "events", timeout=10) as stream:
         assert stream.status == 200 and stream.readline() == b"retry: 1000\n"
     for sock in streams:

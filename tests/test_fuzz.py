@@ -45,7 +45,7 @@ def test_fuzzed_requests_never_break_the_server():
             for frames in batch:
                 peer.socket.send_multipart(frames)
             for index in range(len(batch)):
-                assert peer.socket.poll(10_000), f"no reply to message {start + index}"
+                assert peer.socket.poll(60_000), f"no reply to message {start + index}"  # a hang
                 reply = wire.decode_reply(peer.socket.recv_multipart(zmq.NOBLOCK))
                 code = reply.header.get("code", reply.op) if reply.op == "error" else reply.op
                 codes[code] = codes.get(code, 0) + 1
@@ -55,4 +55,6 @@ def test_fuzzed_requests_never_break_the_server():
         assert peer.request({"op": "stats"}).op == "stats"  # still serving, stats intact
     assert sum(codes.values()) == MESSAGES
     assert len(codes) >= 10, codes  # many different rules were exercised
-    assert time.monotonic() - started < 60
+    # A bound that catches a server that stalls on bad input, not a slow machine (35 s at
+    # load 20 on 2 cores).
+    assert time.monotonic() - started < 600

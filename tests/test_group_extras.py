@@ -94,7 +94,7 @@ def test_the_dashboard_shows_one_row_per_shard(tmp_path):
 
 
 def collector_stats(address: str) -> dict:
-    with PSClient(address, timeout=2) as operator:
+    with PSClient(address, timeout=30) as operator:
         return operator.stats()
 
 

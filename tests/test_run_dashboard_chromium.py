@@ -92,13 +92,21 @@ def test_live_run_dashboard_in_chromium_matches_the_servers_stats(tmp_path):
         with chromium_page(url) as tools:
             _wait_page(tools, run, _trained_a_while, "both workers' pushes and 3 evaluations")
             with paused(_workers_of(run)):
-                time.sleep(0.5)  # a push sent just before the pause is applied meanwhile
-                before = _stats(endpoint)
-                seq = json.loads(_get(url + "snapshot.json"))["seq"]
-                page = _wait_page(
-                    tools, run, lambda p: p["seq"] > seq, "a snapshot after the pause"
-                )
-                stats = _stats(endpoint)
+                # A push sent just before the pause may land while the page is read (late
+                # on a loaded machine): read again until the server's counters held still
+                # around it. The paused workers send nothing more, so this ends.
+                for _ in range(20):
+                    before = _stats(endpoint)
+                    seq = json.loads(_get(url + "snapshot.json"))["seq"]
+                    page = _wait_page(
+                        tools, run, lambda p, seq=seq: p["seq"] > seq, "a snapshot after the pause"
+                    )
+                    stats = _stats(endpoint)
+                    if (before["updates"], before["samples"]) == (
+                        stats["updates"],
+                        stats["samples"],
+                    ):
+                        break
                 shot = tools.call("Page.captureScreenshot", format="png")["data"]
             evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
         _check_page_against_stats(page, before, stats, evals)

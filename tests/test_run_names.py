@@ -5,6 +5,7 @@ and `minips report` shows each worker's agent, host and speed. Real processes.""
 
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -144,15 +145,17 @@ def test_the_lab_questions_name_columns_the_report_prints():
 
 def test_a_worker_started_before_its_server_says_so_at_once():
     endpoint = f"tcp://127.0.0.1:{_free_port()}"  # nobody listens yet
+    # "At once": before the first reply timeout, here 600 s, far past the 120 s this test
+    # waits (a bound that only catches a hang, whatever the machine's speed).
     worker = subprocess.Popen(
-        [sys.executable, "-m", "minips", "worker", "--connect", endpoint, "--quiet"],
+        [sys.executable, "-m", "minips", "worker", "--connect", endpoint, "--quiet",
+         "--timeout", "600"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        started = time.monotonic()
-        first = worker.stdout.readline()
-        took = time.monotonic() - started
+        said, _, _ = select.select([worker.stdout], [], [], 120)
+        first = worker.stdout.readline() if said else ""
     finally:
         worker.kill()
         worker.wait(30)
-    assert first == f"worker on {HOST}: joining {endpoint} ...\n" and took < 10, (first, took)
+    assert first == f"worker on {HOST}: joining {endpoint} ...\n", first

@@ -18,24 +18,22 @@ FAST = ["--model", "mlp", "--dataset", "synthetic", "--lr", "0.05"]
 SEATS = ["--listen", "127.0.0.1:0", "--quiet"]
 
 
-def _run(tmp_path, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    done = subprocess.run(
+def _run(tmp_path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`minips run` with seats; the timeout only catches a hang."""
+    return subprocess.run(
         [sys.executable, "-m", "minips", "run", *FAST, *SEATS, "--out", str(tmp_path / "run"),
          *args],
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
-    return done, time.monotonic() - started
 
 
 def test_a_seat_nobody_takes_is_announced_and_the_run_goes_on(tmp_path):
     pytest.importorskip("websockets", reason="browser seats need pip install '.[web]'")
-    done, took = _run(tmp_path, "--workers", "2", "--browser", "1", "--epochs", "1",
+    done = _run(tmp_path, "--workers", "2", "--browser", "1", "--epochs", "1",
                       "--join-wait", "5", "--heartbeat-timeout", "5")  # fmt: skip
     assert done.returncode == 0, done.stderr
     line = "1 browser seat was not taken within 5 s: the run goes on with the workers it has"
     assert done.stdout.splitlines().count(line) == 1, done.stdout
-    assert took < 60, took  # the NumPy worker's epoch, and the wait: not forever
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["samples"] == 1000  # the NumPy worker's shard, once
 
@@ -43,12 +41,13 @@ def test_a_seat_nobody_takes_is_announced_and_the_run_goes_on(tmp_path):
 def test_a_teacher_may_end_the_run_on_an_empty_seat(tmp_path):
     pytest.importorskip("websockets", reason="browser seats need pip install '.[web]'")
     wait = ["--join-wait", "3", "--heartbeat-timeout", "3", "--empty-seats", "end"]
-    done, took = _run(tmp_path, "--workers", "2", "--browser", "1", "--epochs", "500", *wait)
+    done = _run(tmp_path, "--workers", "2", "--browser", "1", "--epochs", "500", *wait)
     assert done.returncode == 0, done.stderr
     assert "1 browser seat was not taken within 3 s: the run ends, as --empty-seats end asks" in (
         done.stdout
     )
-    assert took < 60 and (tmp_path / "run" / "summary.json").exists()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["samples"] < 500 * 1000  # ended on the empty seat, not after 500 epochs
 
 
 def test_a_killed_tab_opened_again_finishes_the_runs_samples(tmp_path):

@@ -1,6 +1,6 @@
 """SIGTERM and SIGINT sent to the `minips run` process alone (as `kill`, `timeout`, a
 scheduler or a supervisor sends them), in each phase of a run: waiting for its browser
-seats, training, stopping. Every process the run started is gone within 10 s. Real
+seats, training, stopping. Every process the run started is gone (bounded: grace, then a kill). Real
 processes; the signal goes to the launcher's pid only, never to its process group."""
 
 import contextlib
@@ -64,22 +64,24 @@ def _wait(predicate, timeout: float, what: str) -> None:
 
 def _stats(tmp_path: Path) -> dict:
     endpoint = (tmp_path / "run" / "endpoint").read_text().strip()
-    with PSClient(endpoint, timeout=2.0, retries=0) as client:
+    with PSClient(endpoint, timeout=30, retries=0) as client:  # 30: only a hang
         return client.stats()
 
 
 def _stop_alone(run: subprocess.Popen, signum: int, tmp_path: Path) -> None:
-    """Send `signum` to the launcher alone; its processes are all gone within 10 s."""
+    """Send `signum` to the launcher alone; its processes are all gone: within its 5 s grace
+    and a kill, given 60 s (a bound that catches a launcher that waits forever, not a slow
+    machine)."""
     started = _descendants(run.pid)
     assert len(started) >= 3, started  # server, evaluator, and a worker or the gateway
     os.kill(run.pid, signum)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline and (run.poll() is None or any(map(_alive, started))):
             time.sleep(0.1)
         left = sorted(pid for pid in started if _alive(pid))
         assert run.poll() is not None and not left, (
-            f"{signal.Signals(signum).name}: after 10 s the launcher "
+            f"{signal.Signals(signum).name}: after 60 s the launcher "
             f"{'exited' if run.poll() is not None else 'still runs'}, left behind {left}; "
             + (tmp_path / "stderr").read_text()[-500:]
         )

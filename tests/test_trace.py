@@ -78,12 +78,12 @@ def test_complete_takes_explicit_times(tmp_path):
 def test_null_trace_does_nothing_and_costs_little(tmp_path):
     trace = open_trace(None)
     assert isinstance(trace, NullTrace) and not trace.enabled
-    start = time.perf_counter()
+    start = time.thread_time()  # this thread's CPU time: waiting for a busy core is not counted
     for _ in range(10_000):
         with trace.span("conv1", "compute"):
             pass
-    per_span = (time.perf_counter() - start) / 10_000
-    assert per_span < 20e-6  # ~0.2 us on a quiet machine; generous for a loaded one
+    per_span = (time.thread_time() - start) / 10_000
+    assert per_span < 20e-6  # ~0.2 us on a quiet machine
     trace.complete("x", "send", 0.0, 1.0)
     trace.close()
     assert trace.events() == []
