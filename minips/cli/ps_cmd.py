@@ -169,6 +169,8 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
                 f"minips server on {ps.endpoint}, rule {config.rule}, "
                 f"{plural(config.workers, 'worker')}"
             )
+            if ps.checkpoints.said:  # the model at its checkpoint path: resumed or kept
+                click.echo(ps.checkpoints.said)
             if endpoint_file:
                 tmp = Path(endpoint_file + ".tmp")
                 tmp.write_text(ps.endpoint + "\n")
