@@ -7,6 +7,7 @@ returns, with the run's summary.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -56,12 +57,15 @@ def launch(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)
     config = RunConfig.from_options(options)
-    if role_of(env, config.servers).kind == COORDINATOR:
+    run_lock: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if role_of(env, config.servers).kind == COORDINATOR:  # OUT is its run's while it lives
         config.validate()
         check_run_can_start(config)
-        claim_run_dir(Path(out), force, keep=Path(config.resume) if config.resume else None)
+        resume = Path(config.resume) if config.resume else None
+        run_lock = claim_run_dir(Path(out), force, keep=resume)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
-    summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
+    with run_lock:
+        summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
     click.echo(
         f"{summary['samples']} samples, {summary['updates']} updates in {summary['wall_s']:.1f} s "
         f"by {summary['workers']} workers and {summary.get('servers', 1)} servers"

@@ -22,6 +22,8 @@ RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and 
                         on this directory resumes from checkpoint.npz or writes beside it
                         (checkpoint.2.npz, ...: minips/server/checkpoint_keep.py)
 RUN_DIR/logs/           each process's output
+RUN_DIR/run.lock        held (an OS file lock) by the live run that owns the directory
+                        and its servers (minips.run.runlock); never removed
 With --servers K (a server group), shard J >= 1 has its own endpoint-shardJ,
 updates-shardJ.jsonl (-N for its restarts) and checkpoint-shardJ.npz (shard 0's:
 checkpoint-shard0.npz); checkpoint.npz is then the group checkpoint assembled from them.
