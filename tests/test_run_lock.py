@@ -55,7 +55,9 @@ def test_force_onto_a_live_run_is_refused_and_removes_nothing(tmp_path):
     try:
         with pytest.raises(RunDirError) as refused:
             claim_run_dir(run, force=True)
-        assert str(refused.value).startswith(f"--out {run} is in use by a live run (pid ")
+        assert str(refused.value).startswith(
+            f"--out {run} is in use by a live run (started as pid "
+        )
         assert f"pid {holder.pid}:" in str(refused.value)
         with pytest.raises(RunDirError, match="in use by a live run"):
             claim_run_dir(run, force=False)  # said so, not "already holds files"
@@ -130,7 +132,8 @@ def test_a_second_run_onto_a_live_out_is_refused_and_the_first_ends_as_usual(tmp
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "minips", "run", "--model", "mlp", "--dataset", "synthetic",
             "--workers", "2", "--max-samples", "3000", "--out", str(out), "--quiet"]  # fmt: skip
-    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not (out / "endpoint").exists():  # its server listens: the run is under way
@@ -141,7 +144,8 @@ def test_a_second_run_onto_a_live_out_is_refused_and_the_first_ends_as_usual(tmp
         assert len(second.stderr.strip().splitlines()) == 1
         _, err = first.communicate(timeout=300)
     finally:
-        if first.poll() is None:
-            _kill(first)
+        if first.poll() is None:  # the run and every process it started
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
     assert first.returncode == 0, err
     assert json.loads((out / "summary.json").read_text())["ended"] == "finished"

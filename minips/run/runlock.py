@@ -99,7 +99,7 @@ def _in_use(directory: Path, option: str, file: IO[str]) -> RunDirError:
     file.seek(0)
     owner = file.read().strip().splitlines()[:1]
     file.close()
-    who = f" ({owner[0][:160]})" if owner else ""
+    who = f" (started as {owner[0][:160]})" if owner else ""
     return RunDirError(
         f"{option} {directory} is in use by a live run{who}; wait for it to end or "
         "choose another directory"
