@@ -67,7 +67,7 @@ def test_force_onto_a_live_run_is_refused_and_removes_nothing(tmp_path):
     # Its owner died: no stale lock; --force replaces that run.
     with claim_run_dir(run, force=True):
         assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]
-        assert (run / LOCK_NAME).read_text().startswith(f"pid {os.getpid()}: minips ")
+        assert (run / LOCK_NAME).read_text().startswith(f"pid {os.getpid()}: minips")
 
 
 def test_a_launched_server_joins_its_runs_lock_and_holds_it_past_its_launcher(tmp_path):
