@@ -7,7 +7,6 @@ returns, with the run's summary.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -57,15 +56,14 @@ def launch(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)
     config = RunConfig.from_options(options)
-    run_lock: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if role_of(env, config.servers).kind == COORDINATOR:  # OUT is its run's while it lives
+    if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
         check_run_can_start(config)
         resume = Path(config.resume) if config.resume else None
-        run_lock = claim_run_dir(Path(out), force, keep=resume)
+        # OUT is its run's while this process lives (minips.run.runlock): held, not used
+        _run_lock = claim_run_dir(Path(out), force, keep=resume)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
-    with run_lock:
-        summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
+    summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
     click.echo(
         f"{summary['samples']} samples, {summary['updates']} updates in {summary['wall_s']:.1f} s "
         f"by {summary['workers']} workers and {summary.get('servers', 1)} servers"
