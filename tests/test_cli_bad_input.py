@@ -173,7 +173,8 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
     monkeypatch.setattr(minips.run.cluster, "launch", lambda *args: summary)  # no job
     main(["launch", "--model", "mlp", "--dataset", "synthetic", "--force", "--out", str(out),
           "--resume", str(checkpoint)])  # fmt: skip
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz"]
+    # run.lock: the run's lock (minips.run.runlock), released when `main` returned
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.npz", "run.lock"]
 
 
 def _checkpoint_reads(monkeypatch) -> list[str]:

@@ -59,7 +59,9 @@ def launch(
     if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
         check_run_can_start(config)
-        claim_run_dir(Path(out), force, keep=Path(config.resume) if config.resume else None)
+        resume = Path(config.resume) if config.resume else None
+        # OUT is its run's while this process lives (minips.run.runlock): held, not used
+        _run_lock = claim_run_dir(Path(out), force, keep=resume)
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
         threads = os.environ.get("OPENBLAS_NUM_THREADS", "?")
         click.echo(f"BLAS threads per process: {threads} (OPENBLAS_NUM_THREADS; set it to change)")

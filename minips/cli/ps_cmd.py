@@ -85,11 +85,13 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         config.validate()  # before anything is removed
         check_run_can_start(config, dashboard_listen if dashboard else None)
         resume = Path(config.resume) if config.resume else None
-        claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
+        run_lock = claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
         from minips.dashboard import RunDashboard
 
         keys = config.keys or (Path(out) / "keys" if config.auth else None)  # the run's keys
-        with RunDashboard(dashboard_listen if dashboard else None, Path(out), keys) as page:
+        listen = dashboard_listen if dashboard else None
+        # OUT is this run's while it lives (minips.run.runlock)
+        with run_lock, RunDashboard(listen, Path(out), keys) as page:
 
             def on_start(endpoint: str) -> None:
                 if url := page.start(endpoint):
@@ -142,43 +144,63 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         **options: Any,
     ) -> None:
         """Serve the model to workers until stopped (Ctrl-C, SIGTERM, or a `stop` request)."""
-        from minips.run.build import join_root, make_server, server_summary
-        from minips.run.metrics import MetricsLog
+        from minips.run.runlock import server_locks
 
         logging.basicConfig(
             level=logging.INFO if verbose or endpoint_file else logging.WARNING,
             format="%(asctime)s %(name)s %(levelname)s %(message)s",
         )
         config = server_config(config_class, config_file, options)
-        if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
-            from minips.run.servergroup import serve_group_here
-
-            serve_group_here(config, endpoint_file, updates_log, t0, verbose)
-            return
-        config, joiner = join_root(config, on_wait=lambda line: click.echo(line, err=True))
-        if config.servers > 1:  # a launched shard names its files by the index it got
-            updates_log = updates_log and updates_log.replace("{shard}", str(config.shard))
-            endpoint_file = endpoint_file and endpoint_file.replace("{shard}", str(config.shard))
-        with MetricsLog(updates_log, start_time=t0) as updates:
-
-            def on_update(record: dict[str, Any]) -> None:
-                record = {key: value for key, value in record.items() if key != "time"}
-                updates.write("update", **record)
-
-            ps = make_server(config, on_update=on_update, joiner=joiner)
-            click.echo(
-                f"minips server on {ps.endpoint}, rule {config.rule}, "
-                f"{plural(config.workers, 'worker')}"
-            )
-            if endpoint_file:
-                tmp = Path(endpoint_file + ".tmp")
-                tmp.write_text(ps.endpoint + "\n")
-                tmp.replace(endpoint_file)  # atomic: the launcher never reads half an address
-            ps.serve_forever()
-            updates.write("server", stats=ps.stats())
-        click.echo(server_summary(ps))
+        # A run directory it writes is its own while it serves; a launcher's server (an
+        # endpoint file to write) or a joining shard holds it beside its launcher.
+        launched = endpoint_file is not None or bool(config.root)
+        with server_locks([config_file, config.checkpoint], launched):
+            serve(config, endpoint_file, updates_log, t0, verbose)
 
     return server
+
+
+def serve(
+    config: RunConfig,
+    endpoint_file: str | None,
+    updates_log: str | None,
+    t0: float | None,
+    verbose: bool,
+) -> None:
+    """`minips server`'s work once its run directories are held: serve `config` (a whole
+    group here, or one server or shard) until stopped, then print its summary line."""
+    from minips.run.build import join_root, make_server, server_summary
+    from minips.run.metrics import MetricsLog
+
+    if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
+        from minips.run.servergroup import serve_group_here
+
+        serve_group_here(config, endpoint_file, updates_log, t0, verbose)
+        return
+    config, joiner = join_root(config, on_wait=lambda line: click.echo(line, err=True))
+    if config.servers > 1:  # a launched shard names its files by the index it got
+        updates_log = updates_log and updates_log.replace("{shard}", str(config.shard))
+        endpoint_file = endpoint_file and endpoint_file.replace("{shard}", str(config.shard))
+    with MetricsLog(updates_log, start_time=t0) as updates:
+
+        def on_update(record: dict[str, Any]) -> None:
+            record = {key: value for key, value in record.items() if key != "time"}
+            updates.write("update", **record)
+
+        ps = make_server(config, on_update=on_update, joiner=joiner)
+        click.echo(
+            f"minips server on {ps.endpoint}, rule {config.rule}, "
+            f"{plural(config.workers, 'worker')}"
+        )
+        if ps.checkpoints.said:  # the model at its checkpoint path: resumed or kept
+            click.echo(ps.checkpoints.said)
+        if endpoint_file:
+            tmp = Path(endpoint_file + ".tmp")
+            tmp.write_text(ps.endpoint + "\n")
+            tmp.replace(endpoint_file)  # atomic: the launcher never reads half an address
+        ps.serve_forever()
+        updates.write("server", stats=ps.stats())
+    click.echo(server_summary(ps))
 
 
 def server_config(

@@ -60,12 +60,36 @@ def server_momentum(rule: str | None) -> float:
 
 def make_rule(name: str, **options: Any) -> Rule:
     """Build a rule by name: make_rule("ssp", staleness=2), or from outside minips as
-    "MODULE:CLASS" (see rule_class). ConfigError on unknown names."""
+    "MODULE:CLASS" (see rule_class). ConfigError (one line) on unknown names, on an option
+    of a declared number kind that is not a number, and on options the rule's constructor
+    refuses: a plug-in's for any reason (its code is the user's), a registered rule's
+    with a TypeError or ValueError (anything else there is a bug of minips)."""
     cls = rule_class(name)
+    check_option_kinds(name, cls, options)
+    refusals = (Exception,) if name not in RULES else (TypeError, ValueError)
     try:
         return cls(**options)
-    except TypeError as exc:
-        raise ConfigError(f"bad options for rule {name!r}: {exc}") from None
+    except ConfigError:
+        raise
+    except refusals as exc:
+        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        given = ", ".join(f"{key}={value!r}" for key, value in options.items())
+        what = f"bad options for rule {name!r}: {given} refused" if options else (
+            f"rule {name!r} could not be made")  # fmt: skip
+        raise ConfigError(f"{what} ({type(exc).__name__}: {reason})") from None
+
+
+def check_option_kinds(name: str, cls: type[Rule], options: dict[str, Any]) -> None:
+    """ConfigError naming an option the rule declares a number (RuleOption.kind int or
+    float) whose value is not one (a bool is not), before the rule sees it."""
+    for declared in cls.options:
+        value = options.get(declared.key)
+        if value is None or declared.kind not in (int, float):
+            continue
+        kinds = (int,) if declared.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            wanted = "an integer" if declared.kind is int else "a number"
+            raise ConfigError(f"rule {name!r}: option {declared.key}={value!r} is not {wanted}")
 
 
 def rule_class(name: str) -> type[Rule]:
@@ -102,8 +126,13 @@ def _import_rule_module(module_name: str) -> Any:
         sys.modules[spec.name] = module  # type: ignore[union-attr]  (dataclasses need it)
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         return module
-    except (ImportError, SyntaxError) as exc:
-        raise ConfigError(f"cannot import rule module {module_name}: {exc}") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # the module's own code failed as it ran: the user's to fix
+        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        raise ConfigError(
+            f"cannot import rule module {module_name}: {type(exc).__name__}: {reason}"
+        ) from None
 
 
 def worker_side(described: dict[str, Any]) -> WorkerSide:

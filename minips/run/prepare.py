@@ -1,11 +1,11 @@
 """A local run before its processes start: the run directory and the config as run.
 
 `check_run_can_start` asks, before anything is removed, for what the run's processes will
-need later; `claim_run_dir` then makes --out a run directory to write (with --force: a
-previous run's files removed). `prepare_run_dir` checks the config, clears a previous
-run's outputs and fixes what the run's processes will be told: its local endpoint
-(`local_endpoint`), its key directory, and its plan (`--plan auto`: `minips plan` in a
-subprocess, as the workers run).
+need later; `claim_run_dir` then makes --out a run directory to write, locked for this run
+(minips.run.runlock; with --force: a finished or dead run's files removed).
+`prepare_run_dir` checks the config, clears a previous run's outputs and fixes what the
+run's processes will be told: its local endpoint (`local_endpoint`), its key directory, and
+its plan (`--plan auto`: `minips plan` in a subprocess, as the workers run).
 `server_links` puts each server behind its shaped link under `--netem`. Both `minips run`
 (minips.run.launch) and `minips launch`'s coordinator (minips.run.cluster) start from here.
 """
@@ -30,6 +30,7 @@ from minips.run.config import RunConfig
 from minips.run.config_checks import check_can_shape, check_resume
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
 from minips.run.rundir import RUN_FILES, RunDir
+from minips.run.runlock import LOCK_NAME, RunLock, check_not_live
 
 
 def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
@@ -129,26 +130,28 @@ def check_can_listen(listen: str, option: str) -> None:
         raise ConfigError(f"{option} {listen}: cannot listen there: {reason}") from None
 
 
-def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> None:
-    """Make `out` a fresh run directory: RunDirError if it already holds files, unless
-    `force`, which removes a previous run's files (RUN_FILES; `keep`, a checkpoint to resume
-    from, stays) so no earlier report or log is mixed into the new run."""
-    if not out.exists():
-        return
-    if not out.is_dir():
+def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> RunLock:
+    """Make `out` a fresh run directory owned by this process (minips.run.runlock: hold the
+    returned lock for the run's life): RunDirError if a live run holds it, or if it already
+    holds files, unless `force`, which removes a finished or dead run's files (RUN_FILES;
+    `keep`, a checkpoint to resume from, stays) so no earlier report or log is mixed into
+    the new run. Nothing is removed before the lock is held."""
+    if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out}: a file, not a directory")
-    if not force:
-        if any(out.iterdir()):
-            raise RunDirError(
-                f"--out {out} already holds files (a previous run?); "
-                "choose a new directory or add --force to replace that run"
-            )
-        return
-    kept = keep.resolve() if keep is not None else None
-    for pattern in RUN_FILES:
-        for path in out.glob(pattern):
-            if path.is_file() and path.resolve() != kept:
-                path.unlink()
+    if out.exists() and not force and any(p.name != LOCK_NAME for p in out.iterdir()):
+        check_not_live(out, "--out")  # a live run is said so, not "holds files"
+        raise RunDirError(
+            f"--out {out} already holds files (a previous run?); "
+            "choose a new directory or add --force to replace that run"
+        )
+    lock = RunLock.claim(out, "--out")
+    if force:
+        kept = keep.resolve() if keep is not None else None
+        for pattern in RUN_FILES:
+            for path in out.glob(pattern):
+                if path.is_file() and path.resolve() != kept:
+                    path.unlink()
+    return lock
 
 
 def local_endpoint(run_dir: RunDir) -> str:

@@ -18,8 +18,12 @@ RUN_DIR/summary.json    how it ended ("finished", "collapsed", or the error line
                         `collapse` (the model collapsed, minips.server.collapse; else null)
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and the rule's
                         own); checkpoint.prev.npz the one before it, a damaged one set aside
-                        after a crash as checkpoint.damaged-N.npz
+                        after a crash as checkpoint.damaged-N.npz; a server started later
+                        on this directory resumes from checkpoint.npz or writes beside it
+                        (checkpoint.2.npz, ...: minips/server/checkpoint_keep.py)
 RUN_DIR/logs/           each process's output
+RUN_DIR/run.lock        held (an OS file lock) by the live run that owns the directory
+                        and its servers (minips.run.runlock); never removed
 With --servers K (a server group), shard J >= 1 has its own endpoint-shardJ,
 updates-shardJ.jsonl (-N for its restarts) and checkpoint-shardJ.npz (shard 0's:
 checkpoint-shard0.npz); checkpoint.npz is then the group checkpoint assembled from them.
@@ -55,8 +59,8 @@ RUN_OUTPUTS = (
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
 # reusing a run directory with `minips run --force` removes first.
 RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "checkpoint.prev.npz",
-             "checkpoint.damaged-*.npz", "checkpoint-shard*.npz", "worker-*.json",
-             "logs/*.log")  # fmt: skip
+             "checkpoint.damaged-*.npz", "checkpoint-shard*.npz", "checkpoint.[0-9]*.npz",
+             "worker-*.json", "logs/*.log")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,11 @@ model: a server checks names and shapes against its own parameters afterwards
 `write_checkpoint` writes to a temporary file in the same directory and renames it over
 the old one, so a crash leaves either the old checkpoint or the new one; with
 `keep_previous` the old one is first renamed to `previous_path(path)`, so an earlier good
-checkpoint survives damage to the latest (minips.run.recovery falls back to it).
+checkpoint survives damage to the latest (minips.run.recovery falls back to it). The
+previous file keeps the best earlier version: the old one takes its place only when it is
+of no lower version than the previous file's (`replaces_previous`; a server that resumed
+from the latest and stops at its version leaves both at that version); one whose version
+cannot be read never pushes out one that can.
 """
 
 from __future__ import annotations
@@ -185,13 +189,36 @@ def write_checkpoint(
     try:
         with os.fdopen(fd, "wb") as file:
             np.savez(file, **arrays)
-        if keep_previous and path.exists():
+        if keep_previous and replaces_previous(path):
             os.replace(path, previous_path(path))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def file_version(path: str | Path) -> int | None:
+    """The version of the checkpoint at `path`, read alone (cheap: one small array of the
+    archive); None when there is no file or its version cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return int(data["version"]) if data["version"].shape == () else None
+    except (*DAMAGED, AttributeError, TypeError):  # AttributeError: a bare .npy array
+        return None
+
+
+def replaces_previous(path: Path) -> bool:
+    """Whether the checkpoint at `path`, about to be replaced, becomes the previous one
+    (module docstring): it is of no lower version than the previous file's (a file whose
+    version cannot be read counts as the lowest, and pushes out only another such)."""
+    if not path.exists():
+        return False
+    old = file_version(path)
+    before = file_version(previous_path(path))
+    if old is None:
+        return before is None
+    return before is None or old >= before
 
 
 def from_model_file(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

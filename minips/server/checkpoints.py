@@ -7,7 +7,9 @@ counters a resumed run goes on from (updates, samples). The server asks for one 
 `checkpoint_every` updates (`after_update`), every `checkpoint_interval` seconds when the
 version moved (`if_due`), on an operator's request and at shutdown (`save`). Each one keeps
 the one before it beside it (minips.server.checkpoint_file.previous_path), so damage to the
-latest leaves an earlier good one. The file's format and its checks:
+latest leaves an earlier good one. A server started on a path that holds a checkpoint
+resumes from it or writes beside it, never an older model over it (`start`:
+minips/server/checkpoint_keep.py). The file's format and its checks:
 minips/server/checkpoint_file.py.
 
 A shard of a server group (docs/protocol.md 16) writes its own slices to its own file and
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from minips.errors import ConfigError
 from minips.server.checkpoint_file import Checkpoint, load_checkpoint, versioned_path
+from minips.server.checkpoint_keep import keep_trained
 from minips.server.group_checkpoints import (
     GROUP_SSGD_EVERY,
     assemble,
@@ -73,6 +76,22 @@ class Checkpointer:
         self.path, self.every, self.interval = path, every, interval
         self.rule, self.spec = rule, spec
         self._last = (time.monotonic(), store.version)  # when, at which version
+        self.said: str | None = None  # what `start` did about a checkpoint at the path
+
+    def start(self, resume: str | Path | None = None) -> str | None:
+        """Resume from `resume` (None: from nothing), then keep the model already at the
+        checkpoint path: a lone server resumes from it or writes beside it
+        (minips.server.checkpoint_keep). Returns the line that says which (None: nothing
+        was there), which `said` keeps."""
+        if resume:
+            self.resume(resume)
+        if self.shard is None and self.path:
+            kept = keep_trained(Path(self.path), resume or None, lambda: self.store.version,
+                                self.resume)  # fmt: skip
+            self.path, self.said = kept.path, kept.line
+            if kept.line:
+                log.info("%s", kept.line)
+        return self.said
 
     def resume(self, path: str | Path) -> None:
         """Start from a checkpoint: parameters, versions, optimizer state, and the update and

@@ -101,8 +101,7 @@ class ParameterServer:
             rule_state=rule, keep_all=options.keep_checkpoints,
             shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
-        if options.resume:
-            self.checkpoints.resume(options.resume)
+        self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
         self.overflow = checks.OverflowCheck(self.store)  # beside the path: see handle_push
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
