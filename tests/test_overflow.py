@@ -210,3 +210,21 @@ def test_preview_is_the_step_bit_for_bit(momentum, weight_decay, scale, plain):
         if velocity is not None:
             np.testing.assert_array_equal(velocity, opt.velocity["w"])
         params["w"] = out
+
+
+@pytest.mark.parametrize("rule", ["gap", "dana-gap"])
+def test_a_move_whose_square_gap_keeps_would_overflow_is_refused_at_its_boundary(rule):
+    # Gap-Aware keeps the running mean square of each update's move: a move of 1e19 or
+    # more squares past float32's range. lr 1 from w = 0: the move is the gradient.
+    under = F32(1e19)  # 9.99999980e18, the float32 just below 1e19
+    over = np.nextafter(under, F32(np.inf))
+    with running_server(rule=rule, params=one_param(), lr=1.0) as server:
+        with RawPeer(server.endpoint) as peer:
+            hello(peer)
+            before = everything(server)
+            assert push(peer, 0, over) == "nonfinite"
+            assert everything(server) == before
+            assert push(peer, 1, under) == "applied"
+            assert all_finite(server)
+            assert push(peer, 2, -1.0) == "applied"
+            assert all_finite(server)

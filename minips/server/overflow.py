@@ -170,7 +170,7 @@ def exact_step_finite(
         return True
     with np.errstate(over="ignore", invalid="ignore"):
         move = np.abs(weight - store.params[name])
-    return bool(move.max(initial=0.0) < max_move)  # False for NaN
+    return float(move.max(initial=0.0)) < max_move  # in float64 (False for NaN)
 
 
 def step_stays_finite(
