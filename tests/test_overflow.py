@@ -174,18 +174,33 @@ def _encode(header, value):
 
 
 def test_the_velocity_bound_is_checked_where_the_weights_bound_passes():
-    # The cheap bound of the weights, ||w|| + lr (m ||v|| + ||g||) = 4.7e36, is far below
-    # float32's range, but v' = 0.9 * 3e38 + 1e38 is not: decided exactly.
+    # lr 1e-9, momentum 0.9: after a first push of 3e38 the carried bounds are ||w|| =
+    # 3e29 and ||v|| = 3e38 (float64: no pass over the arrays). The weights' bound for a
+    # second push g, ||w|| + lr (0.9 ||v|| + ||g||), is far below float32's range, but
+    # v' = 0.9 v + g overflows one float32 past `edge`: decided exactly, at the boundary.
     params = {"w": np.zeros(1, np.float32)}
-    store = ParameterStore(params, SGD(params, lr=0.01, momentum=0.9))
-    store.optimizer.velocity["w"] = np.full(1, 3e38, np.float32)
+    store = ParameterStore(params, SGD(params, lr=1e-9, momentum=0.9))
     check = OverflowCheck(store)
-    grad = np.full(1, 1e38, np.float32)
+    first = np.full(1, BIG, np.float32)
+    check.check({"w": first}, {"w": float(BIG) ** 2})
+    steps = [("w", first, 1.0)]
+    assert check.refused(steps) is None
+    store.write(steps)
+    check.carry(steps)
+    before = (params["w"].copy(), store.optimizer.velocity["w"].copy())
+    edge = largest_finite_sum(F32(0.9) * BIG)
+    over = np.full(1, np.nextafter(edge, F32(np.inf)), np.float32)
     with pytest.raises(ProtocolError) as refused:
-        check.check({"w": grad}, {"w": 1e76})  # the wire's ||g||^2, in float64
+        check.check({"w": over}, {"w": float(over[0]) ** 2})  # the wire's ||g||^2
     assert refused.value.code == "nonfinite"
-    edge = largest_finite_sum(F32(0.9) * F32(3e38))
-    check.check({"w": np.full(1, edge, np.float32)}, {"w": float(edge) ** 2})
+    assert check.refused([("w", over, 1.0)]) == "w"
+    np.testing.assert_array_equal(params["w"], before[0])
+    np.testing.assert_array_equal(store.optimizer.velocity["w"], before[1])
+    under = np.full(1, edge, np.float32)
+    check.check({"w": under}, {"w": float(edge) ** 2})
+    assert check.refused([("w", under, 1.0)]) is None
+    store.write([("w", under, 1.0)])
+    assert np.isfinite(store.optimizer.velocity["w"]).all()
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,7 @@ def _client(endpoint: str, index: int, acked: list[int], errors: list[BaseExcept
     gradient = np.zeros(CLIENTS, np.float32)
     gradient[index] = -1.0
     try:
-        with PSClient(endpoint, timeout=CLIENT_TIMEOUT, retries=8, worker_id=f"w{index}") as ps:
+        with PSClient(endpoint, timeout=CLIENT_TIMEOUT, retries=20, worker_id=f"w{index}") as ps:
             ps.hello({"role": "worker"})
             version = ps.pull().version
             for _ in range(PUSHES):
