@@ -105,10 +105,13 @@ class SSGD(Rule):
             return Outcome()
         totals: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
-        for worker_id in self._in_rank_order(self._held):
-            for name, grad_sum in self._sums.pop(worker_id, {}).items():
-                totals[name] = totals[name] + grad_sum if name in totals else grad_sum
-                counts[name] = counts.get(name, 0) + 1
+        # A sum that overflows is not written: the server's overflow check refuses the
+        # round (minips.server.overflow), so float32's warning says nothing here.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for worker_id in self._in_rank_order(self._held):
+                for name, grad_sum in self._sums.pop(worker_id, {}).items():
+                    totals[name] = totals[name] + grad_sum if name in totals else grad_sum
+                    counts[name] = counts.get(name, 0) + 1
         order = [name for name in self.store.params if name in totals]  # model order
         steps = [(name, totals[name] / np.float32(counts[name]), 1.0) for name in order]
         pushes = list(self._held.values())

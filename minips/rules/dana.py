@@ -9,11 +9,13 @@ the estimate missed (the GA paper evaluates this combination).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from minips.errors import DataError
+from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
 from minips.rules.base import (
     Outcome,
     Push,
@@ -25,6 +27,7 @@ from minips.rules.base import (
 )
 from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
+from minips.server.overflow import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
@@ -70,6 +73,8 @@ class DANA(ASGD):
         self.momentum = float(momentum)
         self._velocity: dict[str, dict[str, np.ndarray]] = {}  # worker -> name -> v_i
         self._sum: dict[str, np.ndarray] = {}  # name -> sum_j v_j
+        # the push check_push just passed, with what it computed (`_next`)
+        self._checked: tuple[Push, tuple[Any, Any, dict[str, np.ndarray]]] | None = None
 
     def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
         self.check_server_momentum(store.optimizer.momentum)
@@ -82,25 +87,68 @@ class DANA(ASGD):
         """The gradient that enters v_i (DANA: as pushed), and per-layer telemetry."""
         return push.grads, None
 
+    def check_push(self, push: Push) -> None:
+        """`nonfinite` when the push would make v_i, sum_j v_j, or the update w - eta v_i
+        non-finite (minips.server.overflow): the server's own check sees only g. The new
+        velocities are kept for `on_push` of the same push (computed once)."""
+        step = self._next(push)
+        for name, new in step[2].items():
+            if not self._stays_finite(push.worker.worker_id, name, new):
+                raise ProtocolError(
+                    f"gradient {name!r} would make the worker's momentum or the parameter "
+                    "non-finite",
+                    "nonfinite",
+                )
+        self._checked = (push, step)
+
     def on_push(self, push: Push) -> Outcome:
-        grads, telemetry = self.gradient(push)
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is push:
+            grads, telemetry, fresh = checked[1]
+        else:  # a step assembled from several pushes
+            grads, telemetry, fresh = self._next(push)
         velocity = self._velocity.setdefault(push.worker.worker_id, {})
-        gamma = np.float32(self.momentum)
-        for name, grad in grads.items():
-            old = velocity.get(name)
+        for name, new in fresh.items():
+            old, velocity[name] = velocity.get(name), new
+            total = self._sum.get(name)
             if old is None:  # i's first push of this parameter: v_i = g
-                velocity[name] = new = grad.copy()
-                total = self._sum.get(name)
                 self._sum[name] = new.copy() if total is None else total + new
-            else:
-                velocity[name] = new = np.multiply(old, gamma)
-                new += grad
-                # sum_j v_j, kept as it changes: sum + (new - old), in place (old is done)
+            else:  # sum_j v_j, kept as it changes: sum + (new - old), in place (old is done)
                 self._sum[name] += np.subtract(new, old, out=old)
         steps = [(name, velocity[name], 1.0) for name in grads]  # the server's SGD: w -= lr v_i
         return Outcome(
             updates=[Update([push], steps, value_staleness=telemetry)], answers=[(push, True)]
         )
+
+    def _next(
+        self, push: Push
+    ) -> tuple[dict[str, np.ndarray], dict[str, float] | None, dict[str, np.ndarray]]:
+        """The gradient that enters v_i, its telemetry, and each new v_i = gamma v_i + g as
+        a new array (v_i = g on i's first push of a parameter); nothing is changed."""
+        grads, telemetry = self.gradient(push)
+        velocity = self._velocity.get(push.worker.worker_id, {})
+        gamma = np.float32(self.momentum)
+        fresh = {}
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by check_push
+            for name, grad in grads.items():
+                old = velocity.get(name)
+                if old is None:
+                    fresh[name] = grad.copy()  # own copy: grad may be a frame view
+                else:
+                    fresh[name] = new = np.multiply(old, gamma)
+                    new += grad
+        return grads, telemetry, fresh
+
+    def _stays_finite(self, worker_id: str, name: str, new: np.ndarray) -> bool:
+        """v_i' = `new` finite, sum_j v_j with it finite, and w - eta v_i' (the server's
+        SGD, weight decay included) finite and moving no coordinate past max_move."""
+        sq_new = sum_of_squares(new)
+        if not math.isfinite(sq_new) and not all_finite(new):
+            return False
+        old, total = self._velocity.get(worker_id, {}).get(name), self._sum.get(name)
+        if total is not None and not sum_stays_finite(total, old, new, sq_new):
+            return False
+        return step_stays_finite(self.store, name, new, max_move=self.max_move, sq_g=sq_new)
 
     def pull_values(self, worker: WorkerState, names: list[str]) -> dict[str, np.ndarray]:
         """w_hat = w - float32(eta * gamma) * sum_j v_j for each name (fresh arrays)."""
@@ -156,6 +204,7 @@ class DANAGap(DANA):
     """
 
     name = "dana-gap"
+    max_move = SQUARE_SAFE_MOVE  # A_p keeps the square of each move (GapPenalty)
     options = ()  # each CLI flag has one owner rule; see the docstring
 
     def __init__(self, momentum: float | None = None, decay: float | None = None) -> None:

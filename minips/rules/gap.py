@@ -24,6 +24,7 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
+from minips.server.overflow import SQUARE_SAFE_MOVE
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
@@ -173,6 +174,7 @@ class GapAware(ASGD):
     """
 
     name = "gap"
+    max_move = SQUARE_SAFE_MOVE  # A_p keeps the square of each move (GapPenalty)
     options = (
         RuleOption("decay", "--gap-decay", float, 0.999,
                    "gap: decay of the running mean square of one update's move.",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from minips.protocol.wire import ProtocolError
 from minips.rules import Outcome, Rule
 from minips.server import checks
+from minips.server.registry import check_hello_connection
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message
@@ -65,6 +66,7 @@ class Membership:
             self.group.check_hello()  # a root answers once every shard joined (16.3)
         worker_id, info = request.header["worker"], request.header.get("info", {})
         checks.check_info(info)
+        check_hello_connection(request.header, envelope.origin)  # not an abandoned socket's
         old = self.registry.by_id.get(worker_id)
         if old is not None and old.alive:
             old.check_owner(envelope.origin)

@@ -37,6 +37,24 @@ class Origin:
     key: bytes | None = None
 
 
+def check_hello_connection(header: dict[str, Any], origin: Origin) -> None:
+    """`not_owner` for a hello that says its client sets its own routing id on every socket
+    (`own_routing_id`) but came on one ZeroMQ generated (a first byte of zero, which ZeroMQ
+    keeps for itself): a connection the client abandoned (Lazy Pirate), renamed by the
+    ROUTER's handover when the client's retry took its id over. Refused, it registers
+    nothing, so it never owns the id its retry is asking for (docs/protocol.md 15)."""
+    claim = header.get("own_routing_id")
+    if claim is None:
+        return
+    if not isinstance(claim, bool):
+        raise ProtocolError("hello field 'own_routing_id' must be a bool", "bad_field")
+    if claim and origin.routing_id[:1] in (b"", b"\x00"):
+        raise ProtocolError(
+            "a hello from a connection this client abandoned (its retry owns the id)",
+            "not_owner",
+        )
+
+
 @dataclass(eq=False)
 class Push:
     """One accepted push: float32 gradients by parameter name, plus rule-specific extras.

@@ -34,7 +34,7 @@ from minips.protocol import address, wire
 from minips.protocol.checks import too_many_frames
 from minips.protocol.plan import Plan
 from minips.protocol.wire import Message, ProtocolError
-from minips.rules import Outcome, Rule
+from minips.rules import Outcome, Rule, Update
 from minips.server import checks
 from minips.server.checkpoints import Checkpointer
 from minips.server.collapse import CollapseWatch, output_classes
@@ -43,6 +43,7 @@ from minips.server.group import ShardRole, operator_fields, refuse_join
 from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
+from minips.server.overflow import refusal
 from minips.server.pulls import Pulls
 from minips.server.registry import HeldPull, Push, WorkerRegistry, WorkerState
 from minips.server.router import (
@@ -102,7 +103,7 @@ class ParameterServer:
             shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
         self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
-        self.overflow = checks.OverflowCheck(self.store)  # beside the path: see handle_push
+        self.overflow = checks.OverflowCheck(self.store, rule.max_move)  # overflow.py: beside
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
@@ -289,8 +290,13 @@ class ParameterServer:
     def carry_out(self, outcome: Outcome) -> None:
         """Apply the rule's updates (t += 1 each), record its drops, send its answers; then
         the pulls the rule now allows. A failure answers its pushes still held `internal`."""
+        refused: set[Push] = set()  # an update's pushes it would overflow: answered so
         with self.failures.answering(outcome):  # failures.py: nobody left waiting by a bug
             for update in outcome.updates:
+                if (name := self.overflow.refused(update.steps)) is not None:
+                    self.refuse_update(update, name)
+                    refused.update(update.pushes)
+                    continue
                 for push in update.pushes:
                     push.staleness = self.store.version - push.base  # tau, t just before it
                 version = self.store.write(update.steps)
@@ -304,9 +310,17 @@ class ParameterServer:
                 push.worker.dropped += 1
                 self.answer_push(push, applied=False)
             for push, applied in outcome.answers:
-                self.answer_push(push, applied)
+                if push not in refused:
+                    self.answer_push(push, applied)
             if outcome.updates or outcome.answers or outcome.drops:
                 self.pulls.release()
+
+    def refuse_update(self, update: Update, name: str) -> None:
+        """An update that would overflow (server/overflow.py) is not written: its pushes
+        still held are answered `nonfinite`, remembered so (a retry gets it again)."""
+        for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
+            self.outbox.error(push.reply_to, error, [])
+            self.collapse.on_nonfinite(push.reply_to.origin.routing_id.hex())
 
     def after_leaving(self, outcome: Outcome) -> None:
         """Carry out the rule's decision on a worker who left (or a hello that completed

@@ -246,16 +246,44 @@ class SGD:
         new values are written there and params[name] is left as it was: the server uses
         this to publish each version as a new, never-changed array (no copy per pull).
         """
-        weight = self.params[name]
+        velocity = None
+        if self.momentum and name not in self.plain:
+            velocity = self.velocity.get(name)
+            if velocity is None:
+                velocity = self.velocity[name] = np.zeros_like(self.params[name])
+        self._write(self.params[name], grad, scale, velocity, out)
+
+    def preview(
+        self, name: str, grad: np.ndarray, scale: float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(w', v'): what `step_one(name, grad, scale)` would write, bit for bit, as new
+        arrays (v' None without momentum); nothing is changed. Overflows are not warned
+        about: the overflow check (minips.server.overflow) looks at the result."""
+        weight, velocity = self.params[name], None
+        if self.momentum and name not in self.plain:
+            old = self.velocity.get(name)
+            velocity = np.zeros_like(weight) if old is None else old.copy()
+        out = np.empty_like(weight)
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._write(weight, grad, scale, velocity, out)
+        return out, velocity
+
+    def _write(
+        self,
+        weight: np.ndarray,
+        grad: np.ndarray,
+        scale: float,
+        velocity: np.ndarray | None,
+        out: np.ndarray | None,
+    ) -> None:
+        """The step (class docstring): `velocity` (None: none) updated in place, the new
+        weight into `out` (None: into `weight`, in place)."""
         if self.weight_decay:
             grad = grad + self.weight_decay * weight
-        if not self.momentum or name in self.plain:
+        if velocity is None:
             # The scalars multiplied first, so the array is touched once.
             step, factor = grad, np.asarray(self.lr * scale, dtype=weight.dtype)
         else:
-            velocity = self.velocity.get(name)
-            if velocity is None:
-                velocity = self.velocity[name] = np.zeros_like(weight)
             velocity *= self.momentum
             if scale == 1.0:
                 velocity += grad

@@ -50,6 +50,7 @@ from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
+from minips.worker.connections import identified
 from minips.worker.group import GroupClient, hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
@@ -120,7 +121,7 @@ class PSClient:
         header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
         if info is not None:
             header["info"] = info
-        reply = hello_root(self, header)
+        reply = hello_root(self, identified(header))  # our own routing id (protocol.md 15)
         if "group" in reply:  # a server group: say hello to the other shards too (16.4)
             self._close_socket()  # the group's own connection to the root takes our id over
             self.group = GroupClient(self, reply["group"])

@@ -56,7 +56,7 @@ class Connection:
                 auth.make_curve_client(self.socket, self.keys)
             self.socket.connect(self.address)
         self.rid += 1
-        frames = wire.encode_parts({**header, "rid": self.rid}, parts)
+        frames = wire.encode_parts({**identified(header), "rid": self.rid}, parts)
         self.socket.send_multipart(frames, copy=False)
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
 
@@ -80,6 +80,13 @@ class Connection:
         if self.socket is not None:
             self.socket.close(linger=0)
             self.socket = None
+
+
+def identified(header: dict[str, Any]) -> dict[str, Any]:
+    """A hello says that this client sets its own routing id on every socket: the server
+    then refuses a hello that an abandoned socket left queued (docs/protocol.md 15), so a
+    retry and the socket it gave up on are never two owners of the worker id."""
+    return {**header, "own_routing_id": True} if header.get("op") == "hello" else header
 
 
 def exchange(
