@@ -210,20 +210,22 @@ class Gateway:
 
     async def _relay_to_group(self, ws: _BudgetedConnection) -> None:
         """One browser in front of a server group: each request read and made on the
-        group, each reply as one server's (minips.web.grouprelay, protocol.md 14.5)."""
-        from minips.web.grouprelay import GroupRelay
+        group, on the browser's own thread (minips.web.groupseat: a request held at an
+        ssgd barrier holds no other browser's), each reply as one server's (protocol.md
+        14.5); its seat given back when it leaves without bye, as 14.3 says."""
+        from minips.web.groupseat import GroupSeat
 
-        relay = GroupRelay(self.connect)
+        seat = GroupSeat(self.connect)
         try:
             async for frames in self._requests(ws):
-                reply = await asyncio.to_thread(relay.handle, [bytes(f) for f in frames])
+                reply = await seat.handle(frames)
                 if reply is not None:
                     await ws.send(pack_frames([memoryview(f).cast("B") for f in reply]))
                     self.stats.messages_down += 1
         except ConnectionClosed:
             pass
         finally:
-            await asyncio.to_thread(relay.close)
+            self.stats.seats_given_back += await seat.close()
 
     async def _requests(self, ws: _BudgetedConnection) -> AsyncIterator[list[memoryview]]:
         """The frames of each message a browser sends, its bytes given back to the memory
