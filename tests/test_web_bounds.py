@@ -14,6 +14,7 @@ import time
 import msgpack
 import pytest
 from group_support import running_group
+from test_server_support import running_server
 from test_web_support import server_process
 
 websockets = pytest.importorskip(
@@ -69,7 +70,7 @@ async def _send(ws, size: int) -> dict | int:
             await ws.send(_fragments(size))
         else:
             await ws.send(_message(size))
-        return msgpack.unpackb(unpack_frames(await asyncio.wait_for(ws.recv(), 30))[0])
+        return msgpack.unpackb(unpack_frames(await asyncio.wait_for(ws.recv(), 90))[0])
     except ConnectionClosed:
         await asyncio.wait_for(ws.wait_closed(), 10)
         return ws.close_code
@@ -129,6 +130,50 @@ async def _four_at_once(url: str, size: int) -> list:
         await asyncio.gather(*(ws.close() for ws in tabs), return_exceptions=True)
 
 
+def _minips_web(endpoint: str, tmp_path) -> tuple[subprocess.Popen, str]:
+    """A `minips web` process relaying to `endpoint`, and its WebSocket address."""
+    url_file = tmp_path / "url"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minips", "web", "--connect", endpoint, "--listen",
+         "127.0.0.1:0", "--url-file", str(url_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not url_file.exists() or not url_file.read_text().strip():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError("minips web did not start")
+        time.sleep(0.05)
+    return proc, url_file.read_text().strip().replace("http", "ws") + "ws"
+
+
+async def _answered_then_idle(url: str, size: int, pid: int) -> tuple[list, float]:
+    """Four tabs send a message of `size` at once; once all are answered, the gateway's
+    RSS (MB) while the four WebSockets stay open, idle."""
+    tabs = [await _tab(url, f"idle-{i}") for i in range(4)]
+    try:
+        replies = await asyncio.gather(*(_send(ws, size) for ws in tabs))
+        await asyncio.sleep(1.0)
+        return list(replies), _rss_mb(pid)
+    finally:
+        await asyncio.gather(*(ws.close() for ws in tabs), return_exceptions=True)
+
+
+@pytest.mark.slow
+def test_an_answered_message_is_not_held_while_its_websocket_stays_open(tmp_path):
+    # The test server's model is none the gateway knows: 40 MiB messages pass its bound.
+    with running_server(world_size=8) as server:
+        proc, url = _minips_web(server.endpoint, tmp_path)
+        try:
+            replies, idle = asyncio.run(_answered_then_idle(url, 40 * MiB, proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert [reply["code"] for reply in replies] == ["too_large"] * 4, replies
+    assert idle < 100, idle  # 4 x 40 MiB held would be over 200
+
+
 @pytest.mark.slow
 def test_the_gateway_holds_no_large_message_and_gives_back_what_it_answered(tmp_path):
     # The audit's case: four 250 MiB messages at once from tabs that said hello (a LeNet-5
@@ -136,19 +181,8 @@ def test_the_gateway_holds_no_large_message_and_gives_back_what_it_answered(tmp_
     # the gateway is back under 100 MB after both.
     with server_process(tmp_path, "--model", "lenet5", "--dataset", "synthetic",
                         "--workers", "8") as endpoint:  # fmt: skip
-        url_file = tmp_path / "url"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "minips", "web", "--connect", endpoint, "--listen",
-             "127.0.0.1:0", "--url-file", str(url_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
-        )  # fmt: skip
+        proc, url = _minips_web(endpoint, tmp_path)
         try:
-            deadline = time.monotonic() + 60
-            while not url_file.exists() or not url_file.read_text().strip():
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.05)
-            url = url_file.read_text().strip().replace("http", "ws") + "ws"
             huge = asyncio.run(_four_at_once(url, 250 * MiB))
             assert huge == [1009] * 4, huge
             after_huge = _rss_mb(proc.pid)
