@@ -5,10 +5,14 @@ tab's retried push is applied once on every shard."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from group_support import running_group
+from test_web_support import quiet_env, require_browser
 
 websockets = pytest.importorskip(
     "websockets", reason="websockets not installed: pip install '.[web]'"
@@ -114,3 +118,23 @@ def test_a_tab_closed_without_bye_gives_its_seat_back_on_every_shard():
         for server in group.servers:
             rows = {w["worker"]: w for w in server.stats()["workers"]}
             assert not rows["tab-b"]["alive"] and not rows["tab-b"].get("finished")
+
+
+@pytest.mark.slow
+def test_eight_headless_chromium_tabs_complete_every_ssgd_round_of_a_group(tmp_path):
+    # More tabs than a shared pool of 2 cores + 4 threads: each round is every tab's push,
+    # held at both shards' barrier until the last one came.
+    require_browser()
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", "--servers", "2",
+            "--workers", "8", "--browser", "8", "--browser-headless", "--listen", "127.0.0.1:0",
+            "--epochs", "1", "--join-wait", "120", "--model", "mlp", "--dataset", "synthetic",
+            "--rule", "ssgd", "--lr", "0.05"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                          env={**quiet_env(), "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    # 2000 samples over 8 ranks of batch 64: 4 steps each, 4 rounds on each shard.
+    assert summary["samples"] == 2000 and [r["updates"] for r in summary["shards"]] == [4, 4]
+    workers = [json.loads(p.read_text()) for p in out.glob("worker-*.json")]
+    assert len(workers) == 8 and all(w.get("agent") == "browser" for w in workers)
