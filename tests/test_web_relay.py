@@ -5,7 +5,10 @@ tab's retried push is applied once on every shard."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -120,6 +123,24 @@ def test_a_tab_closed_without_bye_gives_its_seat_back_on_every_shard():
             assert not rows["tab-b"]["alive"] and not rows["tab-b"].get("finished")
 
 
+def _run_bounded(argv: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess:
+    """Run `argv` in a session of its own; past `timeout` s, end it and everything it
+    started (servers, gateway, Chromium) and fail."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # minips run stops what it started
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=10)
+            os.killpg(proc.pid, signal.SIGKILL)  # and what did not stop
+        proc.communicate()
+        raise AssertionError(f"{' '.join(argv[2:4])} did not end within {timeout:g} s") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 @pytest.mark.slow
 def test_eight_headless_chromium_tabs_complete_every_ssgd_round_of_a_group(tmp_path):
     # More tabs than a shared pool of 2 cores + 4 threads: each round is every tab's push,
@@ -130,8 +151,7 @@ def test_eight_headless_chromium_tabs_complete_every_ssgd_round_of_a_group(tmp_p
             "--workers", "8", "--browser", "8", "--browser-headless", "--listen", "127.0.0.1:0",
             "--epochs", "1", "--join-wait", "120", "--model", "mlp", "--dataset", "synthetic",
             "--rule", "ssgd", "--lr", "0.05"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**quiet_env(), "TMPDIR": str(tmp_path)})  # fmt: skip
+    done = _run_bounded(argv, 300, {**quiet_env(), "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     # 2000 samples over 8 ranks of batch 64: 4 steps each, 4 rounds on each shard.

@@ -82,14 +82,14 @@ class MessageBounds:
 
 class BoundedConnection(ServerConnection):
     """A WebSocket within the gateway's bounds: each message within the model's bound
-    (`size_from`), and its received bytes counted against the gateway's MemoryBudget:
-    what arrives is taken from it, a relayed message gives its bytes back (`release`),
-    and so does closing; the WebSocket whose bytes would pass the budget is closed (1009).
+    (`bound_to`, once a hello reply named the model), and its received bytes counted
+    against the gateway's MemoryBudget: what arrives is taken from it, a relayed message
+    gives its bytes back (`release`), and so does closing; the WebSocket whose bytes would
+    pass the budget is closed (1009).
     """
 
     memory: MemoryBudget  # set by Gateway.serve on a subclass, with
     refusals: list[str]  # where the gateway counts why it closed connections
-    bounds: MessageBounds  # and the bounds of the models it has seen
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -97,23 +97,19 @@ class BoundedConnection(ServerConnection):
         self.sized = False  # its bound is the model's (a hello reply has come)
         self.too_big = False  # a message over the bound was refused
 
-    def size_from(self, header: dict[str, Any]) -> int | None:
-        """Take the model's bound from the server's reply `header` if it is a hello's
-        (with the run's `config`); the bound now in force (None: still HEADER_ROOM).
-        Blocks while a model is built the first time: call it off the event loop."""
-        config = header.get("config") if header.get("op") == "hello" else None
-        if not self.sized and isinstance(config, dict):
-            self.protocol.max_message_size = self.bounds.of(config.get("model"))
-            self.sized = True
-        return self.protocol.max_message_size if self.sized else None
-
-    def needs_size(self, header_frame: bytes | memoryview) -> dict[str, Any] | None:
-        """The header of a reply (its first frame) that may size this WebSocket: a hello's
-        (None: nothing to do)."""
+    def hello_config(self, header_frame: bytes | memoryview) -> dict[str, Any] | None:
+        """The run's `config` if the reply whose first frame is `header_frame` is a hello's
+        and this WebSocket still has no model's bound (None: nothing to do)."""
         if self.sized:
             return None
         header = peek_header(header_frame)
-        return header if header.get("op") == "hello" else None
+        config = header.get("config") if header.get("op") == "hello" else None
+        return config if isinstance(config, dict) else None
+
+    def bound_to(self, size: int) -> None:
+        """From now on, a message on this WebSocket may hold `size` bytes."""
+        self.protocol.max_message_size = size
+        self.sized = True
 
     def data_received(self, data: bytes) -> None:
         if self.protocol.state is State.OPEN:

@@ -134,10 +134,10 @@ class Gateway:
         """Serve until `stop()` is called (or the task is cancelled); `ready()` once listening."""
         self._stop = asyncio.Event()
         self.admission.raise_fd_limit()
-        budget, refused, models = self.budget, self.stats.refused, self.bounds
+        budget, refused = self.budget, self.stats.refused
 
         class Connection(BoundedConnection):
-            memory, refusals, bounds = budget, refused, models
+            memory, refusals = budget, refused
 
         async with serve(
             self._relay,
@@ -259,12 +259,11 @@ class Gateway:
         except ConnectionClosed:
             pass
 
-    @staticmethod
-    async def _size(ws: BoundedConnection, header_frame: bytes | memoryview) -> None:
+    async def _size(self, ws: BoundedConnection, header_frame: bytes | memoryview) -> None:
         """Before a hello reply reaches the browser: its messages' bound from the model
         the reply names (minips.web.bounds; built off the event loop the first time)."""
-        if (header := ws.needs_size(header_frame)) is not None:
-            await asyncio.to_thread(ws.size_from, header)
+        if (config := ws.hello_config(header_frame)) is not None:
+            ws.bound_to(await asyncio.to_thread(self.bounds.of, config.get("model")))
 
     async def _give_back_seat(self, sock: zmq.asyncio.Socket, seat: Seat, peer: object) -> None:
         """Say `bye` (finished: false) for a browser that left without one, on its own
