@@ -73,7 +73,12 @@ class MessageBounds:
     def __init__(self) -> None:
         self._known: dict[str, int] = {}
 
+    def known(self, spec: Any) -> int | None:
+        """The bound of `spec` if it was computed before (None: call `of`)."""
+        return self._known.get(json.dumps(spec, sort_keys=True, default=str))
+
     def of(self, spec: Any) -> int:
+        """The bound of `spec`, computed the first time (building the model: slow)."""
         key = json.dumps(spec, sort_keys=True, default=str)
         if key not in self._known:
             self._known[key] = message_bound(spec)

@@ -263,7 +263,9 @@ class Gateway:
         """Before a hello reply reaches the browser: its messages' bound from the model
         the reply names (minips.web.bounds; built off the event loop the first time)."""
         if (config := ws.hello_config(header_frame)) is not None:
-            ws.bound_to(await asyncio.to_thread(self.bounds.of, config.get("model")))
+            model = config.get("model")
+            bound = self.bounds.known(model) or await asyncio.to_thread(self.bounds.of, model)
+            ws.bound_to(bound)
 
     async def _give_back_seat(self, sock: zmq.asyncio.Socket, seat: Seat, peer: object) -> None:
         """Say `bye` (finished: false) for a browser that left without one, on its own
