@@ -60,11 +60,11 @@ def test_a_retried_push_is_applied_once_on_every_shard():
     with running_group(2, workers=2, rule="ssgd", lr=0.1, momentum=0.0,
                        heartbeat_timeout=60.0) as group:  # fmt: skip
         start = [{n: a.copy() for n, a in s.store.params.items()} for s in group.servers]
-        a = GroupRelay(group.root.endpoint, timeout=0.3, retries=0)
-        b = GroupRelay(group.root.endpoint)
+        a, b = GroupRelay(group.root.endpoint), GroupRelay(group.root.endpoint)
         try:
             for relay, tab in ((a, "tab-a"), (b, "tab-b")):
                 assert _reply(relay.handle(_frames({"op": "hello", "rid": 1, "worker": tab})))
+            a.client.timeout, a.client.retries = 0.3, 0  # the relay gives up on a's pushes
             push = {"op": "push", "worker": "tab-a", "seq": 0, "base": 0, "last": True}
             for rid in (2, 3):  # held, given up on; the tab's retry: held, given up on
                 assert a.handle(_frames({**push, "rid": rid}, a_grads)) is None

@@ -51,12 +51,10 @@ class RelayedClient(PSClient):
 
 
 class GroupRelay:
-    """One browser's requests to the group at `root` (module docstring). timeout,
-    retries: its client's, for each shard (minips.worker.connections)."""
+    """One browser's requests to the group at `root` (module docstring)."""
 
-    def __init__(self, root: str, keys: Any = None, timeout: float = 5.0, retries: int = 3) -> None:
+    def __init__(self, root: str, keys: Any = None) -> None:
         self.root, self.keys = root, keys
-        self.timeout, self.retries = timeout, retries
         self.client: PSClient | None = None
         self.tokens: dict[tuple[int, ...], int] = {}  # a group version -> its number here
         self.versions: dict[int, tuple[int, ...]] = {}  # and back
@@ -130,8 +128,7 @@ class GroupRelay:
     def _hello(self, header: dict[str, Any]) -> dict[str, Any]:
         if self.client is None or self.client.worker_id != header["worker"]:
             self.close()
-            self.client = RelayedClient(self.root, self.timeout, self.retries,
-                                        worker_id=header["worker"], keys=self.keys)  # fmt: skip
+            self.client = RelayedClient(self.root, worker_id=header["worker"], keys=self.keys)
         info = header.get("info")
         hello = self.client.hello(info)
         self.seated = not (isinstance(info, dict) and info.get("role") == "observer")
