@@ -11,6 +11,15 @@ The server is a bare ZeroMQ ROUTER that answers each message with one of `--down
     python tools/bench_gateway.py --up 940584 --down 940584 --count 200 --repeats 5
 
 Prints one JSON line per block, then the medians (ms per round trip) and their ratio.
+
+With `--group-tabs N` it measures instead a server group's ssgd rounds through the gateway
+(docs/protocol.md 14.5): a 2-shard group (in this process), a real `minips web` process in
+front of it, and N simulated tabs (tests/web_tabs.py: WebSocket clients speaking the
+browser protocol) each pushing the MLP's dense gradient once per round:
+
+    python tools/bench_gateway.py --group-tabs 24 --rounds 10
+
+prints one JSON line: when each round was answered to every tab (s), and the shards' versions.
 """
 
 from __future__ import annotations
@@ -141,6 +150,41 @@ def in_chromium(chromium, url: str, up: int, count: int) -> float:
     return float(result["result"]["value"])
 
 
+def group_rounds(tabs: int, rounds: int, tmp: Path) -> dict:
+    """`rounds` ssgd rounds of `tabs` simulated tabs through `minips web` to a 2-shard
+    group: when each was answered (s after the first push), and the shards' versions."""
+    import asyncio
+
+    import numpy as np
+
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path.insert(0, str(tests))
+    from group_support import running_group
+    from web_tabs import ssgd_rounds
+
+    from minips.nn import build_model
+
+    grads = {n: np.full(a.shape, 1e-3, np.float32) for n, a in build_model("mlp").params.items()}
+    url_file = tmp / "web-url"
+    with running_group(2, workers=tabs, rule="ssgd", heartbeat_timeout=60.0) as group:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "minips", "web", "--connect", group.root.endpoint,
+             "--listen", "127.0.0.1:0", "--url-file", str(url_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            while not url_file.exists() or not url_file.read_text().strip():
+                time.sleep(0.05)
+            url = url_file.read_text().strip().replace("http", "ws", 1) + "ws"
+            done = asyncio.run(ssgd_rounds(url, tabs, rounds, grads))
+        finally:
+            gateway.terminate()
+            gateway.wait(30)
+        versions = [server.store.version for server in group.servers]
+    return {"tabs": tabs, "rounds_answered_s": [round(t, 3) for t in done], "versions": versions,
+            "load": os.getloadavg()[0]}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--up", type=int, default=940_584, help="bytes browser -> server")
@@ -148,8 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-chromium", action="store_true", help="only the Python client")
+    what = "measure ssgd rounds of this many tabs in front of a group"
+    parser.add_argument("--group-tabs", type=int, default=0, help=what)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds, with --group-tabs")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    if args.group_tabs:
+        try:
+            print(json.dumps(group_rounds(args.group_tabs, args.rounds, tmp)))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     chromium = None
     if not args.no_chromium:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -65,7 +65,7 @@ class Stamps:
 def stamped_gateway(connect: str, stamps: Stamps) -> gateway_module.Gateway:
     """A Gateway whose relay notes each event in `stamps` (its code is the real one: the
     stamps wrap the calls it makes)."""
-    connection = gateway_module._BudgetedConnection
+    connection = gateway_module.BoundedConnection
     receive, send = connection.data_received, connection.send
     unpack = gateway_module.unpack_frames
 

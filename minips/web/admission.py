@@ -13,6 +13,8 @@ for what it refuses, beside the relay rather than inside it:
 - at most `max_browsers` WebSockets at once (close 1013 beyond, the relay unharmed);
 - at most `max_memory` bytes received from browsers and not yet handed to ZeroMQ, over
   all WebSockets together (the WebSocket whose bytes would pass it is closed, 1009).
+
+How large one message may be is derived from the model: minips.web.bounds.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ worker: the browser says hello, pulls, pushes and says bye itself, and the gatew
 its messages unchanged. It reads only the worker id of a hello and whether a bye came
 (minips.web.seats): when a tab closes without `bye`, the gateway says it for the tab, so
 its seat is free at once. What it lets in (methods, origins, how many browsers, how many
-bytes in flight) is minips.web.admission.
+bytes in flight) is minips.web.admission; how large one message may be (a few times the
+model's dense size, known from the server's hello reply) is minips.web.bounds.
 
 `Gateway.serve()` runs it in the current event loop (`minips web`); minips.web.running's
 `start_gateway()` runs it in a background thread, for a launcher or a test.
@@ -32,8 +33,8 @@ import zmq
 import zmq.asyncio
 
 from minips.errors import ConfigError, DataError, MinipsError
-from minips.protocol.wire import DEFAULT_LIMITS
-from minips.web.admission import CLOSE_FULL, CLOSE_MEMORY, FRAME_OVERHEAD, Admission, MemoryBudget
+from minips.web.admission import CLOSE_FULL, FRAME_OVERHEAD, Admission, MemoryBudget
+from minips.web.bounds import HEADER_ROOM, BoundedConnection, MessageBounds
 from minips.web.framing import FramingError, pack_frames, unpack_frames
 from minips.web.seats import GATEWAY_RID, Seat, peek_header
 from minips.web.shards import DatasetCache
@@ -43,10 +44,8 @@ try:  # the optional extra: pip install 'minips[web]'
     from websockets.datastructures import Headers
     from websockets.exceptions import ConnectionClosed
     from websockets.http11 import Request, Response
-    from websockets.protocol import State
 except ImportError:  # pragma: no cover - reported by check_installed()
     serve = None
-    ServerConnection = object  # the base of _BudgetedConnection, never instantiated then
 
 log = logging.getLogger("minips.web")
 
@@ -63,8 +62,6 @@ _STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html|wasm))$")
 _SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/([^/]+)/([^/]+)/(images|labels)$")
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
 _INFO = re.compile(r"^/data/([a-z0-9-]+)/info$")
-# A WebSocket message holds a whole ZeroMQ message plus the frame lengths.
-MAX_WS_MESSAGE = DEFAULT_LIMITS.max_message_bytes + DEFAULT_LIMITS.max_header_bytes
 # Keepalive pings: a browser whose network went away (Wi-Fi lost, laptop asleep) is seen
 # gone within PING_INTERVAL + PING_TIMEOUT seconds, and its seat given back then.
 PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0
@@ -119,6 +116,7 @@ class Gateway:
         self.datasets = DatasetCache(data_dir)
         self.admission = admission or Admission()
         self.budget = MemoryBudget(self.admission.max_memory)
+        self.bounds = MessageBounds()  # each message within its model's (minips.web.bounds)
         self.stats = GatewayStats()
         self._context = zmq.asyncio.Context()
         # ZeroMQ's own cap on sockets (1023 by default) must not be what refuses a browser.
@@ -138,7 +136,7 @@ class Gateway:
         self.admission.raise_fd_limit()
         budget, refused = self.budget, self.stats.refused
 
-        class Connection(_BudgetedConnection):
+        class Connection(BoundedConnection):
             memory, refusals = budget, refused
 
         async with serve(
@@ -147,7 +145,7 @@ class Gateway:
             self.port,
             process_request=self._http,
             create_connection=Connection,
-            max_size=MAX_WS_MESSAGE,
+            max_size=HEADER_ROOM,  # until the server's hello reply names the model
             compression=None,  # gradients do not compress; deflate would only cost CPU
             ping_interval=PING_INTERVAL,
             ping_timeout=PING_TIMEOUT,
@@ -166,7 +164,7 @@ class Gateway:
 
     # ------------------------------------------------------------------------ WebSocket
 
-    async def _relay(self, ws: _BudgetedConnection) -> None:
+    async def _relay(self, ws: BoundedConnection) -> None:
         """Relay one browser: to its own DEALER socket (`_relay_to_server`), or to a server
         group through a GroupRelay that joins the group for it (`_relay_to_group`). It is
         counted from here, so a full gateway refuses the next one even while this one is
@@ -186,7 +184,7 @@ class Gateway:
         finally:
             self.stats.open -= 1
 
-    async def _relay_to_server(self, ws: _BudgetedConnection) -> None:
+    async def _relay_to_server(self, ws: BoundedConnection) -> None:
         """Pump one browser's messages to its own DEALER socket and the replies back."""
         peer = ws.remote_address
         log.info("browser %s connected", peer)
@@ -199,6 +197,7 @@ class Gateway:
             async for frames in self._requests(ws):
                 seat.watch(frames)
                 await sock.send_multipart(frames, copy=False)
+                del frames  # a browser that goes quiet holds no message it sent
         except ConnectionClosed:
             pass
         finally:
@@ -208,24 +207,29 @@ class Gateway:
             sock.close(linger=0)
             log.info("browser %s disconnected", peer)
 
-    async def _relay_to_group(self, ws: _BudgetedConnection) -> None:
+    async def _relay_to_group(self, ws: BoundedConnection) -> None:
         """One browser in front of a server group: each request read and made on the
-        group, each reply as one server's (minips.web.grouprelay, protocol.md 14.5)."""
-        from minips.web.grouprelay import GroupRelay
+        group, on the browser's own thread (minips.web.groupseat: a request held at an
+        ssgd barrier holds no other browser's), each reply as one server's (protocol.md
+        14.5); its seat given back when it leaves without bye, as 14.3 says."""
+        from minips.web.groupseat import GroupSeat
 
-        relay = GroupRelay(self.connect)
+        seat = GroupSeat(self.connect)
         try:
             async for frames in self._requests(ws):
-                reply = await asyncio.to_thread(relay.handle, [bytes(f) for f in frames])
+                reply = await seat.handle(frames)
+                del frames  # a browser that goes quiet holds no message it sent
                 if reply is not None:
+                    await self._size(ws, reply[0])
                     await ws.send(pack_frames([memoryview(f).cast("B") for f in reply]))
                     self.stats.messages_down += 1
+                del reply
         except ConnectionClosed:
             pass
         finally:
-            await asyncio.to_thread(relay.close)
+            self.stats.seats_given_back += await seat.close()
 
-    async def _requests(self, ws: _BudgetedConnection) -> AsyncIterator[list[memoryview]]:
+    async def _requests(self, ws: BoundedConnection) -> AsyncIterator[list[memoryview]]:
         """The frames of each message a browser sends, its bytes given back to the memory
         budget once relayed; a text message (1003) or bad framing (1007) closes the
         WebSocket instead."""
@@ -241,16 +245,27 @@ class Gateway:
             yield frames  # relayed by the caller; then its bytes go back to the budget
             ws.release(len(message) + FRAME_OVERHEAD)
             self.stats.messages_up += 1
+            del message, frames  # a browser that goes quiet holds no message it sent
 
     async def _downstream(self, sock: zmq.asyncio.Socket, ws: ServerConnection) -> None:
         """Every reply the server sends on this DEALER goes to the browser, in order."""
         try:
             while True:
                 frames = await sock.recv_multipart(copy=False)
+                await self._size(ws, frames[0].buffer)
                 await ws.send(pack_frames([frame.buffer for frame in frames]))
                 self.stats.messages_down += 1
+                del frames
         except ConnectionClosed:
             pass
+
+    async def _size(self, ws: BoundedConnection, header_frame: bytes | memoryview) -> None:
+        """Before a hello reply reaches the browser: its messages' bound from the model
+        the reply names (minips.web.bounds; built off the event loop the first time)."""
+        if (config := ws.hello_config(header_frame)) is not None:
+            model = config.get("model")
+            bound = self.bounds.known(model) or await asyncio.to_thread(self.bounds.of, model)
+            ws.bound_to(bound)
 
     async def _give_back_seat(self, sock: zmq.asyncio.Socket, seat: Seat, peer: object) -> None:
         """Say `bye` (finished: false) for a browser that left without one, on its own
@@ -348,42 +363,6 @@ def _without_body(response: Response) -> Response:
 def _error(status: HTTPStatus, reason: str) -> Response:
     """A refusal: `status` with the one-line body "error: REASON"."""
     return _response(status, f"error: {reason}\n".encode(), "text/plain; charset=utf-8")
-
-
-class _BudgetedConnection(ServerConnection):
-    """A WebSocket whose received bytes count against the gateway's MemoryBudget: what
-    arrives is taken from it, a relayed message gives its bytes back (`release`), and so
-    does closing; the WebSocket whose bytes would pass the bound is closed (1009)."""
-
-    memory: MemoryBudget  # set by Gateway.serve on a subclass, with
-    refusals: list[str]  # where the gateway counts why it closed connections
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.in_flight = 0
-
-    def data_received(self, data: bytes) -> None:
-        if self.protocol.state is State.OPEN:
-            if self.memory.take(len(data)):
-                self.in_flight += len(data)
-            else:  # close now; the closing protocol discards whatever else arrives
-                reason = self.memory.refusal()
-                log.warning("closing browser %s: %s", self.remote_address, reason)
-                self.refusals.append(reason)
-                self.protocol.fail(CLOSE_MEMORY, reason[:120])
-                self.release(self.in_flight)  # what it sent so far is dropped with it
-                data = b""
-        super().data_received(data)
-
-    def release(self, n: int) -> None:
-        """Give back `n` bytes (a relayed message and its frame header) to the budget."""
-        n = min(n, self.in_flight)
-        self.in_flight -= n
-        self.memory.give_back(n)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.release(self.in_flight)
-        super().connection_lost(exc)
 
 
 def _is_group(connect: str) -> bool | None:

@@ -8,7 +8,10 @@ group, and answers with the reply one server would have sent (docs/protocol.md 1
 
     hello  -> PSClient.hello(info): the browser's rank, the run's config, no `group`
     pull   -> PSClient.pull(since): every parameter whole, as one server sends them
-    push   -> PSClient.push(...): a retried `seq` is answered from memory (applied once)
+    push   -> PSClient.push(...) with the browser's own `seq` on every shard, so a retry
+              (the same seq) is applied once end to end: a shard answers it from memory,
+              or replaces the held one (docs/protocol.md 8); a retry of a push answered
+              here is answered from this relay's memory, its pull half made afresh
     ping, bye -> the same calls
 
 The group's versions (one per shard) are numbered for the browser in the order they are
@@ -33,6 +36,18 @@ from minips.worker.group import GroupVersion
 log = logging.getLogger("minips.web")
 
 REMEMBERED_PUSHES = 64  # as a server remembers them (docs/protocol.md 8)
+BYE_TIMEOUT = 2.0  # s the relay waits for a shard to answer its bye for a tab (as 14.3's)
+
+
+class RelayedClient(PSClient):
+    """The group's client for one browser: each push goes to the shards with the `seq`
+    the browser gave it (`push_seq`), not one of the client's own. A browser's retry then
+    reaches every shard as a retry, whether the relay gave up on the first attempt or not."""
+
+    push_seq = 0
+
+    def next_seq(self) -> int:
+        return self.push_seq
 
 
 class GroupRelay:
@@ -44,6 +59,7 @@ class GroupRelay:
         self.tokens: dict[tuple[int, ...], int] = {}  # a group version -> its number here
         self.versions: dict[int, tuple[int, ...]] = {}  # and back
         self.answered: OrderedDict[int, dict[str, Any]] = OrderedDict()  # seq -> push reply
+        self.seated = False  # it holds a rank: said hello (not as an observer), not bye
 
     def handle(self, frames: list[bytes]) -> list[Any] | None:
         """The reply frames to one request from the browser (None: nothing to send, the
@@ -68,6 +84,23 @@ class GroupRelay:
         if self.client is not None:
             self.client.close()
 
+    def leave(self, timeout: float = BYE_TIMEOUT) -> bool:
+        """The browser's WebSocket closed: say `bye` (finished: false) on every shard for
+        it if it holds a rank (docs/protocol.md 14.3), waiting at most `timeout` s for
+        each, then close. Whether a bye was said for it."""
+        seated = self.seated and self.client is not None
+        if seated:
+            self.client.timeout, self.client.retries = timeout, 0
+            log.info("browser (worker %s) left without bye: its seat is free",
+                     self.client.worker_id)  # fmt: skip
+            try:
+                self.client.bye(finished=False)
+            except (ServerError, ServerUnavailable) as exc:
+                log.warning("the group did not answer the bye for worker %s: %s",
+                            self.client.worker_id, exc)  # fmt: skip
+        self.close()
+        return seated
+
     # ------------------------------------------------------------------------ the calls
     def _call(self, request: Message) -> tuple[dict[str, Any], list[wire.WirePart]]:
         op, header = request.op, request.header
@@ -86,6 +119,7 @@ class GroupRelay:
                     "stop": self.client.ping()}, []  # fmt: skip
         if op == "bye":
             self.client.bye(finished=header.get("finished", True))
+            self.seated = False
             return {"op": "bye"}, []
         raise ProtocolError(
             f"op {op!r} is not a worker's (the gateway relays workers)", "unknown_op"
@@ -94,20 +128,25 @@ class GroupRelay:
     def _hello(self, header: dict[str, Any]) -> dict[str, Any]:
         if self.client is None or self.client.worker_id != header["worker"]:
             self.close()
-            self.client = PSClient(self.root, worker_id=header["worker"], keys=self.keys)
-        hello = self.client.hello(header.get("info"))
+            self.client = RelayedClient(self.root, worker_id=header["worker"], keys=self.keys)
+        info = header.get("info")
+        hello = self.client.hello(info)
+        self.seated = not (isinstance(info, dict) and info.get("role") == "observer")
         version = self._token(self.client.group.versions)
         return {"op": "hello", "worker": header["worker"], **hello, "version": version}
 
     def _push(self, request: Message) -> tuple[dict[str, Any], list[wire.WirePart]]:
         header = request.header
+        fused = "pull_since" in header
         if header["seq"] in self.answered:  # a retry: applied once, answered again
             reply = self.answered[header["seq"]]
+            if fused:  # its pull half afresh (docs/protocol.md 5.3)
+                return self._pull_reply(reply, self.client.pull(self._since(header["pull_since"])))
             return reply, []
         grads, extras = decode_gradients(request)
         extra = {name.removeprefix("extra/"): array for name, array in extras.items()}
-        fused = "pull_since" in header
         pulled = {"pull_since": self._since(header["pull_since"])} if fused else {}
+        self.client.push_seq = header["seq"]
         pushed = self.client.push(grads, self._base(header["base"]), extra,
                                   last=header.get("last", True), samples=header.get("samples"),
                                   **pulled)  # fmt: skip
