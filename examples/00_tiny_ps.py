@@ -132,7 +132,7 @@ class TinyServer:
         self.t, self.world_size, self.ranks = 0, world_size, {}  # ranks: worker id -> rank
         sampled = self.params.items() if rule == "vsgd" else ()  # vsgd: S_P of each parameter
         self.samples = {n: vsgd_sample(n, p.size, self.rule) for n, p in sampled}
-        self.step_p, self.taus, self.losses, self.byes = {}, [], [], 0
+        self.step_p, self.losses, self.byes = {}, [], 0
 
     def serve(self, sock: zmq.Socket) -> None:
         """Answer every request at once, until every rank has said bye."""
@@ -146,8 +146,8 @@ class TinyServer:
             rid = {"rid": header["rid"]} if "rid" in header else {}  # how replies are matched
             sock.send_multipart([identity, *pack({**reply, **rid}, arrays)])
         loss = [f"{np.mean(part or [0]):.3g}" for part in (self.losses[:5], self.losses[-5:])]
-        print(f"server: {self.t} updates applied, rule {self.rule['name']}, staleness mean "
-              f"{np.mean(self.taus or [0]):.2f}, loss reported {loss[0]} -> {loss[1]}")  # fmt: skip
+        print(f"server: {self.t} updates applied, rule {self.rule['name']}, loss reported "
+              f"{loss[0]} -> {loss[1]}\n", end="")  # in one write: threads print too  # fmt: skip
 
     def handle(self, header: dict, tensors: dict) -> tuple[dict, list[Frame]]:
         """hello, pull, push or bye: the op's method."""
@@ -188,7 +188,7 @@ class TinyServer:
         for name, old in before.items():
             move, last = np.linalg.norm(self.sampled(name) - old), self.step_p.get(name)
             self.step_p[name] = move if last is None else decay * last + (1 - decay) * move
-        self.taus, self.losses = self.taus + [tau], self.losses + [header.get("loss", math.nan)]
+        self.losses.append(header.get("loss", math.nan))  # the worker's, on its batch
         vsgd = f" d {d:.3f}" if self.samples else ""  # d: how many typical updates behind
         rank, scale = self.ranks.get(header["worker"]), min(scales.values())
         print(f"update {self.t}: rank {rank} tau {tau}{vsgd} scale {scale:.3f}")
