@@ -1,13 +1,12 @@
 """A parameter server and its workers in one file, speaking minips's real protocol.
 
 Read this first: pyzmq, NumPy and msgpack only, yet a real `minips worker` trains against
-this server, and this worker against `minips server` (docs/protocol.md is their wire). It
-shows hello (rank and config), tau = t - base (how many updates a gradient missed), one
-round trip per step (push and pull fused), the delay-penalized rules dasgd and vsgd
-(docs/algorithms.md), and per-layer codecs (top-k with error feedback, fp16). It leaves
-out retries and exactly-once (minips/worker/client.py); held replies, liveness, stop,
-checkpoints, momentum, steps in several pushes, hostile messages (minips/server/); the
-other rules (minips/rules/), codecs (minips/codecs/) and models (minips/nn/).
+this server and this worker against `minips server` (docs/protocol.md is their wire). It
+shows hello (rank, config), tau = t - base (the updates a gradient missed), one round trip
+per step (push and pull fused), the delay-penalized rules dasgd and vsgd (docs/algorithms.md)
+and per-layer codecs (top-k with error feedback, fp16). Left out: retries, exactly-once
+(minips/worker/client.py); held replies, liveness, stop, checkpoints, momentum, steps in
+several pushes, hostile messages (minips/server/); other rules, codecs, models (minips/).
 
     python examples/00_tiny_ps.py [--rule vsgd] [--fast]   a server and 3 workers, one process
     python examples/00_tiny_ps.py server --address tcp://127.0.0.1:5555 --workers 1
@@ -191,7 +190,7 @@ class TinyServer:
         self.losses.append(header.get("loss", math.nan))  # the worker's, on its batch
         vsgd = f" d {d:.3f}" if self.samples else ""  # d: how many typical updates behind
         rank, scale = self.ranks.get(header["worker"]), min(scales.values())
-        print(f"update {self.t}: rank {rank} tau {tau}{vsgd} scale {scale:.3f}")
+        print(f"update {self.t}: rank {rank} tau {tau}{vsgd} scale {scale:.3f}\n", end="")
         reply = {"op": "push", "version": self.t, "seq": header["seq"], "applied": True,
                  "staleness": tau, "stop": False}  # fmt: skip
         fused = "pull_since" in header  # then the reply is also the pull's (protocol.md 5.3)
@@ -242,10 +241,11 @@ def worker(ctx: zmq.Context, address: str, steps: int | None) -> None:
     hello, _ = request({"op": "hello", "worker": me, "info": {"role": "worker"}})
     config, rank, rule = hello["config"], hello["rank"], hello["config"]["rule"]
     plan = {n: e.get("push", "dense") for n, e in config.get("plan", {}).get("params", {}).items()}
-    codecs = {spec if isinstance(spec, str) else spec["codec"] for spec in plan.values()}
-    if config["model"]["name"] != "mlp" or codecs - {"dense", "fp16", "topk"}:  # refuse (5.6)
-        request({"op": "bye", "worker": me, "refused": "tiny: mlp, dense/fp16/topk only"})
-        raise SystemExit("error: the tiny worker trains an mlp with codecs dense, fp16, topk")
+    asks = {config["model"]["name"], config["dataset"]}  # and every codec of the plan:
+    asks |= {spec if isinstance(spec, str) else spec["codec"] for spec in plan.values()}
+    if cannot := asks - {"mlp", "sample", "fashion-mnist", "dense", "fp16", "topk"}:  # 5.6
+        request({"op": "bye", "worker": me, "refused": f"the tiny worker cannot do {cannot}"})
+        raise SystemExit(f"error: the tiny worker cannot do {cannot} (a model, data or codec)")
     x, y = load_shard(config, rank, hello["world_size"])
     rng = np.random.default_rng(config["seed"] * 1000 + rank)  # any uniform shuffle will do
     epoch_steps = math.ceil(config["epochs"] * len(y) / config["batch_size"])

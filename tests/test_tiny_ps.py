@@ -168,3 +168,31 @@ def test_the_tiny_server_scales_by_clock_and_by_value_staleness(capsys):
         with pytest.raises(tiny.Refused) as refused:
             server.handle({"op": "push", "worker": "w", "seq": 9, **fields}, tensors)
         assert refused.value.args[0] == code
+
+
+def test_the_tiny_worker_refuses_a_run_it_cannot_do(tmp_path):
+    # A plan asking for sufficient factors: the tiny worker says bye with `refused` (5.6).
+    plan, address = tmp_path / "plan.json", free_address()
+    plan.write_text(json.dumps({"format": 1, "params": {"fc1.w": {"push": {"codec": "sf"}}}}))
+    argv = [sys.executable, "-m", "minips", "server", "--model", "mlp", "--workers", "1",
+            "--plan", str(plan), "--bind", address]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with PSClient(address, timeout=1.0, retries=30) as probe:
+            probe.stats()
+        done = subprocess.run(
+            [sys.executable, str(TINY), "worker", "--address", address, "--fast"],
+            capture_output=True, text=True, timeout=50,
+        )  # fmt: skip
+        with PSClient(address, timeout=5.0) as operator:
+            stats = operator.stats()
+            operator.stop()
+        server.wait(timeout=20)
+    finally:
+        server.kill()
+    assert (
+        done.returncode != 0
+        and done.stderr == "error: the tiny worker cannot do {'sf'} (a model, data or codec)\n"
+    )
+    assert [w["refused"] for w in stats["workers"]] == ["the tiny worker cannot do {'sf'}"]
+    assert stats["updates"] == 0
