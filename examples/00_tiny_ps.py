@@ -165,7 +165,7 @@ class TinyServer:
                 "heartbeat_timeout": 30, "config": {**self.config, "rank": rank}}, []  # fmt: skip
 
     def pull(self, header: dict, _: dict, reply: dict | None = None) -> tuple[dict, list[Frame]]:
-        """The parameters changed since version `since` (all of them for None)."""
+        """The parameters changed since `since` (all for None), also as a fused push's reply."""
         since = header.get("pull_since" if reply else "since")
         fresh = since is None or since > self.t  # it knows nothing of our versions
         frames = [frame(n, p) for n, p in self.params.items() if fresh or self.versions[n] > since]
@@ -193,8 +193,7 @@ class TinyServer:
         print(f"update {self.t}: rank {rank} tau {tau}{vsgd} scale {scale:.3f}\n", end="")
         reply = {"op": "push", "version": self.t, "seq": header["seq"], "applied": True,
                  "staleness": tau, "stop": False}  # fmt: skip
-        fused = "pull_since" in header  # then the reply is also the pull's (protocol.md 5.3)
-        return self.pull(header, tensors, reply) if fused else (reply, [])
+        return self.pull(header, tensors, reply) if "pull_since" in header else (reply, [])
 
     def check_push(self, header: dict, grads: dict, tensors: dict) -> None:
         """The refusals a push can get here; `push` assumes it passed them."""
@@ -203,8 +202,9 @@ class TinyServer:
         for name, grad in grads.items():
             if name not in self.params or grad.shape != self.params[name].shape:
                 raise Refused("shape", f"no parameter {name!r} of shape {grad.shape}")
-            if self.samples and f"extra/sample/{name}" not in tensors:
-                raise Refused("rule", f"vsgd needs 'extra/sample/{name}' with its gradient")
+            sample = tensors.get(f"extra/sample/{name}")  # vsgd: the worker's values at S_P
+            if self.samples and np.shape(sample) != self.samples[name].shape:
+                raise Refused("rule", f"vsgd needs the {name} values at S_P with its gradient")
 
     def sampled(self, name: str) -> np.ndarray:
         return self.params[name].flat[self.samples[name]].astype(np.float64)

@@ -160,14 +160,18 @@ def test_the_tiny_server_scales_by_clock_and_by_value_staleness(capsys):
             assert (reply["staleness"], reply["version"]) == (seq, seq + 1)
         printed = [float(scale) for *_, scale in UPDATE.findall(capsys.readouterr().out)]
         assert printed == pytest.approx(scales, abs=1e-3), rule
-    # Its refusals (protocol.md 9): a base from the future, a wrong shape, a missing sample.
+    # Its refusals (protocol.md 9): a base from the future, a wrong shape, a missing or a
+    # short sample; and nothing changed.
+    short = {"fc1.w": push["fc1.w"], "extra/sample/fc1.w": np.zeros(3, np.float32)}
     bad = [({"base": 9}, push, "bad_base"),
            ({"base": 0}, {"fc1.w": np.zeros(3, np.float32)}, "shape"),
-           ({"base": 0}, {"fc1.w": push["fc1.w"]}, "rule")]  # fmt: skip
+           ({"base": 0}, {"fc1.w": push["fc1.w"]}, "rule"),
+           ({"base": 0}, short, "rule")]  # fmt: skip
     for fields, tensors, code in bad:
         with pytest.raises(tiny.Refused) as refused:
             server.handle({"op": "push", "worker": "w", "seq": 9, **fields}, tensors)
         assert refused.value.args[0] == code
+    assert server.t == 4
 
 
 def test_the_tiny_worker_refuses_a_run_it_cannot_do(tmp_path):
