@@ -121,8 +121,8 @@ class TinyServer:
     """The parameters and their version t; applies each push at once, as the rule scales it."""
 
     def __init__(self, rule: str, world_size: int) -> None:
-        self.rule = RULES[rule]  # the config, less each worker's rank:
-        self.config = {**CONFIG, "rule": self.rule, "world_size": world_size}
+        self.rule = RULES[rule]
+        self.config = {**CONFIG, "rule": self.rule, "world_size": world_size}  # hello adds rank
         rng, sizes, self.params = np.random.default_rng(0), [784, 64, 10], {}  # the model's
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False), 1):  # He-normal
             w = rng.standard_normal((n_in, n_out), np.float32) * np.float32(math.sqrt(2 / n_in))
