@@ -69,7 +69,7 @@ def test_a_shard_whose_root_is_gone_stops_within_its_root_timeout(tmp_path):
     finally:
         _stop(root, shard)
     text = (tmp_path / "shard.log").read_text()
-    assert 3 <= took < 12, (took, text[-1500:])
+    assert 2 <= took < 12, (took, text[-1500:])  # silent 3 s since its last reply
     assert shard.returncode == 0, text[-1500:]
     lines = [line for line in text.splitlines() if "answered no join for 3 s" in line]
     assert len(lines) == 1 and "this shard stops" in lines[0], text[-1500:]
@@ -80,7 +80,7 @@ def test_a_root_restarted_within_the_bound_keeps_its_shards(tmp_path):
     root_addr = f"tcp://127.0.0.1:{port}"
     root = _start("--shard", "0", "--bind", root_addr, out=tmp_path / "root.log")
     shard = _start("--shard", "1", "--root", root_addr, "--bind", "tcp://127.0.0.1:*",
-                   "--root-timeout", "8", out=tmp_path / "shard.log")  # fmt: skip
+                   "--root-timeout", "10", out=tmp_path / "shard.log")  # fmt: skip
     again = None
     try:
         address = _joined(root_addr)[1]
@@ -89,7 +89,7 @@ def test_a_root_restarted_within_the_bound_keeps_its_shards(tmp_path):
         killed = time.monotonic()
         again = _start("--shard", "0", "--bind", root_addr, out=tmp_path / "root2.log")
         assert _joined(root_addr)[1] == address  # the shard joined the new root
-        time.sleep(max(0.0, killed + 10 - time.monotonic()))  # past the bound since the kill
+        time.sleep(max(0.0, killed + 12 - time.monotonic()))  # past the bound since the kill
         assert shard.poll() is None, (tmp_path / "shard.log").read_text()[-1500:]
         with PSClient(address, timeout=2.0, retries=1) as ops:
             assert ops.stats()["group"]["shard"] == 1

@@ -5,7 +5,7 @@ A shard is an ordinary ParameterServer over its slices (`shard_params`); the onl
 differences on the wire are the ones `ShardRole` adds: `group` in hello (and stats) replies,
 the root's `join` handler and its `group` error while shards are missing, and a non-root
 shard's `join` every second to the root (`Joiner`), which also tells it when the root
-stops.
+stops, or is gone (no reply for its root_timeout).
 """
 
 from __future__ import annotations
