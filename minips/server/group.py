@@ -101,10 +101,11 @@ class RootTable:
             )
         held = self.holders.get(shard)
         if held is not None and held.origin != origin and self._live(held, now):
-            what = "a live shard" if held.announced else "a shard that asked to join"
+            what, bound = (("a live shard", self.takeover) if held.announced
+                           else ("a shard that asked to join", self.reserve))  # fmt: skip
             raise ProtocolError(
                 f"shard {shard} is held by {what} (its last join {now - held.seen:.1f} s ago; "
-                f"an index is free {self.takeover:g} s after its shard's last join)",
+                f"the index is free {bound:g} s after it)",
                 "full",
             )
         self.holders[shard] = Holder(origin, now, address is not None)
@@ -125,7 +126,8 @@ class RootTable:
             holder = self.holders.get(shard)
             if holder is None or not self._live(holder, now):
                 return shard
-        raise ProtocolError(f"all {self.servers} shards of the group have joined", "full")
+        raise ProtocolError(f"all {self.servers} shards of the group have joined (each index "
+                            "is held by a live shard)", "full")  # fmt: skip
 
     def addresses(self) -> list[str | None]:
         return list(self._addresses)
