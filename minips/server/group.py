@@ -190,7 +190,7 @@ class Joiner:
         An index another live shard holds (`full`) is asked for again for JOIN_PATIENCE
         seconds (a restarted shard's old self frees it within JOIN_TAKEOVER), then the
         refusal is raised. on_wait(line) is told once, after the first second without a
-        reply, what the shard waits for and how long."""
+        reply or at the first refusal, what the shard waits for and how long."""
         timeout = ASSEMBLE_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
         refused: float | None = None
@@ -203,6 +203,9 @@ class Joiner:
                     refused = time.monotonic() if refused is None else refused
                     if exc.code != "full" or time.monotonic() - refused > JOIN_PATIENCE:
                         raise
+                    if on_wait is not None:
+                        on_wait(f"{exc}; asking again for up to {JOIN_PATIENCE:g} s")
+                        on_wait = None
                     time.sleep(JOIN_INTERVAL)
                     continue
                 if reply is not None:
