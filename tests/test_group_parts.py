@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from minips.protocol import wire
-from minips.protocol.group import JOIN_TAKEOVER, reach
+from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
 from minips.protocol.sampling import sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
@@ -68,19 +68,35 @@ def test_the_root_table_refuses_what_does_not_fit():
         ({"servers": 3, "shard": 3, "address": "tcp://x:1"}, "bad_field"),
         ({"servers": 3, "shard": True, "address": "tcp://x:1"}, "bad_field"),
         ({"servers": 3, "shard": 1, "address": 7}, "bad_field"),
-        ({"servers": 3, "shard": 1, "address": "tcp://x:1"}, "full"),  # held, fresh
+        ({"servers": 3, "shard": 1, "address": "tcp://x:1"}, "full"),  # held, live
+        ({"servers": 3, "shard": 1, "address": "tcp://a:1"}, "full"),  # its address too
+        ({"servers": 3, "shard": 1, "address": None}, "full"),  # or asking for it
     ]:
         with pytest.raises(ProtocolError) as err:
             table.join(header, b"x", 1.0)
         assert err.value.code == code, header
-    # the same address from a new client (a restarted shard) takes over at once ...
-    assert table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"new", 1.0) == 1
-    # ... and after a silence, another address too
-    later = 1.0 + JOIN_TAKEOVER + 0.1
+    # a new client (a restarted shard) takes the index once its holder is silent
+    later = 0.0 + JOIN_TAKEOVER + 0.1
     assert table.join({"servers": 3, "shard": 1, "address": "tcp://y:1"}, b"y", later) == 1
     table.join({"servers": 3, "shard": None, "address": "tcp://z:1"}, b"z", later)
     with pytest.raises(ProtocolError, match="all 3 shards"):
         table.join({"servers": 3, "shard": None, "address": "tcp://w:1"}, b"w", later)
+
+
+def test_an_address_less_join_holds_its_index_for_join_reserve_seconds():
+    table = RootTable(3, "tcp://root:5555")
+    assert table.join({"servers": 3, "shard": None, "address": None}, b"s", 0.0) == 1
+    assert table.join({"servers": 3, "shard": None, "address": None}, b"s", 1.0) == 1  # its own
+    assert table.join({"servers": 3, "shard": None, "address": None}, b"t", 1.0) == 2
+    with pytest.raises(ProtocolError, match="all 3 shards"):
+        table.join({"servers": 3, "shard": None, "address": None}, b"u", 1.0)
+    with pytest.raises(ProtocolError) as err:  # an explicit index waits for it too
+        table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", 1.0)
+    assert err.value.code == "full"
+    assert table.missing() == [1, 2]  # a reservation is no address
+    lapsed = 1.0 + JOIN_RESERVE + 0.1
+    assert table.join({"servers": 3, "shard": None, "address": None}, b"u", lapsed) == 1
+    assert table.join({"servers": 3, "shard": 2, "address": "tcp://b:1"}, b"b", lapsed) == 2
 
 
 def _echo_shard(router: zmq.Socket, stop: threading.Event, ignore_first: bool) -> None:

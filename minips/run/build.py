@@ -69,8 +69,9 @@ def make_server(
 
 
 # What a joining shard keeps of its own: where it listens, its checkpoint, its keys, its
-# place in the group (everything else comes from the root, docs/protocol.md 16.3).
-SHARD_OWN_FIELDS = ("bind", "checkpoint", "keys", "shard", "root")
+# place in the group, how long it outlives its root (everything else comes from the root,
+# docs/protocol.md 16.3).
+SHARD_OWN_FIELDS = ("bind", "checkpoint", "keys", "shard", "root", "root_timeout")
 
 
 def _run_for_shards(config: RunConfig, plan: Plan) -> dict[str, Any]:
@@ -114,7 +115,8 @@ def join_root(
     if config.root is None:
         return config, None
     keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # join: an operator's
-    joiner = Joiner(config.root, config.shard if config.shard >= 1 else None, config.servers, keys)
+    index = config.shard if config.shard >= 1 else None
+    joiner = Joiner(config.root, index, config.servers, keys, root_timeout=config.root_timeout)
     try:
         reply = joiner.ask(on_wait=on_wait)
         return replace(joining_config(reply["run"], config), shard=reply["shard"]), joiner

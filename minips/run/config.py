@@ -32,6 +32,7 @@ from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
 from minips.protocol.auth import load_server_keys
+from minips.protocol.group import ROOT_TIMEOUT
 from minips.rules import (
     DEFAULT_MOMENTUM,
     DEFAULT_RULE,
@@ -279,6 +280,9 @@ class RunConfig(ConfigBase):
     root: str | None = setting(None, "The group's root address, for --shard J >= 1 (the "
                                "shard takes the run's configuration from it).",
                                commands=("server",))
+    root_timeout: float = setting(ROOT_TIMEOUT, "A shard whose root answers none of its "
+                                  "joins for this many seconds stops (the root is gone).",
+                                  commands=("server",), minimum=0, min_open=True)
     # layer-aware transmission (docs/algorithms.md "Transmission"; protocol/plan.py, run/planner.py)
     plan: str = setting("dense", "Transmission plan: dense, auto (chosen by the planner for "
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")

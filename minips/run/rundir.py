@@ -35,6 +35,7 @@ the run ends; `load_run` reads a directory back, a finished one or an interrupte
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,9 +275,16 @@ def write_results(
 
 
 def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
-    """A shard's last `stats` (from its last generation's update log; {}: none)."""
+    """A shard's last `stats` (from its last generation's update log; {}: none). A log
+    another process damaged is passed over with one line: the summary is still written."""
     logs = [log for log in run_dir.update_logs(shard) if log.exists()]
-    finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
+    try:
+        finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []
+    except ValueError as exc:  # not JSON (UnicodeDecodeError, JSONDecodeError) or not a record
+        names = ", ".join(log.name for log in logs)
+        print(f"warning: shard {shard}'s update log ({names}) is damaged ({str(exc)[:120]}): "
+              "its row of the summary is left empty", file=sys.stderr)  # fmt: skip
+        return {}
     return finals[-1].get("stats", {}) if finals else {}
 
 

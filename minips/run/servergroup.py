@@ -3,9 +3,10 @@
 The root binds the group's one address (--bind) and serves in this process; shards 1..K-1
 are child processes (`minips server --shard J --root ROOT`), bound to the same host on
 ports of their own, each joining the root and taking the run's configuration from it
-(docs/protocol.md 16.3). When the root stops, its replies to their joins say so and they
-stop too; this process waits for them, then assembles the group checkpoint from their
-files (server/checkpoints.py).
+(docs/protocol.md 16.3). When the root stops (a `stop`, the workers' byes, SIGTERM) this
+process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
+assembles the group checkpoint from their files (server/checkpoints.py). Killed itself,
+it leaves shards that stop once their root answered no join for --root-timeout seconds.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def shard_argv(config: RunConfig, root: str, shard: int, updates_log: str | None
     """The command line of shard `shard` of the group whose root listens at `root`."""
     argv = [sys.executable, "-m", "minips", "server", "--servers", str(config.servers),
             "--shard", str(shard), "--root", root,
-            "--bind", shard_bind(config.bind, shard)]  # fmt: skip
+            "--bind", shard_bind(config.bind, shard),
+            "--root-timeout", repr(config.root_timeout)]  # fmt: skip
     if config.keys:
         argv += ["--keys", config.keys]
     if updates_log:
@@ -88,12 +90,17 @@ def serve_group_here(
 
 
 def _wait_for(shards: list[subprocess.Popen], timeout: float = 30.0) -> None:
-    """The shards stop once their root did (its join replies say so); any left after
-    `timeout` seconds is terminated."""
+    """Stop the shards now that their root stopped: each is sent SIGTERM (it stops as on
+    `stop`: its final checkpoint and update record, docs/protocol.md 5.7), which the root's
+    join replies may not have said in time (a root with nothing to drain stops at once);
+    any left after `timeout` seconds is killed."""
+    for proc in shards:
+        if proc.poll() is None:
+            proc.terminate()
     for proc in shards:
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            log.warning("shard process %d did not stop with its root: terminating it", proc.pid)
-            proc.terminate()
+            log.warning("shard process %d did not stop with its root: killing it", proc.pid)
+            proc.kill()
             proc.wait(5)

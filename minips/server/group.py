@@ -5,7 +5,7 @@ A shard is an ordinary ParameterServer over its slices (`shard_params`); the onl
 differences on the wire are the ones `ShardRole` adds: `group` in hello (and stats) replies,
 the root's `join` handler and its `group` error while shards are missing, and a non-root
 shard's `join` every second to the root (`Joiner`), which also tells it when the root
-stops.
+stops, or is gone (no reply for its root_timeout).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from minips.protocol.group import (
     ASSEMBLE_TIMEOUT,
     GROUP_ERROR,
     JOIN_INTERVAL,
+    JOIN_PATIENCE,
+    JOIN_RESERVE,
     JOIN_TAKEOVER,
+    ROOT_TIMEOUT,
     group_map,
 )
 from minips.protocol.partition import Partition
@@ -54,24 +57,35 @@ def shard_params(
 
 
 @dataclass
-class Joined:
-    """A shard the root heard from: where clients reach it, when, from which client."""
+class Holder:
+    """The client holding a shard's index: its routing id (`origin`), its last join
+    (`seen`), and whether it joined with an address (`announced`; else it only asked what
+    to be, a reservation)."""
 
-    address: str | None
-    seen: float
     origin: bytes
+    seen: float
+    announced: bool
 
 
 class RootTable:
-    """The root's record of its group: shard 0 is itself, the others as they join (16.3)."""
+    """The root's record of its group: shard 0 is itself, the others as they join (16.3).
 
-    def __init__(self, servers: int, own_address: str) -> None:
-        self.servers = servers
-        self.joined: dict[int, Joined] = {0: Joined(own_address, float("inf"), b"")}
+    An index is held by the client (routing id) that last joined it for as long as that
+    client is live: it joined with an address in the last `takeover` seconds, or without
+    one in the last `reserve` seconds. A live holder's index is refused (`full`) to every
+    other client, whatever address it names; a holder that went silent frees it.
+    """
+
+    def __init__(self, servers: int, own_address: str, takeover: float = JOIN_TAKEOVER,
+                 reserve: float = JOIN_RESERVE) -> None:  # fmt: skip
+        self.servers, self.takeover, self.reserve = servers, takeover, reserve
+        self.holders: dict[int, Holder] = {}
+        self._addresses: list[str | None] = [own_address] + [None] * (servers - 1)
         self.started = time.monotonic()
 
     def join(self, header: dict[str, Any], origin: bytes, now: float) -> int:
-        """Record a `join`; return the shard's index. ProtocolError for a bad one."""
+        """Record a `join`; return the shard's index. ProtocolError for a bad one, `full`
+        for an index another live client holds."""
         servers, shard, address = header.get("servers"), header.get("shard"), header.get("address")
         if servers != self.servers:
             raise ProtocolError(
@@ -80,33 +94,43 @@ class RootTable:
         if address is not None and not isinstance(address, str):
             raise ProtocolError("join's address must be a string or nil", "bad_field")
         if shard is None:
-            shard = self._index_for(origin)
+            shard = self._index_for(origin, now)
         if not isinstance(shard, int) or isinstance(shard, bool) or not 0 < shard < self.servers:
             raise ProtocolError(
                 f"join's shard must be in 1..{self.servers - 1}, got {shard!r}", "bad_field"
             )
-        held = self.joined.get(shard)
-        if address is None:  # asking what to be changes nothing (but reserves a DMLC index)
-            self.joined.setdefault(shard, Joined(None, now, origin))
-            return shard
-        fresh = held is not None and now - held.seen < JOIN_TAKEOVER
-        if fresh and held.origin != origin and held.address not in (None, address):
-            raise ProtocolError(f"shard {shard} is held by {held.address}", "full")
-        self.joined[shard] = Joined(address, now, origin)
+        held = self.holders.get(shard)
+        if held is not None and held.origin != origin and self._live(held, now):
+            what, bound = (("a live shard", self.takeover) if held.announced
+                           else ("a shard that asked to join", self.reserve))  # fmt: skip
+            raise ProtocolError(
+                f"shard {shard} is held by {what} (its last join {now - held.seen:.1f} s ago; "
+                f"the index is free {bound:g} s after it)",
+                "full",
+            )
+        self.holders[shard] = Holder(origin, now, address is not None)
+        if address is not None:  # asking what to be changes no address
+            self._addresses[shard] = address
         return shard
 
-    def _index_for(self, origin: bytes) -> int:
-        """DMLC's server processes have no index: the same client's, or the lowest free."""
-        for shard, entry in self.joined.items():
-            if shard and entry.origin == origin:
+    def _live(self, holder: Holder, now: float) -> bool:
+        return now - holder.seen < (self.takeover if holder.announced else self.reserve)
+
+    def _index_for(self, origin: bytes, now: float) -> int:
+        """DMLC's server processes have no index: the same client's, or the lowest one no
+        live client holds."""
+        for shard, holder in self.holders.items():
+            if holder.origin == origin:
                 return shard
-        free = [j for j in range(1, self.servers) if j not in self.joined]
-        if not free:
-            raise ProtocolError(f"all {self.servers} shards of the group have joined", "full")
-        return free[0]
+        for shard in range(1, self.servers):
+            holder = self.holders.get(shard)
+            if holder is None or not self._live(holder, now):
+                return shard
+        raise ProtocolError(f"all {self.servers} shards of the group have joined (each index "
+                            "is held by a live shard)", "full")  # fmt: skip
 
     def addresses(self) -> list[str | None]:
-        return [self.joined[j].address if j in self.joined else None for j in range(self.servers)]
+        return list(self._addresses)
 
     def missing(self) -> list[int]:
         """The shards that have not joined with an address since the root started."""
@@ -124,15 +148,26 @@ class RootTable:
             )
 
 
+class Refused(MinipsError):
+    """The root answered a shard's `join` with an error (`code`: 9, 16.3)."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(f"the group's root refused this shard ({code}): {reason}")
+        self.code = code
+
+
 class Joiner:
     """A non-root shard's DEALER to the root: it asks what to be, then joins every second.
 
-    keys: CURVE client keys (an operator's: `join` needs one under CURVE).
+    keys: CURVE client keys (an operator's: `join` needs one under CURVE). root_timeout:
+    seconds without any reply to its joins after which the root is gone (`root_gone`).
     """
 
     def __init__(self, root: str, shard: int | None, servers: int,
-                 keys: auth.ClientKeys | None = None) -> None:  # fmt: skip
+                 keys: auth.ClientKeys | None = None,
+                 root_timeout: float = ROOT_TIMEOUT) -> None:  # fmt: skip
         self.root, self.shard, self.servers = root, shard, servers
+        self.root_timeout = root_timeout
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -145,20 +180,34 @@ class Joiner:
         self.addresses: list[str | None] = [root] + [None] * (servers - 1)
         self.root_stopping = False
         self._sent = 0.0
+        self._heard: float | None = None  # the root's last reply (None: none while serving)
 
     def ask(
         self, timeout: float | None = None, on_wait: Callable[[str], None] | None = None
     ) -> dict[str, Any]:
         """The first join, without an address: the root's reply (index, run config), or
         MinipsError once `timeout` seconds (default ASSEMBLE_TIMEOUT) passed without one.
-        on_wait(line) is told once, after the first second without a reply, what the
-        shard waits for and how long."""
+        An index another live shard holds (`full`) is asked for again for JOIN_PATIENCE
+        seconds (a restarted shard's old self frees it within JOIN_TAKEOVER), then the
+        refusal is raised. on_wait(line) is told once, after the first second without a
+        reply or at the first refusal, what the shard waits for and how long."""
         timeout = ASSEMBLE_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        refused: float | None = None
         while time.monotonic() < deadline:
             self._send(None)
             if self.socket.poll(1000):
-                reply = self._read()
+                try:
+                    reply = self._read()
+                except Refused as exc:
+                    refused = time.monotonic() if refused is None else refused
+                    if exc.code != "full" or time.monotonic() - refused > JOIN_PATIENCE:
+                        raise
+                    if on_wait is not None:
+                        on_wait(f"{exc}; asking again for up to {JOIN_PATIENCE:g} s")
+                        on_wait = None
+                    time.sleep(JOIN_INTERVAL)
+                    continue
                 if reply is not None:
                     return reply
             elif on_wait is not None:
@@ -168,11 +217,17 @@ class Joiner:
 
     def tick(self, now: float, address: str) -> None:
         """Every JOIN_INTERVAL: join with `address`; read the replies that came meanwhile."""
+        if self._heard is None:  # serving begins: the root's silence counts from here
+            self._heard = now
         while self.socket.poll(0):
             self._read()
         if now - self._sent >= JOIN_INTERVAL:
             self._send(address)
             self._sent = now
+
+    def root_gone(self, now: float) -> bool:
+        """Whether the root has answered none of this shard's joins for root_timeout s."""
+        return self._heard is not None and now - self._heard > self.root_timeout
 
     def _send(self, address: str | None) -> None:
         header = {"op": "join", "shard": self.shard, "servers": self.servers, "address": address}
@@ -183,9 +238,10 @@ class Joiner:
 
     def _read(self) -> dict[str, Any] | None:
         message = wire.decode_reply(self.socket.recv_multipart(), wire.DEFAULT_LIMITS)
+        if self._heard is not None:
+            self._heard = time.monotonic()
         if message.op == "error":
-            code, reason = message.header["code"], message.header["reason"]
-            raise MinipsError(f"the group's root refused this shard ({code}): {reason}")
+            raise Refused(message.header["code"], message.header["reason"])
         header = message.header
         self.shard = header["shard"]
         self.addresses = list(header.get("addresses") or self.addresses)
@@ -274,12 +330,18 @@ class ShardRole:
         self.outbox.reply(envelope, reply)
 
     def tick(self, now: float) -> None:
-        """A non-root shard's joins; once its root says it is stopping, it stops too."""
+        """A non-root shard's joins; once its root says it is stopping, or has answered
+        none of them for the joiner's root_timeout (the root is gone), it stops too."""
         if self.joiner is None:
             return
         self.joiner.tick(now, self.endpoint)
         if self.joiner.root_stopping and not self.stop.requested:
             self.stop.request("the group's root is stopping")
+        if self.joiner.root_gone(now) and not self.stop.requested:
+            why = (f"the group's root at {self.joiner.root} answered no join for "
+                   f"{self.joiner.root_timeout:g} s")  # fmt: skip
+            log.warning("%s: this shard stops", why)
+            self.stop.request(why)
 
     def close(self) -> None:
         if self.joiner is not None:
