@@ -213,7 +213,7 @@ class PSClient:
         header = {"op": "ping", "worker": self.worker_id}
         if self.group is not None:
             with self._lock:
-                return any(m.header["stop"] for m in self.group.each(header).values())
+                return any(m.header["stop"] for m in self.group.worker_each(header).values())
         return self._worker_request(header).header["stop"]
 
     def bye(self, finished: bool = True) -> None:

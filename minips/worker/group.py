@@ -201,6 +201,11 @@ class GroupClient:
             self._raise_error(shard, message)
         return replies
 
+    def worker_each(self, header: dict[str, Any]) -> dict[int, Message]:
+        """A worker's request without arrays (ping) to every shard, saying hello again to
+        a shard that forgot us (16.4); error replies raise ServerError."""
+        return self._worker_exchange(dict.fromkeys(range(self.servers), (header, [])))
+
     def bytes_sent(self) -> dict[str, int]:
         """Array bytes pushed per parameter (all its slices) and extra, over all shards."""
         total: dict[str, int] = {}
@@ -228,15 +233,28 @@ class GroupClient:
                 break
             log.warning("shard(s) %s do not know worker %s any more: saying hello again",
                         forgot, self.client.worker_id)  # fmt: skip
-            hello = {"op": "hello", "worker": self.client.worker_id, "info": self.info}
-            for shard, message in self._exchange(dict.fromkeys(forgot, (hello, []))).items():
-                self._raise_error(shard, message)
+            self._hello_again(forgot)
             replies.update(self._exchange({j: requests[j] for j in forgot}))
         for shard, message in replies.items():
             self._raise_error(shard, message)
             if "version" in message.header:
                 self.versions[shard] = int(message.header["version"])
         return replies
+
+    def _hello_again(self, shards: list[int]) -> None:
+        """hello to `shards`, which forgot us (a restart), as at join (16.4). A restarted
+        root answers `group` until its shards joined it again: ask again every HELLO_RETRY
+        s for at most the client's `assemble_timeout` s, as a first hello does (16.3)."""
+        hello = {"op": "hello", "worker": self.client.worker_id, "info": self.info}
+        deadline = time.monotonic() + self.client.assemble_timeout
+        while shards:
+            replies = self._exchange(dict.fromkeys(shards, (hello, [])))
+            shards = [j for j, m in replies.items() if m.header.get("code") == GROUP_ERROR]
+            for shard, message in replies.items():
+                if shard not in shards or time.monotonic() > deadline:
+                    self._raise_error(shard, message)
+            if shards:
+                time.sleep(HELLO_RETRY)
 
     def _raise_error(self, shard: int, message: Message) -> None:
         if message.op == "error":
