@@ -129,6 +129,7 @@ class LocalRun:
         cannot go on once started (its server crashed past recovery) still writes its
         summary, which says why it ended, then raises the MinipsError."""
         failure: MinipsError | None = None
+        group = None  # a server group's checkpoint, made of its shards' last files
         try:
             endpoint = self.start()
             if self.on_start is not None:
@@ -147,12 +148,15 @@ class LocalRun:
             self.processes.stop_all()
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
-                checkpoints.assemble(self.config.checkpoint)
+                group = checkpoints.assemble(self.config.checkpoint, final=True)
         restarts = self.processes.restart_records()
+        if group is not None and group.torn_line() and (restarts or self.config.rule == "ssgd"):
+            self.announce(group.torn_line())
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
-                                servers=self.config.servers)  # fmt: skip
+                                servers=self.config.servers,
+                                group=group.record() if group is not None else None)  # fmt: skip
         if failure is not None:
             raise failure
         return summary
