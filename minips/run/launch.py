@@ -21,6 +21,7 @@ from typing import Any
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
+from minips.run.group_recovery import GroupRollback
 from minips.run.metrics import ProgressFn
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
@@ -117,6 +118,8 @@ class LocalRun:
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
+        self.rollback = GroupRollback(self.processes, self._server_names(), self.restarts,
+                                      self.announce) if config.rule == "ssgd" else None  # fmt: skip
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
@@ -321,7 +324,10 @@ class LocalRun:
     def _restart_crashed_shards(self) -> None:
         """A shard 1..K-1 of a group that crashed is started again from its own checkpoint
         (minips.run.recovery) while the others keep serving; one that cannot be is the
-        run's error."""
+        run's error. Under ssgd the whole group goes back to one version instead
+        (minips.run.group_recovery), the root too when it is the one that crashed."""
+        if self.config.servers > 1 and self.rollback is not None and self.rollback.recover():
+            return
         for shard, name in enumerate(self._server_names()[1:], start=1):
             child = self.processes[name]
             if child.crashed() and not self.processes.restart(name):
