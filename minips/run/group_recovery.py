@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
+from minips.server.group_checkpoints import assemble
 
 
 class GroupRollback:
@@ -70,3 +73,18 @@ class GroupRollback:
                       f"every shard ({lost} round(s) dropped), so its shards stay at one "
                       f"version")  # fmt: skip
         return True
+
+
+def final_group_checkpoint(
+    checkpoint: str | Path, restarts: list[dict[str, Any]], announce: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The group checkpoint a run ends with, made of each shard's last file; its record
+    for the summary (GroupCheckpoint.record; None without shard files). Shards left at
+    different versions by a restart are announced in one line (without a restart they
+    may differ by the plan alone: a parameter pushed less often is its shard's count)."""
+    group = assemble(checkpoint, final=True)
+    if group is None:
+        return None
+    if group.torn_line() is not None and restarts:
+        announce(group.torn_line())
+    return group.record()

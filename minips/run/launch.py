@@ -21,7 +21,7 @@ from typing import Any
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
-from minips.run.group_recovery import GroupRollback
+from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.metrics import ProgressFn
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
@@ -34,7 +34,6 @@ from minips.run.processes import (
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
 from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
-from minips.server import checkpoints
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
@@ -151,15 +150,15 @@ class LocalRun:
             self.processes.stop_all()
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
-                group = checkpoints.assemble(self.config.checkpoint, final=True)
+                group = final_group_checkpoint(
+                    self.config.checkpoint, self.processes.restart_records(), self.announce
+                )
         restarts = self.processes.restart_records()
-        if group is not None and group.torn_line() and (restarts or self.config.rule == "ssgd"):
-            self.announce(group.torn_line())
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
                                 servers=self.config.servers,
-                                group=group.record() if group is not None else None)  # fmt: skip
+                                group=group)  # fmt: skip
         if failure is not None:
             raise failure
         return summary

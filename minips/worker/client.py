@@ -50,7 +50,8 @@ from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
-from minips.worker.group import GroupClient, hello_root, operator_request
+from minips.worker.group import GroupClient
+from minips.worker.group_root import hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
 
