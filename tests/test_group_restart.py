@@ -117,3 +117,30 @@ def test_a_worker_waits_for_a_restarted_root_whose_shard_has_not_joined_it_yet(g
         finally:
             resumed.join()
         assert reply.applied and time.monotonic() - started >= 3.0
+
+
+def test_the_dashboard_follows_a_group_through_a_restarted_shard_and_root(group):
+    """The dashboard's collector asks the root for `stats` and every shard beside it (no
+    hello): after shard 1 and then the root were restarted it shows both shards live."""
+    from minips.dashboard.collector import Collector
+
+    collector = Collector(group.root_address, interval=0.2)
+    collector.start()
+    try:
+        for name in ("shard", "root"):
+            seen = collector.snapshot()["seq"]
+            _wait("the group live", lambda s=seen: _group_live(collector, s))
+            group.kill(name)
+            getattr(group, f"start_{name}")()
+        seen = collector.snapshot()["seq"]
+        _wait("the restarted group live", lambda: _group_live(collector, seen))
+        assert collector.snapshot()["phase"] == "live"
+    finally:
+        collector.stop()
+
+
+def _group_live(collector, after: int) -> bool:
+    snapshot = collector.snapshot()
+    shards = snapshot.get("shards") or []
+    return (snapshot["seq"] > after and snapshot["connected"] and len(shards) == 2
+            and all(row["joined"] for row in shards))  # fmt: skip
