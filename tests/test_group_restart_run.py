@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_group_runs import _shard_pid, _wait
 
 from minips.run.metrics import read_metrics
@@ -30,21 +31,36 @@ def _logged_version(log: Path) -> int:
     return max((r.get("version", 0) for r in records if r.get("event") == "update"), default=0)
 
 
-def _run_killing_shard1(out: Path, *options: str) -> tuple[dict, str, list[int]]:
-    """The run's summary, its output, and the versions in its group checkpoint, shard 1
-    having been SIGKILLed once it wrote a checkpoint and went on past it."""
+def _server_pid(out: Path, shard: int) -> int | None:
+    """The pid of the live process of shard `shard` (0: the root) of the run in `out`."""
+    if shard:
+        return _shard_pid(out, shard)
+    marker = str(out / "endpoint").encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def _run_killing(out: Path, shard: int, *options: str) -> tuple[dict, str, list[int]]:
+    """The run's summary, its output, and the versions in its group checkpoint, shard
+    `shard` (0: the root) having been SIGKILLed once it wrote a checkpoint and went on
+    past it."""
     argv = [sys.executable, "-m", "minips", "run", "--out", str(out), "--servers", "2",
             "--workers", "2", "--model", "mlp", "--dataset", "synthetic", "--epochs", "8",
             "--eval-interval", "1", *options]  # fmt: skip
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)  # fmt: skip
     try:
-        first = out / "checkpoint-shard1.npz"
-        _wait("shard 1's first checkpoint", lambda: first.exists())
+        first = out / f"checkpoint-shard{shard}.npz"
+        _wait("a first checkpoint", lambda: first.exists())
         saved = json.loads(str(np.load(first)["meta"]))["updates"]
-        log = out / "updates-shard1.jsonl"
-        _wait("shard 1 past its checkpoint", lambda: _logged_version(log) > saved + 5)
-        os.kill(_wait("shard 1", lambda: _shard_pid(out, 1)), signal.SIGKILL)
+        log = out / ("updates-shard1.jsonl" if shard else "updates.jsonl")
+        _wait("training past the checkpoint", lambda: _logged_version(log) > saved + 5)
+        os.kill(_wait("the shard's process", lambda: _server_pid(out, shard)), signal.SIGKILL)
         stdout, stderr = run.communicate(timeout=240)
     finally:
         if run.poll() is None:
@@ -62,22 +78,25 @@ def _run_killing_shard1(out: Path, *options: str) -> tuple[dict, str, list[int]]
     return summary, stdout + stderr, finals
 
 
-def test_under_ssgd_the_group_goes_back_with_a_crashed_shard_and_ends_at_one_version(tmp_path):
-    summary, output, finals = _run_killing_shard1(tmp_path / "run", "--rule", "ssgd")
+@pytest.mark.parametrize(("shard", "who"), [(1, "shard 1"), (0, "the root")])
+def test_under_ssgd_the_group_goes_back_with_a_crashed_shard_and_ends_at_one_version(
+    tmp_path, shard, who
+):
+    summary, output, finals = _run_killing(tmp_path / "run", shard, "--rule", "ssgd")
     assert finals[0] == finals[1] and summary["group"]["consistent"], finals
-    assert summary["group"]["torn"] is None
-    crashed, rolled = sorted(summary["restart_log"], key=lambda r: r["shard"], reverse=True)
-    assert (crashed["shard"], crashed["rolled_back"]) == (1, False)
-    assert (rolled["shard"], rolled["rolled_back"]) == (0, True)
+    assert summary["group"]["torn"] is None and summary["samples"] > 0
+    restarts = {r["shard"]: r for r in summary["restart_log"]}
+    crashed, rolled = restarts[shard], restarts[1 - shard]
+    assert not crashed["rolled_back"] and rolled["rolled_back"] and len(restarts) == 2
     version = crashed["checkpoint_version"]
     assert version == rolled["checkpoint_version"] > 0 and crashed["updates_lost"] > 0
-    line = f"shard 1 crashed: the server group went back to version {version} on every shard"
+    line = f"{who} crashed: the server group went back to version {version} on every shard"
     assert output.count(line) == 1, output
 
 
 def test_under_asgd_a_restarted_shard_left_behind_is_said_in_one_line(tmp_path):
-    summary, output, finals = _run_killing_shard1(
-        tmp_path / "run", "--rule", "asgd", "--checkpoint-interval", "0.5"
+    summary, output, finals = _run_killing(
+        tmp_path / "run", 1, "--rule", "asgd", "--checkpoint-interval", "0.5"
     )
     assert summary["shards"][1]["updates_lost"] > 0 and finals[0] > finals[1], finals
     line = summary["group"]["torn"]

@@ -44,6 +44,21 @@ class GroupRollback:
         self.processes, self.names, self.policies = processes, names, policies
         self.announce = announce
 
+    @classmethod
+    def of(
+        cls,
+        rule: str,
+        processes: ProcessGroup,
+        names: list[str],
+        policies: list[ServerRestarts],
+        announce: Callable[[str], None],
+    ) -> GroupRollback | None:
+        """A run's group rollback: under ssgd, with every shard a child of this launcher
+        (`minips launch` has the others started by the job); else None."""
+        if rule != "ssgd" or len(names) < 2 or len(names) != len(policies):
+            return None
+        return cls(processes, names, policies, announce)
+
     def recover(self) -> bool:
         """When a shard crashed, the whole group back to one version (module docstring).
         False when none crashed, or when the group cannot go back together: the caller

@@ -117,8 +117,8 @@ class LocalRun:
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
-        self.rollback = GroupRollback(self.processes, self._server_names(), self.restarts,
-                                      self.announce) if config.rule == "ssgd" else None  # fmt: skip
+        self.rollback = GroupRollback.of(config.rule, self.processes, self._server_names(),
+                                         self.restarts, self.announce)  # fmt: skip
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
@@ -325,7 +325,7 @@ class LocalRun:
         (minips.run.recovery) while the others keep serving; one that cannot be is the
         run's error. Under ssgd the whole group goes back to one version instead
         (minips.run.group_recovery), the root too when it is the one that crashed."""
-        if self.config.servers > 1 and self.rollback is not None and self.rollback.recover():
+        if self.rollback is not None and self.rollback.recover():
             return
         for shard, name in enumerate(self._server_names()[1:], start=1):
             child = self.processes[name]

@@ -183,8 +183,9 @@ class ServerRestarts:
         self.restarts.append(restart)
         self._resume = good.path if good is not None else None
         endpoint = self.run_dir.shard_endpoint(self.shard)
-        self.address = endpoint.read_text().strip()
-        endpoint.unlink()  # the new server writes it once it listens
+        if endpoint.exists():  # else a restarted one stopped before it listened: its bind
+            self.address = endpoint.read_text().strip()
+            endpoint.unlink()  # the new server writes it once it listens
 
     def _at(self, version: int) -> tuple[Checkpoint | None, list[str]]:
         """The checkpoint at `version` (None for 0: the run's start); every checkpoint past
