@@ -7,15 +7,18 @@ its slices back at c, its peers' at v > c, and the round in flight at the crash 
 some shards only. So `minips run` rolls the group back instead: it stops every other shard
 (what they hold past c is dropped) and starts every shard again from its own checkpoint
 at c, the highest version all of them can restart from (the run's start when one has no
-checkpoint yet). The workers ride through as with one restarted server: their retries
-reach shards that forgot them, they say hello again (waiting while the root's group
-re-forms), and a push based past c is answered `bad_base` by every shard, so the round in
-flight is applied nowhere and its workers pull version c and go on. Each shard's restart
-is recorded (`rolled_back` for one that did not crash) with the updates it lost.
+checkpoint yet) below the round in flight. That round is based at b >= R - 1, R being the
+highest version any shard reached (the workers wait for every shard's reply before their
+next push), so c < R - 1. The workers ride through as with one restarted server: their
+retries reach shards that forgot them, they say hello again (waiting while the root's
+group re-forms), and every retry, based past c, is answered `bad_base` by every shard: the
+round in flight is applied nowhere, and the workers pull version c and go on. Each
+shard's restart is recorded (`rolled_back` for one that did not crash) with the updates
+it lost.
 
-Without such a version (a damaged file) or past the crashed shard's restart budget, the
-caller restarts the crashed shard alone (minips.run.recovery) and the run ends saying that
-its shards' versions differ (GroupCheckpoint.torn_line).
+Without such a version (a damaged file, a crash in the first rounds) or past the crashed
+shard's restart budget, the caller restarts the crashed shard alone (minips.run.recovery)
+and the run ends saying that its shards' versions differ (GroupCheckpoint.torn_line).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class GroupRollback:
         for child in alive:  # frozen: no checkpoint written while the version is chosen
             child.proc.send_signal(signal.SIGSTOP)
         common = set.intersection(*(policy.versions() for policy in self.policies))
+        reached = max(p.reached(child) for p, child in zip(self.policies, children, strict=True))
+        common = {version for version in common if version < reached - 1}
         if not common:
             for child in alive:
                 child.proc.send_signal(signal.SIGCONT)

@@ -161,6 +161,10 @@ class ServerRestarts:
                 pass
         return found
 
+    def reached(self, child: Child) -> int:
+        """The highest version `child` (this server's current process) logged or saved."""
+        return max(last_logged_version(self._dead_log(child)), *self.versions())
+
     def prepare(self, child: Child, at: int | None = None, rolled_back: bool = False) -> None:
         """Choose what the next server starts from and record what the restart costs; take
         the dead server's address over (the workers know only that one). MinipsError when
