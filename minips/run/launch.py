@@ -21,6 +21,7 @@ from typing import Any
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
+from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.metrics import ProgressFn
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
@@ -33,7 +34,6 @@ from minips.run.processes import (
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
 from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
-from minips.server import checkpoints
 from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
@@ -117,6 +117,8 @@ class LocalRun:
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
+        self.rollback = GroupRollback.of(config.rule, self.processes, self._server_names(),
+                                         self.restarts, self.announce)  # fmt: skip
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
@@ -129,6 +131,7 @@ class LocalRun:
         cannot go on once started (its server crashed past recovery) still writes its
         summary, which says why it ended, then raises the MinipsError."""
         failure: MinipsError | None = None
+        group = None  # a server group's checkpoint, made of its shards' last files
         try:
             endpoint = self.start()
             if self.on_start is not None:
@@ -147,12 +150,15 @@ class LocalRun:
             self.processes.stop_all()
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
-                checkpoints.assemble(self.config.checkpoint)
+                group = final_group_checkpoint(
+                    self.config.checkpoint, self.processes.restart_records(), self.announce
+                )
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
-                                servers=self.config.servers)  # fmt: skip
+                                servers=self.config.servers,
+                                group=group)  # fmt: skip
         if failure is not None:
             raise failure
         return summary
@@ -317,7 +323,10 @@ class LocalRun:
     def _restart_crashed_shards(self) -> None:
         """A shard 1..K-1 of a group that crashed is started again from its own checkpoint
         (minips.run.recovery) while the others keep serving; one that cannot be is the
-        run's error."""
+        run's error. Under ssgd the whole group goes back to one version instead
+        (minips.run.group_recovery), the root too when it is the one that crashed."""
+        if self.rollback is not None and self.rollback.recover():
+            return
         for shard, name in enumerate(self._server_names()[1:], start=1):
             child = self.processes[name]
             if child.crashed() and not self.processes.restart(name):

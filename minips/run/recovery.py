@@ -14,7 +14,8 @@ new one on the same address, at most MAX_RESTARTS times, from:
 - if every checkpoint there is is damaged: no restart; the run ends with that line.
 
 A shard of a server group (`--servers K`) is restarted the same way from its own files
-(minips.server.checkpoints.shard_path) while the other shards keep serving.
+(minips.server.checkpoints.shard_path); under ssgd the whole group goes back to one
+version with it (minips.run.group_recovery: `prepare(child, at=version)`).
 
 The workers ride through: their requests time out and are retried (Lazy Pirate), the new
 server answers `unknown_worker`, they say hello again, and a push based on a version the
@@ -34,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,8 @@ class Restart:
     logged. updates_lost: last_version - checkpoint_version. checkpoint_age_s: seconds
     between the checkpoint and the crash being noticed (None from the start). damaged: the
     error line of each checkpoint passed over as damaged. shard: which shard of a server
-    group (0: the root, or the one server).
+    group (0: the root, or the one server). rolled_back: the shard did not crash; it was
+    stopped to go back to the version a crashed peer restarted from (group_recovery).
     """
 
     exit_code: int | None
@@ -70,6 +72,7 @@ class Restart:
     checkpoint_age_s: float | None
     damaged: list[str] = field(default_factory=list)
     shard: int = 0
+    rolled_back: bool = False
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,19 +143,39 @@ class ServerRestarts:
         self._resume: Path | None = None  # what the next server starts from (None: the start)
 
     def allows(self, child: Child) -> bool:
-        if len(self.restarts) < MAX_RESTARTS:
+        if sum(not r.rolled_back for r in self.restarts) < MAX_RESTARTS:
             return True
         self.refused = describe_restart(latest_good(self.checkpoint)[0], self._dead_log(child),
                                         child.code(), shard=self.shard)  # fmt: skip
         return False
 
-    def prepare(self, child: Child) -> None:
+    def versions(self) -> set[int]:
+        """The versions this server could restart from: each whole checkpoint's, and 0
+        (the run's start) unless the run resumed from a file of its own."""
+        found = {0} if self.resume is None else set()
+        for path in (self.checkpoint, previous_path(self.checkpoint)):
+            try:
+                if path.exists():
+                    found.add(load_checkpoint(path).version)
+            except DataError:
+                pass
+        return found
+
+    def reached(self, child: Child) -> int:
+        """The highest version `child` (this server's current process) logged or saved."""
+        return max(last_logged_version(self._dead_log(child)), *self.versions())
+
+    def prepare(self, child: Child, at: int | None = None, rolled_back: bool = False) -> None:
         """Choose what the next server starts from and record what the restart costs; take
         the dead server's address over (the workers know only that one). MinipsError when
-        every checkpoint there is is damaged: the run cannot go on from them."""
-        good, damaged = latest_good(self.checkpoint)
+        every checkpoint there is is damaged: the run cannot go on from them. at: the
+        version to start from (one of `versions()`; a later checkpoint is set aside, so
+        the next ones follow on from `at`); rolled_back: the server was stopped, not
+        crashed (Restart.rolled_back)."""
+        good, damaged = latest_good(self.checkpoint) if at is None else self._at(at)
         restart = describe_restart(good, self._dead_log(child), child.code(), damaged,
                                    shard=self.shard)  # fmt: skip
+        restart = replace(restart, rolled_back=rolled_back)
         if good is None and damaged:
             self.refused = restart
             raise MinipsError(
@@ -164,8 +187,24 @@ class ServerRestarts:
         self.restarts.append(restart)
         self._resume = good.path if good is not None else None
         endpoint = self.run_dir.shard_endpoint(self.shard)
-        self.address = endpoint.read_text().strip()
-        endpoint.unlink()  # the new server writes it once it listens
+        if endpoint.exists():  # else a restarted one stopped before it listened: its bind
+            self.address = endpoint.read_text().strip()
+            endpoint.unlink()  # the new server writes it once it listens
+
+    def _at(self, version: int) -> tuple[Checkpoint | None, list[str]]:
+        """The checkpoint at `version` (None for 0: the run's start); every checkpoint past
+        it is set aside (the versions the group goes back on)."""
+        chosen = None
+        for path in (self.checkpoint, previous_path(self.checkpoint)):
+            try:
+                found = load_checkpoint(path) if path.exists() else None
+            except DataError:
+                continue
+            if found is not None and found.version > version:
+                self._set_aside(path, "rolled-back")
+            elif found is not None and found.version == version and chosen is None:
+                chosen = found
+        return chosen, []
 
     def records(self) -> list[dict[str, Any]]:
         return [restart.record() for restart in self.restarts]
@@ -198,11 +237,10 @@ class ServerRestarts:
         resume = str(self._resume) if self._resume is not None else self.resume
         return (["--resume", resume] if resume else []) + ["--bind", self.address]
 
-    def _set_aside(self, damaged: Path) -> None:
-        """Move a damaged checkpoint out of the way (kept, for a look): else the next
-        checkpoint would push the good one out of its place as the previous."""
-        aside = damaged.with_name(f"{damaged.stem}.damaged-{len(self.restarts) + 1}.npz")
-        os.replace(damaged, aside)
+    def _set_aside(self, path: Path, why: str = "damaged") -> None:
+        """Move a checkpoint out of the way (kept, for a look): else the next checkpoint
+        would push the good one out of its place as the previous."""
+        os.replace(path, path.with_name(f"{path.stem}.{why}-{len(self.restarts) + 1}.npz"))
 
     def _dead_log(self, child: Child) -> Path:
         return self.run_dir.updates_log(child.generation, self.shard)

@@ -208,6 +208,7 @@ def write_results(
     ended: str | None = None,
     final_crash: dict[str, Any] | None = None,
     servers: int = 1,
+    group: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -217,7 +218,8 @@ def write_results(
     record: what it lost). A failed run's summary holds what is known (accuracy None
     without any evaluation). servers: a server group's size; its summary has one `shards`
     row per shard (the root's update records are the run's, every shard's counters its
-    row).
+    row), and `group`: its checkpoint's versions per shard, whether they agree, and the
+    line that says they do not (GroupCheckpoint.record).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     server_final = next((r for r in records if r.get("event") == "server"), {})
@@ -266,6 +268,7 @@ def write_results(
         summary["bytes_down"] = sum(row["bytes_down"] or 0 for row in summary["shards"])
         by_params = (final.get("bytes_by_param") or {} for final in finals)
         summary["bytes_by_layer"] = bytes_by_layer(*by_params)
+        summary["group"] = group
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it

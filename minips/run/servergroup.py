@@ -85,7 +85,7 @@ def serve_group_here(
             _wait_for(shards)
         updates.write("server", stats=root.stats())
     click.echo(server_summary(root))
-    if config.checkpoint and checkpoints.assemble(config.checkpoint) is not None:
+    if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
         click.echo(f"group checkpoint {config.checkpoint}")
 
 

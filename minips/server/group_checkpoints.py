@@ -7,15 +7,21 @@ like a plain server's, which any command reads, and from which every shard of a 
 any size takes its slices (`slicer`). Under ssgd every shard of a group checkpoints at the
 same versions (every `checkpoint_every` updates, keeping the one before): the shards'
 versions never differ by more than one round, so a version all of them saved exists and
-the group checkpoint is one consistent point. Under the other rules each shard's latest is
-taken: consistent per shard, the group's meta says so (`group.consistent`). The group
-checkpoint holds no rule state (the rules' state is per shard's slices); a group resumed
-from it starts its rules afresh.
+the group checkpoint of a group stopped midway (a crash) is one consistent point. Under the
+other rules each shard's latest is taken: consistent per shard, the group's meta says so
+(`group.consistent`). At the end of a run (`final`) every shard wrote its last file at
+shutdown and those are taken, whatever their versions: the group checkpoint is the model
+the run ended with; shards at different versions (a restarted shard resumed from an older
+checkpoint than its peers kept) are said in the meta and in one line (`GroupCheckpoint
+.torn_line`), never hidden behind an older common version. The group checkpoint holds no
+rule state (the rules' state is per shard's slices); a group resumed from it starts its
+rules afresh.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,10 +82,37 @@ def slicer(store: ParameterStore, shard: tuple[int, int]) -> Any:
     return adapt
 
 
-def assemble(path: str | Path) -> Path | None:
-    """Write the group checkpoint `path` from its shards' files (module docstring); None
-    when some shard's file is missing. Its meta: the root's, plus `group` = {servers,
-    versions (each shard's), consistent (every shard at one version)}."""
+@dataclass(frozen=True)
+class GroupCheckpoint:
+    """A group checkpoint written by `assemble`: its file and each shard's version in it."""
+
+    path: Path
+    versions: list[int]
+
+    @property
+    def consistent(self) -> bool:
+        return len(set(self.versions)) == 1
+
+    def torn_line(self) -> str | None:
+        """One line when the shards are at different versions (None when they agree)."""
+        if self.consistent:
+            return None
+        each = ", ".join(f"shard {j} at {v}" for j, v in enumerate(self.versions))
+        spread = max(self.versions) - min(self.versions)
+        return (f"the server group's shards ended at different versions ({each}: "
+                f"{spread} apart); {self.path} holds each one's final slices")  # fmt: skip
+
+    def record(self) -> dict[str, object]:
+        """What a run's summary keeps of it (`group`)."""
+        return {"checkpoint": str(self.path), "versions": self.versions,
+                "consistent": self.consistent, "torn": self.torn_line()}  # fmt: skip
+
+
+def assemble(path: str | Path, final: bool = False) -> GroupCheckpoint | None:
+    """Write the group checkpoint `path` from its shards' files (module docstring): the
+    last version every shard saved, or with `final` each shard's last file. None when some
+    shard's file is missing. Its meta: the root's, plus `group` = {servers, versions (each
+    shard's), consistent (every shard at one version)}."""
     from minips.nn import build_model
     from minips.protocol.partition import partition_of_model
 
@@ -91,7 +124,8 @@ def assemble(path: str | Path) -> Path | None:
     servers = meta.get("shard", {}).get("servers", len(files))
     if len(files) < servers:
         return None
-    common = set.intersection(*({int(c["version"]) for c in cands} for cands in shards))
+    common = set() if final else set.intersection(*({int(c["version"]) for c in cands}
+                                                    for cands in shards))  # fmt: skip
     chosen = [
         next(c for c in cands if int(c["version"]) == max(common)) if common else cands[0]
         for cands in shards
@@ -117,7 +151,7 @@ def assemble(path: str | Path) -> Path | None:
     arrays["version"] = np.array(versions[0], np.int64)
     meta["arrays"] = sorted(arrays)  # the shards' rule state stays in their own files
     arrays["meta"] = np.array(json.dumps(meta))
-    return write_checkpoint(path, arrays)
+    return GroupCheckpoint(write_checkpoint(path, arrays), versions)
 
 
 def _candidates(path: Path) -> list[dict[str, np.ndarray]]:

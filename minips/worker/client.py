@@ -51,7 +51,8 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.worker.connections import identified
-from minips.worker.group import GroupClient, hello_root, operator_request
+from minips.worker.group import GroupClient
+from minips.worker.group_root import hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
 
@@ -214,7 +215,7 @@ class PSClient:
         header = {"op": "ping", "worker": self.worker_id}
         if self.group is not None:
             with self._lock:
-                return any(m.header["stop"] for m in self.group.each(header).values())
+                return any(m.header["stop"] for m in self.group.worker_each(header).values())
         return self._worker_request(header).header["stop"]
 
     def bye(self, finished: bool = True) -> None:

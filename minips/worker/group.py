@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -201,6 +201,11 @@ class GroupClient:
             self._raise_error(shard, message)
         return replies
 
+    def worker_each(self, header: dict[str, Any]) -> dict[int, Message]:
+        """A worker's request without arrays (ping) to every shard, saying hello again to
+        a shard that forgot us (16.4); error replies raise ServerError."""
+        return self._worker_exchange(dict.fromkeys(range(self.servers), (header, [])))
+
     def bytes_sent(self) -> dict[str, int]:
         """Array bytes pushed per parameter (all its slices) and extra, over all shards."""
         total: dict[str, int] = {}
@@ -228,15 +233,28 @@ class GroupClient:
                 break
             log.warning("shard(s) %s do not know worker %s any more: saying hello again",
                         forgot, self.client.worker_id)  # fmt: skip
-            hello = {"op": "hello", "worker": self.client.worker_id, "info": self.info}
-            for shard, message in self._exchange(dict.fromkeys(forgot, (hello, []))).items():
-                self._raise_error(shard, message)
+            self._hello_again(forgot)
             replies.update(self._exchange({j: requests[j] for j in forgot}))
         for shard, message in replies.items():
             self._raise_error(shard, message)
             if "version" in message.header:
                 self.versions[shard] = int(message.header["version"])
         return replies
+
+    def _hello_again(self, shards: list[int]) -> None:
+        """hello to `shards`, which forgot us (a restart), as at join (16.4). A restarted
+        root answers `group` until its shards joined it again: ask again every HELLO_RETRY
+        s for at most the client's `assemble_timeout` s, as a first hello does (16.3)."""
+        hello = {"op": "hello", "worker": self.client.worker_id, "info": self.info}
+        deadline = time.monotonic() + self.client.assemble_timeout
+        while shards:
+            replies = self._exchange(dict.fromkeys(shards, (hello, [])))
+            shards = [j for j, m in replies.items() if m.header.get("code") == GROUP_ERROR]
+            for shard, message in replies.items():
+                if shard not in shards or time.monotonic() > deadline:
+                    self._raise_error(shard, message)
+            if shards:
+                time.sleep(HELLO_RETRY)
 
     def _raise_error(self, shard: int, message: Message) -> None:
         if message.op == "error":
@@ -344,46 +362,3 @@ class GroupClient:
 
 def _group_error(reason: str) -> Exception:
     return ServerError(reason, "group")
-
-
-def hello_root(client: PSClient, header: dict[str, Any]) -> dict[str, Any]:
-    """The root's reply to the client's hello (docs/protocol.md 16.3-16.4). A root whose
-    group is still assembling answers `group`: ask again every HELLO_RETRY s for at most
-    the client's `assemble_timeout` s. A shard that is not the root sends us on to the
-    root. A plain server's reply is returned as it came."""
-    deadline = time.monotonic() + client.assemble_timeout
-    while True:
-        try:
-            reply = client._request(header).header
-        except ServerError as exc:
-            if exc.code != GROUP_ERROR or time.monotonic() > deadline:
-                raise
-            time.sleep(HELLO_RETRY)
-            continue
-        group = reply.get("group")
-        if group is None or group["shard"] == 0:
-            return reply
-        client._close_socket()
-        client.address = reach(group["addresses"][0], client.address)
-        log.info("shard %d is not the group's root: asking %s", group["shard"], client.address)
-
-
-def operator_request(
-    client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict[str, Any]]
-) -> tuple[dict[str, Any], dict[int, Message]]:
-    """An operator's request (stats, stop, checkpoint) to the root, then to every other
-    shard of its group that has joined: the root's reply says where they are (16.7).
-    Returns (`body` of the root's reply, every shard's reply by index: {} for a plain
-    server). A client that said hello to the group asks all its shards at once."""
-    with client._lock:
-        if client.group is not None:
-            replies = client.group.each(header)
-            return body(replies[0].header), replies
-        root = client._request(header).header
-        group = body(root).get("group")
-        if group is None:
-            return body(root), {}
-        shards = client.operated = GroupClient.refreshed(client.operated, client, group)
-        joined = [j for j in range(1, shards.servers) if shards.addresses[j]]
-        others = shards.each(header, joined, tolerate=True)  # a shard may have stopped
-        return body(root), {0: Message(root), **others}

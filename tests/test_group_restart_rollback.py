@@ -1,0 +1,69 @@
+"""The version an ssgd group goes back to when one of its shards crashed
+(minips/run/group_recovery.py): the highest one every shard can restart from that lies
+below the round in flight, so that round's retries are refused by every shard. Real
+processes stand in for the shards (sleeps), one really killed; the files are real shard
+checkpoints and update logs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from test_group_parts import _shard_file
+
+from minips.run.group_recovery import GroupRollback
+from minips.run.processes import ProcessGroup
+from minips.run.recovery import ServerRestarts
+from minips.run.rundir import RunDir
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _log(path: Path, last: int) -> None:
+    records = ({"event": "update", "time": 0.01 * v, "version": v} for v in range(1, last + 1))
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+@pytest.mark.parametrize(
+    ("root_reached", "expected"),
+    [(70, 50), (51, 0)],  # 51: the root applied round 51, based at 50, the saved version
+)
+def test_the_group_goes_back_below_the_round_in_flight(tmp_path, root_reached, expected):
+    """Both shards saved round 50; shard 1 crashed at round 50 or later, the root reached
+    `root_reached`. The round in flight is based at root_reached - 1 at least: the group
+    goes back to a version below it, every later checkpoint set aside."""
+    (tmp_path / "logs").mkdir()
+    run_dir = RunDir(tmp_path)
+    for shard in (0, 1):
+        _shard_file(tmp_path, shard, 50, keep_previous=True)
+        run_dir.shard_endpoint(shard).write_text(f"ipc://{tmp_path}/shard{shard}.sock\n")
+    _log(run_dir.updates_log(0, 0), root_reached)
+    _log(run_dir.updates_log(0, 1), 50)
+    policies = [ServerRestarts(run_dir, tmp_path / "run.npz", j, 2) for j in (0, 1)]
+    processes = ProcessGroup(tmp_path / "logs", {})
+    lines: list[str] = []
+    try:
+        processes.start("server", SLEEP, policies[0])
+        processes.start("shard-1", SLEEP, policies[1])
+        processes["shard-1"].proc.send_signal(signal.SIGKILL)
+        processes["shard-1"].proc.wait()
+        rollback = GroupRollback.of("ssgd", processes, ["server", "shard-1"], policies,
+                                    lines.append)  # fmt: skip
+        assert rollback is not None and rollback.recover()
+        assert not processes["server"].exited() and processes["server"].generation == 1
+        restarts = [policy.restarts[-1] for policy in policies]
+        assert [r.checkpoint_version for r in restarts] == [expected, expected]
+        assert [r.rolled_back for r in restarts] == [True, False]
+        assert restarts[0].updates_lost == root_reached - expected
+        assert lines == [
+            f"shard 1 crashed: the server group went back to version {expected} on every "
+            f"shard ({root_reached - expected} round(s) dropped), so its shards stay at one "
+            f"version"
+        ]
+        set_aside = sorted(p.name for p in tmp_path.glob("run-shard*.rolled-back-*.npz"))
+        assert len(set_aside) == (2 if expected < 50 else 0), set_aside
+    finally:
+        processes.stop_all(grace=1)
