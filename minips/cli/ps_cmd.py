@@ -20,6 +20,7 @@ from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
 from minips.run.report_text import plural
+from minips.run.versions import untested_line, version_text
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
@@ -108,12 +109,24 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             f"max {summary['staleness_max']}"
         )
         click.echo(f"run directory: {out}")
-        click.echo(f"test accuracy: {summary['accuracy']:.4f}")
+        click.echo(accuracy_line(summary))
+        if untested := untested_line(summary):  # the accuracy is of an earlier model: say so
+            click.echo(f"warning: {untested}", err=True)
         if summary.get("collapse"):
             click.echo(f"stopped early, exit status {COLLAPSED}: {summary['collapse']['line']}")
             raise SystemExit(COLLAPSED)
 
     return run
+
+
+def accuracy_line(summary: dict[str, Any]) -> str:
+    """`test accuracy: 0.8670 (version 688, the final model)`: the accuracy and the version it
+    is of (a group's per shard, minips.run.versions)."""
+    accuracy, version = summary.get("accuracy"), version_text(summary.get("accuracy_version"))
+    if accuracy is None:
+        return "test accuracy: none (no model was tested)"
+    final = "the final model" if summary.get("final_tested") else "NOT the final model"
+    return f"test accuracy: {accuracy:.4f} (version {version}, {final})"
 
 
 def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:

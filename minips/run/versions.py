@@ -1,0 +1,99 @@
+"""Which model an accuracy is of: the version it tested, and the version the run ended with.
+
+A plain server's version is an integer; a server group's is one integer per shard, in shard
+order (docs/protocol.md 16.5), written as a JSON list. Every `eval` record carries the
+version it tested; a run's summary carries three fields built here:
+
+    accuracy_version  the version the summary's `accuracy` (and `loss`) were measured on
+    final_version     the version the run ended with: each server's (each shard's) last
+                      `stats`; null when a server's last stats are missing (it was killed)
+    final_tested      accuracy_version == final_version: the accuracy is the final model's
+
+A summary whose final model was not tested never says `"ended": "finished"`: it says
+"finished_untested_final", and `untested_line` is the one line `minips run` prints (to
+stderr) and `minips report` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Version = int | list[int]
+FINISHED = "finished"
+UNTESTED = "finished_untested_final"  # trained to its end; the final model was not tested
+
+
+def run_version(finals: list[dict[str, Any]]) -> Version | None:
+    """The version a run ended with, from each server's last `stats` (shard order): an
+    integer for one server, a list for a group; None when one of them is unknown."""
+    versions = [stats.get("version") for stats in finals]
+    if not versions or any(not isinstance(v, int) for v in versions):
+        return None
+    return versions[0] if len(versions) == 1 else versions
+
+
+def _parts(version: Any) -> tuple[int, ...] | None:
+    """A version as a tuple of integers (one per shard); None when it is not a version."""
+    if isinstance(version, bool):
+        return None
+    if isinstance(version, int):
+        return (version,)
+    if isinstance(version, (list, tuple)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in version
+    ):
+        return tuple(version)
+    return None
+
+
+def same_version(a: Any, b: Any) -> bool:
+    """Both are versions and equal (a group's shard by shard)."""
+    parts = _parts(a)
+    return parts is not None and parts == _parts(b)
+
+
+def newer_version(a: Any, b: Any) -> bool:
+    """`a` is a version past `b` (every shard at least as far, one further), or `b` is none."""
+    pa, pb = _parts(a), _parts(b)
+    if pa is None:
+        return False
+    if pb is None:
+        return True
+    return len(pa) == len(pb) and all(x >= y for x, y in zip(pa, pb, strict=True)) and pa != pb
+
+
+def version_text(version: Any) -> str:
+    """688; a group's 688/686 (shard 0's first); "unknown" when there is none."""
+    parts = _parts(version)
+    return "unknown" if parts is None else "/".join(str(v) for v in parts)
+
+
+def accuracy_fields(last_eval: dict[str, Any], final: Version | None) -> dict[str, Any]:
+    """The summary's accuracy_version, final_version and final_tested (module docstring)."""
+    tested = last_eval.get("version")
+    return {
+        "accuracy_version": tested,
+        "final_version": final,
+        "final_tested": final is not None and same_version(tested, final),
+    }
+
+
+def ending(collapsed: bool, final_tested: bool) -> str:
+    """How a run that trained to its end ended: "collapsed", "finished", or UNTESTED."""
+    if collapsed:
+        return "collapsed"
+    return FINISHED if final_tested else UNTESTED
+
+
+def untested_line(summary: dict[str, Any]) -> str | None:
+    """One line saying the summary's accuracy is not the final model's (None when it is, or
+    when the summary predates these fields)."""
+    if "final_tested" not in summary or summary["final_tested"]:
+        return None
+    final = summary.get("final_version")
+    what = f"version {version_text(final)}" if final is not None else "of unknown version"
+    if summary.get("accuracy") is None:
+        return f"the final model ({what}) was not tested, and no earlier one was"
+    return (
+        f"the final model ({what}) was not tested: the accuracy "
+        f"{summary['accuracy']:.4f} is of version {version_text(summary.get('accuracy_version'))}"
+    )
