@@ -126,7 +126,7 @@ def accuracy_line(summary: dict[str, Any]) -> str:
     if accuracy is None:
         return "test accuracy: none (no model was tested)"
     final = "the final model" if summary.get("final_tested") else "NOT the final model"
-    return f"test accuracy: {accuracy:.4f} (version {version}, {final})"
+    return f"test accuracy: {accuracy:.4f} ({version}, {final})"
 
 
 def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:

@@ -20,7 +20,7 @@ from typing import Any
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
-from minips.run.final_test import let_evaluator_leave, test_final_model
+from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.metrics import ProgressFn
 from minips.run.outcome import failed_workers, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links
@@ -151,14 +151,15 @@ class LocalRun:
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
                 checkpoints.assemble(self.config.checkpoint)
-        if failure is None:  # the accuracy is the final model's; did the workers train?
-            test_final_model(self.config, self.dir, self.t0)
+        untested = None  # the accuracy is the final model's, or why not; did workers train?
+        if failure is None:
+            untested = ensure_final_tested(self.config, self.dir, self.t0)
             failure = workers_failed(failed, self.dir, self.config)
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
-                                servers=self.config.servers)  # fmt: skip
+                                servers=self.config.servers, untested_why=untested)  # fmt: skip
         if failure is not None:
             raise failure
         return summary

@@ -32,7 +32,7 @@ def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> M
     a --resume'd run started from); None otherwise."""
     if not failed or config.browser:
         return None
-    samples = int(final_stats(run_dir, 0).get("samples") or 0)
+    samples = int(final_stats(run_dir)[0].get("samples") or 0)
     start_samples = resumed_samples(config)
     if config.max_samples and samples >= config.max_samples:
         return None  # the budget was spent

@@ -77,7 +77,7 @@ def _who(worker: dict[str, Any]) -> str:
 def _of_version(summary: dict[str, Any]) -> str:
     """ " (version 688)": the version the accuracy is of, when the summary names it."""
     version = summary.get("accuracy_version")
-    return "" if version is None else f" (version {version_text(version)})"
+    return "" if version is None else f" ({version_text(version)})"
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ RUN_DIR/endpoint        the server's address, once it listens
 RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats);
                         updates-N.jsonl: those of the Nth server restarted after a crash
 RUN_DIR/eval.jsonl      the evaluator's records (and the launcher's test of the final
-                        checkpoint when the evaluator could not test it: final_test.py)
+                        checkpoint when the evaluator could not: minips.run.final_test)
 RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is made from
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
@@ -148,6 +148,11 @@ def latest_collapse(path: Path) -> dict[str, Any] | None:
     return {k: v for k, v in found.items() if k not in ("event", "time")} if found else None
 
 
+def final_stats(run_dir: RunDir, servers: int = 1) -> list[dict[str, Any]]:
+    """Each server's last `stats` (a group's: each shard's, in shard order; {}: none)."""
+    return [_final_stats(run_dir, shard) for shard in range(servers)]
+
+
 def bytes_by_layer(*by_params: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}, summed
     over every map given (a group's shards name their slices like the parameter)."""
@@ -207,6 +212,7 @@ def write_results(
     ended: str | None = None,
     final_crash: dict[str, Any] | None = None,
     servers: int = 1,
+    untested_why: str | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -216,11 +222,12 @@ def write_results(
     record: what it lost). A failed run's summary holds what is known (accuracy None
     without any evaluation). servers: a server group's size; its summary has one `shards`
     row per shard (the root's update records are the run's, every shard's counters its
-    row).
+    row). untested_why: why the launcher could not test the final model
+    (minips.run.final_test), for the summary's accuracy fields (minips.run.versions).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
-    finals = [final_stats(run_dir, shard) for shard in range(servers)]
+    finals = final_stats(run_dir, servers)
     stats = finals[0]  # the root's (the one server's) last: the run's counters
     reports = _worker_reports(run_dir, workers, stats)
     records += [{"event": "worker", "time": round(wall, 4), **report} for report in reports]
@@ -231,7 +238,7 @@ def write_results(
     last_eval = evals[-1] if evals else {}
     restarts = restarts or []
     collapse = stats.get("collapse") or latest_collapse(run_dir.eval_log)
-    versions = accuracy_fields(last_eval, run_version(finals))  # minips.run.versions
+    versions = accuracy_fields(last_eval, run_version(finals), untested_why)
     summary = {
         "ended": ended or ending(bool(collapse), versions["final_tested"]),
         "accuracy": last_eval.get("accuracy"),  # of the model at versions' accuracy_version
@@ -274,7 +281,7 @@ def write_results(
     return summary
 
 
-def final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
+def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
     """A shard's last `stats` (from its last generation's update log; {}: none)."""
     logs = [log for log in run_dir.update_logs(shard) if log.exists()]
     finals = [r for r in merge_logs(logs) if r.get("event") == "server"] if logs else []

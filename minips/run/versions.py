@@ -8,6 +8,7 @@ version it tested; a run's summary carries three fields built here:
     final_version     the version the run ended with: each server's (each shard's) last
                       `stats`; null when a server's last stats are missing (it was killed)
     final_tested      accuracy_version == final_version: the accuracy is the final model's
+    untested_why      null when final_tested, else why the final model was not tested
 
 A summary whose final model was not tested never says `"ended": "finished"`: it says
 "finished_untested_final", and `untested_line` is the one line `minips run` prints (to
@@ -62,18 +63,25 @@ def newer_version(a: Any, b: Any) -> bool:
 
 
 def version_text(version: Any) -> str:
-    """688; a group's 688/686 (shard 0's first); "unknown" when there is none."""
+    """ "version 688"; a group's "version 688/686" (shard 0's first); "no version"."""
     parts = _parts(version)
-    return "unknown" if parts is None else "/".join(str(v) for v in parts)
+    return "no version" if parts is None else "version " + "/".join(str(v) for v in parts)
 
 
-def accuracy_fields(last_eval: dict[str, Any], final: Version | None) -> dict[str, Any]:
-    """The summary's accuracy_version, final_version and final_tested (module docstring)."""
+def accuracy_fields(
+    last_eval: dict[str, Any], final: Version | None, why: str | None = None
+) -> dict[str, Any]:
+    """The summary's accuracy_version, final_version, final_tested and untested_why
+    (module docstring); why: the launcher's reason (minips.run.final_test)."""
     tested = last_eval.get("version")
+    done = final is not None and same_version(tested, final)
+    if not done and why is None:
+        why = "no test of it was made" if final is not None else "the final version is unknown"
     return {
         "accuracy_version": tested,
         "final_version": final,
-        "final_tested": final is not None and same_version(tested, final),
+        "final_tested": done,
+        "untested_why": None if done else why,
     }
 
 
@@ -90,10 +98,9 @@ def untested_line(summary: dict[str, Any]) -> str | None:
     if "final_tested" not in summary or summary["final_tested"]:
         return None
     final = summary.get("final_version")
-    what = f"version {version_text(final)}" if final is not None else "of unknown version"
+    what = version_text(final) if final is not None else "of unknown version"
+    why = f" ({summary['untested_why']})" if summary.get("untested_why") else ""
     if summary.get("accuracy") is None:
-        return f"the final model ({what}) was not tested, and no earlier one was"
-    return (
-        f"the final model ({what}) was not tested: the accuracy "
-        f"{summary['accuracy']:.4f} is of version {version_text(summary.get('accuracy_version'))}"
-    )
+        return f"the final model ({what}) was not tested{why}, and no earlier one was"
+    accuracy, of = summary["accuracy"], version_text(summary.get("accuracy_version"))
+    return f"the final model ({what}) was not tested{why}: the accuracy {accuracy:.4f} is of {of}"
