@@ -195,8 +195,9 @@ def evaluate(
     """Test the model of the server at --connect every few seconds, until it stops.
 
     A read-only observer (it never pushes and holds no rank): it pulls the parameters,
-    tests them on the dataset's test set and appends an `eval` record to --metrics, the
-    last one (`final: true`) on the final parameters when the server stops.
+    tests them on the dataset's test set and appends an `eval` record (with the version
+    tested) to --metrics, the last one (`final: true`) on the final parameters when the
+    server stops.
     """
     from minips.worker.client import PSClient
 
@@ -212,7 +213,10 @@ def evaluate(
         click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
         last = run_evaluator(client, metrics, interval, data_dir)
     if last:
+        from minips.run.versions import version_text
+
         final = "final model" if last.get("final") else "last model seen"
         click.echo(
-            f"test accuracy of the {final}: {last['accuracy']:.4f} (loss {last['loss']:.4f})"
+            f"test accuracy of the {final} ({version_text(last.get('version'))}): "
+            f"{last['accuracy']:.4f} (loss {last['loss']:.4f})"
         )
