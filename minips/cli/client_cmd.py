@@ -213,10 +213,7 @@ def evaluate(
         click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
         last = run_evaluator(client, metrics, interval, data_dir)
     if last:
-        from minips.run.versions import version_text
-
         final = "final model" if last.get("final") else "last model seen"
         click.echo(
-            f"test accuracy of the {final} ({version_text(last.get('version'))}): "
-            f"{last['accuracy']:.4f} (loss {last['loss']:.4f})"
+            f"test accuracy of the {final}: {last['accuracy']:.4f} (loss {last['loss']:.4f})"
         )
