@@ -211,3 +211,16 @@ def test_a_run_whose_workers_all_fail_is_an_error(tmp_path, monkeypatch):
     assert summary["ended"].startswith("error: every worker failed")
     workers = {name: code for name, code in summary["exit_codes"].items() if "worker" in name}
     assert list(workers.values()) == [2, 2]
+
+
+def test_minips_run_names_the_version_of_its_accuracy():
+    from minips.cli.ps_cmd import accuracy_line
+
+    tested = {"accuracy": 0.865, **accuracy_fields({"version": [688, 672]}, [688, 672])}
+    assert accuracy_line(tested) == "test accuracy: 0.8650 (version 688/672, the final model)"
+    untested = {"accuracy": 0.713, **accuracy_fields({"version": [31, 31]}, [667, 688])}
+    assert accuracy_line(untested) == "test accuracy: 0.7130 (version 31/31, NOT the final model)"
+    assert untested_line(untested) == (
+        "the final model (version 667/688) was not tested (no test of it was made): "
+        "the accuracy 0.7130 is of version 31/31"
+    )

@@ -18,7 +18,6 @@ Nothing here waits on a clock: the final test runs as long as it takes.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,14 +90,14 @@ def _last_checkpoint(config: RunConfig, run_dir: RunDir) -> tuple[Version, Param
         checkpoint = load_checkpoint(path)
         params = {name: checkpoint.arrays[f"param/{name}"] for name in checkpoint.param_names()}
         return checkpoint.version, params, checkpoint.meta
-    shards = [load_checkpoint(shard_path(path, j)).arrays for j in range(config.servers)]
-    meta = json.loads(str(shards[0]["meta"]))
-    part = partition_of_model(_model(meta, path).params, config.servers)
+    shards = [load_checkpoint(shard_path(path, j)) for j in range(config.servers)]
+    part = partition_of_model(_model(shards[0].meta, path).params, config.servers)
     params = {}
-    for name in part.shapes:
+    for name in part.shapes:  # a shard's file names its slice of a parameter like the whole
         key = f"param/{name}"
-        params[name] = part.assemble(name, {j: a[key] for j, a in enumerate(shards) if key in a})
-    return [int(arrays["version"]) for arrays in shards], params, meta
+        pieces = {j: shard.arrays[key] for j, shard in enumerate(shards) if key in shard.arrays}
+        params[name] = part.assemble(name, pieces)
+    return [shard.version for shard in shards], params, shards[0].meta
 
 
 def _model(meta: dict[str, Any], path: Path) -> Sequential:
