@@ -224,3 +224,37 @@ def test_minips_run_names_the_version_of_its_accuracy():
         "the final model (version 667/688) was not tested (no test of it was made): "
         "the accuracy 0.7130 is of version 31/31"
     )
+
+
+class _Failed:
+    """A worker child that exited 2 with an error line (what workers_failed reads)."""
+
+    name = "worker.0"
+
+    def code(self) -> int:
+        return 2
+
+    def last_line(self, _logs: Path) -> str:
+        return "error: server refused the request (group): the server group is not complete"
+
+
+@pytest.mark.parametrize(
+    ("samples", "options", "failed"),
+    [(640, {}, True), (2 * 2000, {}, False), (640, {"max_samples": 600}, False)],
+    ids=["before-its-samples", "after-every-epoch", "after-the-budget"],
+)
+def test_workers_that_fail_before_their_samples_fail_the_run(tmp_path, samples, options, failed):
+    from minips.run.outcome import workers_failed
+
+    run_dir = _run_dir(tmp_path, [{"version": 10, "accuracy": 0.8}], 10)
+    stats = {"version": 10, "samples": samples}
+    run_dir.updates_log().write_text(json.dumps({"event": "server", "stats": stats}) + "\n")
+    config = RunConfig(epochs=2, workers=2, **{**FAST, **options})  # synthetic: 2000 samples
+    error = workers_failed([_Failed(), _Failed()], run_dir, config)
+    assert (error is not None) is failed
+    if failed:
+        assert str(error) == (
+            "every worker failed (640 samples trained): worker.0 exited with code 2: server "
+            "refused the request (group): the server group is not complete"
+        )
+    assert workers_failed([], run_dir, config) is None  # a worker still ran, or ended well
