@@ -214,7 +214,7 @@ def test_a_run_whose_workers_all_fail_is_an_error(tmp_path, monkeypatch):
 
 
 def test_minips_run_names_the_version_of_its_accuracy():
-    from minips.cli.ps_cmd import accuracy_line
+    from minips.run.versions import accuracy_line
 
     tested = {"accuracy": 0.865, **accuracy_fields({"version": [688, 672]}, [688, 672])}
     assert accuracy_line(tested) == "test accuracy: 0.8650 (version 688/672, the final model)"

@@ -20,7 +20,7 @@ from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
 from minips.run.report_text import plural
-from minips.run.versions import untested_line, version_text
+from minips.run.versions import accuracy_line, untested_line
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
@@ -117,16 +117,6 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             raise SystemExit(COLLAPSED)
 
     return run
-
-
-def accuracy_line(summary: dict[str, Any]) -> str:
-    """`test accuracy: 0.8670 (version 688, the final model)`: the accuracy and the version it
-    is of (a group's per shard, minips.run.versions)."""
-    accuracy, version = summary.get("accuracy"), version_text(summary.get("accuracy_version"))
-    if accuracy is None:
-        return "test accuracy: none (no model was tested)"
-    final = "the final model" if summary.get("final_tested") else "NOT the final model"
-    return f"test accuracy: {accuracy:.4f} ({version}, {final})"
 
 
 def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:

@@ -2,7 +2,7 @@
 
 A plain server's version is an integer; a server group's is one integer per shard, in shard
 order (docs/protocol.md 16.5), written as a JSON list. Every `eval` record carries the
-version it tested; a run's summary carries three fields built here:
+version it tested; a run's summary carries four fields built here:
 
     accuracy_version  the version the summary's `accuracy` (and `loss`) were measured on
     final_version     the version the run ended with: each server's (each shard's) last
@@ -11,8 +11,8 @@ version it tested; a run's summary carries three fields built here:
     untested_why      null when final_tested, else why the final model was not tested
 
 A summary whose final model was not tested never says `"ended": "finished"`: it says
-"finished_untested_final", and `untested_line` is the one line `minips run` prints (to
-stderr) and `minips report` shows.
+"finished_untested_final", and `untested_line` is the one line `minips run` and `minips
+launch` print (to stderr, beside `accuracy_line`) and `minips report` shows.
 """
 
 from __future__ import annotations
@@ -104,3 +104,13 @@ def untested_line(summary: dict[str, Any]) -> str | None:
         return f"the final model ({what}) was not tested{why}, and no earlier one was"
     accuracy, of = summary["accuracy"], version_text(summary.get("accuracy_version"))
     return f"the final model ({what}) was not tested{why}: the accuracy {accuracy:.4f} is of {of}"
+
+
+def accuracy_line(summary: dict[str, Any]) -> str:
+    """ "test accuracy: 0.8670 (version 688, the final model)": a summary's accuracy and the
+    version it is of (a group's: per shard)."""
+    accuracy, version = summary.get("accuracy"), version_text(summary.get("accuracy_version"))
+    if accuracy is None:
+        return "test accuracy: none (no model was tested)"
+    final = "the final model" if summary.get("final_tested") else "NOT the final model"
+    return f"test accuracy: {accuracy:.4f} ({version}, {final})"
