@@ -195,8 +195,9 @@ def evaluate(
     """Test the model of the server at --connect every few seconds, until it stops.
 
     A read-only observer (it never pushes and holds no rank): it pulls the parameters,
-    tests them on the dataset's test set and appends an `eval` record to --metrics, the
-    last one (`final: true`) on the final parameters when the server stops.
+    tests them on the dataset's test set and appends an `eval` record (with the version
+    tested) to --metrics, the last one (`final: true`) on the final parameters when the
+    server stops.
     """
     from minips.worker.client import PSClient
 

@@ -52,6 +52,7 @@ def launch(
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
     from minips.run.prepare import check_run_can_start, claim_run_dir
+    from minips.run.versions import accuracy_line, untested_line
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)
@@ -71,4 +72,6 @@ def launch(
         f"by {summary['workers']} workers and {summary.get('servers', 1)} servers"
     )
     click.echo(f"run directory: {out}")
-    click.echo(f"test accuracy: {summary['accuracy']:.4f}")
+    click.echo(accuracy_line(summary))
+    if untested := untested_line(summary):  # the accuracy is of an earlier model: say so
+        click.echo(f"warning: {untested}", err=True)

@@ -20,6 +20,7 @@ from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
 from minips.run.report_text import plural
+from minips.run.versions import accuracy_line, untested_line
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
@@ -111,7 +112,9 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             f"max {summary['staleness_max']}"
         )
         click.echo(f"run directory: {out}")
-        click.echo(f"test accuracy: {summary['accuracy']:.4f}")
+        click.echo(accuracy_line(summary))
+        if untested := untested_line(summary):  # the accuracy is of an earlier model: say so
+            click.echo(f"warning: {untested}", err=True)
         if summary.get("collapse"):
             click.echo(f"stopped early, exit status {COLLAPSED}: {summary['collapse']['line']}")
             raise SystemExit(COLLAPSED)

@@ -9,7 +9,6 @@ stops the server when the workers are done, and writes the results.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
@@ -22,7 +21,9 @@ from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
 from minips.run.group_recovery import GroupRollback, final_group_checkpoint
+from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.metrics import ProgressFn
+from minips.run.outcome import failed_workers, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
     MINIPS,
@@ -78,8 +79,9 @@ class LocalRun:
     """One `minips run` on this machine: its config, run directory, clock and processes.
 
     `run()` is start() (the server, the evaluator, any browser slots, the workers, in that
-    order), watch() (until training is over) and the shutdown (the evaluator tests the
-    final model, the server checkpoints, every child is stopped, the results are written).
+    order), watch() (until training is over) and the shutdown (the server checkpoints, the
+    evaluator, else the launcher, tests the final model: minips.run.final_test; every child
+    is stopped, the results are written).
     server_prefix (--netem: `ip netns exec NS`) runs the server, and the evaluator beside
     it, behind the shaped link's far end: the evaluator's pulls then do not cross the link,
     whose rate is the workers'.
@@ -141,24 +143,29 @@ class LocalRun:
                     wall = self.watch(operator)
             except MinipsError as exc:
                 failure, wall = exc, self._elapsed()
+            failed = failed_workers(self.processes)  # before any is stopped
             if failure is None:
-                self.processes.wait("evaluator", timeout=120)
                 for name in self._server_names():
                     self.processes.wait(name, timeout=60)
+                let_evaluator_leave(self.processes, self.dir.eval_log)
         finally:
-            self._learn_ranks_from_reports()
+            self.processes.learn_ranks_from_reports(self.dir.path.glob("worker-[0-9]*.json"))
             self.processes.stop_all()
             if self.config.servers > 1:  # every shard wrote its last file: the group's
                 self.wait_for_shards()
                 group = final_group_checkpoint(
                     self.config.checkpoint, self.processes.restart_records(), self.announce
                 )
+        untested = None  # the accuracy is the final model's, or why not; did workers train?
+        if failure is None:
+            untested = ensure_final_tested(self.config, self.dir, self.t0)
+            failure = workers_failed(failed, self.dir, self.config)
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
-                                servers=self.config.servers,
-                                group=group)  # fmt: skip
+                                servers=self.config.servers, group=group,
+                                untested_why=untested)  # fmt: skip
         if failure is not None:
             raise failure
         return summary
@@ -378,13 +385,6 @@ class LocalRun:
         """
         keys = auth.load_client_keys(self.config.keys, auth.OPERATOR) if self.config.keys else None
         return PSClient(endpoint, timeout=1.0, retries=0, keys=keys)
-
-    def _learn_ranks_from_reports(self) -> None:
-        """Workers that finished before the launcher saw them in `stats` name their rank in
-        their reports; a killed one was seen in `stats` (it registered before it trained)."""
-        for path in self.dir.path.glob("worker-[0-9]*.json"):
-            report = json.loads(path.read_text())
-            self.processes.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0

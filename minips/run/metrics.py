@@ -4,7 +4,8 @@ Every process that measures writes one: the trainer (`minips train --metrics`), 
 server (updates.jsonl) and evaluator (eval.jsonl); `minips run` merges them into its
 metrics.jsonl (minips.run.rundir). The events:
 
-- `eval`    {time, samples, accuracy, loss}          periodic test evaluation
+- `eval`    {time, samples, updates, version,        a test evaluation of the model at
+             accuracy, loss, final}                   `version` (a group's: one per shard)
 - `update`  {time, worker, staleness, scale, ...}    one applied server update (minips run)
 - `worker`  {time, worker, steps, samples, ...}       a worker's end-of-run report (minips run)
 - `summary` {accuracy, wall_s, samples, ...}          always the last line
@@ -42,15 +43,19 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Append-only JSONL writer; `None` path makes it a no-op so callers need no branches."""
+    """Append-only JSONL writer; `None` path makes it a no-op so callers need no branches.
+    A new log replaces the file, unless `append` (another process's log, added to)."""
 
-    def __init__(self, path: str | Path | None, start_time: float | None = None) -> None:
+    def __init__(
+        self, path: str | Path | None, start_time: float | None = None, append: bool = False
+    ) -> None:
         self.path = Path(path) if path is not None else None
         self.start_time = time.monotonic() if start_time is None else start_time
         self._file: IO[str] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            mode = "a" if append else "w"
+            self._file = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def elapsed(self) -> float:
         """Seconds since the log was opened (monotonic clock)."""

@@ -11,12 +11,13 @@ the environment a worker runs in.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -198,6 +199,14 @@ class ProcessGroup:
             pid = (entry.get("info") or {}).get("pid")
             if not entry.get("observer") and pid is not None:
                 self._rank_names[pid] = f"worker-{entry['rank']}"
+
+    def learn_ranks_from_reports(self, reports: Iterable[Path]) -> None:
+        """Workers that finished before the launcher saw them in `stats` name their rank in
+        their reports (worker-R.json); a killed one was seen in `stats` (it registered
+        before it trained)."""
+        for path in reports:
+            report = json.loads(path.read_text())
+            self.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
 
 
 @contextlib.contextmanager

@@ -191,6 +191,7 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
         summary = {"accuracy": evals[-1].get("accuracy"), "loss": evals[-1].get("loss"),
+                   "accuracy_version": evals[-1].get("version"),
                    "updates": len(updates), "samples": evals[-1].get("samples")}  # fmt: skip
         times = [r["time"] for r in run.records if isinstance(r.get("time"), (int, float))]
         if times:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.run.versions import untested_line, version_text
+
 _BARS = " ▁▂▃▄▅▆▇█"
 
 
@@ -72,6 +74,12 @@ def _who(worker: dict[str, Any]) -> str:
     )
 
 
+def _of_version(summary: dict[str, Any]) -> str:
+    """ " (version 688)": the version the accuracy is of, when the summary names it."""
+    version = summary.get("accuracy_version")
+    return "" if version is None else f" ({version_text(version)})"
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The terminal view of one `summarize` result: a few lines and a per-worker table."""
     cfg, s = report["config"], report["summary"]
@@ -92,10 +100,13 @@ def format_report(report: dict[str, Any]) -> str:
     wall, samples = s.get("wall_s"), s.get("samples")
     rate = f" ({samples / wall:.0f}/s)" if wall and samples else ""
     lines.append(
-        f"  accuracy {_num(s.get('accuracy'), '.4f')}  loss {_num(s.get('loss'), '.4f')}"
+        f"  accuracy {_num(s.get('accuracy'), '.4f')}{_of_version(s)}"
+        f"  loss {_num(s.get('loss'), '.4f')}"
         f"  {_wall_text(wall, s.get('logged_s'))}  samples {_num(samples)}{rate}"
         f"  updates {_num(s.get('updates'))}"
     )
+    if untested := untested_line(s):
+        lines.append(f"  NOT THE FINAL MODEL: {untested}")
     lines.append(
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"

@@ -7,13 +7,16 @@ RUN_DIR/plan.json       the transmission plan, when it is not all dense
 RUN_DIR/endpoint        the server's address, once it listens
 RUN_DIR/updates.jsonl   the server's update records (then its final `server` stats);
                         updates-N.jsonl: those of the Nth server restarted after a crash
-RUN_DIR/eval.jsonl      the evaluator's records
+RUN_DIR/eval.jsonl      the evaluator's records (and the launcher's test of the final
+                        checkpoint when the evaluator could not: minips.run.final_test)
 RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is made from
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
-RUN_DIR/summary.json    how it ended ("finished", "collapsed", or the error line of a run
-                        that could not go on), final accuracy, wall time, samples, updates, bytes,
+RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "collapsed", or
+                        the error line of a run that could not go on), the accuracy and the
+                        version it is of beside the final version (minips.run.versions),
+                        wall time, samples, updates, bytes,
                         staleness, the server's restarts and what each crash lost, and
                         `collapse` (the model collapsed, minips.server.collapse; else null)
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and the rule's
@@ -43,6 +46,7 @@ from typing import Any
 
 from minips.errors import MinipsError, RunDirError
 from minips.run.metrics import MetricsLog, merge_logs, read_metrics
+from minips.run.versions import accuracy_fields, ending, run_version
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = (
@@ -149,6 +153,11 @@ def latest_collapse(path: Path) -> dict[str, Any] | None:
     return {k: v for k, v in found.items() if k not in ("event", "time")} if found else None
 
 
+def final_stats(run_dir: RunDir, servers: int = 1) -> list[dict[str, Any]]:
+    """Each server's last `stats` (a group's: each shard's, in shard order; {}: none)."""
+    return [_final_stats(run_dir, shard) for shard in range(servers)]
+
+
 def bytes_by_layer(*by_params: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """{"fc1.w": {"up", "down"}, "fc1.b": ...} -> {"fc1": {"up": sum, "down": sum}}, summed
     over every map given (a group's shards name their slices like the parameter)."""
@@ -209,6 +218,7 @@ def write_results(
     final_crash: dict[str, Any] | None = None,
     servers: int = 1,
     group: dict[str, Any] | None = None,
+    untested_why: str | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -219,12 +229,13 @@ def write_results(
     without any evaluation). servers: a server group's size; its summary has one `shards`
     row per shard (the root's update records are the run's, every shard's counters its
     row), and `group`: its checkpoint's versions per shard, whether they agree, and the
-    line that says they do not (GroupCheckpoint.record).
+    line that says they do not (GroupCheckpoint.record). untested_why: why the launcher could not test the final model
+    (minips.run.final_test), for the summary's accuracy fields (minips.run.versions).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
-    server_final = next((r for r in records if r.get("event") == "server"), {})
     records = [r for r in records if r.get("event") != "server"]
-    stats = server_final.get("stats", {})
+    finals = final_stats(run_dir, servers)
+    stats = finals[0]  # the root's (the one server's) last: the run's counters
     reports = _worker_reports(run_dir, workers, stats)
     records += [{"event": "worker", "time": round(wall, 4), **report} for report in reports]
     records.sort(key=lambda record: record.get("time", 0.0))
@@ -234,10 +245,12 @@ def write_results(
     last_eval = evals[-1] if evals else {}
     restarts = restarts or []
     collapse = stats.get("collapse") or latest_collapse(run_dir.eval_log)
+    versions = accuracy_fields(last_eval, run_version(finals), untested_why)
     summary = {
-        "ended": ended or ("collapsed" if collapse else "finished"),
-        "accuracy": last_eval.get("accuracy"),
+        "ended": ended or ending(bool(collapse), versions["final_tested"]),
+        "accuracy": last_eval.get("accuracy"),  # of the model at versions' accuracy_version
         "loss": last_eval.get("loss"),
+        **versions,
         "wall_s": round(wall, 3),
         # The server's count is authoritative (a worker killed mid-run wrote no report).
         "samples": stats.get("samples", sum(report["samples"] for report in reports)),
@@ -261,7 +274,6 @@ def write_results(
         "final_crash": final_crash,
     }
     if servers > 1:  # the bytes of every shard, each shard's own row
-        finals = [_final_stats(run_dir, shard) for shard in range(servers)]
         summary["servers"] = servers
         summary["shards"] = [shard_row(shard, finals[shard], restarts) for shard in range(servers)]
         summary["bytes_up"] = sum(row["bytes_up"] or 0 for row in summary["shards"])

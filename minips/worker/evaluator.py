@@ -1,10 +1,13 @@
 """The evaluator: a read-only client that pulls the model now and then and tests it.
 
 It registers as an *observer* (no rank, never part of a barrier) and writes `eval`
-records {time, samples, updates, version, accuracy, loss} to the run's JSONL log. When
-the server says stop it evaluates the final parameters once more and exits, so the last
-`eval` line is the model the run ended with. A model at chance for several evaluations
-(minips.server.collapse) is logged in one line and written as a `collapse` record.
+records {time, samples, updates, version, accuracy, loss, final} to the run's JSONL log,
+`version` the one it tested (a server group's: one per shard). When the server says stop
+it evaluates the parameters once more (`final: true`) and exits, so the last `eval` line
+is normally the model the run ended with; `minips run` checks that by the version and tests
+the final checkpoint itself when it is not (minips.run.final_test). A model at chance for
+several evaluations (minips.server.collapse) is logged in one line and written as a
+`collapse` record.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from minips.worker.client import PSClient, ServerUnavailable
 from minips.worker.worker import dataset_from_hello, model_from_hello
 
 log = logging.getLogger("minips.evaluator")
+
+BYE_TIMEOUT = 2.0  # seconds the goodbye waits for a reply (it is not retried)
 
 
 def run_evaluator(
@@ -74,6 +79,9 @@ def run_evaluator(
         if reply.stop:
             break
         next_eval = time.monotonic() + interval
+    # One short try: the server may be gone (its stop grace ran out while we tested), and
+    # the launcher waits for us to leave once the final record is written.
+    client.timeout, client.retries = min(client.timeout, BYE_TIMEOUT), 0
     try:
         client.bye()
     except ServerUnavailable:

@@ -1,0 +1,64 @@
+"""Whether a run's workers trained: a run whose workers all failed did not finish.
+
+A NumPy worker process that exits non-zero by itself failed (a hello refused by a server
+that restarted, a server lost for good, a bug). When every worker of a run failed so and
+the servers counted fewer samples than the run was to train (`epochs` passes over the
+training set, or the `--max-samples` budget), `workers_failed` is the run's error: its
+summary says `error: ...` and `minips run` exits 2, whatever accuracy was measured. A run
+whose workers failed only after training every sample (a goodbye a stopped server no longer
+answered) did train; a run with browser slots is judged by its seats (minips.web.slots).
+"""
+
+from __future__ import annotations
+
+from minips.errors import MinipsError
+from minips.run.config import RunConfig
+from minips.run.processes import Child, ProcessGroup
+from minips.run.rundir import RunDir, final_stats
+
+WORKER = "worker."  # a NumPy worker's child name: worker.<start order>
+
+
+def failed_workers(processes: ProcessGroup) -> list[Child]:
+    """Every NumPy worker, when each one exited non-zero by itself ([] when one is still
+    running or ended well, or when there are none): asked before the launcher stops any."""
+    workers = [child for name, child in processes.children.items() if name.startswith(WORKER)]
+    return workers if workers and all(child.crashed() for child in workers) else []
+
+
+def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> MinipsError | None:
+    """The run's error when all its workers failed (`failed`, from failed_workers) before
+    the servers counted the samples it was to train (the root's final count, less the one
+    a --resume'd run started from); None otherwise."""
+    if not failed or config.browser:
+        return None
+    samples = int(final_stats(run_dir)[0].get("samples") or 0)
+    start_samples = resumed_samples(config)
+    if config.max_samples and samples >= config.max_samples:
+        return None  # the budget was spent
+    if samples - start_samples >= config.epochs * _training_set_size(config):
+        return None  # every shard trained its epochs
+    first = failed[0]
+    last = first.last_line(run_dir.logs).removeprefix("error: ")
+    return MinipsError(
+        f"every worker failed ({samples - start_samples} samples trained): "
+        f"{first.name} exited with code {first.code()}: {last}"
+    )
+
+
+def _training_set_size(config: RunConfig) -> int:
+    from minips.data import load_dataset
+
+    return len(load_dataset(config.dataset, config.data_dir).y_train)
+
+
+def resumed_samples(config: RunConfig) -> int:
+    """The sample count a --resume'd run starts from (0 without --resume)."""
+    if not config.resume:
+        return 0
+    from minips.server.checkpoint_file import load_checkpoint
+
+    try:
+        return int(load_checkpoint(config.resume).meta.get("samples", 0))
+    except MinipsError:
+        return 0
