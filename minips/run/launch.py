@@ -20,8 +20,8 @@ from typing import Any
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.run.config import RunConfig
-from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
+from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.metrics import ProgressFn
 from minips.run.outcome import failed_workers, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links

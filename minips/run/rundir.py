@@ -229,8 +229,9 @@ def write_results(
     without any evaluation). servers: a server group's size; its summary has one `shards`
     row per shard (the root's update records are the run's, every shard's counters its
     row), and `group`: its checkpoint's versions per shard, whether they agree, and the
-    line that says they do not (GroupCheckpoint.record). untested_why: why the launcher could not test the final model
-    (minips.run.final_test), for the summary's accuracy fields (minips.run.versions).
+    line that says they do not (GroupCheckpoint.record). untested_why: why the launcher
+    could not test the final model (minips.run.final_test), for the summary's accuracy
+    fields (minips.run.versions).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
