@@ -80,8 +80,8 @@ def test_dasgd_defaults_and_describe():
         ({"beta": 0.3}, "beta only applies to schedule 'exp'"),
         ({"schedule": "exp", "tau_max": 3}, "tau_max only applies to schedule 'cutoff'"),
         ({"schedule": "exp", "beta": 0}, "beta must be a number > 0"),
-        ({"schedule": "poly", "power": "x"}, "power must be a number > 0"),
-        ({"schedule": "cutoff", "tau_max": 1.5}, "tau_max must be an integer >= 0"),
+        ({"schedule": "poly", "power": "x"}, "option power='x' is not a number"),
+        ({"schedule": "cutoff", "tau_max": 1.5}, "option tau_max=1.5 is not an integer"),
         ({"schedule": "cutoff", "tau_max": -1}, "tau_max must be an integer >= 0"),
     ],
 )

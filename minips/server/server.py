@@ -67,12 +67,11 @@ log = logging.getLogger("minips.server")
 class ParameterServer:
     """Holds the model, applies pushed gradients through a rule, answers pulls.
 
-    params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer`
-    was built on. options: ServerOptions. config (msgpack-able map): sent to every worker
-    in `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called
-    after every applied update and dropped push. group: a shard's role in a server group.
-    `server.endpoint` is the bound address; `run()` serves until a `stop` request or
-    `request_stop()`; then `close()` (`serve_forever()`: all of it, with signal handlers).
+    params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer` was
+    built on. options: ServerOptions. config (msgpack-able map): sent to every worker in
+    `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called after
+    every applied update and dropped push. group: a shard's role in a server group. `endpoint`
+    is the bound address; `run()` serves until `stop` or `request_stop()`, then `close()`.
     """
 
     def __init__(
