@@ -308,3 +308,27 @@ def test_dcasgd_with_lambda_0_is_plain_asgd():
             rule = worker.config["rule"]
     assert rule == {"name": "dcasgd", "lam": 0.0}
     np.testing.assert_array_equal(params["fc.w"], _step(w, lr, g))
+
+
+# -------------------------------------------------------------------- dana, dana-gap
+
+
+@pytest.mark.parametrize("rule", ["dana", "dana-gap"])
+def test_dana_applies_every_part_of_a_step_sent_in_several_pushes(rule):
+    """Wait-free sending: fc.w in a `last: false` push, fc.b in the step's last one. The
+    step is one update of both (a worker's first: v_i = g, w <- w - lr v_i); the rule's
+    check of the last push alone must not stand for the whole step."""
+    lr = 0.5
+    params = make_params()
+    before = _copy(params)
+    w, b = _dyadic((3, 4), 1), _dyadic(4, 2)
+    with running_server(rule, params=params, lr=lr) as server:
+        with RawPeer(server.endpoint) as peer:
+            assert peer.request({"op": "hello", "worker": "a"}).op == "hello"
+            head = {"op": "push", "worker": "a", "base": 0}
+            part = peer.request({**head, "seq": 0, "last": False, "rid": 1}, {"fc.w": w})
+            assert part.header["applied"] is False
+            last = peer.request({**head, "seq": 1, "last": True, "rid": 2}, {"fc.b": b})
+            assert last.header["applied"] is True and last.header["version"] == 1
+    np.testing.assert_array_equal(params["fc.w"], _step(before["fc.w"], lr, w))
+    np.testing.assert_array_equal(params["fc.b"], _step(before["fc.b"], lr, b))

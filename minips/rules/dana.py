@@ -73,8 +73,8 @@ class DANA(ASGD):
         self.momentum = float(momentum)
         self._velocity: dict[str, dict[str, np.ndarray]] = {}  # worker -> name -> v_i
         self._sum: dict[str, np.ndarray] = {}  # name -> sum_j v_j
-        # the push check_push just passed, with what it computed (`_next`)
-        self._checked: tuple[Push, tuple[Any, Any, dict[str, np.ndarray]]] | None = None
+        # the push check_push just passed, its gradients, and what it computed (`_next`)
+        self._checked: tuple[Push, dict, tuple[Any, Any, dict[str, np.ndarray]]] | None = None
 
     def attach(self, store: ParameterStore, registry: WorkerRegistry) -> None:
         self.check_server_momentum(store.optimizer.momentum)
@@ -90,7 +90,9 @@ class DANA(ASGD):
     def check_push(self, push: Push) -> None:
         """`nonfinite` when the push would make v_i, sum_j v_j, or the update w - eta v_i
         non-finite (minips.server.overflow): the server's own check sees only g. The new
-        velocities are kept for `on_push` of the same push (computed once)."""
+        velocities are kept for `on_push` of the same push with the same gradients (computed
+        once); a step sent in several pushes reaches `on_push` as its last push carrying
+        the whole step's gradients (WorkerState.assemble_step), which are computed afresh."""
         step = self._next(push)
         for name, new in step[2].items():
             if not self._stays_finite(push.worker.worker_id, name, new):
@@ -99,12 +101,12 @@ class DANA(ASGD):
                     "non-finite",
                     "nonfinite",
                 )
-        self._checked = (push, step)
+        self._checked = (push, push.grads, step)
 
     def on_push(self, push: Push) -> Outcome:
         checked, self._checked = self._checked, None
-        if checked is not None and checked[0] is push:
-            grads, telemetry, fresh = checked[1]
+        if checked is not None and checked[0] is push and checked[1] is push.grads:
+            grads, telemetry, fresh = checked[2]
         else:  # a step assembled from several pushes
             grads, telemetry, fresh = self._next(push)
         velocity = self._velocity.setdefault(push.worker.worker_id, {})
