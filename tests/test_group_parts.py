@@ -11,7 +11,7 @@ import zmq
 from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
-from minips.protocol.sampling import sample_indices, sample_rows
+from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
 from minips.server.group import RootTable
 from minips.worker.connections import Connection, exchange
@@ -43,6 +43,17 @@ def test_vsgd_samples_split_by_the_coordinates_of_each_slice():
         assert local.min() >= 0 and local.max() < piece.size
         got.append(values[rows])
     np.testing.assert_array_equal(np.concatenate(got), values)  # each value exactly once
+
+
+def test_a_slices_sample_keeps_its_first_and_last_entry():
+    """16.6: S_P restricted to rows [start, stop) includes both ends of the slice."""
+    part = partition({"fc1.w": (129, 128)}, 2)  # 66,048 bytes: split at row 64
+    whole = np.arange(129 * 128, dtype=np.int64)  # rho 1: every entry sampled
+    for piece in part.slices("fc1.w"):
+        local = whole[sample_rows(whole, piece)] - piece.offset
+        np.testing.assert_array_equal(local, np.arange(piece.size))
+    sampler = SliceSampler(1.0, 32, {"fc1.w": part.slices("fc1.w")[1]})
+    np.testing.assert_array_equal(sampler.indices("fc1.w", 65 * 128), np.arange(65 * 128))
 
 
 def test_the_root_table_counts_a_shard_only_once_it_gave_an_address():
