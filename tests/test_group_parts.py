@@ -1,8 +1,10 @@
 """The pieces of a server group on their own: addresses, VSGD samples per slice, the root's
 table of joins, and the client's fan-out over real sockets (one shard silent at first)."""
 
+import contextlib
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -239,3 +241,71 @@ def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank()
     assert check_shard_hello(reply, root, 1) is None
     assert "rank" in check_shard_hello({**reply, "rank": 0}, root, 1)
     assert "shard" in check_shard_hello(reply, root, 2)
+
+
+@contextlib.contextmanager
+def _root_of_two(keys=None, stop_grace: float = 0.3):
+    """The root (shard 0) of a group of 2 serving from a thread, shard 1 not started."""
+    from minips.rules import make_rule
+    from minips.server.group import ShardRole, shard_params
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
+
+    model = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
+    part = partition({name: a.shape for name, a in model.items()}, 2)
+    params = shard_params(model, part, 0)
+    options = ServerOptions(keys=keys, stop_grace=stop_grace, poll_interval=0.02)
+    root = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
+                           group=ShardRole(0, 2, part))  # fmt: skip
+    thread = threading.Thread(target=root.run, daemon=True)
+    thread.start()
+    try:
+        yield root
+    finally:
+        root.request_stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the root did not stop"
+        root.close()
+
+
+def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
+    from minips.protocol import auth
+    from minips.worker.client import PSClient, ServerError
+
+    auth.make_keys(tmp_path / "k")
+    join = {"op": "join", "shard": 1, "servers": 2, "address": "tcp://127.0.0.1:9"}
+    with _root_of_two(keys=auth.load_server_keys(tmp_path / "k")) as root:
+        worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
+        with PSClient(root.endpoint, timeout=10, retries=0, keys=worker) as client:
+            with pytest.raises(ServerError) as refused:
+                client._request(join)
+            assert refused.value.code == "operator"
+        assert root.group.table.missing() == [1]  # the worker key's join changed nothing
+        operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
+        with PSClient(root.endpoint, timeout=10, retries=0, keys=operator) as client:
+            assert client._request(join).header["shard"] == 1
+        assert root.group.table.addresses()[1] == "tcp://127.0.0.1:9"
+
+
+def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
+    from test_server_support import RawPeer, raw_hello
+
+    from minips.server.group import Joiner
+
+    with _root_of_two(stop_grace=30.0) as root:
+        joiner = Joiner(root.endpoint, None, 2)
+        try:
+            assert joiner.ask(timeout=30)["shard"] == 1 and not joiner.root_stopping
+            now = time.monotonic()
+            joiner.tick(now, "tcp://127.0.0.1:9")  # its address: the group is complete
+            assert joiner.socket.poll(30_000)
+            joiner.tick(now + 0.5, "tcp://127.0.0.1:9")  # reads the reply, sends nothing
+            assert not joiner.root_stopping and root.group.table.missing() == []
+            with RawPeer(root.endpoint) as peer:
+                raw_hello(peer, "w")  # live: the stopping root waits for it
+                assert peer.request({"op": "stop"}).op == "stop"
+                reply = joiner.ask(timeout=30)
+                assert peer.request({"op": "bye", "worker": "w"}).op == "bye"
+            assert reply["stop"] is True and joiner.root_stopping
+        finally:
+            joiner.close()
