@@ -309,3 +309,23 @@ def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
             assert reply["stop"] is True and joiner.root_stopping
         finally:
             joiner.close()
+
+
+def test_a_shard_waiting_for_a_silent_root_says_so_once():
+    from minips.errors import MinipsError
+    from minips.server.group import Joiner
+
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)  # the root's socket, never read: no reply ever
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    root = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    joiner, lines = Joiner(root, None, 2), []
+    try:
+        with pytest.raises(MinipsError, match="no answer from the group's root"):
+            joiner.ask(timeout=2.5, on_wait=lines.append)  # three 1 s waits for a reply
+        assert lines == [f"waiting for the group's root at {root} (up to 2.5 s)"]
+    finally:
+        joiner.close()
+        silent.close()
+        context.term()
