@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, running_server
 
+from minips.protocol import auth
 from minips.protocol.wire import ProtocolError
 from minips.server.checks import OverflowCheck
 from minips.server.store import SGD, ParameterStore
+from minips.worker.client import PSClient, ServerError
 
 
 def one_param(value: float = 0.0) -> dict[str, np.ndarray]:
@@ -123,9 +125,6 @@ def test_a_hello_whose_role_is_not_a_string_is_refused():
 
 def test_under_curve_only_an_operator_key_may_stop_or_checkpoint(tmp_path):
     """require_operator: an allowed worker key gets `operator` for both, and nothing changes."""
-    from minips.protocol import auth
-    from minips.worker.client import PSClient, ServerError
-
     auth.make_keys(tmp_path / "k")
     worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
     operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
