@@ -5,7 +5,7 @@ import math
 import pytest
 
 from minips.server import collapse
-from minips.server.collapse import CollapseWatch
+from minips.server.collapse import GROWN, LOSS_WINDOW, CollapseWatch
 
 LN10 = math.log(10)
 
@@ -83,6 +83,8 @@ def test_a_model_passing_through_ln_c_while_it_learns_is_not_stuck():
         ([(0.10, 3.2, 300)] * 3, True),  # above a guess is not better
         ([(0.10, LN10, 50)] * 3, False),  # before the warm-up: a fresh model is at chance
         ([(0.10, LN10, 300), (0.35, 2.1, 320), (0.10, LN10, 340)], False),  # not in a row
+        ([(0.10, LN10, 300), (0.10, LN10, 320), (0.35, 2.1, 340), (0.10, LN10, 360)], False),
+        ([(0.10, LN10, 300)] * 2 + [(0.35, 2.1, 340)] + [(0.10, LN10, 360)] * 3, True),
         ([(0.12, 2.0, 300)] * 3, False),  # its loss falls: learning, slowly
         ([(0.30, LN10, 300)] * 3, False),
     ],
@@ -95,3 +97,14 @@ def test_accuracy_at_chance_for_three_evaluations_in_a_row(evaluations, collapse
     if collapsed:
         assert found[-1].sign == "accuracy" and "chance: 0.100" in found[-1].what
         assert found[-1].record()["line"] == found[-1].line()
+
+
+def test_a_nonfinite_training_loss_is_left_to_the_nonfinite_sign():
+    """An inf or NaN loss (its push is refused as non-finite) enters no loss window: 19
+    ordinary losses and an inf are not a diverging mean, and the window still waits."""
+    watch = CollapseWatch(10)
+    assert [watch.on_train_loss(0.5) for _ in range(LOSS_WINDOW - 1)] == [None] * 19
+    assert watch.on_train_loss(math.inf) is None
+    assert watch.on_train_loss(math.nan) is None
+    assert watch.collapse is None
+    assert watch.on_train_loss(GROWN * LN10 * 30) is not None  # the 20th finite one counts

@@ -1,8 +1,10 @@
 """The pieces of a server group on their own: addresses, VSGD samples per slice, the root's
 table of joins, and the client's fan-out over real sockets (one shard silent at first)."""
 
+import contextlib
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import zmq
 from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
-from minips.protocol.sampling import sample_indices, sample_rows
+from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
 from minips.server.group import RootTable
 from minips.worker.connections import Connection, exchange
@@ -43,6 +45,17 @@ def test_vsgd_samples_split_by_the_coordinates_of_each_slice():
         assert local.min() >= 0 and local.max() < piece.size
         got.append(values[rows])
     np.testing.assert_array_equal(np.concatenate(got), values)  # each value exactly once
+
+
+def test_a_slices_sample_keeps_its_first_and_last_entry():
+    """16.6: S_P restricted to rows [start, stop) includes both ends of the slice."""
+    part = partition({"fc1.w": (129, 128)}, 2)  # 66,048 bytes: split at row 64
+    whole = np.arange(129 * 128, dtype=np.int64)  # rho 1: every entry sampled
+    for piece in part.slices("fc1.w"):
+        local = whole[sample_rows(whole, piece)] - piece.offset
+        np.testing.assert_array_equal(local, np.arange(piece.size))
+    sampler = SliceSampler(1.0, 32, {"fc1.w": part.slices("fc1.w")[1]})
+    np.testing.assert_array_equal(sampler.indices("fc1.w", 65 * 128), np.arange(65 * 128))
 
 
 def test_the_root_table_counts_a_shard_only_once_it_gave_an_address():
@@ -228,3 +241,91 @@ def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank()
     assert check_shard_hello(reply, root, 1) is None
     assert "rank" in check_shard_hello({**reply, "rank": 0}, root, 1)
     assert "shard" in check_shard_hello(reply, root, 2)
+
+
+@contextlib.contextmanager
+def _root_of_two(keys=None, stop_grace: float = 0.3):
+    """The root (shard 0) of a group of 2 serving from a thread, shard 1 not started."""
+    from minips.rules import make_rule
+    from minips.server.group import ShardRole, shard_params
+    from minips.server.server import ParameterServer, ServerOptions
+    from minips.server.store import SGD
+
+    model = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
+    part = partition({name: a.shape for name, a in model.items()}, 2)
+    params = shard_params(model, part, 0)
+    options = ServerOptions(keys=keys, stop_grace=stop_grace, poll_interval=0.02)
+    root = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
+                           group=ShardRole(0, 2, part))  # fmt: skip
+    thread = threading.Thread(target=root.run, daemon=True)
+    thread.start()
+    try:
+        yield root
+    finally:
+        root.request_stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the root did not stop"
+        root.close()
+
+
+def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
+    from minips.protocol import auth
+    from minips.worker.client import PSClient, ServerError
+
+    auth.make_keys(tmp_path / "k")
+    join = {"op": "join", "shard": 1, "servers": 2, "address": "tcp://127.0.0.1:9"}
+    with _root_of_two(keys=auth.load_server_keys(tmp_path / "k")) as root:
+        worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
+        with PSClient(root.endpoint, timeout=10, retries=0, keys=worker) as client:
+            with pytest.raises(ServerError) as refused:
+                client._request(join)
+            assert refused.value.code == "operator"
+        assert root.group.table.missing() == [1]  # the worker key's join changed nothing
+        operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
+        with PSClient(root.endpoint, timeout=10, retries=0, keys=operator) as client:
+            assert client._request(join).header["shard"] == 1
+        assert root.group.table.addresses()[1] == "tcp://127.0.0.1:9"
+
+
+def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
+    from test_server_support import RawPeer, raw_hello
+
+    from minips.server.group import Joiner
+
+    with _root_of_two(stop_grace=30.0) as root:
+        joiner = Joiner(root.endpoint, None, 2)
+        try:
+            assert joiner.ask(timeout=30)["shard"] == 1 and not joiner.root_stopping
+            now = time.monotonic()
+            joiner.tick(now, "tcp://127.0.0.1:9")  # its address: the group is complete
+            assert joiner.socket.poll(30_000)
+            joiner.tick(now + 0.5, "tcp://127.0.0.1:9")  # reads the reply, sends nothing
+            assert not joiner.root_stopping and root.group.table.missing() == []
+            with RawPeer(root.endpoint) as peer:
+                raw_hello(peer, "w")  # live: the stopping root waits for it
+                assert peer.request({"op": "stop"}).op == "stop"
+                reply = joiner.ask(timeout=30)
+                assert peer.request({"op": "bye", "worker": "w"}).op == "bye"
+            assert reply["stop"] is True and joiner.root_stopping
+        finally:
+            joiner.close()
+
+
+def test_a_shard_waiting_for_a_silent_root_says_so_once():
+    from minips.errors import MinipsError
+    from minips.server.group import Joiner
+
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)  # the root's socket, never read: no reply ever
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    root = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    joiner, lines = Joiner(root, None, 2), []
+    try:
+        with pytest.raises(MinipsError, match="no answer from the group's root"):
+            joiner.ask(timeout=2.5, on_wait=lines.append)  # three 1 s waits for a reply
+        assert lines == [f"waiting for the group's root at {root} (up to 2.5 s)"]
+    finally:
+        joiner.close()
+        silent.close()
+        context.term()

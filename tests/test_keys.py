@@ -36,6 +36,14 @@ def test_missing_keys_are_one_line_errors(tmp_path):
         auth.load_client_keys(tmp_path, "operator")
 
 
+def test_a_client_named_server_is_refused_and_nothing_is_written(tmp_path):
+    """A client `server` would overwrite the server's key pair (and be allowed in with it)."""
+    with pytest.raises(auth.AuthError, match="cannot name key files"):
+        auth.make_keys(tmp_path, clients=("worker", "server"), operators=())
+    assert list(tmp_path.iterdir()) == []
+    auth.check_client_names(("worker", "server2", "my.server"))  # only the exact name clashes
+
+
 def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
     auth.make_keys(tmp_path, clients=("worker", "operator", "banned"))
     (tmp_path / "allowed" / "banned.key").unlink()

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, make_params, running_server
 
+from minips.codecs.base import to_wire_float
 from minips.protocol import wire
-from minips.protocol.checks import MAX_NAME_CHARS, MAX_NDIM
+from minips.protocol.checks import MAX_NAME_CHARS, MAX_NDIM, all_finite
 from minips.protocol.wire import Limits, WirePart, decode_request
 from minips.server.checks import MAX_INFO_BYTES, MAX_INFO_DEPTH
 from minips.server.registry import MAX_OBSERVERS, MAX_REGISTERED, SEQ_WINDOW
@@ -265,3 +266,16 @@ def test_a_silent_observer_is_kept_three_heartbeat_timeouts_then_forgotten():
                 assert time.monotonic() < deadline, "a silent observer was never forgotten"
                 time.sleep(0.02)
             assert time.monotonic() - said_hello >= 3 * 0.2
+
+
+def test_float16_finiteness_at_the_largest_half_and_past_it():
+    """65504 is the largest finite float16; +-Inf and every NaN (quiet or signalling) are not."""
+    finite = np.array([65504.0, -65504.0, 6e-8, -0.0, 1.0], np.float16)
+    assert all_finite(finite)
+    for bits in (0x7C00, 0xFC00, 0x7C01, 0x7E00, 0xFFFF):  # +Inf, -Inf, sNaN, qNaN, -NaN
+        one_bad = np.concatenate([finite, np.array([bits], np.uint16).view(np.float16)])
+        assert not all_finite(one_bad), hex(bits)
+    assert to_wire_float(np.array([65504.0], np.float32), "float16", "g")[0] == 65504
+    with pytest.raises(wire.ProtocolError, match="overflows float16") as refused:
+        to_wire_float(np.array([1.0, 70000.0], np.float32), "float16", "g")
+    assert refused.value.code == "nonfinite"

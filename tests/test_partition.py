@@ -141,3 +141,16 @@ def test_the_documented_example_is_what_the_code_computes():
 def test_a_group_too_large_for_the_model_is_refused():
     with pytest.raises(ConfigError, match=r"shard\(s\) 2 would hold nothing"):
         partition({"a": (3,), "b": (4,)}, 3)
+
+
+def test_a_parameter_of_exactly_slice_bytes_is_whole_and_one_row_more_is_split():
+    """16.1: split only *more than* 65,536 bytes (16,384 float32 entries)."""
+    assert SLICE_BYTES == 65536
+    part = partition({"at": (128, 128), "past": (129, 128)}, servers=2)
+    (at,) = part.slices("at")
+    assert at.whole and at.shape == (128, 128)
+    past = part.slices("past")
+    assert [(p.shard, p.start, p.stop, p.whole) for p in past] == [
+        (0, 0, 64, False),
+        (1, 64, 129, False),
+    ]

@@ -21,7 +21,9 @@ from test_server_support import (
     send_then_fence,
 )
 
+from minips.protocol import wire
 from minips.rules import ASGD, SSGD, Outcome, Update
+from minips.server.failures import internal
 
 BUG = 13.0  # the gradient value the rules below fail on
 
@@ -86,10 +88,55 @@ class FailsToAnswerAfterABadPush(ASGD):
         return True
 
 
+class FailsOnceToAnswerAfterABadPush(ASGD):
+    """asgd whose may_answer_pull raises once, for the first worker whose push held BUG;
+    later calls allow every pull (a held pull would then be answered)."""
+
+    def __init__(self):
+        self.bad: set[str] = set()
+
+    def on_push(self, push):
+        if _has_bug(push):
+            self.bad.add(push.worker.worker_id)
+        return super().on_push(push)
+
+    def may_answer_pull(self, worker):
+        if worker.worker_id in self.bad:
+            self.bad.discard(worker.worker_id)
+            raise RuntimeError("a bug in the rule")
+        return True
+
+
+class DropsTheHeldPushesThenFails(ASGD):
+    """asgd that holds each push without BUG (no answer); a push holding BUG is applied
+    with the held ones dropped, then after_update raises: the whole outcome failed."""
+
+    def __init__(self):
+        self.held = []
+
+    def on_push(self, push):
+        if not _has_bug(push):
+            self.held.append(push)
+            return Outcome()
+        drops, self.held = self.held, []
+        steps = [(name, grad, 1.0) for name, grad in push.grads.items()]
+        return Outcome(updates=[Update([push], steps)], answers=[(push, True)], drops=drops)
+
+    def after_update(self, update):
+        raise RuntimeError("a bug in the rule")
+
+
 def _full_pull(peer: RawPeer, worker: str, rid: int) -> dict[str, bytes]:
     reply = peer.request(pull_header(worker, rid=rid))
     assert reply.op == "pull", reply.header
     return {name: np.asarray(array).tobytes() for name, array in reply.arrays.items()}
+
+
+def _next_reply(peer: RawPeer, rid: int):
+    """Send a `stats` with `rid` and return the first reply that comes after it: one sent
+    before the stats (the server answers a socket's requests in order), else the stats."""
+    peer.send(wire.encode({"op": "stats", "rid": rid}))
+    return peer.recv()
 
 
 def _assert_internal(reply) -> None:
@@ -253,3 +300,35 @@ def test_a_round_whose_checkpoint_fails_on_a_full_disk_is_applied_and_answered(t
             for answer in (reply, a.recv()):
                 _assert_applied(answer, 2)
     assert (full_disk / "c.npz").exists()
+
+
+def test_a_failed_fused_push_gets_one_reply_even_when_its_pull_is_allowed_later():
+    # a's fused push is applied, its pull half fails; the next release (b's push) allows
+    # a's pulls again, but nothing of a's failed request is left to answer a second time.
+    with running_server(FailsOnceToAnswerAfterABadPush()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            fused = {**push_header("a", 0, 0, rid=1), "pull_since": None}
+            first = a.request(fused, full("fc.b", BUG))
+            _assert_internal(first)
+            assert first.header["reason"] == internal(RuntimeError()).reason
+            _assert_applied(send_then_fence(b, push_header("b", 0, 0, rid=2), full("fc.b", 0.5)), 2)
+            assert _next_reply(a, 3).header["rid"] == 3  # a's stats: nothing came before it
+            reply = a.request({**fused, "seq": 1, "base": 2, "rid": 4}, full("fc.b", 0.5))
+            _assert_applied(reply, 3)
+            assert set(reply.arrays) == {"fc.w", "fc.b"}  # a's next fused push: both halves
+
+
+def test_an_outcome_failing_after_its_write_answers_its_dropped_pushes_internal():
+    with running_server(DropsTheHeldPushesThenFails()) as server:
+        with RawPeer(server.endpoint) as a, RawPeer(server.endpoint) as b:
+            raw_hello(a, "a")
+            raw_hello(b, "b")
+            assert send_then_fence(a, push_header("a", 0, 0, rid=1), full("fc.b", 1.0)) is None
+            _assert_internal(b.request(push_header("b", 0, 0, rid=2), full("fc.b", BUG)))
+            dropped = _next_reply(a, 3)  # a's push, answered before a's stats
+            _assert_internal(dropped)
+            assert dropped.header["rid"] == 1
+            assert a.recv().header["rid"] == 3
+            _assert_internal(send_then_fence(a, push_header("a", 0, 0, rid=4), full("fc.b", 1.0)))

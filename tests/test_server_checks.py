@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, running_server
 
+from minips.protocol import auth
 from minips.protocol.wire import ProtocolError
 from minips.server.checks import OverflowCheck
 from minips.server.store import SGD, ParameterStore
+from minips.worker.client import PSClient, ServerError
 
 
 def one_param(value: float = 0.0) -> dict[str, np.ndarray]:
@@ -119,3 +121,24 @@ def test_a_hello_whose_role_is_not_a_string_is_refused():
         assert (
             peer.request({"op": "hello", "worker": "w", "info": {"role": "worker"}}).op == "hello"
         )
+
+
+def test_under_curve_only_an_operator_key_may_stop_or_checkpoint(tmp_path):
+    """require_operator: an allowed worker key gets `operator` for both, and nothing changes."""
+    auth.make_keys(tmp_path / "k")
+    worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
+    operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
+    path = tmp_path / "ckpt.npz"
+    keys = auth.load_server_keys(tmp_path / "k")
+    with running_server(keys=keys, checkpoint_path=path) as server:
+        with PSClient(server.endpoint, timeout=5, keys=worker) as ps:
+            assert ps.hello()["rank"] == 0  # the worker key is allowed in
+            for call in (ps.stop, ps.checkpoint):
+                with pytest.raises(ServerError) as refused:
+                    call()
+                assert refused.value.code == "operator"
+            assert not ps.stats()["stopping"] and not path.exists()
+        with PSClient(server.endpoint, timeout=5, keys=operator) as op:
+            assert op.checkpoint() == str(path) and path.exists()
+            op.stop()
+            assert op.stats()["stopping"]

@@ -24,10 +24,12 @@ from test_server_support import (
     send_then_fence,
 )
 
+from minips.errors import MinipsError
 from minips.rules import ASGD, SSGD, Outcome, Update
 from minips.server.checkpoints import Checkpointer
 from minips.server.store import SGD, ParameterStore
 from minips.server.telemetry import Counters
+from minips.server.timers import Timers
 
 
 class TimerFailsAfterAPush(ASGD):
@@ -126,3 +128,61 @@ def test_a_time_based_checkpoint_that_fails_is_tried_again_after_its_interval_no
     checkpoints.if_due(start + 10.05)  # the next turn: not tried again (no OSError)
     with pytest.raises(OSError):  # a whole interval later, tried again, with no update since
         checkpoints.if_due(start + 20.0)
+
+
+class _Job:
+    """A stand-in for one of the loop's jobs: records its calls, raises `fails` if set."""
+
+    def __init__(self, fails: BaseException | None = None) -> None:
+        self.fails, self.calls = fails, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.fails is not None:
+            raise self.fails
+        return []
+
+
+def _timers(group_fails: BaseException | None) -> tuple[Timers, _Job]:
+    from types import SimpleNamespace as Ns
+
+    group = _Job(group_fails)
+    registry = Ns(assembling=False)
+    timers = Timers(
+        inflow=Ns(check=_Job()),
+        checkpoints=Ns(if_due=_Job()),
+        membership=Ns(check_liveness=_Job()),
+        pulls=Ns(registry=registry, release=_Job()),
+        rule=Ns(on_tick=lambda now: Outcome()),
+        carry_out=_Job(),
+        after_leaving=_Job(),
+        group=Ns(tick=group),
+    )
+    return timers, group
+
+
+def test_a_minips_error_on_a_timer_stops_the_loop_a_bug_does_not():
+    """The root refusing a shard (a MinipsError) goes out of tick, so the server stops; a
+    bug in the same job is contained and counted."""
+    timers, group = _timers(MinipsError("the group's root refused this shard"))
+    with pytest.raises(MinipsError, match="refused this shard"):
+        timers.tick(0.0)
+    assert group.calls == 1 and timers.failures == {}
+    timers, group = _timers(RuntimeError("a bug"))
+    timers.tick(0.0)
+    timers.tick(1.0)
+    assert group.calls == 2 and timers.failures == {"group": 2}
+
+
+def test_pulls_held_while_assembling_are_answered_when_the_grace_ends_on_a_timer():
+    """world_size 2, one worker came: its pull is held until the grace (heartbeat
+    timeout) after its hello runs out; the timer that ends the assembly answers it."""
+    with running_server(world_size=2, heartbeat_timeout=2.0) as server:
+        with RawPeer(server.endpoint) as a:
+            raw_hello(a, "a")
+            pulled = send_then_fence(a, pull_header("a", rid=1))  # held while assembling
+            if pulled is None:  # (answered at once only on a machine 2 s slow between two requests)
+                pulled = a.recv(timeout=30)  # no request of a's is left: a timer answers it
+            assert pulled.op == "pull" and pulled.header["rid"] == 1, pulled.header
+            assert set(pulled.arrays) == {"fc.w", "fc.b"}
+            assert not server.registry.assembling
