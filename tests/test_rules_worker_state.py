@@ -1,6 +1,6 @@
-"""What the per-worker rules (minips.rules: gap, dana) keep about each worker, and when
-they let it go: the reference a push is penalized against, a worker that left and came
-back, a resumed worker that never came back.
+"""What the per-worker rules (minips.rules.gap, minips.rules.dana) keep about each
+worker, and when they let it go: the reference a push is penalized against, a worker
+that left and came back, a resumed worker that never came back.
 """
 
 from types import SimpleNamespace
