@@ -268,3 +268,17 @@ def test_the_command_table_matches_the_commands():
         assert command.hidden == (line is None), name
         if line is not None:
             assert command.help.strip().splitlines()[0] == line, name
+
+
+def test_a_shard_index_and_a_plan_batch_are_checked_at_their_exact_limits():
+    """--shard K-1 is the last shard of --servers K, --shard K none; --plan auto times
+    batches of at most MAX_PLAN_BATCH (minips.run.plan_costs) samples."""
+    from minips.run.plan_costs import MAX_PLAN_BATCH
+
+    base = RunConfig(model="mlp", dataset="synthetic")
+    replace(base, servers=2, shard=1, root="tcp://127.0.0.1:5555").validate()
+    with pytest.raises(ConfigError, match=r"--shard 2 is not a shard of --servers 2 \(0\.\.1\)"):
+        replace(base, servers=2, shard=2, root="tcp://127.0.0.1:5555").validate()
+    replace(base, plan="auto", batch_size=MAX_PLAN_BATCH).validate()
+    with pytest.raises(ConfigError, match=f"at most {MAX_PLAN_BATCH}, got {MAX_PLAN_BATCH + 1}"):
+        replace(base, plan="auto", batch_size=MAX_PLAN_BATCH + 1).validate()

@@ -1,6 +1,7 @@
 """A server group on real sockets (docs/protocol.md 16): discovery at hello, what each shard
 holds and answers, the same arithmetic as one server, and everything a client does with
-a group through the unchanged PSClient calls."""
+a group through the unchanged PSClient calls (minips.worker.group; the first hello and an
+operator's requests to every shard: minips.worker.group_root)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,15 @@ def test_a_pull_since_sends_only_what_changed_and_fills_in_the_rest():
         rows = partition_of_model(MLP, 2).slices("fc2.w")[1].start
         assert not np.array_equal(reply.params["fc2.w"][:rows], MLP["fc2.w"][:rows])
         np.testing.assert_array_equal(reply.params["fc2.w"][rows:], MLP["fc2.w"][rows:])
+
+
+def test_a_rank_the_root_gave_is_the_workers_rank_on_every_shard():
+    """The root's rank goes with the hello to the other shards (docs/protocol.md 16.4): a
+    worker asking the root for rank 1 holds rank 1 everywhere, though a shard left to
+    choose would give it the lowest free one, 0."""
+    with running_group(2, workers=2) as group, PSClient(group.root.endpoint) as ps:
+        assert ps.hello({"rank": 1})["rank"] == 1
+        assert [s.registry.by_id[ps.worker_id].rank for s in group.servers] == [1, 1]
 
 
 def test_hello_waits_for_a_group_still_assembling_and_names_who_is_missing():

@@ -5,6 +5,7 @@ import contextlib
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
 from minips.server.group import RootTable
 from minips.worker.connections import Connection, exchange
-from minips.worker.group import GroupVersion
+from minips.worker.group import GroupClient, GroupVersion
 
 
 @pytest.mark.parametrize(
@@ -180,9 +181,133 @@ def test_a_shard_that_never_answers_is_named():
         context.term()
 
 
+def test_a_late_reply_to_an_earlier_request_is_dropped_not_taken_as_the_answer():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:*")
+    connection = Connection(context, router.getsockopt_string(zmq.LAST_ENDPOINT), b"\x01me",
+                            wire.DEFAULT_LIMITS)  # fmt: skip
+    try:
+        asked = []
+        for _ in range(2):  # the first request's reply is late: the second is the current one
+            connection.send({"op": "ping", "worker": "w"}, [])
+            assert router.poll(5000)
+            routing, *frames = router.recv_multipart()
+            asked.append(wire.decode_request(frames).header["rid"])
+        assert asked == [1, 2] and connection.rid == 2
+
+        def answer(rid, version):
+            header = {"op": "ping", "version": version, "stop": False, "rid": rid}
+            router.send_multipart([routing, *wire.encode_parts(header, [])])
+            assert connection.socket.poll(5000)
+
+        answer(1, 5)
+        message, nbytes = connection.take()
+        assert message is None and nbytes > 0  # read, counted, dropped
+        answer(2, 6)
+        message, _ = connection.take()
+        assert message.header["rid"] == 2 and message.header["version"] == 6
+    finally:
+        connection.abandon()
+        router.close(0)
+        context.term()
+
+
 def test_a_group_version_reads_as_the_roots():
     version = GroupVersion((12, 11, 12))
     assert int(version) == 12 and version == (12, 11, 12) and list(version) == [12, 11, 12]
+
+
+SPLIT = {"w": (200, 100), "b": (100,)}  # w: rows 0-99 on shard 0, 100-199 on shard 1
+
+
+def _group_of_two() -> GroupClient:
+    """A GroupClient over SPLIT (no socket is opened until a request is sent)."""
+    client = SimpleNamespace(address="tcp://127.0.0.1:1", _context=None, routing_id=b"\x01me",
+                             limits=wire.DEFAULT_LIMITS, keys=None, worker_id="w",
+                             next_seq=iter(range(1, 100)).__next__)  # fmt: skip
+    group = GroupClient(client, {"servers": 2, "addresses": ["", ""]})
+    group.partition = partition(SPLIT, 2)
+    return group
+
+
+def _pulled(version: int, param_versions: dict, **fields) -> wire.Message:
+    header = {"op": "pull", "version": version, "param_versions": param_versions, "stop": False}
+    return wire.Message(header, **fields)
+
+
+@pytest.mark.parametrize("arrival", [(0, 1), (1, 0)])
+def test_a_split_parameters_version_is_its_newest_shards_whatever_answers_last(arrival):
+    group = _group_of_two()
+    w = np.zeros(SPLIT["w"], np.float32)
+    replies = {
+        0: _pulled(7, {"w": 7, "b": 2}, arrays={"w": w[:100], "b": np.zeros(100, np.float32)}),
+        1: _pulled(4, {"w": 3}, arrays={"w": w[100:]}),
+    }
+    reply = group._merge_pulls({j: replies[j] for j in arrival})
+    assert reply.param_versions == {"w": 7, "b": 2}
+    assert reply.version == (7, 4)
+    replies[1] = _pulled(9, {"w": 9}, arrays={"w": w[100:]})
+    assert group._merge_pulls({j: replies[j] for j in arrival}).param_versions["w"] == 9
+
+
+def test_a_delta_pulled_from_a_later_shard_lands_on_that_shards_rows():
+    """docs/protocol.md 13.7: a shard's delta indices count in its slice; merged, they
+    count in the whole parameter (shard 1's slice of w begins at 100 rows x 100)."""
+    group = _group_of_two()
+    whole = np.zeros(SPLIT["w"], np.float32)
+    group._merge_pulls({0: _pulled(1, {"w": 1}, arrays={"w": whole[:100]}),
+                        1: _pulled(1, {"w": 1}, arrays={"w": whole[100:]})})  # fmt: skip
+
+    def delta(indices, values):
+        return {"parts": {"w": {"indices": np.array(indices, np.uint32),
+                                "values": np.array(values, np.float32)}},
+                "codecs": {"w": "delta"}}  # fmt: skip
+
+    first, second = delta([5], [1.0]), delta([0, 9_999], [2.0, 3.0])
+    reply = group._merge_pulls(
+        {0: _pulled(2, {"w": 2}, **first), 1: _pulled(2, {"w": 2}, **second)}
+    )
+    np.testing.assert_array_equal(reply.deltas["w"]["indices"], [5, 10_000, 19_999])
+    np.testing.assert_array_equal(reply.deltas["w"]["values"], [1.0, 2.0, 3.0])
+    expected = whole.copy().reshape(-1)
+    expected[[5, 10_000, 19_999]] = [1.0, 2.0, 3.0]
+    np.testing.assert_array_equal(group.latest["w"].reshape(-1), expected)
+
+
+def _answering(group: GroupClient, staleness: dict[int, int]) -> list[dict]:
+    """Answer the group's requests as shards would (each shard's staleness); the headers."""
+    sent = []
+
+    def exchange(requests):
+        sent.extend(header for header, _ in requests.values())
+        return {j: wire.Message({"op": "push", "version": 1, "applied": True,
+                                 "staleness": staleness[j], "stop": False})
+                for j in requests}  # fmt: skip
+
+    group._worker_exchange = exchange
+    return sent
+
+
+def test_a_group_push_reports_its_stalest_shards_staleness():
+    group = _group_of_two()
+    _answering(group, {0: 0, 1: 3})
+    grads = {"w": np.ones(SPLIT["w"], np.float32)}
+    push = group.push(grads, 0, None, True, None, None, None, False)
+    assert push.staleness == 3 and push.applied
+    _answering(group, {0: 2, 1: 0})
+    assert group.push(grads, 0, None, True, None, None, None, False).staleness == 2
+
+
+def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_push():
+    group = _group_of_two()
+    sent = _answering(group, {0: 0, 1: 0})
+    group.push({"w": np.ones(SPLIT["w"], np.float32)}, 0, None, False, None, 8, None, False)
+    assert [h["last"] for h in sent] == [False, False]
+    assert all("samples" not in h for h in sent)  # the step's samples are not counted yet
+    sent.clear()
+    group.push({"b": np.ones(100, np.float32)}, 0, None, True, None, 8, None, False)
+    assert [(h["last"], h["samples"]) for h in sent] == [(True, 8), (True, 8)]  # closes both
 
 
 def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:

@@ -159,3 +159,28 @@ def test_a_worker_arriving_after_the_run_stopped_leaves_cleanly():
                 report = Worker(late).run()
             observer.bye()
     assert report.stopped_by_server and report.steps == 0 and report.rank == -1
+
+
+def test_the_launchers_client_holds_the_operator_key_of_an_authenticated_run(tmp_path):
+    """Under --keys only an operator key may stop the server (docs/protocol.md): the
+    launcher's own client has it, so it can end the run; a worker's key is refused."""
+    from types import SimpleNamespace
+
+    from test_server_support import running_server
+
+    from minips.protocol import auth
+    from minips.run.launch import LocalRun
+    from minips.worker.client import ServerError
+
+    auth.make_keys(tmp_path)
+    launcher = SimpleNamespace(config=SimpleNamespace(keys=str(tmp_path)))
+    with running_server(keys=auth.load_server_keys(tmp_path)) as server:
+        worker_key = auth.load_client_keys(tmp_path, auth.WORKER)
+        with PSClient(server.endpoint, timeout=5.0, keys=worker_key) as worker:
+            with pytest.raises(ServerError) as refused:
+                worker.stop()
+            assert refused.value.code == "operator"
+        with LocalRun._operator(launcher, server.endpoint) as operator:
+            operator.timeout = 5.0  # the launcher's 1 s is for a server that may be gone
+            operator.stop()
+        assert server.stop.requested

@@ -85,6 +85,15 @@ def test_dmlc_roles_and_counts():
     assert (worker.dmlc_role, worker.dmlc_worker_id) == ("worker", 2)
 
 
+def test_under_dmlc_master_addr_overrides_the_root_uri_and_the_port_stays_dmlcs():
+    """MASTER_ADDR wins under every launcher (the sbatch idiom exports it); under DMLC the
+    port is still DMLC_PS_ROOT_PORT (MASTER_PORT is torch's), and an empty MASTER_ADDR
+    counts as unset."""
+    launch = read_launch_env({**DMLC_SERVER, "MASTER_ADDR": "head", "MASTER_PORT": "7000"})
+    assert launch.root == "tcp://head:9092"
+    assert read_launch_env({**DMLC_SERVER, "MASTER_ADDR": ""}).root == "tcp://10.10.1.4:9092"
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -22,11 +22,16 @@ from minips.run.plan_samples import sample_cost
 from minips.run.plan_table import format_table
 from minips.run.planner import (
     MIN_GAIN,
+    SF16,
     WAIT_FREE_GAIN,
     Cluster,
     Measured,
     Network,
+    ParamChoice,
+    delta,
     make_plan,
+    predict_step,
+    push_ladder,
 )
 from minips.worker.netlimit import Link
 
@@ -181,6 +186,30 @@ def test_the_compute_is_shared_by_the_workers_and_the_server():
     assert shared["up_bytes_per_step"] + shared["down_bytes_per_step"] >= (
         alone["up_bytes_per_step"] + alone["down_bytes_per_step"]
     )
+
+
+def test_the_server_encodes_a_delta_pull_per_worker_and_an_fp16_pull_once_per_version():
+    """4 workers on 8 cores (no contention): the delta (from each worker's replica) costs
+    the server 4 x its 3 ms a round, the shared fp16 copy its 2 ms once."""
+    pulls = {("fc1.w", "pull", "fp16"): CodecTime(0.0, 2.0, False),
+             ("fc1.w", "pull", "delta 10% fp16 warm-up 20"): CodecTime(0.0, 3.0, True)}  # fmt: skip
+    measured = Measured([LayerTime("fc1", "fc", 1.0, 1.0)], pulls)
+    cluster = Cluster(workers=4, cores=8)
+    server_ms = []
+    for rung in (0, 1):
+        choice = ParamChoice("fc1.w", "fc1", (784, 256), ["dense"], ["fp16", delta(0.1)],
+                             pull_rung=rung)  # fmt: skip
+        server_ms.append(predict_step(measured, [choice], 64, cluster, None, False)["server"])
+    assert server_ms == [pytest.approx(2.0), pytest.approx(12.0)]
+
+
+def test_sufficient_factors_are_offered_only_where_they_are_smaller_than_the_weight():
+    """Poseidon's rule: B (in + out) < in x out, strictly (equal bytes: nothing saved)."""
+    assert SF16 in push_ladder((784, 256), "fc", 64)  # 66,560 < 200,704
+    assert SF16 not in push_ladder((784, 256), "fc", 256)  # 266,240 > 200,704
+    assert SF16 in push_ladder((128, 128), "fc", 63)  # 16,128 < 16,384
+    assert SF16 not in push_ladder((128, 128), "fc", 64)  # 16,384 = 16,384
+    assert SF16 not in push_ladder((784, 256), "other", 1)  # fc matrices only
 
 
 RATES = ["10gbit", "1gbit", "300mbit", "100mbit", "50mbit", "20mbit", "5mbit"]

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, make_params, running_server, snapshot
 
+from minips.errors import DataError
 from minips.protocol.sampling import Sampler
+from minips.rules.state import StateReader
 from minips.worker.client import PSClient
 
 RULES = {  # rule -> (its options, the server's momentum)
@@ -107,3 +109,20 @@ def test_a_resumed_workers_state_is_forgotten_when_it_does_not_come_back(tmp_pat
                 back.ping()
                 time.sleep(0.05)
             assert list(resumed.rule.state()["workers"]) == ["w1"]
+
+
+def test_a_rule_state_naming_a_worker_index_past_the_list_is_a_data_error():
+    """rule/velocity/i names worker i of rule/workers: i = len(workers) is one past the
+    end (a damaged checkpoint), a one-line DataError naming the key; i = len - 1 reads."""
+    params = make_params()
+    w = np.zeros(SHAPES["fc.w"], np.float32)
+    workers = np.array(["w0", "w1"])
+    found = StateReader({"workers": workers, "velocity/1/fc.w": w}, params)
+    assert list(found.worker_arrays("velocity")) == ["w1"]
+    for index in ("2", "3"):
+        reader = StateReader({"workers": workers, f"velocity/{index}/fc.w": w}, params)
+        with pytest.raises(DataError, match=f"rule/velocity/{index} names no worker"):
+            reader.worker_arrays("velocity")
+    counts = StateReader({"workers": workers, "pulled_version/2": np.asarray(3)}, params)
+    with pytest.raises(DataError, match="rule/pulled_version/2 names no worker"):
+        counts.worker_numbers("pulled_version")

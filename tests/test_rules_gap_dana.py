@@ -1,5 +1,5 @@
-"""Gap-Aware, DANA and DANA-GA: every branch over real sockets against hand computations,
-and a convergence run of each.
+"""Gap-Aware, DANA and DANA-GA (minips.rules.gap, minips.rules.dana): every branch over
+real sockets against hand computations, and a convergence run of each.
 
 The hand computations repeat the rules' float32 operations in the same order (lr * gamma
 and 1 - decay**k are Python floats cast once), so parameters compare bit for bit.

@@ -70,6 +70,23 @@ def test_force_onto_a_live_run_is_refused_and_removes_nothing(tmp_path):
         assert (run / LOCK_NAME).read_text().startswith(f"pid {os.getpid()}: minips")
 
 
+def test_force_keeps_the_checkpoint_the_new_run_resumes_from_and_removes_the_rest(tmp_path):
+    """`--force --resume OUT/checkpoint.npz`: the previous run's files go, the one the new
+    run starts from stays as it was, however its path is spelled."""
+    run = tmp_path / "run"
+    _a_finished_run(run)
+    (run / "checkpoint.npz").write_bytes(b"the model to resume")
+    (run / "checkpoint.prev.npz").write_bytes(b"an older one")
+    (run / "logs").mkdir()
+    (run / "logs" / "server.log").write_text("old\n")
+    with claim_run_dir(run, force=True, keep=run / "logs" / ".." / "checkpoint.npz"):
+        left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+        assert left == ["checkpoint.npz", LOCK_NAME]
+        assert (run / "checkpoint.npz").read_bytes() == b"the model to resume"
+    with claim_run_dir(run, force=True):  # nothing to keep: it goes too
+        assert sorted(p.name for p in run.iterdir() if p.is_file()) == [LOCK_NAME]
+
+
 def test_a_launched_server_joins_its_runs_lock_and_holds_it_past_its_launcher(tmp_path):
     run = tmp_path / "run"
     _a_finished_run(run)

@@ -94,6 +94,26 @@ def test_a_summary_of_the_final_version_is_finished(tmp_path):
     assert "NOT THE FINAL MODEL" not in format_report(summarize(load_run(tmp_path)))
 
 
+def test_a_groups_summary_row_is_each_shards_last_generation_and_its_own_restarts(tmp_path):
+    """Shard 1 crashed once and was restarted (its second generation's log): its row has
+    the counters of its last `server` record, and only its own restart; the root's row
+    none of shard 1's."""
+    run_dir = _run_dir(tmp_path, [{"version": 10, "accuracy": 0.8}], 10)
+    generations = [(3.0, {"version": 4, "updates": 4, "bytes_in": 100}),
+                   (9.0, {"version": 10, "updates": 10, "bytes_in": 300})]  # fmt: skip
+    for generation, (when, stats) in enumerate(generations):
+        record = {"event": "server", "time": when, "stats": stats}
+        run_dir.updates_log(generation, shard=1).write_text(json.dumps(record) + "\n")
+    restarts = [{"shard": 1, "updates_lost": 2}]
+    summary = write_results(run_dir, "asgd", 1, 10.0, {"server": 0}, restarts=restarts,
+                            servers=2)  # fmt: skip
+    rows = {row["shard"]: row for row in summary["shards"]}
+    assert (rows[1]["updates"], rows[1]["version"], rows[1]["bytes_up"]) == (10, 10, 300)
+    assert (rows[1]["restarts"], rows[1]["updates_lost"]) == (1, 2)
+    assert (rows[0]["restarts"], rows[0]["updates_lost"]) == (0, 0)
+    assert summary["restarts"] == 1 and summary["bytes_up"] == 300
+
+
 def _checkpoint(path: Path, version: int) -> None:
     """A checkpoint of the FAST model (untrained weights) at `version`."""
     spec = {"name": "mlp", "kwargs": {}}

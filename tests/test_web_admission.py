@@ -243,6 +243,21 @@ def test_messages_in_flight_stay_within_the_memory_bound():
         assert any("memory bound" in reason for reason in gw.gateway.stats.refused)
 
 
+def test_a_relayed_message_gives_back_its_bytes_and_its_frame_header():
+    # A long class sends many messages on one WebSocket: each gives back all it took from
+    # the budget, its frame header too (6, 8 and 14 bytes: payloads under 126 bytes, under
+    # 64 KiB, and past), or the budget runs out message by message (1009).
+    with running_server() as server, start_gateway(server.endpoint) as gw:
+        budget, stats = gw.gateway.budget, gw.gateway.stats
+        with connect(_ws_url(gw)) as ws:
+            assert _request(ws, {"op": "stats", "rid": 0})["op"] == "stats"
+            for rid, pad in enumerate((0, 200, 70_000, 0, 200, 70_000), start=1):
+                header = {"v": 1, "op": "stats", "rid": rid, "pad": "x" * pad}
+                ws.send(pack_frames([msgpack.packb(header)]))
+            _until(lambda: stats.messages_up == 7, "the gateway to relay the 7 messages")
+            assert budget.held == 0
+
+
 async def _send_big_at_once(url: str, n: int, size: int) -> list[int | None]:
     """n WebSockets each send one message of `size` bytes at once (a header frame too big
     for the server, which answers `too_large`); each one's close code, None: answered.

@@ -70,6 +70,30 @@ def test_a_ranks_live_row_wins_whatever_the_order_of_its_rows():
     done = _stats(_row(1, False, finished=True), _row(1, False, worker="w1-again"))
     assert browser_seats(done) == {1: "finished"}  # finished beats left, in either order
     assert browser_seats(_stats(*reversed(done["workers"]))) == {1: "finished"}
+    again = _stats(_row(2, False, finished=True), _row(2, True, worker="w2-again"))
+    assert browser_seats(again) == {2: "training"}  # a live replacement beats finished
+    assert browser_seats(_stats(*reversed(again["workers"]))) == {2: "training"}
+    watch = SeatWatch(slots=1, join_wait=10.0, started=0.0)
+    assert watch.update(again, now=50.0) == [] and watch.pending(again, now=50.0)
+
+
+def test_a_seat_given_up_then_taken_back_and_left_again_is_announced_again():
+    watch = SeatWatch(slots=1, join_wait=10.0, started=0.0)
+    gone = _stats(_row(0, False))
+    watch.update(gone, now=1.0)
+    notice = (
+        "the browser on rank 0 left and did not come back within 10 s: "
+        "the run goes on with the workers it has"
+    )
+    assert watch.update(gone, now=11.0) == [notice]
+    back = _stats(_row(0, False), _row(0, True, worker="w0-again"))
+    assert watch.update(back, now=12.0) == [] and watch.pending(back, now=12.0)
+    gone_again = _stats(_row(0, False), _row(0, False, worker="w0-again"))
+    assert watch.update(gone_again, now=13.0) == [] and watch.pending(gone_again, now=13.0)
+    assert watch.update(gone_again, now=22.9) == [] and watch.pending(gone_again, now=22.9)
+    assert watch.update(gone_again, now=23.0) == [notice]  # the second leave, told too
+    assert not watch.pending(gone_again, now=23.0)
+    assert watch.update(gone_again, now=40.0) == []  # once per leave
 
 
 WIN = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"

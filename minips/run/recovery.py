@@ -220,7 +220,7 @@ class ServerRestarts:
         if self.refused is None:
             return
         what = "the server" if self.shard == 0 else f"shard {self.shard}"
-        codes = [r.exit_code for r in self.restarts] + [child.code()]
+        codes = [r.exit_code for r in self.restarts if not r.rolled_back] + [child.code()]
         log_file = logs / f"{child.log_name}.log"
         raise MinipsError(
             f"{what} crashed {len(codes)} times (exit codes {', '.join(map(str, codes))}),"
