@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from minips.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.protocol.auth import ClientKeys
 from minips.web.slots import agent_name
 from minips.worker.client import PSClient, ServerUnavailable
+from minips.worker.first_contact import keys_hint
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
 RATE_WINDOW = 3.0  # seconds of server uptime a rate is averaged over
@@ -112,7 +114,9 @@ class Collector:
     `wait_newer(seq, timeout)` blocks until a snapshot newer than `seq` exists (for SSE).
     updates: the server's update logs (tails.UpdateTail), for the staleness histogram and
     each rank's staleness. keys: the client keys of an authenticated server (`stats` is open
-    to every admitted key).
+    to every admitted key). on_notice: told, in one line, when nothing answers at `connect`
+    (it keeps trying), when it answers after that, and when a live server stops answering;
+    the snapshot's `notice` is the same line while it holds.
     """
 
     def __init__(
@@ -122,8 +126,11 @@ class Collector:
         interval: float = 1.0,
         updates: UpdateTail | None = None,
         keys: ClientKeys | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self.connect = connect
+        self.on_notice = on_notice
+        self.notice: str | None = None
         self.interval = interval
         self.keys = keys
         self.evals = EvalTail(metrics_path)
@@ -190,8 +197,27 @@ class Collector:
                 self.evals.poll()
                 self.updates.poll()
                 if not self._polling.is_set():  # finish() may have published the end
+                    self._tell(stats, self._next_phase(stats))
                     self._publish(stats)
                 self._polling.wait(self.interval)
+
+    def _tell(self, stats: dict[str, Any] | None, phase: str) -> None:
+        """One line when what the server does changes (phase: the one this poll leads to):
+        nothing answers (yet, or any more), or it answers again."""
+        if stats is not None and self.notice is not None:
+            self.notice = None
+            line = f"{self.connect} answers: {phase}"
+        elif stats is None and phase in ("connecting", "lost") and self.notice is None:
+            line = self.notice = (
+                f"nothing answers at {self.connect} (still trying): is the server started, "
+                f"and is the address right? {keys_hint(self.keys)}"
+                if phase == "connecting"
+                else f"the server at {self.connect} stopped answering (still trying)"
+            )
+        else:
+            return
+        if self.on_notice is not None:
+            self.on_notice(line)
 
     def _next_phase(self, stats: dict[str, Any] | None) -> str:
         if self.phase == "finished":
@@ -233,6 +259,7 @@ class Collector:
         snapshot["phase"] = self.phase
         snapshot["summary"] = self.summary
         snapshot["error"] = self.error
+        snapshot["notice"] = self.notice
         snapshot["history"] = list(self.history)
         snapshot["evals"] = list(self.evals.records)
         snapshot["staleness_histogram"] = self.updates.bins()

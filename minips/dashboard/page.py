@@ -173,8 +173,8 @@ function showFinal(s) {
 
 function showStatus(s, gone) {
   const status = document.getElementById("status");
-  const words = { connecting: "connecting...", live: "live", stopping: "stopping",
-    finished: "finished", lost: "no answer from the server: " + (s.error || "") };
+  const words = { connecting: s.notice || "connecting...", live: "live", stopping: "stopping",
+    finished: "finished", lost: s.notice || "no answer from the server: " + (s.error || "") };
   status.textContent = s.phase === "finished" ? "finished" : gone ? "the dashboard has stopped (its run ended)" : words[s.phase] || s.phase;
   status.className = gone && s.phase !== "finished" ? "lost" : s.phase;
   document.body.dataset.phase = s.phase;

@@ -103,7 +103,7 @@ def launch(
     if role.kind == SHARD:
         _become(shard_argv(config, env, role, run_dir))
     if role.kind == WORKER:
-        _become(worker_argv(config, env, role, run_dir))
+        _become(worker_argv(config, env, role, run_dir, startup_timeout))
     return coordinate(config, env, run_dir, eval_interval, startup_timeout)
 
 
@@ -118,11 +118,15 @@ def shard_argv(config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir) -
             "--updates-log", str(run_dir.path / "updates-shard{shard}.jsonl"), *keys]  # fmt: skip
 
 
-def worker_argv(config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir) -> list[str]:
-    """The command of a worker rank: the root's address and, when known, its rank."""
+def worker_argv(
+    config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir, startup_timeout: float = 60.0
+) -> list[str]:
+    """The command of a worker rank: the root's address and, when known, its rank; it waits
+    for the root (started by rank 0 at the same time) as long as the job may assemble."""
     rank = ["--rank", str(role.index)] if role.index is not None else []
     keys = ["--keys", config.keys, "--key-name", "worker"] if config.keys else []
     return [*MINIPS, "worker", "--connect", env.root, *rank, "--quiet",
+            "--wait", repr(startup_timeout),
             "--report", str(run_dir.worker_report("{rank}")), *keys]  # fmt: skip
 
 

@@ -248,7 +248,7 @@ class LocalRun:
         """A NumPy worker's; it fills {rank} of its report path in itself."""
         trace = ["--trace", self.config.trace] if self.config.trace and index == 0 else []
         return [
-            *MINIPS, "worker", "--connect", endpoint,
+            *MINIPS, "worker", "--connect", endpoint, "--wait", repr(self.startup_timeout),
             "--report", str(self.dir.worker_report("{rank}")), "--quiet", *trace,
             *self._client_keys(),
         ]  # fmt: skip
