@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.run.report_plan import link_text, plan_summary
 from minips.run.rundir import Run
 from minips.web.slots import agent_name
 
@@ -222,6 +223,8 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
         "staleness": distribution(every_push),
         "workers": per_worker,
     }
+    result["plan"] = plan_summary(run.path, run.config)
+    result["link"] = link_text(run.config)
     if any("dropped" in u for u in updates):  # rules that may discard a push (e.g. cutoff)
         result["dropped"] = sum(bool(u.get("dropped")) for u in updates)
     layers = value_staleness_by_layer(updates)

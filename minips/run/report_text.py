@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.run.report_plan import plan_lines
 from minips.run.versions import untested_line, version_text
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -111,6 +112,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"
     )
+    lines += plan_lines(report)
     if s.get("collapse"):
         c = s["collapse"]
         lines.append(
