@@ -362,7 +362,8 @@ class LocalRun:
             self.training_ended = self._elapsed()
             self.announce(collapse["line"])
             _stop_server(operator, self.processes["server"])
-        elif self.progress is not None:
+            return
+        if self.progress is not None:  # a stopping server's counts too: the bar's last figures
             latest = latest_eval(self.dir.eval_log)
             latest["updates"] = stats.get("updates", 0)
             self.progress(int(stats.get("samples", 0)), total, latest)
