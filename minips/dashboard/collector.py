@@ -19,7 +19,7 @@ from typing import Any
 
 from minips.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.protocol.auth import ClientKeys
-from minips.web.slots import agent_name
+from minips.web.slots import agent_name, free_ranks
 from minips.worker.client import PSClient, ServerUnavailable
 from minips.worker.first_contact import keys_hint
 
@@ -34,11 +34,20 @@ def rate(older: dict[str, Any], newer: dict[str, Any], key: str) -> float:
 
 
 def worker_state(row: dict[str, Any]) -> str:
-    """ "training" (live), "finished" (said bye after its shard), or "left" (closed its tab,
-    crashed, or declared dead: its rank is free for a replacement)."""
+    """ "waiting" (live, no push yet: its pull is held while the class assembles, or it is
+    still loading), "training" (live), "finished" (said bye after its shard), or "left"
+    (closed its tab, crashed, or declared dead: its rank is free for a replacement)."""
     if row["alive"]:
-        return "training"
+        return "training" if row["pushes"] else "waiting"
     return "finished" if row.get("finished") else "left"
+
+
+def empty_seat(rank: int) -> dict[str, Any]:
+    """The row of a rank nobody took yet: "waiting" (for a worker or a student's tab);
+    once the run ended, "never taken" (Collector._publish)."""
+    return {"rank": rank, "alive": False, "state": "waiting", "empty": True, "clock": 0,
+            "pushes": 0, "samples": 0, "samples_per_s": 0.0, "steps_per_s": 0.0, "behind": 0,
+            "bytes_in": 0, "bytes_out": 0, "host": "", "agent": "-"}  # fmt: skip
 
 
 def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,7 +87,9 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "agent": agent_name(info),
             }
         )
-    return rows
+    seen = {row["rank"] for row in rows}
+    rows += [empty_seat(rank) for rank in free_ranks(stats) if rank not in seen]
+    return sorted(rows, key=lambda row: row["rank"])
 
 
 def shard_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -255,7 +266,9 @@ class Collector:
         snapshot["workers"] = [self._with_staleness(row) for row in self._last.get("workers", [])]
         if self.phase == "finished":  # who was still training when the run ended: stopped
             for row in snapshot["workers"]:
-                row["state"] = "stopped" if row["state"] == "training" else row["state"]
+                ended = {"training": "stopped", "waiting": "never taken" if row.get("empty")
+                         else "stopped"}  # fmt: skip
+                row["state"] = ended.get(row["state"], row["state"])
         snapshot["phase"] = self.phase
         snapshot["summary"] = self.summary
         snapshot["error"] = self.error

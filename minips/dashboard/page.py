@@ -37,6 +37,7 @@ PAGE = r"""<!doctype html>
  th { background: #f0f0f0; position: sticky; top: 0; font-weight: 600; }
  td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
  td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
+ td.waiting { color: #a60; } td.never { color: #888; }
  #view-link { font-size: 12px; margin-left: 12px; color: #05a; }
  /* Projector view (?projector): a few numbers and the charts in type a class reads from the
     back of the room (48 px numbers, 22 px table at 1280x720); the charts take the height. */

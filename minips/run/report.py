@@ -188,6 +188,16 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
             "scale_mean": scales.get(rank),
             "staleness": distribution(staleness.get(rank, [])),
         }
+    # A rank of a run directory nobody ever took (a browser seat no student opened): listed
+    # as such (a `minips train` metrics file has no ranks).
+    ranks = range(int(run.config.get("workers") or 0)) if run.path.is_dir() else range(0)
+    never = [rank for rank in ranks if str(rank) not in per_worker]
+    for rank in never:
+        per_worker[str(rank)] = {"never_taken": True, "agent": None, "host": None,
+                                 "samples_per_s": None, "slowdown": None, "steps": None,
+                                 "samples": None, "scale_mean": None,
+                                 "staleness": distribution([])}  # fmt: skip
+    per_worker = dict(sorted(per_worker.items(), key=lambda item: int(item[0])))
     every_push = [tau for taus in staleness.values() for tau in taus]
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
@@ -219,6 +229,7 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
             )
         },  # fmt: skip
         "summary": summary,
+        "never_taken": len(never),
         "evals": len(evals),
         "staleness": distribution(every_push),
         "workers": per_worker,

@@ -133,6 +133,14 @@ class WorkerState:
         from `answered`, never applied twice."""
         self.highest_seq, self.answered = old.highest_seq, old.answered
 
+    def continue_totals(self, old: WorkerState) -> None:
+        """Go on from `old`'s counters: the same worker id took the same rank again (a
+        reloaded browser tab, a restarted worker), so its row counts the seat's whole work,
+        not the work since it came back."""
+        for name in ("pushes", "samples", "dropped", "extra_bytes_in", "pulls", "bytes_in",
+                     "bytes_out"):  # fmt: skip
+            setattr(self, name, getattr(old, name))
+
     def silent_for(self, now: float) -> float:
         """Seconds of silence: since its last request or the server's last reply to it,
         whichever came later (a held reply is answered late: the silence starts then)."""
@@ -301,6 +309,8 @@ class WorkerRegistry:
         old = self.by_id.get(worker_id)
         if old is not None and old.origin == origin:
             worker.continue_seq(old)
+        if old is not None and not old.observer and old.rank == worker.rank:
+            worker.continue_totals(old)
         worker.origin = origin
         self._make_room(worker_id)
         self.by_id[worker_id] = worker
