@@ -138,3 +138,24 @@ def test_a_class_with_an_empty_seat_waits_in_one_line_and_reports_it_never_taken
     assert "1 of 2 workers took part (1 seat never taken)" in report, report
     assert any(line.split()[:3] == ["1", "-", "-"] and line.endswith("never taken")
                for line in report.splitlines()), report  # fmt: skip
+
+
+def test_the_waiting_line_is_one_line_rewritten_on_a_terminal_and_printed_once_elsewhere():
+    import io
+
+    from minips.cli.progress import ProgressBar
+
+    waiting = {"seats": "1 of 4 browser seats (free: rank 3)", "then": "the run goes on"}
+    for terminal in (True, False):
+        bar = ProgressBar()
+        bar._stream, bar._on_terminal = io.StringIO(), terminal
+        for left in (20.0, 19.8, 19.6):  # the launcher asks every 0.2 s
+            bar.update(0, 4000, {"waiting": {**waiting, "left_s": left}})
+        text = bar._stream.getvalue()
+        if terminal:
+            assert text.count("\r") == 3 and "\n" not in text, text
+            assert text.endswith("waiting for 1 of 4 browser seats (free: rank 3): 20 s left, "
+                                 "then the run goes on\x1b[K")  # fmt: skip
+        else:
+            assert text == "waiting for 1 of 4 browser seats (free: rank 3): 20 s left, then " \
+                           "the run goes on\n", text  # fmt: skip

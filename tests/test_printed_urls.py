@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,11 @@ import urllib.request
 
 import pytest
 
-from tests.test_wrong_address import _free_port
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _fetch_each_printed_url(argv: list[str], prefixes: list[str]) -> dict[str, int]:
