@@ -89,7 +89,7 @@ def test_a_reloaded_tab_keeps_its_seats_totals_in_stats_and_the_report():
         with PSClient(server.endpoint, timeout=10) as operator:
             stats = operator.stats()
     rows = [w for w in stats["workers"] if w["rank"] == 0 and not w["observer"]]
-    assert [(w["pushes"], w["samples"]) for w in rows] == [(6, 384)]
+    assert [(w["steps"], w["pushes"], w["samples"]) for w in rows] == [(6, 6, 384)]
     report = report_from_stats(stats, 0)
     assert (report["steps"], report["samples"]) == (6, 384)
 
@@ -159,3 +159,41 @@ def test_the_waiting_line_is_one_line_rewritten_on_a_terminal_and_printed_once_e
         else:
             assert text == "waiting for 1 of 4 browser seats (free: rank 3): 20 s left, then " \
                            "the run goes on\n", text  # fmt: skip
+
+
+def test_a_tab_reloaded_in_chromium_keeps_its_seats_samples_and_steps(tmp_path):
+    """F5 in a real headless Chromium: the seat's row in the server's final stats (what the
+    dashboard shows and the report reads) counts its whole shard, not the work since."""
+    from test_web_browser import _done, _final_stats
+    from test_web_seats import EPOCHS, SHARD_STEPS, _server_args
+    from test_web_support import Chromium, require_browser, server_process, wait_for
+
+    from minips.web import start_gateway
+
+    require_browser()
+    browser = Chromium(tmp_path)
+    try:
+        with server_process(tmp_path, *_server_args(tmp_path, 2)) as endpoint:
+            gateway = start_gateway(endpoint)
+            try:
+                (_, reloaded), (_, other) = [browser.open(gateway.url) for _ in range(2)]
+                wait_for(lambda: browser.status(reloaded).get("steps", 0) >= 10, 60, "steps")
+                before = browser.status(reloaded)
+                browser.call("Page.reload", reloaded)  # F5
+                wait_for(lambda: _done(browser, reloaded), 120, "the reloaded tab to finish")
+                wait_for(lambda: _done(browser, other), 120, "the other tab to finish")
+            finally:
+                gateway.close()
+    finally:
+        browser.close()
+    stats = _final_stats(tmp_path / "updates.jsonl")
+    (row,) = [w for w in stats["workers"] if w["worker"] == before["workerId"]]
+    shard = EPOCHS * 1000  # synthetic: 2000 examples, two shards
+    assert shard <= row["samples"] <= shard + 64, row  # at most the step in flight, again
+    # Its steps: the shard's, plus at most the one in flight at the reload, done again (the
+    # clock, set forward to the other tab's at the rejoin, is no count of them).
+    assert row["steps"] - EPOCHS * SHARD_STEPS in (0, 1) and row["pushes"] == row["steps"], row
+    report = report_from_stats(stats, row["rank"])  # what `minips report` reads of the seat
+    assert (report["steps"], report["samples"]) == (row["steps"], row["samples"])
+    (shown,) = [r for r in worker_rows(stats, []) if r["rank"] == row["rank"]]  # the dashboard
+    assert (shown["steps"], shown["samples"]) == (row["steps"], row["samples"])

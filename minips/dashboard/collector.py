@@ -45,7 +45,7 @@ def worker_state(row: dict[str, Any]) -> str:
 def empty_seat(rank: int) -> dict[str, Any]:
     """The row of a rank nobody took yet: "waiting" (for a worker or a student's tab);
     once the run ended, "never taken" (Collector._publish)."""
-    return {"rank": rank, "alive": False, "state": "waiting", "empty": True, "clock": 0,
+    return {"rank": rank, "alive": False, "state": "waiting", "empty": True, "clock": 0, "steps": 0,
             "pushes": 0, "samples": 0, "samples_per_s": 0.0, "steps_per_s": 0.0, "behind": 0,
             "bytes_in": 0, "bytes_out": 0, "host": "", "agent": "-"}  # fmt: skip
 
@@ -76,6 +76,7 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "alive": w["alive"],
                 "state": worker_state(w),
                 "clock": w["clock"],
+                "steps": w.get("steps", w["clock"]),  # a server without the count: its clock
                 "pushes": w["pushes"],
                 "samples": w["samples"],
                 "samples_per_s": samples_per_s,

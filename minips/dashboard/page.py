@@ -213,7 +213,7 @@ function render(s) {
   body.replaceChildren(...workers.map(w => {
     const tr = document.createElement("tr"); tr.dataset.rank = w.rank;
     const cells = [["rank", w.rank, w.rank], ["agent", w.agent, w.agent], ["host", w.host, w.host || "-"],
-      ["state", w.state, w.state], ["clock", w.clock, fmt(w.clock)], ["samples", w.samples, fmt(w.samples)],
+      ["state", w.state, w.state], ["steps", w.steps, fmt(w.steps)], ["samples", w.samples, fmt(w.samples)],
       ["samples_per_s", w.samples_per_s, fmt(w.samples_per_s, 0)], ["steps_per_s", w.steps_per_s, fmt(w.steps_per_s, 1)],
       ["behind", w.behind, fmt(w.behind)], ["staleness_mean", w.staleness_mean, fmt(w.staleness_mean)],
       ["staleness_max", w.staleness_max, fmt(w.staleness_max)], ["scale_mean", w.scale_mean, fmt(w.scale_mean, 3)],

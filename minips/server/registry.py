@@ -102,7 +102,8 @@ class WorkerState:
     finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     refused: str | None = None  # why it left at once: it cannot follow the run (bye `refused`)
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
-    clock: int = 0  # completed steps (pushes with `last`)
+    clock: int = 0  # completed steps (pushes with `last`); set forward at a rejoin
+    steps: int = 0  # completed steps, counted (never set forward)
     pushes: int = 0
     samples: int = 0  # training examples its pushes reported
     dropped: int = 0  # accepted pushes the rule dropped without applying (DASGD cutoff)
@@ -137,8 +138,8 @@ class WorkerState:
         """Go on from `old`'s counters: the same worker id took the same rank again (a
         reloaded browser tab, a restarted worker), so its row counts the seat's whole work,
         not the work since it came back."""
-        for name in ("pushes", "samples", "dropped", "extra_bytes_in", "pulls", "bytes_in",
-                     "bytes_out"):  # fmt: skip
+        for name in ("steps", "pushes", "samples", "dropped", "extra_bytes_in", "pulls",
+                     "bytes_in", "bytes_out"):  # fmt: skip
             setattr(self, name, getattr(old, name))
 
     def silent_for(self, now: float) -> float:
@@ -222,6 +223,7 @@ class WorkerState:
             "finished": self.finished,
             "observer": self.observer,
             "clock": self.clock,
+            "steps": self.steps,
             "pushes": self.pushes,
             "samples": self.samples,
             "dropped": self.dropped,
