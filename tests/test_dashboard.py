@@ -312,7 +312,7 @@ def test_page_in_chromium_shows_the_servers_stats(live):
     assert [int(w["rank"]) for w in page["workers"]] == sorted(rows)
     for w in page["workers"]:
         row = rows[int(w["rank"])]
-        for key in ("clock", "samples", "bytes_in", "bytes_out"):
+        for key in ("steps", "samples", "bytes_in", "bytes_out"):
             assert int(w[key]) == row[key], (key, w, row)
         assert w["state"] == "left" and w["agent"] == "numpy"  # --max-steps: before its epochs
     assert "test accuracy vs samples" not in page["text"]  # drawn on canvas, not text

@@ -100,7 +100,7 @@ def test_a_class_of_30_fits_1280x720_and_the_end_is_kept(tmp_path):
                 deadline = time.monotonic() + 60
                 while True:
                     page = json.loads(tools.evaluate(READ_PAGE) or "{}")
-                    pushed = [int(w.get("clock") or 0) for w in page.get("workers", [])]
+                    pushed = [int(w.get("steps") or 0) for w in page.get("workers", [])]
                     if len(pushed) == CLASS and min(pushed) >= 4 and page["evals"] >= 2:
                         break
                     assert time.monotonic() < deadline, page

@@ -47,7 +47,7 @@ def _read_page(tools) -> dict:
 
 def _trained_a_while(page: dict) -> bool:
     """Both workers have pushed, 30 updates, 3 evaluations: curves worth a screenshot."""
-    pushes = [int(w.get("clock") or 0) for w in page["workers"]]
+    pushes = [int(w.get("steps") or 0) for w in page["workers"]]
     updates = int(page["stats"].get("stat-updates") or 0)
     return page["evals"] >= 3 and len(pushes) == 2 and min(pushes) > 0 and updates >= 30
 
@@ -142,7 +142,7 @@ def _check_page_against_stats(page: dict, before: dict, stats: dict, evals: list
     assert [int(w["rank"]) for w in page["workers"]] == sorted(rows) == [0, 1]
     for w in page["workers"]:
         row = rows[int(w["rank"])]
-        for key in ("clock", "samples", "bytes_in"):
+        for key in ("steps", "samples", "bytes_in"):
             assert int(w[key]) == row[key], (key, w, row)
         assert w["state"] == "training" and w["agent"] == "numpy"
 

@@ -62,6 +62,9 @@ def client_keys(directory: str | None, name: str) -> ClientKeys | None:
 @click.option("--timeout", type=FiniteFloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds to wait for each reply (keep it under the "
               "server's heartbeat timeout, 30 s by default).")  # fmt: skip
+@click.option("--wait", type=FiniteFloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds to wait for the server's first reply (one "
+              "started later is waited for) before saying nothing answers.")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write the worker's report here ({rank} is replaced by its rank).")  # fmt: skip
 @click.option(
@@ -84,6 +87,7 @@ def worker(
     rank: int | None,
     worker_id: str | None,
     timeout: float,
+    wait: float,
     report: str | None,
     bandwidth: str | None,
     trace: str | None,
@@ -103,7 +107,11 @@ def worker(
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
     with PSClient(
-        connect, timeout=timeout, worker_id=worker_id, keys=client_keys(keys, key_name)
+        connect,
+        timeout=timeout,
+        worker_id=worker_id,
+        keys=client_keys(keys, key_name),
+        first_wait=wait,
     ) as client:
         click.echo(f"worker on {socket.gethostname()}: joining {connect} ...")
 

@@ -50,7 +50,7 @@ def dashboard(
 
     connect = normalize(connect, "--connect", wildcard_port=False)  # not in the polling thread
     client_keys = load_client_keys(keys, key_name) if keys else None
-    url, stop = start_dashboard(connect, metrics, listen, updates_log, client_keys)
+    url, stop = start_dashboard(connect, metrics, listen, updates_log, client_keys, _say)
     click.echo(f"dashboard for {connect} on {url} (Ctrl-C stops it)")
     click.echo(f"projector view: {url}?projector")
     try:
@@ -58,3 +58,8 @@ def dashboard(
             time.sleep(3600)
     finally:
         stop()
+
+
+def _say(line: str) -> None:
+    """What the page's poller says about the server (nothing answers; it answers again)."""
+    click.echo(line)

@@ -16,6 +16,7 @@ import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
 from minips.cli.options import config_options
+from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
 
 
@@ -66,7 +67,10 @@ def launch(
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
         threads = os.environ.get("OPENBLAS_NUM_THREADS", "?")
         click.echo(f"BLAS threads per process: {threads} (OPENBLAS_NUM_THREADS; set it to change)")
-    summary = take_role(config, env, Path(out), eval_interval, startup_timeout)
+    # The same progress as `minips run` on rank 0 (a shard or a worker becomes its own
+    # command before any progress, and never returns here).
+    with ProgressBar() as bar:
+        summary = take_role(config, env, Path(out), eval_interval, startup_timeout, bar.update)
     click.echo(
         f"{summary['samples']} samples, {summary['updates']} updates in {summary['wall_s']:.1f} s "
         f"by {summary['workers']} workers and {summary.get('servers', 1)} servers"

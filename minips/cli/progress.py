@@ -32,7 +32,8 @@ class ProgressBar:
         self._total = 0
         self._latest: dict[str, Any] = {}
         self._last_line: float | None = None  # time.monotonic() of the last progress line
-        self._shown = -1  # `done` at the last progress line
+        self._shown: tuple[int, int] | None = None  # (done, total) at the last progress line
+        self._waiting: str | None = None  # the seats the last waiting line named
 
     def __enter__(self) -> ProgressBar:
         return self
@@ -40,11 +41,20 @@ class ProgressBar:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
-        elif self._total and self._shown != self._done:
+        elif self._total and self._shown != (self._done, self._total):
             self._line()  # the last figures, whatever the interval
 
     def update(self, done: int, total: int, latest: dict[str, Any]) -> None:
-        """Move the bar to `done` of `total` samples."""
+        """Move the bar to `done` of `total` samples. Before the first sample, while the
+        run waits for browser seats (latest["waiting"]: SeatWatch.waiting), one line that
+        says so instead: counting down in place on a terminal, else printed again only
+        when the free seats change."""
+        if latest.get("waiting") and done == 0:
+            self._wait(latest["waiting"])
+            return
+        if self._waiting is not None and self._on_terminal:
+            self._stream.write("\n")  # keep the last waiting line; the bar starts below
+        self._waiting = None
         self._total, self._latest = total, latest
         if not self._on_terminal:
             self._done = max(done, self._done)
@@ -58,8 +68,20 @@ class ProgressBar:
         label = _label(self._latest)
         if label:
             self._bar.label = label
+        if self._bar.length != total:  # the seats taken changed what the run will train
+            self._bar.length = total
         self._bar.update(max(0, done - self._done))
         self._done = max(done, self._done)
+
+    def _wait(self, waiting: dict[str, Any]) -> None:
+        seats = waiting["seats"]
+        line = f"waiting for {seats}: {waiting['left_s']:.0f} s left, then {waiting['then']}"
+        if self._on_terminal:
+            self._stream.write(f"\r{line}\x1b[K")  # the same line, rewritten
+            self._stream.flush()
+        elif seats != self._waiting:
+            click.echo(line, file=self._stream)
+        self._waiting = seats
 
     def _line(self) -> None:
         percent = 100 * self._done / self._total if self._total else 0
@@ -69,7 +91,7 @@ class ProgressBar:
             + (f" {figures}" if figures else ""),
             file=self._stream,
         )
-        self._last_line, self._shown = time.monotonic(), self._done
+        self._last_line, self._shown = time.monotonic(), (self._done, self._total)
 
 
 def _label(latest: dict[str, Any]) -> str:

@@ -198,15 +198,17 @@ def start_dashboard(
     listen: str = "127.0.0.1:8050",
     updates: UpdateTail | str | Path | None = None,
     keys: ClientKeys | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Serve the dashboard for the server at `connect`; return (page URL, stop function).
 
     listen "HOST:PORT" (port 0: any free port; the URL says which). updates: the server's
     update log (a path, or a tails.UpdateTail), for the staleness histogram. keys: the
-    client keys of an authenticated server. Runs in daemon threads; call the stop function
-    to close the HTTP server and the `stats` poller.
+    client keys of an authenticated server. on_notice: told in one line when nothing
+    answers at `connect` and when it answers again (Collector). Runs in daemon threads;
+    call the stop function to close the HTTP server and the `stats` poller.
     """
-    url, collector, stop = _serve(connect, metrics_path, listen, updates, keys)
+    url, collector, stop = _serve(connect, metrics_path, listen, updates, keys, on_notice)
     return url, stop
 
 
@@ -216,11 +218,12 @@ def _serve(
     listen: str,
     updates: UpdateTail | str | Path | None,
     keys: ClientKeys | None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> tuple[str, Collector, Callable[[], None]]:
     host, port = parse_listen(listen)
     if not isinstance(updates, UpdateTail):
         updates = UpdateTail(single_log(updates))
-    collector = Collector(connect, metrics_path, updates=updates, keys=keys)
+    collector = Collector(connect, metrics_path, updates=updates, keys=keys, on_notice=on_notice)
     try:
         httpd = BoundedHTTPServer((host, port), _handler(collector))
     except OSError as exc:

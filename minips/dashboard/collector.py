@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from minips.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.protocol.auth import ClientKeys
-from minips.web.slots import agent_name
+from minips.web.slots import agent_name, free_ranks
 from minips.worker.client import PSClient, ServerUnavailable
+from minips.worker.first_contact import keys_hint
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
 RATE_WINDOW = 3.0  # seconds of server uptime a rate is averaged over
@@ -32,11 +34,20 @@ def rate(older: dict[str, Any], newer: dict[str, Any], key: str) -> float:
 
 
 def worker_state(row: dict[str, Any]) -> str:
-    """ "training" (live), "finished" (said bye after its shard), or "left" (closed its tab,
-    crashed, or declared dead: its rank is free for a replacement)."""
+    """ "waiting" (live, no push yet: its pull is held while the class assembles, or it is
+    still loading), "training" (live), "finished" (said bye after its shard), or "left"
+    (closed its tab, crashed, or declared dead: its rank is free for a replacement)."""
     if row["alive"]:
-        return "training"
+        return "training" if row["pushes"] else "waiting"
     return "finished" if row.get("finished") else "left"
+
+
+def empty_seat(rank: int) -> dict[str, Any]:
+    """The row of a rank nobody took yet: "waiting" (for a worker or a student's tab);
+    once the run ended, "never taken" (Collector._publish)."""
+    return {"rank": rank, "alive": False, "state": "waiting", "empty": True, "clock": 0, "steps": 0,
+            "pushes": 0, "samples": 0, "samples_per_s": 0.0, "steps_per_s": 0.0, "behind": 0,
+            "bytes_in": 0, "bytes_out": 0, "host": "", "agent": "-"}  # fmt: skip
 
 
 def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,6 +76,7 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "alive": w["alive"],
                 "state": worker_state(w),
                 "clock": w["clock"],
+                "steps": w.get("steps", w["clock"]),  # a server without the count: its clock
                 "pushes": w["pushes"],
                 "samples": w["samples"],
                 "samples_per_s": samples_per_s,
@@ -76,7 +88,9 @@ def worker_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dic
                 "agent": agent_name(info),
             }
         )
-    return rows
+    seen = {row["rank"] for row in rows}
+    rows += [empty_seat(rank) for rank in free_ranks(stats) if rank not in seen]
+    return sorted(rows, key=lambda row: row["rank"])
 
 
 def shard_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,7 +126,9 @@ class Collector:
     `wait_newer(seq, timeout)` blocks until a snapshot newer than `seq` exists (for SSE).
     updates: the server's update logs (tails.UpdateTail), for the staleness histogram and
     each rank's staleness. keys: the client keys of an authenticated server (`stats` is open
-    to every admitted key).
+    to every admitted key). on_notice: told, in one line, when nothing answers at `connect`
+    (it keeps trying), when it answers after that, and when a live server stops answering;
+    the snapshot's `notice` is the same line while it holds.
     """
 
     def __init__(
@@ -122,8 +138,11 @@ class Collector:
         interval: float = 1.0,
         updates: UpdateTail | None = None,
         keys: ClientKeys | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self.connect = connect
+        self.on_notice = on_notice
+        self.notice: str | None = None
         self.interval = interval
         self.keys = keys
         self.evals = EvalTail(metrics_path)
@@ -190,8 +209,27 @@ class Collector:
                 self.evals.poll()
                 self.updates.poll()
                 if not self._polling.is_set():  # finish() may have published the end
+                    self._tell(stats, self._next_phase(stats))
                     self._publish(stats)
                 self._polling.wait(self.interval)
+
+    def _tell(self, stats: dict[str, Any] | None, phase: str) -> None:
+        """One line when what the server does changes (phase: the one this poll leads to):
+        nothing answers (yet, or any more), or it answers again."""
+        if stats is not None and self.notice is not None:
+            self.notice = None
+            line = f"{self.connect} answers: {phase}"
+        elif stats is None and phase in ("connecting", "lost") and self.notice is None:
+            line = self.notice = (
+                f"nothing answers at {self.connect} (still trying): is the server started, "
+                f"and is the address right? {keys_hint(self.keys)}"
+                if phase == "connecting"
+                else f"the server at {self.connect} stopped answering (still trying)"
+            )
+        else:
+            return
+        if self.on_notice is not None:
+            self.on_notice(line)
 
     def _next_phase(self, stats: dict[str, Any] | None) -> str:
         if self.phase == "finished":
@@ -229,10 +267,13 @@ class Collector:
         snapshot["workers"] = [self._with_staleness(row) for row in self._last.get("workers", [])]
         if self.phase == "finished":  # who was still training when the run ended: stopped
             for row in snapshot["workers"]:
-                row["state"] = "stopped" if row["state"] == "training" else row["state"]
+                ended = {"training": "stopped", "waiting": "never taken" if row.get("empty")
+                         else "stopped"}  # fmt: skip
+                row["state"] = ended.get(row["state"], row["state"])
         snapshot["phase"] = self.phase
         snapshot["summary"] = self.summary
         snapshot["error"] = self.error
+        snapshot["notice"] = self.notice
         snapshot["history"] = list(self.history)
         snapshot["evals"] = list(self.evals.records)
         snapshot["staleness_histogram"] = self.updates.bins()

@@ -37,6 +37,7 @@ PAGE = r"""<!doctype html>
  th { background: #f0f0f0; position: sticky; top: 0; font-weight: 600; }
  td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
  td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
+ td.waiting { color: #a60; } td.never { color: #888; }
  #view-link { font-size: 12px; margin-left: 12px; color: #05a; }
  /* Projector view (?projector): a few numbers and the charts in type a class reads from the
     back of the room (48 px numbers, 22 px table at 1280x720); the charts take the height. */
@@ -173,8 +174,8 @@ function showFinal(s) {
 
 function showStatus(s, gone) {
   const status = document.getElementById("status");
-  const words = { connecting: "connecting...", live: "live", stopping: "stopping",
-    finished: "finished", lost: "no answer from the server: " + (s.error || "") };
+  const words = { connecting: s.notice || "connecting...", live: "live", stopping: "stopping",
+    finished: "finished", lost: s.notice || "no answer from the server: " + (s.error || "") };
   status.textContent = s.phase === "finished" ? "finished" : gone ? "the dashboard has stopped (its run ended)" : words[s.phase] || s.phase;
   status.className = gone && s.phase !== "finished" ? "lost" : s.phase;
   document.body.dataset.phase = s.phase;
@@ -212,7 +213,7 @@ function render(s) {
   body.replaceChildren(...workers.map(w => {
     const tr = document.createElement("tr"); tr.dataset.rank = w.rank;
     const cells = [["rank", w.rank, w.rank], ["agent", w.agent, w.agent], ["host", w.host, w.host || "-"],
-      ["state", w.state, w.state], ["clock", w.clock, fmt(w.clock)], ["samples", w.samples, fmt(w.samples)],
+      ["state", w.state, w.state], ["steps", w.steps, fmt(w.steps)], ["samples", w.samples, fmt(w.samples)],
       ["samples_per_s", w.samples_per_s, fmt(w.samples_per_s, 0)], ["steps_per_s", w.steps_per_s, fmt(w.steps_per_s, 1)],
       ["behind", w.behind, fmt(w.behind)], ["staleness_mean", w.staleness_mean, fmt(w.staleness_mean)],
       ["staleness_max", w.staleness_max, fmt(w.staleness_max)], ["scale_mean", w.scale_mean, fmt(w.scale_mean, 3)],

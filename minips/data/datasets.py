@@ -289,6 +289,24 @@ def load_dataset(
     raise DataError(f"dataset {name!r} not found (looked in {looked}); {hint}")
 
 
+def check_dataset_files(name: str, data_dir: str | Path | None = None) -> None:
+    """Read and check every file ``load_dataset(name, data_dir)`` would train and test on,
+    without normalising: a one-line DataError naming the file by its full path when one is
+    missing, truncated or corrupt (what `minips run` asks before any process starts)."""
+    check_name(name)
+    if name == "synthetic":
+        return
+    found = find_dataset(name, data_dir)
+    if found is None:
+        load_dataset(name, data_dir)  # it words the error: where it looked
+        return
+    paths = idx_paths(Path(found))
+    assert paths is not None  # find_dataset found all four
+    raw = {role: read_idx(path.absolute()) for role, path in paths.items()}
+    _check_pair(raw["train_images"], raw["train_labels"], "training", found)
+    _check_pair(raw["test_images"], raw["test_labels"], "test", found)
+
+
 def iterate_batches(
     x: np.ndarray,
     y: np.ndarray,

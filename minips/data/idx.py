@@ -51,7 +51,7 @@ def read_idx_bytes(path: str | Path) -> bytes:
     except (OSError, EOFError, zlib.error) as exc:
         # gzip raises BadGzipFile (an OSError) for bad headers, EOFError for a stream that
         # stops early and zlib.error for damaged deflate data: all mean "corrupt download".
-        raise DataError(f"{path.name}: corrupt gzip stream: {exc}") from None
+        raise DataError(f"{path}: corrupt gzip stream: {exc}") from None
 
 
 def parse_idx(data: bytes, name: str = "<bytes>") -> np.ndarray:
@@ -93,11 +93,11 @@ def read_idx(path: str | Path) -> np.ndarray:
     """Read an IDX file (gzipped or raw) into an array of shape ``dims`` and native byte order.
 
     Every problem (missing file, corrupt gzip, bad magic, wrong size) is a one-line DataError
-    that starts with the file name, e.g. ``train-images-idx3-ubyte.gz: truncated IDX file:
-    expected 47040000 bytes of data, found 1000``.
+    that starts with the file's path as given, e.g. ``data/train-images-idx3-ubyte.gz:
+    truncated IDX file: expected 47040000 bytes of data, found 1000``.
     """
     path = Path(path)
-    return parse_idx(read_idx_bytes(path), name=path.name)
+    return parse_idx(read_idx_bytes(path), name=str(path))
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

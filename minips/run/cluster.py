@@ -33,6 +33,7 @@ from minips.protocol import address
 from minips.run.config import RunConfig
 from minips.run.launch import LocalRun
 from minips.run.launchenv import LaunchEnv
+from minips.run.metrics import ProgressFn
 from minips.run.prepare import prepare_run_dir
 from minips.run.processes import MINIPS
 from minips.run.rundir import RunDir
@@ -94,17 +95,18 @@ def launch(
     out: Path,
     eval_interval: float = 2.0,
     startup_timeout: float = 60.0,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Take this process's role: a shard or a worker never returns (exec); the coordinator
-    returns the run's summary."""
+    returns the run's summary (progress: told the samples trained, as `minips run`'s)."""
     role = role_of(env, config.servers)
     config = replace(config, servers=role.servers, workers=role.workers)
     run_dir = RunDir(out)
     if role.kind == SHARD:
         _become(shard_argv(config, env, role, run_dir))
     if role.kind == WORKER:
-        _become(worker_argv(config, env, role, run_dir))
-    return coordinate(config, env, run_dir, eval_interval, startup_timeout)
+        _become(worker_argv(config, env, role, run_dir, startup_timeout))
+    return coordinate(config, env, run_dir, eval_interval, startup_timeout, progress)
 
 
 def shard_argv(config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir) -> list[str]:
@@ -118,11 +120,15 @@ def shard_argv(config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir) -
             "--updates-log", str(run_dir.path / "updates-shard{shard}.jsonl"), *keys]  # fmt: skip
 
 
-def worker_argv(config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir) -> list[str]:
-    """The command of a worker rank: the root's address and, when known, its rank."""
+def worker_argv(
+    config: RunConfig, env: LaunchEnv, role: Role, run_dir: RunDir, startup_timeout: float = 60.0
+) -> list[str]:
+    """The command of a worker rank: the root's address and, when known, its rank; it waits
+    for the root (started by rank 0 at the same time) as long as the job may assemble."""
     rank = ["--rank", str(role.index)] if role.index is not None else []
     keys = ["--keys", config.keys, "--key-name", "worker"] if config.keys else []
     return [*MINIPS, "worker", "--connect", env.root, *rank, "--quiet",
+            "--wait", repr(startup_timeout),
             "--report", str(run_dir.worker_report("{rank}")), *keys]  # fmt: skip
 
 
@@ -134,7 +140,12 @@ def _become(argv: list[str]) -> NoReturn:
 
 
 def coordinate(
-    config: RunConfig, env: LaunchEnv, run_dir: RunDir, eval_interval: float, startup_timeout: float
+    config: RunConfig,
+    env: LaunchEnv,
+    run_dir: RunDir,
+    eval_interval: float,
+    startup_timeout: float,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Rank 0: prepare the run directory, serve the root and evaluate beside it, wait for
     the group and the workers (at most `startup_timeout` s), write the results."""
@@ -143,7 +154,8 @@ def coordinate(
     # evaluator's start would end before its hello without the root awaiting it.
     config = replace(prepare_run_dir(config, run_dir), bind=root_bind(env), observers_awaited=1)
     run_dir.config.write_text(config.to_json())
-    run = LaunchedRun(config, run_dir, eval_interval=eval_interval, startup_timeout=startup_timeout)
+    run = LaunchedRun(config, run_dir, eval_interval=eval_interval,
+                      startup_timeout=startup_timeout, progress=progress)  # fmt: skip
     run.launcher = env.launcher
     return run.run()
 

@@ -125,6 +125,7 @@ class LocalRun:
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
         self.seats = SeatWatch(config.browser, config.join_wait, config.empty_seats == "end")
+        self._shards: tuple[int, int, int | None] = (0, config.epochs, config.max_samples)
         self._silent_since: float | None = None  # since when `stats` has had no answer
         self.refusals = Refusals()  # workers that could not follow the run, said once each
 
@@ -248,7 +249,7 @@ class LocalRun:
         """A NumPy worker's; it fills {rank} of its report path in itself."""
         trace = ["--trace", self.config.trace] if self.config.trace and index == 0 else []
         return [
-            *MINIPS, "worker", "--connect", endpoint,
+            *MINIPS, "worker", "--connect", endpoint, "--wait", repr(self.startup_timeout),
             "--report", str(self.dir.worker_report("{rank}")), "--quiet", *trace,
             *self._client_keys(),
         ]  # fmt: skip
@@ -296,7 +297,9 @@ class LocalRun:
                 self._follow_counters(operator, total)
             time.sleep(0.2 if self.training_ended is None else 0.1)
         if self.training_ended is None:
-            self.training_ended = self._elapsed()
+            if not server.exited():  # the last figures: by the seats the run ended with
+                self._follow_counters(operator, total)
+            self.training_ended = self.training_ended or self._elapsed()
             if not server.exited():
                 _stop_server(operator, server)  # the evaluator then tests the final model
         return self.training_ended
@@ -362,10 +365,12 @@ class LocalRun:
             self.training_ended = self._elapsed()
             self.announce(collapse["line"])
             _stop_server(operator, self.processes["server"])
-        elif self.progress is not None:
+            return
+        if self.progress is not None:  # a stopping server's counts too: the bar's last figures
             latest = latest_eval(self.dir.eval_log)
-            latest["updates"] = stats.get("updates", 0)
-            self.progress(int(stats.get("samples", 0)), total, latest)
+            latest.update(updates=stats.get("updates", 0), waiting=self.seats.waiting(stats))
+            taken = self.seats.progress_total(stats, *self._shards)  # by the seats taken
+            self.progress(int(stats.get("samples", 0)), total if taken is None else taken, latest)
 
     def _progress_total(self) -> int:
         """The progress bar's length in samples (0 without a bar: the data is not loaded)."""
@@ -374,6 +379,7 @@ class LocalRun:
         from minips.data import load_dataset
 
         train_labels = load_dataset(self.config.dataset, self.config.data_dir).y_train
+        self._shards = (len(train_labels), self.config.epochs, self.config.max_samples)
         total = self.config.epochs * len(train_labels)
         return min(total, self.config.max_samples) if self.config.max_samples else total
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.run.report_plan import link_text, plan_summary
 from minips.run.rundir import Run
 from minips.web.slots import agent_name
 
@@ -187,6 +188,16 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
             "scale_mean": scales.get(rank),
             "staleness": distribution(staleness.get(rank, [])),
         }
+    # A rank of a run directory nobody ever took (a browser seat no student opened): listed
+    # as such (a `minips train` metrics file has no ranks).
+    ranks = range(int(run.config.get("workers") or 0)) if run.path.is_dir() else range(0)
+    never = [rank for rank in ranks if str(rank) not in per_worker]
+    for rank in never:
+        per_worker[str(rank)] = {"never_taken": True, "agent": None, "host": None,
+                                 "samples_per_s": None, "slowdown": None, "steps": None,
+                                 "samples": None, "scale_mean": None,
+                                 "staleness": distribution([])}  # fmt: skip
+    per_worker = dict(sorted(per_worker.items(), key=lambda item: int(item[0])))
     every_push = [tau for taus in staleness.values() for tau in taus]
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
@@ -218,10 +229,13 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
             )
         },  # fmt: skip
         "summary": summary,
+        "never_taken": len(never),
         "evals": len(evals),
         "staleness": distribution(every_push),
         "workers": per_worker,
     }
+    result["plan"] = plan_summary(run.path, run.config)
+    result["link"] = link_text(run.config)
     if any("dropped" in u for u in updates):  # rules that may discard a push (e.g. cutoff)
         result["dropped"] = sum(bool(u.get("dropped")) for u in updates)
     layers = value_staleness_by_layer(updates)

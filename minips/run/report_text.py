@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.run.report_plan import plan_lines
 from minips.run.versions import untested_line, version_text
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -74,6 +75,14 @@ def _who(worker: dict[str, Any]) -> str:
     )
 
 
+def _workers_text(workers: Any, never_taken: Any) -> str:
+    """ "4 workers", or "3 of 4 workers took part (1 seat never taken)"."""
+    if not never_taken or workers is None:
+        return plural(workers, "worker")
+    seats = plural(never_taken, "seat")
+    return f"{workers - never_taken} of {plural(workers, 'worker')} took part ({seats} never taken)"
+
+
 def _of_version(summary: dict[str, Any]) -> str:
     """ " (version 688)": the version the accuracy is of, when the summary names it."""
     version = summary.get("accuracy_version")
@@ -87,7 +96,7 @@ def format_report(report: dict[str, Any]) -> str:
     if not report["complete"]:
         lines.append("  INCOMPLETE: no metrics.jsonl (interrupted?); read from the partial logs")
     lines.append(
-        f"  {cfg.get('rule')}, {plural(cfg.get('workers'), 'worker')}"
+        f"  {cfg.get('rule')}, {_workers_text(cfg.get('workers'), report.get('never_taken'))}"
         + (f" (hetero {','.join(f'{f:g}' for f in cfg['hetero'])})" if cfg.get("hetero") else "")
         + f", {cfg.get('model')} on {cfg.get('dataset')}, "
         + (
@@ -111,6 +120,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"
     )
+    lines += plan_lines(report)
     if s.get("collapse"):
         c = s["collapse"]
         lines.append(
@@ -131,6 +141,9 @@ def format_report(report: dict[str, Any]) -> str:
         f" {'pushes':>6} {'mean':>6} {'p50':>4} {'p90':>4} {'max':>4} {'scale':>6}  histogram"
     )
     for rank, w in report["workers"].items():
+        if w.get("never_taken"):
+            lines.append(f"  {rank:>6} {'-':<11} {'-':<14} {'-':>9} never taken")
+            continue
         slow = f"{w['slowdown']:g}x" if w["slowdown"] is not None else "-"
         who = _who(w)
         lines.append(_staleness_row(rank, who, slow, w["steps"], w["staleness"], w["scale_mean"]))

@@ -174,7 +174,7 @@ def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None
     """A worker report for `rank` from the server's final stats (None: it never came).
 
     For workers that write no report of their own (browser slots, or a worker that
-    failed): steps are the pushes the server accepted from that rank (a push that arrived
+    failed): steps are the steps the server accepted from that rank (a push that arrived
     after the run stopped counts, though not applied), over every worker that held it (a
     closed tab's and its replacement's); the agent, user agent and host are those of its
     last hello.
@@ -188,7 +188,7 @@ def report_from_stats(stats: dict[str, Any], rank: int) -> dict[str, Any] | None
         "agent": info.get("agent", "numpy"),
         "ua": info.get("ua"),  # a browser's user agent: the report names the browser
         "host": info.get("host"),
-        "steps": sum(w["pushes"] for w in rows),
+        "steps": sum(w.get("steps", w["pushes"]) for w in rows),
         "samples": sum(w["samples"] for w in rows),
         "from_server_stats": True,
     }

@@ -115,8 +115,10 @@ class Checkpointer:
         self._last = (time.monotonic(), self.store.version)
         log.info("resumed from %s at version %d (%s)", path, self.store.version, meta)
 
-    def save(self) -> Path:
-        """Write a checkpoint to the checkpoint path now (ConfigError without one)."""
+    def save(self, periodic: bool = False) -> Path:
+        """Write a checkpoint to the checkpoint path now (ConfigError without one).
+        periodic: one of the every-N-updates or every-S-seconds ones, logged at debug level
+        (a shard's terminal shows its start, joins, restarts and stop, not every one)."""
         if self.path is None:
             raise ConfigError("no checkpoint path configured")
         counters = self.counters
@@ -131,7 +133,8 @@ class Checkpointer:
             versioned = versioned_path(path, self.store.version)
             versioned.unlink(missing_ok=True)
             os.link(path, versioned)
-        log.info("checkpoint at version %d -> %s", self.store.version, path)
+        level = logging.DEBUG if periodic else logging.INFO
+        log.log(level, "checkpoint at version %d -> %s", self.store.version, path)
         return path
 
     def after_update(self, version: int) -> None:
@@ -141,7 +144,7 @@ class Checkpointer:
         if not (self.path and self.every and version % self.every == 0):
             return
         try:
-            self.save()
+            self.save(periodic=True)
         except OSError as exc:
             log.error("checkpoint at version %d not written (%s); training goes on, the next "
                       "one tries again", version, exc)  # fmt: skip
@@ -159,7 +162,7 @@ class Checkpointer:
         # disk) is tried again an interval later, not on every turn of the loop, even when
         # no update comes meanwhile (minips/server/timers.py logs and counts the failure).
         self._last = (now, version)
-        self.save()
+        self.save(periodic=True)
         self._last = (now, self.store.version)
 
 

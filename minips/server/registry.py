@@ -102,7 +102,8 @@ class WorkerState:
     finished: bool = False  # left with `bye` (not `finished: false`): its shard is done
     refused: str | None = None  # why it left at once: it cannot follow the run (bye `refused`)
     observer: bool = False  # read-only client (an evaluator): no rank, never waited for
-    clock: int = 0  # completed steps (pushes with `last`)
+    clock: int = 0  # completed steps (pushes with `last`); set forward at a rejoin
+    steps: int = 0  # completed steps, counted (never set forward)
     pushes: int = 0
     samples: int = 0  # training examples its pushes reported
     dropped: int = 0  # accepted pushes the rule dropped without applying (DASGD cutoff)
@@ -132,6 +133,14 @@ class WorkerState:
         being declared dead, say), so a retry of a push it already sent is still answered
         from `answered`, never applied twice."""
         self.highest_seq, self.answered = old.highest_seq, old.answered
+
+    def continue_totals(self, old: WorkerState) -> None:
+        """Go on from `old`'s counters: the same worker id took the same rank again (a
+        reloaded browser tab, a restarted worker), so its row counts the seat's whole work,
+        not the work since it came back."""
+        for name in ("steps", "pushes", "samples", "dropped", "extra_bytes_in", "pulls",
+                     "bytes_in", "bytes_out"):  # fmt: skip
+            setattr(self, name, getattr(old, name))
 
     def silent_for(self, now: float) -> float:
         """Seconds of silence: since its last request or the server's last reply to it,
@@ -214,6 +223,7 @@ class WorkerState:
             "finished": self.finished,
             "observer": self.observer,
             "clock": self.clock,
+            "steps": self.steps,
             "pushes": self.pushes,
             "samples": self.samples,
             "dropped": self.dropped,
@@ -301,6 +311,8 @@ class WorkerRegistry:
         old = self.by_id.get(worker_id)
         if old is not None and old.origin == origin:
             worker.continue_seq(old)
+        if old is not None and not old.observer and old.rank == worker.rank:
+            worker.continue_totals(old)
         worker.origin = origin
         self._make_room(worker_id)
         self.by_id[worker_id] = worker

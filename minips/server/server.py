@@ -254,6 +254,7 @@ class ParameterServer:
         worker.samples += header.get("samples", 0)  # counted only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
         worker.clock += push.last
+        worker.steps += push.last
         if push.last and worker.partial_step is None:  # a step in one push (the default)
             self.carry_out(self.rule.on_push(push))
         elif (step := worker.assemble_step(push, self.store.version)) is not None:

@@ -131,6 +131,67 @@ class SeatWatch:
         left = [rank for rank, seat in seats.items() if seat == "left"]
         return any(now - self._left_at.get(rank, now) < self.join_wait for rank in left)
 
+    def free_seats(self, stats: dict[str, Any] | None, now: float | None = None) -> dict:
+        """The ranks no live or finished worker holds, split in two: `waited` (a seat not
+        taken yet within the join wait, or left less than the join wait ago) and `given_up`
+        (past it: the run goes on without them). Empty without browser seats."""
+        now = time.monotonic() if now is None else now
+        free: dict[str, list[int]] = {"waited": [], "given_up": []}
+        if self.slots == 0 or not stats:
+            return free
+        seats = browser_seats(stats)
+        for rank in free_ranks(stats):
+            since = self._left_at.get(rank, now) if seats.get(rank) == "left" else self.started
+            waited = now - since < self.join_wait and not self.end_run
+            free["waited" if waited else "given_up"].append(rank)
+        return free
+
+    def waiting(self, stats: dict[str, Any] | None, now: float | None = None) -> dict | None:
+        """What the run waits for now, for the progress line (None: no seat is waited for):
+        `seats` ("1 of 4 browser seats (free: rank 3)"; the free ranks may include a NumPy
+        worker's that has not joined yet), `left_s` (the seconds until the first of them is
+        given up) and `then` (what happens then)."""
+        now = time.monotonic() if now is None else now
+        waited = self.free_seats(stats, now)["waited"]
+        seats = browser_seats(stats)
+        count = min(len(waited), self.slots - sum(seat != "left" for seat in seats.values()))
+        if count <= 0:
+            return None
+        names = ", ".join(
+            f"rank {r}" + (" (its browser left)" if seats.get(r) == "left" else "") for r in waited
+        )
+        since = [self._left_at.get(r, now) if seats.get(r) == "left" else self.started
+                 for r in waited]  # fmt: skip
+        noun = "browser seat" if self.slots == 1 else "browser seats"
+        then = "the run ends" if self.end_if_empty else "the run goes on without them"
+        return {"seats": f"{count} of {self.slots} {noun} (free: {names})",
+                "left_s": max(0.0, self.join_wait - (now - min(since))), "then": then}  # fmt: skip
+
+    def progress_total(
+        self,
+        stats: dict[str, Any] | None,
+        epoch_samples: int,
+        epochs: int,
+        budget: int | None,
+        now: float | None = None,
+    ) -> int | None:
+        """The samples the run will train, by the seats actually taken: every rank's shard
+        for `epochs` epochs, but a given-up seat only what it trained (nothing for one
+        never taken); at most `budget`. None without browser seats (the total is fixed)."""
+        if self.slots == 0 or not stats:
+            return None
+        world = int(stats.get("world_size") or 0)
+        given_up = set(self.free_seats(stats, now)["given_up"])
+        trained: dict[int, int] = {}
+        for row in stats.get("workers", []):
+            if not row.get("observer"):
+                trained[row["rank"]] = trained.get(row["rank"], 0) + row["samples"]
+        total = sum(
+            trained.get(r, 0) if r in given_up else epochs * shard_size(epoch_samples, r, world)
+            for r in range(world)
+        )  # fmt: skip
+        return min(total, budget) if budget else total
+
     def _untaken(self, taken: int, now: float) -> list[str]:
         if self._untaken_told or taken >= self.slots or now - self.started < self.join_wait:
             return []
@@ -158,6 +219,21 @@ def browser_seats(stats: dict[str, Any] | None) -> dict[int, str]:
             if order.index(seat) >= order.index(seats.get(row["rank"], "left")):
                 seats[row["rank"]] = seat
     return seats
+
+
+def free_ranks(stats: dict[str, Any] | None) -> list[int]:
+    """The ranks below the world size that no live worker holds and none finished: the
+    seats a browser (or a replacement worker) may still take."""
+    stats = stats or {}
+    held = {row["rank"] for row in stats.get("workers", [])
+            if not row.get("observer") and (row["alive"] or row.get("finished"))}  # fmt: skip
+    return [rank for rank in range(int(stats.get("world_size") or 0)) if rank not in held]
+
+
+def shard_size(n: int, rank: int, world_size: int) -> int:
+    """How many of `n` training examples rank `rank` of `world_size` trains per epoch
+    (Dataset.shard: [rank*n//W, (rank+1)*n//W))."""
+    return (rank + 1) * n // world_size - rank * n // world_size
 
 
 def _is_browser(row: dict[str, Any]) -> bool:

@@ -51,6 +51,7 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.worker.connections import identified
+from minips.worker.first_contact import nothing_answers
 from minips.worker.group import GroupClient
 from minips.worker.group_root import hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
@@ -69,7 +70,9 @@ class PSClient:
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
-    how long hello waits for a server group whose shards have not all joined.
+    how long hello waits for a server group whose shards have not all joined. first_wait:
+    seconds the first request waits, in one attempt, for a server that has not answered yet,
+    then one ServerUnavailable naming the possible causes (None: like any other request).
     A server group (docs/protocol.md 16) is found at hello and used through the same calls
     (minips.worker.group: one request per shard, all at once).
     Thread-safe: calls from several threads are serialised by a lock (module docstring).
@@ -84,9 +87,10 @@ class PSClient:
         limits: Limits = DEFAULT_LIMITS,
         keys: auth.ClientKeys | None = None,
         assemble_timeout: float = ASSEMBLE_TIMEOUT,
+        first_wait: float | None = None,
     ) -> None:
-        if timeout <= 0 or retries < 0:
-            raise ValueError("timeout must be > 0 and retries >= 0")
+        if timeout <= 0 or retries < 0 or (first_wait is not None and first_wait <= 0):
+            raise ValueError("timeout and first_wait must be > 0 and retries >= 0")
         self.address = normalize_connect(address)  # AddressError now, not a silent hang
         self.keys = keys
         self.timeout = timeout
@@ -111,6 +115,8 @@ class PSClient:
         self.group: GroupClient | None = None  # the shards, once hello found a server group
         self.operated: GroupClient | None = None  # the shards an operator's requests reach
         self.assemble_timeout = assemble_timeout
+        self.first_wait = first_wait
+        self._answered = False  # any reply at all from the server yet
 
     # ------------------------------------------------------------------------ worker calls
 
@@ -332,14 +338,18 @@ class PSClient:
             self._socket = None
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
-        for attempt in range(1 + self.retries):
+        # Before any reply, resending cannot help (the socket still delivers the request to a
+        # server that starts late): one attempt of first_wait s, then one line.
+        first = self.first_wait is not None and not self._answered
+        attempts, wait = (1, self.first_wait) if first else (1 + self.retries, self.timeout)
+        for attempt in range(attempts):
             rid = self._rid = self._rid + 1
             sock = self._connect()
             frames = wire.encode_parts({**header, "rid": rid}, parts)
             if self.link is not None:  # the request crosses the (emulated) link first
                 self.link.up.wait(frames_nbytes(frames))
             sock.send_multipart(frames, copy=False)
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + wait
             while (remaining := deadline - time.monotonic()) > 0:
                 # A receive timeout instead of a poll: one system call less per request.
                 sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
@@ -350,11 +360,15 @@ class PSClient:
                 if self.link is not None:  # the reply arrived as fast as the link allows
                     self.link.down.wait(frames_nbytes(frames))
                 message = wire.decode_reply(frames, self.limits)
+                self._answered = True
                 if message.header.get("rid") != rid:
                     continue  # a late reply to an attempt we gave up on
                 if message.op == "error":
                     raise ServerError(message.header["reason"], message.header["code"])
                 return message
+            if first:
+                self._close_socket()
+                raise nothing_answers(self.address, wait, self.keys)
             self._abandon(header["op"], attempt)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
