@@ -63,7 +63,7 @@ def test_the_coordinator_runs_a_root_that_awaits_the_evaluator(tmp_path, monkeyp
     ran = []
 
     class Recorded:
-        def __init__(self, config, run_dir, eval_interval, startup_timeout):
+        def __init__(self, config, run_dir, eval_interval, startup_timeout, **kw):
             ran.append(config)
 
         def run(self):
