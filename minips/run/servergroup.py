@@ -7,6 +7,9 @@ ports of their own, each joining the root and taking the run's configuration fro
 process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
 assembles the group checkpoint from their files (server/checkpoints.py). Killed itself,
 it leaves shards that stop once their root answered no join for --root-timeout seconds.
+Started on a checkpoint path that holds a group's model (`--config RUN/config.json` after
+the run) without --resume, every shard resumes from it (`kept_model`), so stopping the
+group never writes an older model over the trained one (docs/protocol.md 5.8).
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ def shard_bind(root_bind: str, shard: int) -> str:
 
 
 def shard_argv(config: RunConfig, root: str, shard: int, updates_log: str | None,
-               verbose: bool) -> list[str]:  # fmt: skip
-    """The command line of shard `shard` of the group whose root listens at `root`."""
+               verbose: bool, resume: str | None = None) -> list[str]:  # fmt: skip
+    """The command line of shard `shard` of the group whose root listens at `root`
+    (`resume`: the checkpoint it starts from, see `kept_model`)."""
     argv = [sys.executable, "-m", "minips", "server", "--servers", str(config.servers),
             "--shard", str(shard), "--root", root,
             "--bind", shard_bind(config.bind, shard),
             "--root-timeout", repr(config.root_timeout)]  # fmt: skip
+    if resume:
+        argv += ["--resume", resume]
     if config.keys:
         argv += ["--keys", config.keys]
     if updates_log:
@@ -68,13 +74,20 @@ def serve_group_here(
         def on_update(record: dict[str, Any]) -> None:
             updates.write("update", **{k: v for k, v in record.items() if k != "time"})
 
-        root = make_server(replace(config, shard=0), on_update=on_update)
+        resumes = kept_model(config)
+        root = make_server(replace(config, shard=0, resume=resumes[0]), on_update=on_update)
         shards = [
-            subprocess.Popen(shard_argv(config, root.endpoint, j, updates_log, verbose))
+            subprocess.Popen(
+                shard_argv(config, root.endpoint, j, updates_log, verbose, resumes[j])
+            )  # fmt: skip
             for j in range(1, config.servers)
         ]
         click.echo(f"minips server group of {config.servers} on {root.endpoint}, rule "
                    f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
+        if any(resumes) and not config.resume:
+            click.echo(f"resumed each shard from the model already at {config.checkpoint} "
+                       "(a server never writes an older model over it; --resume FILE or "
+                       "another --checkpoint starts elsewhere)")  # fmt: skip
         if endpoint_file:
             tmp = Path(endpoint_file + ".tmp")
             tmp.write_text(root.endpoint + "\n")
@@ -87,6 +100,19 @@ def serve_group_here(
     click.echo(server_summary(root))
     if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
         click.echo(f"group checkpoint {config.checkpoint}")
+
+
+def kept_model(config: RunConfig) -> list[str | None]:
+    """The checkpoint each shard 0..K-1 starts from. With --resume, that file (each takes
+    its slices of it). Without, the model already at the checkpoint path, so that the group
+    does not write an older one over it (docs/protocol.md 5.8): each shard's own file there
+    (its slices and its rule's state), else the group checkpoint; None: from the start."""
+    if config.resume or not config.checkpoint:
+        return [config.resume] * config.servers
+    whole = Path(config.checkpoint)
+    own = [checkpoints.shard_path(whole, j) for j in range(config.servers)]
+    fallback = str(whole) if whole.exists() else None
+    return [str(path) if path.exists() else fallback for path in own]
 
 
 def _wait_for(shards: list[subprocess.Popen], timeout: float = 30.0) -> None:
