@@ -57,3 +57,18 @@ def test_a_group_served_from_its_run_config_keeps_the_trained_model(tmp_path: Pa
                 ("checkpoint.prev.npz", "checkpoint-shard0.prev.npz", "checkpoint-shard1.prev.npz")
                 if (run / name).exists()}  # fmt: skip
     assert all(version >= final for version in previous.values()), previous
+
+
+def test_a_group_resumed_run_served_again_keeps_its_newer_model(tmp_path: Path) -> None:
+    """A run started with --resume records it in its config; serving that config again
+    must not start from the older file and write it over the model the run trained."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = [sys.executable, "-m", "minips", "run", "--servers", "2", "--model", "mlp",
+              "--dataset", "synthetic", "--epochs", "1", "--quiet"]  # fmt: skip
+    subprocess.run([*common, "--out", str(first)], check=True, timeout=300, capture_output=True)
+    resume = ["--resume", str(first / "checkpoint.npz"), "--out", str(second)]
+    subprocess.run([*common, *resume], check=True, timeout=300, capture_output=True)
+    trained = _files(second)
+    assert trained["checkpoint.npz"] > _version(first / "checkpoint.npz")
+    _serve_and_stop(second, tmp_path / "server.log")
+    assert _files(second) == trained, (tmp_path / "server.log").read_text()

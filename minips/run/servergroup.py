@@ -28,6 +28,7 @@ from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
 from minips.run.metrics import MetricsLog
 from minips.server import checkpoints
+from minips.server.checkpoint_file import file_version
 
 log = logging.getLogger("minips.server")
 
@@ -84,10 +85,11 @@ def serve_group_here(
         ]
         click.echo(f"minips server group of {config.servers} on {root.endpoint}, rule "
                    f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
-        if any(resumes) and not config.resume:
-            click.echo(f"resumed each shard from the model already at {config.checkpoint} "
-                       "(a server never writes an older model over it; --resume FILE or "
-                       "another --checkpoint starts elsewhere)")  # fmt: skip
+        if any(resumes) and resumes[0] != config.resume:
+            click.echo(f"resumed each shard from the model already at {config.checkpoint}"
+                       + (f", newer than --resume {config.resume}" if config.resume else "")
+                       + " (a server never writes an older model over it; another "
+                       "--checkpoint starts elsewhere)")  # fmt: skip
         if endpoint_file:
             tmp = Path(endpoint_file + ".tmp")
             tmp.write_text(root.endpoint + "\n")
@@ -103,16 +105,28 @@ def serve_group_here(
 
 
 def kept_model(config: RunConfig) -> list[str | None]:
-    """The checkpoint each shard 0..K-1 starts from. With --resume, that file (each takes
-    its slices of it). Without, the model already at the checkpoint path, so that the group
-    does not write an older one over it (docs/protocol.md 5.8): each shard's own file there
-    (its slices and its rule's state), else the group checkpoint; None: from the start."""
-    if config.resume or not config.checkpoint:
+    """The checkpoint each shard 0..K-1 starts from, so that the group never writes an
+    older model over the one at its checkpoint path (docs/protocol.md 5.8): that model,
+    each shard's own file there (its slices and its rule's state), else the group
+    checkpoint; --resume's file instead when the path holds none of a higher version (a
+    group cannot write beside it as a lone server does); None: from the start."""
+    if not config.checkpoint:
         return [config.resume] * config.servers
     whole = Path(config.checkpoint)
     own = [checkpoints.shard_path(whole, j) for j in range(config.servers)]
     fallback = str(whole) if whole.exists() else None
-    return [str(path) if path.exists() else fallback for path in own]
+    kept = [str(path) if path.exists() else fallback for path in own]
+    if config.resume and not _newer(kept, config.resume):
+        return [config.resume] * config.servers
+    return kept
+
+
+def _newer(kept: list[str | None], resume: str) -> bool:
+    """Whether every shard has a model in `kept` and all are of a higher version than
+    the file `resume`."""
+    versions = [file_version(path) if path else None for path in kept]
+    start = file_version(resume)
+    return start is not None and all(v is not None and v > start for v in versions)
 
 
 def _wait_for(shards: list[subprocess.Popen], timeout: float = 30.0) -> None:
