@@ -23,7 +23,7 @@ from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.metrics import ProgressFn
-from minips.run.outcome import failed_workers, workers_failed
+from minips.run.outcome import crashed_workers, failed_workers, lost_workers_line, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
     MINIPS,
@@ -145,6 +145,7 @@ class LocalRun:
             except MinipsError as exc:
                 failure, wall = exc, self._elapsed()
             failed = failed_workers(self.processes)  # before any is stopped
+            crashed = crashed_workers(self.processes)
             if failure is None:
                 for name in self._server_names():
                     self.processes.wait(name, timeout=60)
@@ -161,6 +162,9 @@ class LocalRun:
         if failure is None:
             untested = ensure_final_tested(self.config, self.dir, self.t0)
             failure = workers_failed(failed, self.dir, self.config)
+            lost = None if failure or failed else lost_workers_line(crashed, self.dir)
+            if lost:
+                self.announce(lost)
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,

@@ -7,9 +7,14 @@ training set, or the `--max-samples` budget), `workers_failed` is the run's erro
 summary says `error: ...` and `minips run` exits 2, whatever accuracy was measured. A run
 whose workers failed only after training every sample (a goodbye a stopped server no longer
 answered) did train; a run with browser slots is judged by its seats (minips.web.slots).
+When only some workers failed before their shard was done, the run goes on without them
+and says so in one `warning:` line (`lost_workers_line`): it trained fewer samples than it
+was to.
 """
 
 from __future__ import annotations
+
+import json
 
 from minips.errors import MinipsError
 from minips.run.config import RunConfig
@@ -24,6 +29,33 @@ def failed_workers(processes: ProcessGroup) -> list[Child]:
     running or ended well, or when there are none): asked before the launcher stops any."""
     workers = [child for name, child in processes.children.items() if name.startswith(WORKER)]
     return workers if workers and all(child.crashed() for child in workers) else []
+
+
+def crashed_workers(processes: ProcessGroup) -> list[Child]:
+    """The NumPy workers that exited non-zero by themselves so far: asked before the
+    launcher stops any."""
+    return [c for name, c in processes.children.items() if name.startswith(WORKER) and c.crashed()]
+
+
+def lost_workers_line(crashed: list[Child], run_dir: RunDir) -> str | None:
+    """One `warning:` line naming the workers of `crashed` (crashed_workers) that left no
+    report saying their shard was trained; None when there are none."""
+    finished = set()
+    for path in run_dir.path.glob("worker-[0-9]*.json"):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and report.get("finished"):
+            finished.add(report.get("pid"))
+    lost = [child for child in crashed if child.proc is not None and child.proc.pid not in finished]
+    if not lost:
+        return None
+    names = ", ".join(f"{child.name} (exit code {child.code()})" for child in lost)
+    return (
+        f"warning: {names} stopped before its shard was trained; the run went on without "
+        "it, so it trained fewer samples than it was to"
+    )
 
 
 def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> MinipsError | None:

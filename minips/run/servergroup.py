@@ -7,6 +7,9 @@ ports of their own, each joining the root and taking the run's configuration fro
 process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
 assembles the group checkpoint from their files (server/checkpoints.py). Killed itself,
 it leaves shards that stop once their root answered no join for --root-timeout seconds.
+Started on a checkpoint path that holds a group's model (`--config RUN/config.json` after
+the run) without --resume, every shard resumes from it (`kept_model`), so stopping the
+group never writes an older model over the trained one (docs/protocol.md 5.8).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
 from minips.run.metrics import MetricsLog
 from minips.server import checkpoints
+from minips.server.checkpoint_file import file_version
 
 log = logging.getLogger("minips.server")
 
@@ -41,12 +45,15 @@ def shard_bind(root_bind: str, shard: int) -> str:
 
 
 def shard_argv(config: RunConfig, root: str, shard: int, updates_log: str | None,
-               verbose: bool) -> list[str]:  # fmt: skip
-    """The command line of shard `shard` of the group whose root listens at `root`."""
+               verbose: bool, resume: str | None = None) -> list[str]:  # fmt: skip
+    """The command line of shard `shard` of the group whose root listens at `root`
+    (`resume`: the checkpoint it starts from, see `kept_model`)."""
     argv = [sys.executable, "-m", "minips", "server", "--servers", str(config.servers),
             "--shard", str(shard), "--root", root,
             "--bind", shard_bind(config.bind, shard),
             "--root-timeout", repr(config.root_timeout)]  # fmt: skip
+    if resume:
+        argv += ["--resume", resume]
     if config.keys:
         argv += ["--keys", config.keys]
     if updates_log:
@@ -68,13 +75,21 @@ def serve_group_here(
         def on_update(record: dict[str, Any]) -> None:
             updates.write("update", **{k: v for k, v in record.items() if k != "time"})
 
-        root = make_server(replace(config, shard=0), on_update=on_update)
+        resumes = kept_model(config)
+        root = make_server(replace(config, shard=0, resume=resumes[0]), on_update=on_update)
         shards = [
-            subprocess.Popen(shard_argv(config, root.endpoint, j, updates_log, verbose))
+            subprocess.Popen(
+                shard_argv(config, root.endpoint, j, updates_log, verbose, resumes[j])
+            )  # fmt: skip
             for j in range(1, config.servers)
         ]
         click.echo(f"minips server group of {config.servers} on {root.endpoint}, rule "
                    f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
+        if any(resumes) and resumes[0] != config.resume:
+            click.echo(f"resumed each shard from the model already at {config.checkpoint}"
+                       + (f", newer than --resume {config.resume}" if config.resume else "")
+                       + " (a server never writes an older model over it; another "
+                       "--checkpoint starts elsewhere)")  # fmt: skip
         if endpoint_file:
             tmp = Path(endpoint_file + ".tmp")
             tmp.write_text(root.endpoint + "\n")
@@ -87,6 +102,31 @@ def serve_group_here(
     click.echo(server_summary(root))
     if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
         click.echo(f"group checkpoint {config.checkpoint}")
+
+
+def kept_model(config: RunConfig) -> list[str | None]:
+    """The checkpoint each shard 0..K-1 starts from, so that the group never writes an
+    older model over the one at its checkpoint path (docs/protocol.md 5.8): that model,
+    each shard's own file there (its slices and its rule's state), else the group
+    checkpoint; --resume's file instead when the path holds none of a higher version (a
+    group cannot write beside it as a lone server does); None: from the start."""
+    if not config.checkpoint:
+        return [config.resume] * config.servers
+    whole = Path(config.checkpoint)
+    own = [checkpoints.shard_path(whole, j) for j in range(config.servers)]
+    fallback = str(whole) if whole.exists() else None
+    kept = [str(path) if path.exists() else fallback for path in own]
+    if config.resume and not _newer(kept, config.resume):
+        return [config.resume] * config.servers
+    return kept
+
+
+def _newer(kept: list[str | None], resume: str) -> bool:
+    """Whether every shard has a model in `kept` and all are of a higher version than
+    the file `resume`."""
+    versions = [file_version(path) if path else None for path in kept]
+    start = file_version(resume)
+    return start is not None and all(v is not None and v > start for v in versions)
 
 
 def _wait_for(shards: list[subprocess.Popen], timeout: float = 30.0) -> None:

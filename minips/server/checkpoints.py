@@ -150,13 +150,14 @@ class Checkpointer:
                       "one tries again", version, exc)  # fmt: skip
 
     def if_due(self, now: float) -> None:
-        """The time-based checkpoint: every `interval` seconds, if anything changed
-        (written atomically: a crash leaves the previous one, docs/protocol.md 7)."""
+        """The time-based checkpoint: due once `interval` seconds passed since the last one
+        (or the start) and the model changed since, so an idle stretch (a restarted server
+        waiting for its workers' hellos) does not put it off by another interval (written
+        atomically: a crash leaves the previous one, docs/protocol.md 7)."""
         last, version = self._last
         if not (self.interval and self.path) or now - last < self.interval:
             return
         if self.store.version == version:
-            self._last = (now, version)
             return
         # Noted first, with the version of the last one written: one that fails (a full
         # disk) is tried again an interval later, not on every turn of the loop, even when

@@ -31,6 +31,10 @@ from minips.worker.netlimit import Link
 from minips.worker.trace import COMPUTE, RECV, STEP, NullTrace, Trace
 from minips.worker.transmit import StepSender
 
+# A batch is computed again at most this many times after its push was answered `bad_base`
+# (each a server gone back in time: `minips run` restarts a crashed server at most 3 times).
+REWIND_ATTEMPTS = 4
+
 
 @dataclass
 class WorkerReport:
@@ -159,9 +163,19 @@ class Worker:
         """One batch xb (B, C, H, W), yb (B,): gradients, push, pull. False: the server stopped.
 
         The gradients are taken at the parameters of the last pull, version `self.version`
-        (the push's `base`); the rule's worker side adds what it needs to the push.
+        (the push's `base`); the rule's worker side adds what it needs to the push. A push
+        the server answered `bad_base` (it went back to an older checkpoint, whose
+        parameters `push` then pulled) is computed again at those parameters, so every batch
+        of the shard is trained once and the worker can end `finished` (its `bye` says so).
         """
-        report, start, tick = self.report, self.trace.now(), time.monotonic()
+        for _attempt in range(REWIND_ATTEMPTS):
+            if self._try_step(xb, yb) or self.report.stopped_by_server:
+                break
+        return not self.report.stopped_by_server
+
+    def _try_step(self, xb: np.ndarray, yb: np.ndarray) -> bool:
+        """`step`'s one attempt; False when the server went back in time (its push dropped)."""
+        start, tick = self.trace.now(), time.monotonic()
         self.sender.start_step(base=self.version)  # it may push layers during backward
         with self.trace.span("forward", COMPUTE):
             logits = self.model.forward(xb, train=True)  # (B, K)
@@ -179,7 +193,7 @@ class Worker:
         if trained:
             self.apply_pull(pushed.pull)
         self._record_step(pushed, trained, float(loss), len(xb), extra, start, tick)
-        return not report.stopped_by_server
+        return pushed is not None
 
     def _record_step(
         self,

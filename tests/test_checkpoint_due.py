@@ -1,0 +1,39 @@
+"""The time-based checkpoint is due once `interval` seconds passed since the last one (or
+the start) and the model changed: an idle stretch (a restarted server waiting for its
+workers to say hello again) does not push the next checkpoint a whole interval later."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from minips.server.checkpoints import Checkpointer
+from minips.server.telemetry import Counters
+
+
+class _Store:
+    """What Checkpointer needs of a ParameterStore: a version, and save (recorded)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.saved: list[int] = []
+
+    def save(self, path: Path, meta: dict, extra: dict, keep_previous: bool) -> Path:
+        self.saved.append(self.version)
+        return Path(path)
+
+
+def test_a_change_after_an_idle_interval_is_checkpointed_at_once(tmp_path: Path) -> None:
+    store = _Store()
+    start = time.monotonic()  # the checkpointer's start, to within the test's margins
+    checkpoints = Checkpointer(store, Counters(), tmp_path / "run.npz", interval=5.0)
+    checkpoints.if_due(start + 5.5)  # an interval passed, nothing changed: nothing written
+    assert store.saved == []
+    store.version = 3  # the workers are back and training
+    checkpoints.if_due(start + 6.0)  # more than an interval since the start, model changed
+    assert store.saved == [3]
+    store.version = 9
+    checkpoints.if_due(start + 8.0)  # 2 s after the last checkpoint: not yet
+    assert store.saved == [3]
+    checkpoints.if_due(start + 11.5)
+    assert store.saved == [3, 9]
