@@ -20,11 +20,11 @@ import tempfile
 from pathlib import Path
 
 from minips.errors import MissingExtraError
+from minips.results.plot import plot_accuracy
+from minips.results.report import summarize
+from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.plot import plot_accuracy
-from minips.run.report import summarize
-from minips.run.rundir import load_run
 
 SLOWDOWNS = [1.0, 1.0, 2.0, 8.0]
 

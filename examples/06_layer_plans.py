@@ -1,7 +1,7 @@
 """Layer-aware plans: each tensor gets its own codec, chosen for the link by a cost model.
 
-The planner (minips/run/planner.py; docs/algorithms.md, "The cost model") measures each
-layer's forward and backward and each encoding's CPU here, counts the exact bytes of each
+The planner (minips/transmission/planning/planner.py; docs/algorithms.md, "The cost model") measures
+each layer's forward and backward and each encoding's CPU here, counts the exact bytes of each
 encoding, and chooses, tensor by tensor, the encodings (fp16, sufficient factors, top-k
 with momentum correction, delta pulls) with the least predicted time to accuracy: the
 step time on the link times the extra samples each encoding was measured to cost. This
@@ -21,11 +21,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from minips.cli.plan_table import format_table
 from minips.nn import build_model
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.plan_table import format_table
-from minips.run.planner import Cluster, Network, make_plan
+from minips.transmission.planning.planner import Cluster, Network, make_plan
 
 LINK = "20mbit"  # each worker's own link (--bandwidth): 2.5 MB/s
 WORKERS = 2

@@ -8,9 +8,10 @@ The public API, importable from here (each name loads its module on first use, s
 The packages show the architecture: nn/ and data/ (the model and its data), protocol/
 (what both ends agree on: the wire, addresses, keys, samples, plans), worker/ (a worker's
 step and loop, its client, its sender), server/ (the loop and what it keeps), rules/ (when a
-gradient becomes an update), codecs/ (how a gradient travels), run/ (config, local runs,
-the planner, the run log and reports), and the classroom's web/, dashboard/, exercise/.
-docs/architecture.md is the map.
+gradient becomes an update), transmission/codecs/ (how a gradient travels), run/ (config, local
+runs,
+the planner, the run log and reports), and the classroom's classroom/web/, classroom/dashboard/,
+classroom/exercise/. docs/architecture.md is the map.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _PUBLIC = {
     "Worker": "minips.worker.worker",
     "ParameterServer": "minips.server.server",
     "ServerOptions": "minips.server.server",
-    "SGD": "minips.server.store",
+    "SGD": "minips.state.store",
     "Rule": "minips.rules",
     "RULES": "minips.rules",
     "make_rule": "minips.rules",

@@ -21,9 +21,9 @@ import numpy as np
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
 from minips.nn import Sequential, build_model, softmax_cross_entropy
+from minips.results.metrics import MetricsLog, ProgressFn
 from minips.run.config import TrainConfig
-from minips.run.metrics import MetricsLog, ProgressFn
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 
 
 @dataclass
@@ -64,7 +64,7 @@ def train(
     `dataset` may be passed in (tests use synthetic data) instead of loading by name.
     `config.resume`: start from a checkpoint (a server's, or one saved here). `save`: write
     the final parameters and optimizer state as a checkpoint, the server's format
-    (minips.server.store), its version the number of steps taken, so `minips run --resume` can
+    (minips.state.store), its version the number of steps taken, so `minips run --resume` can
     continue from it.
     """
     config.validate()

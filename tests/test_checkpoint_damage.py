@@ -2,7 +2,7 @@
 
 A checkpoint is damaged on disk (truncated by a full disk, a flipped bit, an empty file
 left by a crash elsewhere) or by what it holds (NaN parameters, a negative version, a
-missing key, metadata that is not JSON). minips/server/checkpoint_file.py reads and checks
+missing key, metadata that is not JSON). minips/ops/checkpoint_file.py reads and checks
 it; `minips server --resume` of any of them prints one `error:` line and exits 2, and a
 server object is never built from one (so nothing is ever served from it).
 """
@@ -20,10 +20,10 @@ from test_server_support import make_params
 
 from minips.cli import main
 from minips.errors import DataError, ShapeError
+from minips.ops.checkpoint_file import load_checkpoint, previous_path, read_checkpoint
 from minips.rules import make_rule
-from minips.server.checkpoint_file import load_checkpoint, previous_path, read_checkpoint
 from minips.server.server import ParameterServer, ServerOptions
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 
 
 def _checkpoint(path: Path, version: int = 7) -> Path:

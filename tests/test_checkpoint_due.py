@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from minips.server.checkpoints import Checkpointer
-from minips.server.telemetry import Counters
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.telemetry import Counters
 
 
 class _Store:

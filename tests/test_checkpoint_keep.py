@@ -1,4 +1,4 @@
-"""A trained model is never replaced by an older one (minips/server/checkpoint_keep.py).
+"""A trained model is never replaced by an older one (minips/ops/checkpoint_keep.py).
 
 A server started on a checkpoint path that holds a checkpoint resumes from it or writes
 beside it; the previous file keeps the best earlier version (checkpoint_file.py)."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 from test_server_support import SHAPES, make_params
 
+from minips.ops.checkpoint_file import file_version, previous_path, write_checkpoint
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.server.checkpoint_file import file_version, previous_path, write_checkpoint
 from minips.server.server import ParameterServer, ServerOptions
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 
 
 def _saved(path: Path, version: int, params=None) -> None:

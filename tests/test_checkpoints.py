@@ -1,4 +1,4 @@
-"""The Checkpointer (minips/server/checkpoints.py) on a real store and real files: when an
+"""The Checkpointer (minips/ops/checkpoints.py) on a real store and real files: when an
 update-count checkpoint is written, what its meta records, what a resume takes back (the
 counters, each parameter's version, the rule's own state), and a disk that refuses one."""
 
@@ -9,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 
-from minips.server.checkpoint_file import load_checkpoint, versioned_path
-from minips.server.checkpoints import Checkpointer
-from minips.server.store import SGD, ParameterStore
-from minips.server.telemetry import Counters
+from minips.ops.checkpoint_file import load_checkpoint, versioned_path
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.telemetry import Counters
+from minips.state.store import SGD, ParameterStore
 
 
 def new_store() -> ParameterStore:

@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from minips.dashboard.collector import Collector, worker_rows
-from minips.run.rundir import report_from_stats
-from minips.web.slots import SeatWatch
+from minips.classroom.dashboard.collector import Collector, worker_rows
+from minips.classroom.web.slots import SeatWatch
+from minips.results.rundir import report_from_stats
 from minips.worker.client import PSClient
 from tests.test_server_support import running_server
 
@@ -168,7 +168,7 @@ def test_a_tab_reloaded_in_chromium_keeps_its_seats_samples_and_steps(tmp_path):
     from test_web_seats import EPOCHS, SHARD_STEPS, _server_args
     from test_web_support import Chromium, require_browser, server_process, wait_for
 
-    from minips.web import start_gateway
+    from minips.classroom.web import start_gateway
 
     require_browser()
     browser = Chromium(tmp_path)

@@ -127,7 +127,7 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, capsys):
 
 def _other_models_checkpoint(path):
     from minips.nn import build_model
-    from minips.server.store import SGD, ParameterStore
+    from minips.state.store import SGD, ParameterStore
 
     params = build_model("lenet5").params
     return ParameterStore(params, SGD(params, lr=0.1)).save(path)
@@ -160,7 +160,7 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
     previous run's files go, the checkpoint the new run starts from stays."""
     import minips.run.cluster
     from minips.nn import build_model
-    from minips.server.store import SGD, ParameterStore
+    from minips.state.store import SGD, ParameterStore
 
     out = tmp_path / "run"
     out.mkdir()
@@ -179,7 +179,7 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
 
 def _checkpoint_reads(monkeypatch) -> list[str]:
     """The paths every checkpoint read in this process reads from, from now on."""
-    from minips.server import checkpoint_file
+    from minips.ops import checkpoint_file
 
     reads, read = [], checkpoint_file.read_checkpoint
     monkeypatch.setattr(checkpoint_file, "read_checkpoint", lambda p: reads.append(p) or read(p))
@@ -191,7 +191,7 @@ def test_minips_run_reads_its_resume_checkpoint_once_before_it_starts(tmp_path, 
     again only to resume from it)."""
     from minips.nn import build_model
     from minips.run.launch import LocalRun
-    from minips.server.store import SGD, ParameterStore
+    from minips.state.store import SGD, ParameterStore
 
     params = build_model("mlp").params
     path = str(ParameterStore(params, SGD(params, lr=0.1)).save(tmp_path / "resume.npz"))
@@ -495,9 +495,9 @@ def test_a_shard_whose_root_never_answers_says_it_waits_then_one_error_line(caps
     and how long, then the error line when the wait is over (the wait cut short here)."""
     import socket
 
-    import minips.server.group
+    import minips.group.shard
 
-    monkeypatch.setattr(minips.server.group, "ASSEMBLE_TIMEOUT", 2.0)
+    monkeypatch.setattr(minips.group.shard, "ASSEMBLE_TIMEOUT", 2.0)
     with socket.socket() as taken:  # bound, never listening: a port nobody answers at
         taken.bind(("127.0.0.1", 0))
         root = f"tcp://127.0.0.1:{taken.getsockname()[1]}"

@@ -8,9 +8,9 @@ import pytest
 import zmq
 from test_server_support import SHAPES, copied, full, make_params, running_server
 
-from minips.codecs import Factors, decode_gradients
 from minips.errors import MinipsError
 from minips.protocol import wire
+from minips.transmission.codecs import Factors, decode_gradients
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 

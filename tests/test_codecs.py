@@ -5,14 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from minips import codecs
-from minips.codecs import Encoder, Factors, TopK, decode_gradients, top_k_indices
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.nn.layers import Dense, ReLU
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError, WirePart
-from minips.server.store import SGD
+from minips.state.store import SGD
+from minips.transmission import codecs
+from minips.transmission.codecs import Encoder, Factors, TopK, decode_gradients, top_k_indices
 
 PUSH = {"op": "push", "worker": "w", "seq": 0, "base": 0}
 

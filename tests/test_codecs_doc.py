@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from test_server_protocol_doc import _doc_frame
 
-from minips import codecs
 from minips.protocol import wire
 from minips.protocol.wire import WirePart
+from minips.transmission import codecs
 
 HEADER = {"v": 1, "op": "push", "rid": 2, "worker": "w0", "seq": 0, "base": 0}
 

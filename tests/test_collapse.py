@@ -1,11 +1,11 @@
-"""The signs of a collapse (minips.server.collapse), each against a run that is only slow."""
+"""The signs of a collapse (minips.ops.collapse), each against a run that is only slow."""
 
 import math
 
 import pytest
 
-from minips.server import collapse
-from minips.server.collapse import GROWN, LOSS_WINDOW, CollapseWatch
+from minips.ops import collapse
+from minips.ops.collapse import GROWN, LOSS_WINDOW, CollapseWatch
 
 LN10 = math.log(10)
 

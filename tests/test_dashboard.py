@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from minips.dashboard import parse_listen, start_dashboard
-from minips.dashboard.collector import Collector, worker_rows
-from minips.dashboard.tails import EvalTail
+from minips.classroom.dashboard import parse_listen, start_dashboard
+from minips.classroom.dashboard.collector import Collector, worker_rows
+from minips.classroom.dashboard.tails import EvalTail
+from minips.classroom.web.headless import remove_profile
 from minips.errors import ConfigError
 from minips.protocol import wire
 from minips.rules import DEFAULT_RULE
-from minips.web.headless import remove_profile
 from minips.worker.client import PSClient
 
 ROOT = Path(__file__).resolve().parents[1]

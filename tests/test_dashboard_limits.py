@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from test_dashboard import free_port
 
-import minips.dashboard as dashboard_module
-from minips.dashboard import MAX_STREAMS, MAX_THREADS, start_dashboard
+import minips.classroom.dashboard as dashboard_module
+from minips.classroom.dashboard import MAX_STREAMS, MAX_THREADS, start_dashboard
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_dashboard import READ_PAGE, ROOT, chromium_page, free_port, minips_process
 
-from minips.dashboard import start_dashboard
+from minips.classroom.dashboard import start_dashboard
 from minips.nn import build_model
 from minips.worker.client import PSClient
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from minips.classroom.exercise import EXERCISES, STARTERS, handout
 from minips.errors import MinipsError
-from minips.exercise import EXERCISES, STARTERS, handout
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minips.exercise import EXERCISES, check
-from minips.exercise.nn_checks import scale_hint
+from minips.classroom.exercise import EXERCISES, check
+from minips.classroom.exercise.nn_checks import scale_hint
 
 SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from minips.exercise import EXERCISES, check
-from minips.exercise.ps_checks import FORMULAS, dasgd_reference
+from minips.classroom.exercise import EXERCISES, check
+from minips.classroom.exercise.ps_checks import FORMULAS, dasgd_reference
 from minips.rules import make_rule
 
 ROOT = Path(__file__).resolve().parents[1]
-STARTERS = ROOT / "minips" / "exercise" / "starters"
+STARTERS = ROOT / "minips" / "classroom" / "exercise" / "starters"
 SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
 
 

@@ -13,12 +13,12 @@ from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
 from minips.errors import DataError, MissingExtraError, RunDirError
+from minips.results.metrics import MetricsLog
+from minips.results.report import summarize
+from minips.results.report_text import format_report
+from minips.results.rundir import load_run
 from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig
-from minips.run.metrics import MetricsLog
-from minips.run.report import summarize
-from minips.run.report_text import format_report
-from minips.run.rundir import load_run
 from minips.trainer import train
 from minips.worker.client import PSClient
 
@@ -150,11 +150,11 @@ def test_an_interrupted_runs_report_shows_what_it_knows_of_the_time(tmp_path):
 
 
 def test_the_matplotlib_hint_is_the_readmes(monkeypatch):
-    import minips.run.plot
+    import minips.results.plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(MissingExtraError) as caught:
-        minips.run.plot._pyplot()
+        minips.results.plot._pyplot()
     hint = str(caught.value).split(": ", 1)[1]
     assert hint == "pip install 'minips[plot]'"
     assert f"`{hint}`" in (REPO / "README.md").read_text()

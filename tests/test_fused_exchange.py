@@ -92,7 +92,7 @@ def test_a_worker_step_under_the_default_plan_is_one_fused_push_of_every_gradien
     from minips.nn import build_model
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
-    from minips.server.store import SGD
+    from minips.state.store import SGD
     from minips.worker.worker import Worker
 
     params = build_model("mlp", seed=0).params

@@ -1,7 +1,7 @@
 """A server group on real sockets (docs/protocol.md 16): discovery at hello, what each shard
 holds and answers, the same arithmetic as one server, and everything a client does with
-a group through the unchanged PSClient calls (minips.worker.group; the first hello and an
-operator's requests to every shard: minips.worker.group_root)."""
+a group through the unchanged PSClient calls (minips.group.fanout; the first hello and an
+operator's requests to every shard: minips.group.root)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from group_support import running_group
 
-from minips.codecs import Factors
+from minips.group.fanout import GroupVersion
 from minips.nn import build_model
 from minips.protocol.partition import partition_of_model
+from minips.transmission.codecs import Factors
 from minips.worker.client import PSClient, ServerError
-from minips.worker.group import GroupVersion
 from minips.worker.worker import Worker
 
 MLP = build_model("mlp").params  # the seeded model every test group serves

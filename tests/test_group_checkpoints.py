@@ -1,4 +1,4 @@
-"""A server group's checkpoints (minips.server.group_checkpoints): which of the shards'
+"""A server group's checkpoints (minips.ops.group_checkpoints): which of the shards'
 files the group checkpoint is assembled from, the version it records for the group and
 for each parameter, and the version a shard resumed from it takes (docs/protocol.md 16)."""
 
@@ -8,13 +8,13 @@ import json
 
 import numpy as np
 
+from minips.group.shard import shard_params
 from minips.nn import build_model
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.group_checkpoints import assemble
+from minips.ops.telemetry import Counters
 from minips.protocol.partition import partition_of_model
-from minips.server.checkpoints import Checkpointer
-from minips.server.group import shard_params
-from minips.server.group_checkpoints import assemble
-from minips.server.store import SGD, ParameterStore
-from minips.server.telemetry import Counters
+from minips.state.store import SGD, ParameterStore
 
 MODEL = build_model("mlp")  # fc1.w is split over 2 shards (rows 0:392, 392:784)
 PART = partition_of_model(MODEL.params, 2)

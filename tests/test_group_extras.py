@@ -15,11 +15,11 @@ from group_support import running_group
 from test_dashboard import chromium_page, dashboard
 from test_web_support import quiet_env, require_browser
 
-from minips.dashboard.collector import Collector
+from minips.classroom.dashboard.collector import Collector
+from minips.classroom.web.grouprelay import GroupRelay
 from minips.nn import build_model
 from minips.protocol import wire
-from minips.run.plan_costs import group_gain
-from minips.web.grouprelay import GroupRelay
+from minips.transmission.planning.plan_costs import group_gain
 from minips.worker.client import PSClient
 
 MLP = build_model("mlp").params

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import zmq
 
+from minips.group.connections import Connection, exchange
+from minips.group.fanout import GroupClient, GroupVersion
+from minips.group.shard import RootTable
 from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
-from minips.server.group import RootTable
-from minips.worker.connections import Connection, exchange
-from minips.worker.group import GroupClient, GroupVersion
 
 
 @pytest.mark.parametrize(
@@ -312,12 +312,12 @@ def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_pus
 
 def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:
     """Shard `shard` of a 2-group of the mlp at `version`, saved by its Checkpointer."""
+    from minips.group.shard import shard_params
     from minips.nn import build_model
+    from minips.ops.checkpoints import Checkpointer
+    from minips.ops.telemetry import Counters
     from minips.protocol.partition import partition_of_model
-    from minips.server.checkpoints import Checkpointer
-    from minips.server.group import shard_params
-    from minips.server.store import SGD, ParameterStore
-    from minips.server.telemetry import Counters
+    from minips.state.store import SGD, ParameterStore
 
     model = build_model("mlp")
     params = shard_params(model.params, partition_of_model(model.params, 2), shard)
@@ -333,7 +333,7 @@ def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None
 def test_an_ssgd_group_checkpoint_is_the_last_version_every_shard_saved(tmp_path):
     """Shard 0 saved rounds 50 and 100, shard 1 only 50 so far (it was one round behind):
     the group checkpoint is round 50, from both shards, and says it is consistent."""
-    from minips.server.checkpoints import assemble
+    from minips.ops.checkpoints import assemble
 
     for version in (50, 100):
         _shard_file(tmp_path, 0, version, keep_previous=True)
@@ -346,7 +346,7 @@ def test_an_ssgd_group_checkpoint_is_the_last_version_every_shard_saved(tmp_path
 
 
 def test_an_async_group_checkpoint_is_each_shards_latest_and_says_so(tmp_path):
-    from minips.server.checkpoints import assemble
+    from minips.ops.checkpoints import assemble
 
     _shard_file(tmp_path, 0, 70, keep_previous=False)
     _shard_file(tmp_path, 1, 68, keep_previous=False)
@@ -371,10 +371,10 @@ def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank()
 @contextlib.contextmanager
 def _root_of_two(keys=None, stop_grace: float = 0.3):
     """The root (shard 0) of a group of 2 serving from a thread, shard 1 not started."""
+    from minips.group.shard import ShardRole, shard_params
     from minips.rules import make_rule
-    from minips.server.group import ShardRole, shard_params
     from minips.server.server import ParameterServer, ServerOptions
-    from minips.server.store import SGD
+    from minips.state.store import SGD
 
     model = {"fc.w": np.zeros((3, 4), np.float32), "fc.b": np.zeros(4, np.float32)}
     part = partition({name: a.shape for name, a in model.items()}, 2)
@@ -415,7 +415,7 @@ def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
 def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
     from test_server_support import RawPeer, raw_hello
 
-    from minips.server.group import Joiner
+    from minips.group.shard import Joiner
 
     with _root_of_two(stop_grace=30.0) as root:
         joiner = Joiner(root.endpoint, None, 2)
@@ -438,7 +438,7 @@ def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
 
 def test_a_shard_waiting_for_a_silent_root_says_so_once():
     from minips.errors import MinipsError
-    from minips.server.group import Joiner
+    from minips.group.shard import Joiner
 
     context = zmq.Context()
     silent = context.socket(zmq.ROUTER)  # the root's socket, never read: no reply ever

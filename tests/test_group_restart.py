@@ -122,7 +122,7 @@ def test_a_worker_waits_for_a_restarted_root_whose_shard_has_not_joined_it_yet(g
 def test_the_dashboard_follows_a_group_through_a_restarted_shard_and_root(group):
     """The dashboard's collector asks the root for `stats` and every shard beside it (no
     hello): after shard 1 and then the root were restarted it shows both shards live."""
-    from minips.dashboard.collector import Collector
+    from minips.classroom.dashboard.collector import Collector
 
     collector = Collector(group.root_address, interval=0.2)
     collector.start()

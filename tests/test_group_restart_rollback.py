@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from test_group_parts import _shard_file
 
+from minips.results.rundir import RunDir
 from minips.run.group_recovery import GroupRollback
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
-from minips.run.rundir import RunDir
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

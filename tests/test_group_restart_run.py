@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_group_runs import _shard_pid, _wait
 
-from minips.run.metrics import read_metrics
+from minips.results.metrics import read_metrics
 
 
 def _logged_version(log: Path) -> int:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from minips.nn import load_model
+from minips.ops.checkpoints import shard_path
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.server.checkpoints import shard_path
 from minips.worker.client import PSClient
 
 TINY = {"model": "mlp", "dataset": "synthetic", "epochs": 1, "seed": 3, "lr": 0.05}

@@ -1,4 +1,4 @@
-"""minips/server/inflow.py on real sockets, with small bounds: what it counts, whom it cuts.
+"""minips/ops/inflow.py on real sockets, with small bounds: what it counts, whom it cuts.
 
 A ROUTER with an InflowGuard, turned by hand as the server's loop turns it; clients are
 DEALERs, or raw TCP sockets speaking ZMTP (tests/test_memory.py) to leave a message unfinished.
@@ -16,7 +16,7 @@ import pytest
 import zmq
 from test_memory import HANDSHAKE, frame_header, zmtp_peer
 
-from minips.server.inflow import InflowGuard, InflowLimits, watch_supported
+from minips.ops.inflow import InflowGuard, InflowLimits, watch_supported
 
 MiB = 1 << 20
 

@@ -84,7 +84,7 @@ def test_the_start_line_says_whether_the_server_is_authenticated(tmp_path, caplo
 
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
-    from minips.server.store import SGD
+    from minips.state.store import SGD
 
     auth.make_keys(tmp_path, clients=("worker", "operator"))
     lines = {}

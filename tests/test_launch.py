@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from minips.errors import ConfigError
+from minips.results.metrics import read_metrics
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.metrics import read_metrics
 from minips.worker.client import PSClient
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}

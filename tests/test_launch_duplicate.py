@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from minips.run.rundir import RunDir, write_results
+from minips.results.rundir import RunDir, write_results
 from minips.worker.client import PSClient
 
 MINIPS = [sys.executable, "-m", "minips"]

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from minips.errors import ConfigError, MinipsError
+from minips.results.rundir import RunDir
 from minips.run import cluster
 from minips.run.cluster import COORDINATOR, SHARD, WORKER, LaunchedRun, Role, role_of
 from minips.run.config import RunConfig
 from minips.run.launchenv import LaunchEnv
-from minips.run.rundir import RunDir
 
 
 def _ranked(rank: int, world_size: int) -> LaunchEnv:

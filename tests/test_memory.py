@@ -4,7 +4,7 @@ Each test starts a real `minips server` process, reads its resident memory (VmRS
 peak VmHWM, from /proc/PID/status) when idle, attacks it from raw TCP sockets that speak
 ZMTP by hand (section 1), and checks the growth against the bound the document states (the
 numbers are read from its table) and that an honest client is still served. Linux only, as
-the bound is (minips/server/inflow.py).
+the bound is (minips/ops/inflow.py).
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def test_build_model_and_spec():
 
 
 def test_training_steps_reduce_the_loss():
-    from minips.server.store import SGD
+    from minips.state.store import SGD
 
     model = lenet5(seed=0)
     x, y = batch(n=16, seed=1)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from minips.errors import ShapeError
-from minips.run.metrics import MetricsLog, merge_logs, read_metrics
-from minips.server.store import SGD
+from minips.results.metrics import MetricsLog, merge_logs, read_metrics
+from minips.state.store import SGD
 
 
 def test_plain_sgd_step_is_w_minus_lr_grad():
@@ -117,8 +117,8 @@ def test_the_overflow_checks_norm_bounds_hold_for_every_new_version(
 ):
     """The overflow check carries bounds on ||w|| and ||v|| from update to update (triangle
     inequality): never below the true norms, measured afresh for a new array (a load)."""
-    from minips.server.checks import OverflowCheck
-    from minips.server.store import ParameterStore
+    from minips.ops.request_checks import OverflowCheck
+    from minips.state.store import ParameterStore
 
     rng = np.random.default_rng(0)
     params = {"w": rng.standard_normal((20, 30)).astype(np.float32)}

@@ -11,10 +11,10 @@ import pytest
 from test_server_support import RawPeer, running_server
 
 from minips.nn.zoo import build_model
+from minips.ops.overflow import OverflowCheck
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
-from minips.server.overflow import OverflowCheck
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 
 F32 = np.float32
 BIG = F32(3e38)

@@ -22,7 +22,7 @@ from test_server_support import RawPeer, make_params, running_server
 from minips.protocol import wire
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
-from minips.server.store import SGD
+from minips.state.store import SGD
 from minips.worker.client import PSClient
 from minips.worker.replies import ServerError
 

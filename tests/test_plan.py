@@ -1,4 +1,4 @@
-"""Plans (minips/protocol/plan.py) and the worker's StepSender (tests/test_planner.py: the
+"""Plans (minips/transmission/plan.py) and the worker's StepSender (tests/test_planner.py: the
 planner)."""
 
 import json
@@ -8,11 +8,11 @@ import threading
 import numpy as np
 import pytest
 
-from minips.codecs import Encoder
 from minips.errors import ConfigError
 from minips.nn import lenet5, softmax_cross_entropy
-from minips.protocol.plan import ParamPlan, Plan, load_plan
 from minips.run.config import RunConfig
+from minips.transmission.codecs import Encoder
+from minips.transmission.plan import ParamPlan, Plan, load_plan
 from minips.worker.client import PushReply
 from minips.worker.transmit import StepSender
 

@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.codecs import Encoder, Factors
+from minips.cli.plan_table import format_table
 from minips.errors import ConfigError
 from minips.nn import build_model, lenet5, softmax_cross_entropy
-from minips.protocol.plan import Plan
 from minips.run.config import RunConfig
-from minips.run.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
-from minips.run.plan_samples import sample_cost
-from minips.run.plan_table import format_table
-from minips.run.planner import (
+from minips.transmission.codecs import Encoder, Factors
+from minips.transmission.plan import Plan
+from minips.transmission.planning.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
+from minips.transmission.planning.plan_samples import sample_cost
+from minips.transmission.planning.planner import (
     MIN_GAIN,
     SF16,
     WAIT_FREE_GAIN,
@@ -108,9 +108,9 @@ def test_plan_and_run_read_bandwidth_and_netem_the_same_way(tmp_path):
     """`minips plan --bandwidth R` and `minips run --plan auto --bandwidth R` (the planner
     run inside the launcher, and the workers' token buckets) assume the same link; so do
     both commands' `--netem R`."""
+    from minips.results.rundir import RunDir
     from minips.run.build import resolve_plan
     from minips.run.prepare import _plan_in_subprocess
-    from minips.run.rundir import RunDir
 
     for option, share in (("bandwidth", 12.5e6), ("netem", 12.5e6 / 4)):
         path = tmp_path / f"{option}.json"

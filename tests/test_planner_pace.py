@@ -8,7 +8,7 @@ from test_planner import plan_for
 
 from minips.run.build import BROWSER_STEP_FACTOR, resolve_plan, step_factors
 from minips.run.config import RunConfig
-from minips.run.planner import Cluster, Network
+from minips.transmission.planning.planner import Cluster, Network
 
 
 def test_equal_workers_share_a_link_equally():

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, RawPeer, make_params, running_server, snapshot
 
-from minips.codecs import CODEC_CLASSES
 from minips.protocol import wire
-from minips.protocol.plan import _PARAM_KEYS, PULL_CODECS, ParamPlan, Plan
 from minips.protocol.sampling import Sampler
+from minips.transmission.codecs import CODEC_CLASSES
+from minips.transmission.plan import _PARAM_KEYS, PULL_CODECS, ParamPlan, Plan
 from minips.worker.client import PSClient
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()

@@ -15,10 +15,11 @@ import pytest
 import zmq
 from test_server_support import RawPeer, running_server
 
+from minips.ops import request_checks as checks
 from minips.protocol import wire
 from minips.protocol.checks import MAX_PUSH_SAMPLES
-from minips.server import checks, registry
 from minips.server.server import ServerOptions
+from minips.state import registry
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 DOC = DOC_PATH.read_text()

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from test_server_support import make_params, running_server
 
-from minips.protocol.plan import ParamPlan, Plan
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.client import PSClient
 from minips.worker.worker import apply_delta
 

@@ -17,7 +17,7 @@ from test_server_support import (
 )
 
 from minips.protocol import wire
-from minips.protocol.plan import ParamPlan, Plan
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.client import PSClient
 
 DELTA = {"codec": "delta", "ratio": 0.25, "dtype": "float16"}

@@ -21,9 +21,9 @@ from test_server_support import (
     send_then_fence,
 )
 
+from minips.ops.failures import internal
 from minips.protocol import wire
 from minips.rules import ASGD, SSGD, Outcome, Update
-from minips.server.failures import internal
 
 BUG = 13.0  # the gradient value the rules below fail on
 

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from minips.run.metrics import read_metrics
-from minips.server.checkpoint_file import load_checkpoint
+from minips.ops.checkpoint_file import load_checkpoint
+from minips.results.metrics import read_metrics
 from minips.worker.client import PSClient, ServerUnavailable
 
 RUN = ("--rule", "asgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",

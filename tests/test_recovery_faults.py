@@ -19,7 +19,7 @@ from pathlib import Path
 
 from test_recovery import _server, _version
 
-from minips.server.checkpoint_file import load_checkpoint, previous_path
+from minips.ops.checkpoint_file import load_checkpoint, previous_path
 
 RUN = ("--model", "mlp", "--dataset", "synthetic", "--rule", "asgd", "--lr", "0.05",
        "--momentum", "0.5", "--workers", "2", "--epochs", "100", "--seed", "0",

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from minips.errors import MinipsError
+from minips.ops.checkpoint_file import Checkpoint
+from minips.ops.checkpoints import shard_path
+from minips.results.rundir import RunDir
 from minips.run.recovery import MAX_RESTARTS, ServerRestarts, describe_restart
-from minips.run.rundir import RunDir
-from minips.server.checkpoint_file import Checkpoint
-from minips.server.checkpoints import shard_path
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 
 
 def _checkpoint(path: Path, version: int) -> Path:

@@ -1,4 +1,4 @@
-"""The worker registry (minips.server.registry): a step sent in several pushes is as stale
+"""The worker registry (minips.state.registry): a step sent in several pushes is as stale
 as its oldest gradient, a worker waiting on the server is not silent, a worker id taken by
 another client starts its own seq bookkeeping, and a finished rank is never given again
 while the run lasts (docs/protocol.md 5.1, 5.3, 5.6, 7, 8)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from test_server_support import RawPeer, full, push_header, raw_hello, running_server
 
-from minips.server.registry import HeldPull, Origin, WorkerRegistry
+from minips.state.registry import HeldPull, Origin, WorkerRegistry
 
 
 def test_a_step_sent_in_several_pushes_is_as_stale_as_its_oldest_base():

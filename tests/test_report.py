@@ -17,17 +17,17 @@ from click.testing import CliRunner
 
 from minips.cli import cli
 from minips.errors import MissingExtraError, RunDirError
-from minips.run.config import RunConfig
-from minips.run.launch import run_local
-from minips.run.report import (
+from minips.results.report import (
     bin_label,
     histogram,
     percentile,
     summarize,
     time_to_target,
 )
-from minips.run.report_text import format_report
-from minips.run.rundir import load_run
+from minips.results.report_text import format_report
+from minips.results.rundir import load_run
+from minips.run.config import RunConfig
+from minips.run.launch import run_local
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}
@@ -216,7 +216,7 @@ def test_plot_writes_two_pngs_headless(real_run, written_run, tmp_path, monkeypa
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(real_run, tmp_path, monkeypatch):
-    from minips.run.plot import plot_accuracy
+    from minips.results.plot import plot_accuracy
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` -> ImportError
     with pytest.raises(MissingExtraError, match=r"pip install 'minips\[plot\]'"):

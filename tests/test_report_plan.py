@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from minips.run.report_plan import link_text, plan_lines, plan_summary
+from minips.results.report_plan import link_text, plan_lines, plan_summary
 
 
 def _minips(*args: str) -> subprocess.CompletedProcess:

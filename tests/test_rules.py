@@ -2,7 +2,7 @@
 
 Each test pushes chosen gradients at chosen bases to a server in a thread and checks the
 parameters bit for bit against the same float32 operations done by hand (lr * scale is a
-Python float cast once to float32, as in minips.server.store.SGD).
+Python float cast once to float32, as in minips.state.store.SGD).
 """
 
 import math

@@ -15,11 +15,11 @@ from minips.cli import main
 from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
-from minips.protocol.plan import ParamPlan, Plan
+from minips.results.metrics import read_metrics
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.run.metrics import read_metrics
 from minips.trainer import evaluate
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.client import PSClient
 from minips.worker.worker import apply_delta
 

@@ -9,8 +9,8 @@ from minips.cli import main
 from minips.cli.ps_cmd import run_command
 from minips.data import load_dataset
 from minips.nn import build_model
+from minips.results.metrics import read_metrics
 from minips.run.config import RunConfig
-from minips.run.metrics import read_metrics
 from minips.trainer import evaluate
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5}

@@ -123,7 +123,7 @@ def test_evaluate_says_what_it_does_and_what_it_found(tmp_path):
 def test_the_lab_questions_name_columns_the_report_prints():
     from pathlib import Path
 
-    from minips.run.report_text import format_report
+    from minips.results.report_text import format_report
 
     root = Path(__file__).resolve().parents[1]
     notes = (root / "docs" / "instructor-notes.md").read_text()

@@ -13,14 +13,12 @@ import pytest
 
 from minips.errors import MinipsError
 from minips.nn import build_model
-from minips.run.config import RunConfig
-from minips.run.final_test import ensure_final_tested
-from minips.run.launch import run_local
-from minips.run.metrics import read_metrics
-from minips.run.report import summarize
-from minips.run.report_text import format_report
-from minips.run.rundir import RunDir, load_run, write_results
-from minips.run.versions import (
+from minips.ops.checkpoint_file import write_checkpoint
+from minips.results.metrics import read_metrics
+from minips.results.report import summarize
+from minips.results.report_text import format_report
+from minips.results.rundir import RunDir, load_run, write_results
+from minips.results.versions import (
     UNTESTED,
     accuracy_fields,
     newer_version,
@@ -28,7 +26,9 @@ from minips.run.versions import (
     same_version,
     untested_line,
 )
-from minips.server.checkpoint_file import write_checkpoint
+from minips.run.config import RunConfig
+from minips.run.final_test import ensure_final_tested
+from minips.run.launch import run_local
 
 FAST = {"model": "mlp", "dataset": "synthetic", "lr": 0.05, "momentum": 0.5, "rule": "asgd"}
 
@@ -234,7 +234,7 @@ def test_a_run_whose_workers_all_fail_is_an_error(tmp_path, monkeypatch):
 
 
 def test_minips_run_names_the_version_of_its_accuracy():
-    from minips.run.versions import accuracy_line
+    from minips.results.versions import accuracy_line
 
     tested = {"accuracy": 0.865, **accuracy_fields({"version": [688, 672]}, [688, 672])}
     assert accuracy_line(tested) == "test accuracy: 0.8650 (version 688/672, the final model)"

@@ -11,11 +11,11 @@ import pytest
 from test_server_support import SHAPES, RawPeer, make_params, packb, running_server, snapshot
 
 from minips.errors import ConfigError, ShapeError
+from minips.ops.checkpoint_file import read_checkpoint
 from minips.protocol import wire
 from minips.rules import make_rule
-from minips.server.checkpoint_file import read_checkpoint
 from minips.server.server import ParameterServer, ServerOptions
-from minips.server.store import SGD
+from minips.state.store import SGD
 from minips.worker.client import PSClient, ServerError
 
 
@@ -344,7 +344,7 @@ def test_constructor_validates():
 SERVE_FOREVER = """
 import sys
 import numpy as np
-from minips.server.store import SGD
+from minips.state.store import SGD
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
 params = {"fc.b": np.zeros(4, np.float32)}

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, running_server
 
+from minips.ops.request_checks import OverflowCheck
 from minips.protocol import auth
 from minips.protocol.wire import ProtocolError
-from minips.server.checks import OverflowCheck
-from minips.server.store import SGD, ParameterStore
+from minips.state.store import SGD, ParameterStore
 from minips.worker.client import PSClient, ServerError
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 from test_server_support import running_server
 
-from minips.codecs import Factors
+from minips.transmission.codecs import Factors
 from minips.worker.client import PSClient, ServerError
 
 

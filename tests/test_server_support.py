@@ -12,7 +12,7 @@ import zmq
 from minips.protocol import wire
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
-from minips.server.store import SGD
+from minips.state.store import SGD
 
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
 

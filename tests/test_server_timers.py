@@ -25,11 +25,11 @@ from test_server_support import (
 )
 
 from minips.errors import MinipsError
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.telemetry import Counters
 from minips.rules import ASGD, SSGD, Outcome, Update
-from minips.server.checkpoints import Checkpointer
-from minips.server.store import SGD, ParameterStore
-from minips.server.telemetry import Counters
 from minips.server.timers import Timers
+from minips.state.store import SGD, ParameterStore
 
 
 class TimerFailsAfterAPush(ASGD):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from minips.worker.trace import NullTrace, Trace, load_events, main, open_trace, summarize
+from minips.results.trace import NullTrace, Trace, load_events, main, open_trace, summarize
 
 
 def _spans(path):

@@ -12,7 +12,7 @@ from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.nn.losses import softmax_cross_entropy
-from minips.run.metrics import MetricsLog, read_metrics
+from minips.results.metrics import MetricsLog, read_metrics
 from minips.trainer import TrainConfig, evaluate, train
 
 

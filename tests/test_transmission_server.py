@@ -10,11 +10,11 @@ from test_server_support import make_params, running_server
 
 from minips.errors import ConfigError
 from minips.protocol import wire
-from minips.protocol.plan import ParamPlan, Plan
+from minips.results.trace import load_events, summarize
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.client import PSClient
-from minips.worker.trace import load_events, summarize
 from minips.worker.worker import apply_delta
 
 DELTA = {"codec": "delta", "ratio": 0.25, "dtype": "float16"}

@@ -9,7 +9,12 @@ from pathlib import Path
 import minips
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
-SKIP = ("minips.web", "minips.dashboard", "minips.exercise", "minips.__main__")
+SKIP = (
+    "minips.classroom.web",
+    "minips.classroom.dashboard",
+    "minips.classroom.exercise",
+    "minips.__main__",
+)
 
 
 def _classes() -> dict[str, list[type]]:

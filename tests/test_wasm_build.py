@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STATIC = ROOT / "minips" / "web" / "static"
+STATIC = ROOT / "minips" / "classroom" / "web" / "static"
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import msgpack
 import pytest
 from test_server_support import running_server
 
+from minips.classroom.web.admission import Admission
+from minips.classroom.web.framing import pack_frames, unpack_frames
 from minips.errors import ConfigError
-from minips.web.admission import Admission
-from minips.web.framing import pack_frames, unpack_frames
 
 websockets = pytest.importorskip(
     "websockets", reason="websockets not installed: pip install '.[web]'"
@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 from websockets.protocol import State  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from minips.web import start_gateway  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
 
 
 def _ws_url(gateway) -> str:
@@ -261,7 +261,8 @@ def test_a_relayed_message_gives_back_its_bytes_and_its_frame_header():
 async def _send_big_at_once(url: str, n: int, size: int) -> list[int | None]:
     """n WebSockets each send one message of `size` bytes at once (a header frame too big
     for the server, which answers `too_large`); each one's close code, None: answered.
-    Each says hello first (as an observer), so its bound is its model's (minips.web.bounds:
+    Each says hello first (as an observer), so its bound is its model's
+    (minips.classroom.web.bounds:
     the test server's model is none the gateway knows, so the protocol's limit)."""
     from websockets.asyncio.client import connect as aconnect
 
@@ -356,7 +357,7 @@ def test_a_closed_websocket_gives_its_seat_back_at_once():
 def test_protocol_md_states_the_gateways_numbers():
     from pathlib import Path
 
-    from minips.web import gateway, seats
+    from minips.classroom.web import gateway, seats
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
     section = text[text.index("## 14. Browsers") : text.index("## 15.")]

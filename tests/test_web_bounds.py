@@ -1,4 +1,4 @@
-"""How large a browser's message may be (docs/protocol.md 14.4, minips.web.bounds): a few
+"""How large a browser's message may be (docs/protocol.md 14.4, minips.classroom.web.bounds): a few
 times the model's dense size once the server's hello reply named the model, a header
 before; one byte over is refused (1009, with a reason), and the gateway gives back the
 memory of the messages it answered."""
@@ -24,15 +24,15 @@ from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.protocol import State  # noqa: E402
 
-from minips.nn import build_model  # noqa: E402
-from minips.web import start_gateway  # noqa: E402
-from minips.web.bounds import (  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
+from minips.classroom.web.bounds import (  # noqa: E402
     BOUND_FACTOR,
     HEADER_ROOM,
     MAX_WS_MESSAGE,
     message_bound,
 )
-from minips.web.framing import pack_frames, unpack_frames  # noqa: E402
+from minips.classroom.web.framing import pack_frames, unpack_frames  # noqa: E402
+from minips.nn import build_model  # noqa: E402
 
 MiB = 1 << 20
 

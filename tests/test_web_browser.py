@@ -40,7 +40,7 @@ def browser(tmp_path):
 
 @pytest.fixture
 def gateway_for():
-    from minips.web import start_gateway
+    from minips.classroom.web import start_gateway
 
     running = []
 

@@ -1,5 +1,5 @@
-"""The browser worker's codecs (minips/web/static/codecs.js) against docs/protocol.md §13
-and against their NumPy twins (minips/codecs/), in Node and in headless Chromium.
+"""The browser worker's codecs (minips/classroom/web/static/codecs.js) against docs/protocol.md §13
+and against their NumPy twins (minips/transmission/codecs/), in Node and in headless Chromium.
 
 - the worked examples of §13.6-13.7, encoded byte for byte by the JavaScript codecs (Node:
   tests/js/codecs_doc.mjs; Chromium: the same tests/js/codec_examples.mjs in a page of the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from test_server_protocol_doc import _doc_frame
 
-from minips import codecs
-from minips.codecs import Factors
+from minips.transmission import codecs
+from minips.transmission.codecs import Factors
 
 JS_TESTS = Path(__file__).resolve().parent / "js"
 NODE = shutil.which("node")
@@ -171,7 +171,7 @@ def test_the_documented_examples_in_chromium(tmp_path):
     from test_web_support import Chromium, require_browser, wait_for
 
     require_browser()
-    from minips.web import start_gateway
+    from minips.classroom.web import start_gateway
 
     examples = (JS_TESTS / "codec_examples.mjs").read_text()
     delta = [list(_doc_frame(f"codec-delta-frame-{i}")) for i in range(3)]

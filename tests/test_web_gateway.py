@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from test_server_support import running_server
 
+from minips.classroom.web.framing import FramingError, pack_frames, unpack_frames
+from minips.classroom.web.shards import to_pixels
 from minips.data import load_dataset, normalize, parse_idx
 from minips.errors import ConfigError
-from minips.web.framing import FramingError, pack_frames, unpack_frames
-from minips.web.shards import to_pixels
 
 websockets = pytest.importorskip(
     "websockets", reason="websockets not installed: pip install '.[web]'"
 )
-from minips.web import start_gateway  # noqa: E402
-from minips.web.gateway import parse_listen  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
+from minips.classroom.web.gateway import parse_listen  # noqa: E402
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 

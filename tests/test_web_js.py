@@ -1,4 +1,4 @@
-"""The JavaScript network (minips/web/static/nn.js) against minips.nn, run with Node.
+"""The JavaScript network (minips/classroom/web/static/nn.js) against minips.nn, run with Node.
 
 The same JS files the browser worker loads are imported by the Node scripts in tests/js/.
 Python writes weights, a batch and NumPy's logits and gradients as raw .bin files; the Node

@@ -3,18 +3,18 @@
 The memory bound is met through a real gateway and server: one message whose WebSocket
 bytes are exactly the bound is relayed, one byte more closes that WebSocket (1009). The
 admission settings, the `Origin` forms and what a seat reads of a browser's messages are
-checked on their own (minips.web.admission, minips.web.seats), in every form a browser or
-another program may send.
+checked on their own (minips.classroom.web.admission, minips.classroom.web.seats), in every form a
+browser or another program may send.
 """
 
 import msgpack
 import pytest
 from test_server_support import running_server
 
+from minips.classroom.web.admission import FRAME_OVERHEAD, Admission, MemoryBudget
+from minips.classroom.web.framing import pack_frames, unpack_frames
+from minips.classroom.web.seats import GATEWAY_RID, Seat
 from minips.errors import ConfigError
-from minips.web.admission import FRAME_OVERHEAD, Admission, MemoryBudget
-from minips.web.framing import pack_frames, unpack_frames
-from minips.web.seats import GATEWAY_RID, Seat
 
 websockets = pytest.importorskip(
     "websockets", reason="websockets not installed: pip install '.[web]'"
@@ -22,7 +22,7 @@ websockets = pytest.importorskip(
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from minips.web import start_gateway  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
 
 MiB = 1 << 20
 

@@ -16,8 +16,8 @@ import pytest
 from test_web_support import quiet_env, require_browser
 
 from minips.nn import build_model
-from minips.run.planner import pull_bytes, push_bytes
-from minips.run.rundir import load_run
+from minips.results.rundir import load_run
+from minips.transmission.planning.planner import pull_bytes, push_bytes
 
 pytestmark = pytest.mark.slow
 # 2000 synthetic training examples: a shard of 1000 is 16 steps of 64 (the last one 40).

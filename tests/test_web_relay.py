@@ -22,10 +22,10 @@ websockets = pytest.importorskip(
 )
 from web_tabs import Tab, ssgd_rounds, ws_url  # noqa: E402
 
+from minips.classroom.web import start_gateway  # noqa: E402
+from minips.classroom.web.grouprelay import GroupRelay  # noqa: E402
 from minips.nn import build_model  # noqa: E402
 from minips.protocol import wire  # noqa: E402
-from minips.web import start_gateway  # noqa: E402
-from minips.web.grouprelay import GroupRelay  # noqa: E402
 
 GRADS = {name: np.full(a.shape, 1e-3, np.float32) for name, a in build_model("mlp").params.items()}
 

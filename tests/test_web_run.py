@@ -16,13 +16,13 @@ import click
 import pytest
 from test_web_support import quiet_env, require_browser, wait_for
 
+from minips.classroom.web.slots import student_url
 from minips.cli import cli
 from minips.errors import ConfigError
+from minips.results.metrics import read_metrics
+from minips.results.rundir import report_from_stats
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.metrics import read_metrics
-from minips.run.rundir import report_from_stats
-from minips.web.slots import student_url
 
 # As tests/test_web_browser.py: 2000 training examples, a shard of 1000 is 16 steps of 64.
 FAST = {

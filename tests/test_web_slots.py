@@ -1,9 +1,9 @@
-"""How long a run waits for its browser seats (minips.web.slots.SeatWatch), on the server's
-`stats` rows as they come: seats never taken, left and taken back, finished."""
+"""How long a run waits for its browser seats (minips.classroom.web.slots.SeatWatch), on the
+server's `stats` rows as they come: seats never taken, left and taken back, finished."""
 
 import pytest
 
-from minips.web.slots import SeatWatch, agent_name, browser_seats
+from minips.classroom.web.slots import SeatWatch, agent_name, browser_seats
 
 
 def _row(rank, alive, finished=False, agent="browser", worker=None):

@@ -1,4 +1,4 @@
-"""What a student reads on the worker page (minips/web/static/words.js, run with Node):
+"""What a student reads on the worker page (minips/classroom/web/static/words.js, run with Node):
 every stop says what happened and what to do, nothing technical in the headline, and the
 sentences docs/classroom.md quotes are the page's own."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = ROOT / "minips" / "web" / "static" / "words.js"
+WORDS = ROOT / "minips" / "classroom" / "web" / "static" / "words.js"
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="node not found: JS tests need Node >= 18")
 

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minips.codecs import decode_gradients
 from minips.errors import MinipsError
 from minips.protocol import wire
 from minips.protocol.wire import Limits, ProtocolError, decode, decode_reply, decode_request, encode
+from minips.transmission.codecs import decode_gradients
 
 
 def _push_frames(arrays, **fields):

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import connect
 
+from minips.classroom.web.framing import pack_frames, unpack_frames
 from minips.protocol import wire
-from minips.web.framing import pack_frames, unpack_frames
 
 
 def ws_url(http_url: str) -> str:

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from minips.codecs import Factors, decode_gradients, make_codec, top_k_indices
 from minips.protocol import wire
+from minips.transmission.codecs import Factors, decode_gradients, make_codec, top_k_indices
 
 PUSH = {"op": "push", "worker": "w", "seq": 0, "base": 0}
 

@@ -90,7 +90,7 @@ def through_gateway(url: str, up: int, count: int) -> float:
     """ms per round trip over a WebSocket to the gateway (framing of protocol.md §14.2)."""
     from websockets.sync.client import connect
 
-    from minips.web.framing import pack_frames
+    from minips.classroom.web.framing import pack_frames
 
     with connect(url.replace("http", "ws") + "ws", max_size=None, compression=None) as ws:
         start = time.perf_counter()

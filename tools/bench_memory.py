@@ -15,7 +15,7 @@ starts a fresh one, measures its RSS when idle, runs the attack, and reports the
 It also checks the server still answers an honest client afterwards. The fd limit is raised
 to the hard limit for the connections (1,000 ZeroMQ sockets by default: a few thousand in
 one process run out of descriptors; tests/test_memory.py makes 10,000 raw TCP connections).
-docs/protocol.md section 10 states the bounds these stay under (minips/server/inflow.py cuts a
+docs/protocol.md section 10 states the bounds these stay under (minips/ops/inflow.py cuts a
 connection holding too much of a message still arriving; tests/test_memory.py checks them).
 """
 
@@ -36,7 +36,7 @@ from minips.nn import lenet5  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
-from minips.server.store import SGD  # noqa: E402
+from minips.state.store import SGD  # noqa: E402
 from minips.worker.client import PSClient  # noqa: E402
 
 MB = 1 << 20

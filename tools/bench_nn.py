@@ -34,7 +34,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from minips.nn import lenet5, softmax_cross_entropy  # noqa: E402
-from minips.server.store import SGD  # noqa: E402
+from minips.state.store import SGD  # noqa: E402
 
 
 def cpu_model() -> str:

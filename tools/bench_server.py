@@ -44,15 +44,15 @@ import numpy as np  # noqa: E402
 from minips.nn import lenet5  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
-from minips.server.store import SGD  # noqa: E402
+from minips.state.store import SGD  # noqa: E402
 from minips.worker.client import PSClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_ps  # noqa: E402
 from group_bench import shard_bind, start_group  # noqa: E402
 
+from minips.group.shard import shard_params  # noqa: E402
 from minips.protocol.partition import partition_of_model  # noqa: E402
-from minips.server.group import shard_params  # noqa: E402
 
 RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 

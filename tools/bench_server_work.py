@@ -30,8 +30,8 @@ from bench_wire import _tensors  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.server import server as server_module  # noqa: E402
 
-try:  # a checkout from before minips.server.store (on PYTHONPATH) has minips.optim
-    from minips.server.store import SGD  # noqa: E402
+try:  # a checkout from before minips.state.store (on PYTHONPATH) has minips.optim
+    from minips.state.store import SGD  # noqa: E402
 except ImportError:
     from minips.optim import SGD  # noqa: E402
 from minips.rules import make_rule  # noqa: E402

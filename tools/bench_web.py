@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_web_support import Chromium, quiet_env, server_process, wait_for  # noqa: E402
 
-from minips.web import start_gateway  # noqa: E402
-from minips.web.headless import remove_profile  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
+from minips.classroom.web.headless import remove_profile  # noqa: E402
 
 
 def numpy_worker(tmp: Path, server_args: list[str], steps: int) -> dict:

@@ -49,8 +49,8 @@ import zmq
 from group_bench import start_group
 from raw_ps import MomentumStore, RawClient, RawGroupClient, chunk_plan, serve
 
+from minips.group.shard import shard_params
 from minips.protocol.partition import partition_of_model
-from minips.server.group import shard_params
 
 LENET5 = {
     "conv1.w": (20, 1, 5, 5),
@@ -82,7 +82,7 @@ def _address(transport: str) -> str:
 def _minips_server(queue, transport: str = "tcp") -> None:
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
-    from minips.server.store import SGD
+    from minips.state.store import SGD
 
     params = _tensors()
     options = ServerOptions(bind=_address(transport))

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import websockets
 
-from minips.web.headless import CHROMIUM_FLAGS, remove_profile
-from minips.web.slots import find_chromium
+from minips.classroom.web.headless import CHROMIUM_FLAGS, remove_profile
+from minips.classroom.web.slots import find_chromium
 
 PAGE = """<!doctype html><html><body><script>
 const query = new URLSearchParams(location.search);

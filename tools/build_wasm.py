@@ -1,4 +1,4 @@
-"""Build the browser engine's .wasm files (minips/web/static/gemm.wasm, kernels.wasm) from
+"""Build the browser engine's .wasm files (minips/classroom/web/static/gemm.wasm, kernels.wasm) from
 their .wat sources with a pinned wat2wasm.
 
 The tool is wabt's wat2wasm from the npm package `wabt` (a WebAssembly build of WABT that
@@ -7,7 +7,7 @@ with `npm ci` into --tool-dir. Its output depends on the .wat source and wabt's 
 only, so each shipped .wasm can be rebuilt byte for byte anywhere; it sits beside its
 source, X.wat -> X.wasm:
 
-    python tools/build_wasm.py            # writes minips/web/static/{gemm,kernels}.wasm
+    python tools/build_wasm.py            # writes minips/classroom/web/static/{gemm,kernels}.wasm
     python tools/build_wasm.py --check    # exit 1 if a shipped file differs from its build
     python tools/build_wasm.py --check DIR/X.wat   # that source and DIR/X.wasm only
 
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STATIC = ROOT / "minips" / "web" / "static"
+STATIC = ROOT / "minips" / "classroom" / "web" / "static"
 SOURCES = [STATIC / "gemm.wat", STATIC / "kernels.wat"]
 PINS = Path(__file__).resolve().parent / "wasm"  # package.json + package-lock.json
 DEFAULT_TOOL_DIR = Path.home() / ".cache" / "minips" / "wabt"

@@ -25,7 +25,7 @@ from typing import Any
 
 from minips.data.datasets import load_dataset
 from minips.nn.zoo import build_model
-from minips.server.checkpoint_file import read_checkpoint
+from minips.ops.checkpoint_file import read_checkpoint
 from minips.trainer import evaluate
 
 VERSIONS_FILE = "versions.jsonl"

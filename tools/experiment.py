@@ -37,11 +37,11 @@ from typing import Any
 
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
+from minips.results.report import summarize
+from minips.results.rundir import load_run
 from minips.rules import RULES
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.report import summarize
-from minips.run.rundir import load_run
 
 ALL_RULES = ["ssgd", "asgd", "ssp", "dasgd", "vsgd", "dcasgd"]
 
@@ -224,7 +224,7 @@ def markdown_table(rows: list[dict[str, Any]], target: float) -> list[str]:
 
 def make_plots(out: Path, env_name: str, run_dirs: list[Path], target: float) -> list[str]:
     """accuracy-<env>.png and staleness-<env>.png; [] (and a note) without matplotlib."""
-    from minips.run.plot import plot_accuracy, plot_staleness
+    from minips.results.plot import plot_accuracy, plot_staleness
 
     runs = [load_run(d) for d in run_dirs if (d / "metrics.jsonl").exists()]
     if not runs:

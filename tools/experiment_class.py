@@ -33,10 +33,10 @@ from typing import Any
 
 from experiment_layers import held  # one flock helper for the tools' grids
 
+from minips.results.report import time_to_target
+from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.report import time_to_target
-from minips.run.rundir import load_run
 
 
 def _final_stats(out: Path) -> dict[str, Any]:

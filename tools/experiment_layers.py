@@ -17,7 +17,7 @@ momentum 0.9, a global budget of 120,000 samples (2 epochs), evaluations every 5
 Plans:
 
     dense       everything dense both ways (the default)
-    auto        the planner's choice for the run's link (minips/run/planner.py)
+    auto        the planner's choice for the run's link (minips/transmission/planning/planner.py)
     fp16        every weight fp16 both ways, biases dense, wait-free sending
     FILE.json   a plan file (`minips plan --json`), labelled by its name
 
@@ -50,11 +50,11 @@ from eval_versions import evaluate_versions, read_versions
 from layers_tables import after_startup, fitted, group_rows, per_seed, table, versus
 from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
 
-from minips.protocol.plan import ParamPlan, Plan
+from minips.results.report import time_to_target
+from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.run.report import time_to_target
-from minips.run.rundir import load_run
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.netlimit import parse_rate
 
 TARGETS = (0.80, 0.85)

@@ -38,8 +38,8 @@ from fuzz_server import mutate, start_server
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from minips.classroom.web.framing import pack_frames, unpack_frames
 from minips.protocol import wire
-from minips.web.framing import pack_frames, unpack_frames
 
 PATHS = ["/", "/index.html", "/static/app.js", "/static/../../etc/passwd", "/static/%2e%2e/x",
          "/data/sample/info", "/data/sample/train/0/2/images", "/data/sample/train/1/2/labels",

@@ -2,7 +2,7 @@
 
 A row is one run: link, plan, seed, final accuracy, wall time, time_to / samples_to /
 fitted_time_to per target ("0.80", "0.85"), bytes up and down per worker step, the load.
-Times are the first evaluation at or above a target (`minips.run.report.time_to_target`)
+Times are the first evaluation at or above a target (`minips.results.report.time_to_target`)
 and the fit of the whole curve (`experiment_layers.fitted_time_to`).
 """
 

@@ -5,7 +5,7 @@
 
 A mutant is one text edit of one file of a clean copy of this checkout (`git archive HEAD`):
 
-    {"id": "registry-seq-window", "file": "minips/server/registry.py",
+    {"id": "registry-seq-window", "file": "minips/state/registry.py",
      "find": "len(self.answered) > SEQ_WINDOW", "replace": "len(self.answered) > SEQ_WINDOW + 1",
      "kind": "boundary", "recent": true, "note": "one answer too many remembered"}
 
@@ -52,7 +52,7 @@ def clean_copy(into: Path) -> Path:
 
 
 def module_name(path: str) -> str:
-    """minips/server/registry.py -> minips.server.registry"""
+    """minips/state/registry.py -> minips.state.registry"""
     return path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
 
 

@@ -40,8 +40,8 @@ import zmq.asyncio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_web_support import Chromium, server_process, wait_for  # noqa: E402
 
-import minips.web.gateway as gateway_module  # noqa: E402
-from minips.web.running import RunningGateway  # noqa: E402
+import minips.classroom.web.gateway as gateway_module  # noqa: E402
+from minips.classroom.web.running import RunningGateway  # noqa: E402
 
 STAGES = ("page_encode", "to_gateway", "gateway_read", "gateway_relay", "server",
           "gateway_write", "to_page", "page_decode")  # fmt: skip

@@ -1,7 +1,7 @@
 """Where a browser worker's compute goes: each layer's forward and backward in Chromium.
 
 Opens a page of the gateway's origin in headless Chromium (no worker, no server traffic)
-and runs the network of minips/web/static/nn.js there on a random batch, on each engine:
+and runs the network of minips/classroom/web/static/nn.js there on a random batch, on each engine:
 --passes forward + backward passes, the first --warmup ones not counted, each layer's
 forward and backward timed (performance.now); prints one JSON line per engine with the
 median of each, and of the whole pass.
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_web_support import Chromium, server_process, wait_for  # noqa: E402
 
-from minips.web import start_gateway  # noqa: E402
+from minips.classroom.web import start_gateway  # noqa: E402
 
 _PROFILE_IN_THE_PAGE = """
 (async () => {

@@ -10,7 +10,8 @@ sockets or timing, and exactly: this replays `minips run --rule ssgd` round by r
 the project's own parts, in the order the real run uses them:
 
     each worker  forward/backward on its next batch (its shard, its rng: seed * 1000 + rank)
-                 -> its Encoder (minips.codecs: top-k residuals, float16, sufficient factors)
+                 -> its Encoder (minips.transmission.codecs: top-k residuals, float16, sufficient
+                    factors)
                  -> wire frames (minips.protocol.wire.encode_parts, decode_request)
     server       decode_gradients -> the mean over workers (the SSGD rule's formula)
                  -> ParameterStore.write with the server's SGD (momentum, or none for a
@@ -44,15 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from minips.codecs import Encoder, Factors, decode_gradients, parse_spec
 from minips.data import iterate_batches, load_dataset
 from minips.nn import build_model, softmax_cross_entropy
 from minips.protocol import wire
-from minips.protocol.plan import ParamPlan, Plan, load_plan
 from minips.server.pulls import PullEncoder
-from minips.server.registry import WorkerState
-from minips.server.store import SGD, ParameterStore
+from minips.state.registry import WorkerState
+from minips.state.store import SGD, ParameterStore
 from minips.trainer import evaluate
+from minips.transmission.codecs import Encoder, Factors, decode_gradients, parse_spec
+from minips.transmission.plan import ParamPlan, Plan, load_plan
 from minips.worker.worker import apply_delta
 
 TARGETS = (0.80, 0.85)
@@ -66,7 +67,7 @@ def named_plan(name: str, model_name: str, batch_size: int, workers: int) -> Pla
         weights = [n for n, a in model.params.items() if a.ndim > 1]
         return Plan({n: ParamPlan(push="fp16", pull="fp16") for n in weights})
     if name.startswith("auto-"):  # the planner's choice for each worker's own link of RATE
-        from minips.run.planner import Cluster, Network, make_plan
+        from minips.transmission.planning.planner import Cluster, Network, make_plan
 
         network, cluster = Network.parse(bandwidth=name[5:]), Cluster(workers=workers)
         return make_plan(build_model(model_name), batch_size, cluster, network, momentum=0.9).plan

@@ -1,7 +1,7 @@
 """`minips worker` and `minips evaluate`: the clients of a running server.
 
 Thin: each makes a client (minips.worker.client) and calls minips.worker.worker or
-minips.worker.evaluator; everything about the run comes from the server. Every option can
+minips.results.evaluator; everything about the run comes from the server. Every option can
 also be given as an environment variable, e.g. MINIPS_WORKER_CONNECT.
 """
 
@@ -100,8 +100,8 @@ def worker(
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from minips.results.trace import open_trace
     from minips.worker.netlimit import parse_rate
-    from minips.worker.trace import open_trace
     from minips.worker.worker import summary_line, write_report
 
     if bandwidth:
@@ -211,8 +211,8 @@ def evaluate(
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from minips.run.metrics import MetricsLog
-    from minips.worker.evaluator import run_evaluator
+    from minips.results.evaluator import run_evaluator
+    from minips.results.metrics import MetricsLog
 
     with (
         PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,

@@ -44,7 +44,7 @@ def dashboard(
     Read-only like the evaluator: it only asks the server for `stats`. When the server
     stops, the page keeps its last numbers. Ctrl-C stops it.
     """
-    from minips.dashboard import start_dashboard
+    from minips.classroom.dashboard import start_dashboard
     from minips.protocol.address import normalize
     from minips.protocol.auth import load_client_keys
 

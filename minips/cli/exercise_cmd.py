@@ -15,7 +15,7 @@ def exercise() -> None:
 @exercise.command("list")
 def list_exercises() -> None:
     """Each exercise: name, expected time, starter file, learning goal."""
-    from minips.exercise import EXERCISES
+    from minips.classroom.exercise import EXERCISES
 
     for ex in EXERCISES.values():
         click.echo(f"{ex.name:22s} {ex.minutes:3d} min  {ex.starter:18s} {ex.goal}")
@@ -30,7 +30,7 @@ def handout_exercises(directory: str, force: bool) -> None:
     The starters ship with minips, so this works from an installed package alone; no
     solution is in it.
     """
-    from minips.exercise import handout
+    from minips.classroom.exercise import handout
 
     written = handout(directory, force)
     click.echo(f"wrote {len(written)} files to {directory}: {', '.join(p.name for p in written)}")
@@ -48,7 +48,7 @@ def check_exercise(name: str, path: str | None) -> None:
 
     Exit status 0 when the check passes, 1 when it finds something wrong.
     """
-    from minips.exercise import check
+    from minips.classroom.exercise import check
 
     answer, result = check(name, path)
     click.echo(f"checking {answer} ({name})")

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
+from minips.cli.click_options import config_options
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
-from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import RunConfig
 
@@ -49,11 +49,11 @@ def launch(
     evaluates and prints the summary, as `minips run` does. E.g.
     `mpirun -n 4 minips launch --servers 2 --out runs/mpi`.
     """
+    from minips.results.versions import accuracy_line, untested_line
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
     from minips.run.prepare import check_run_can_start, claim_run_dir
-    from minips.run.versions import accuracy_line, untested_line
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)

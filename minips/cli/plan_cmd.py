@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
-from minips.run.plan_costs import MAX_PLAN_BATCH
-from minips.server.registry import MAX_REGISTERED
+from minips.state.registry import MAX_REGISTERED
+from minips.transmission.planning.plan_costs import MAX_PLAN_BATCH
 
 
 @click.command("plan")
@@ -72,12 +72,12 @@ def plan(
     json_path: str | None,
 ) -> None:
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
+    from minips.cli.plan_table import format_table
     from minips.nn import build_model
     from minips.rules import rule_class, server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
-    from minips.run.plan_table import format_table
-    from minips.run.planner import Network, make_plan
+    from minips.transmission.planning.planner import Network, make_plan
 
     rule = rule or DEFAULT_RULE
     chosen = rule_class(rule)  # an unknown rule: its one-line error, as `minips run` says it

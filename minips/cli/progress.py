@@ -13,7 +13,7 @@ LINE_INTERVAL = 5.0  # seconds between two progress lines when stderr is not a t
 
 
 class ProgressBar:
-    """Progress driven by a `ProgressFn` callback (minips.run.metrics).
+    """Progress driven by a `ProgressFn` callback (minips.results.metrics).
 
     Use: `with ProgressBar() as bar: train(..., progress=bar.update)`. On a terminal a click
     progress bar appears at the first update (the total is known only then), its label the

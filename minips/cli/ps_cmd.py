@@ -15,15 +15,15 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from minips.cli.click_options import config_options
 from minips.cli.numbers import FiniteFloatRange
-from minips.cli.options import config_options
 from minips.cli.progress import ProgressBar
+from minips.results.report_text import plural
+from minips.results.versions import accuracy_line, untested_line
 from minips.run.config import RunConfig
-from minips.run.report_text import plural
-from minips.run.versions import accuracy_line, untested_line
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
-COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.server.collapse)
+COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.ops.collapse)
 
 
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
@@ -87,7 +87,7 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         check_run_can_start(config, dashboard_listen if dashboard else None)
         resume = Path(config.resume) if config.resume else None
         run_lock = claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
-        from minips.dashboard import RunDashboard
+        from minips.classroom.dashboard import RunDashboard
 
         keys = config.keys or (Path(out) / "keys" if config.auth else None)  # the run's keys
         listen = dashboard_listen if dashboard else None
@@ -172,8 +172,8 @@ def serve(
 ) -> None:
     """`minips server`'s work once its run directories are held: serve `config` (a whole
     group here, or one server or shard) until stopped, then print its summary line."""
+    from minips.results.metrics import MetricsLog
     from minips.run.build import join_root, make_server, server_summary
-    from minips.run.metrics import MetricsLog
 
     if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
         from minips.run.servergroup import serve_group_here

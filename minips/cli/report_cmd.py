@@ -1,8 +1,8 @@
 """`minips report` and `minips plot`: look at finished run directories.
 
-Thin: each command loads the run directories with minips.run.rundir and hands them to
-minips.run.report (JSON; its text: minips.run.report_text) or minips.run.plot (PNG files).
-"""
+Thin: each command loads the run directories with minips.results.rundir and hands them to
+minips.results.report (JSON; its text: minips.results.report_text) or minips.results.plot (PNG
+files)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ _TARGET = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a JSON list).")
 def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> None:
     """Summarise run directories: accuracy, time, traffic, staleness per worker."""
-    from minips.run.report import summarize
-    from minips.run.report_text import format_report
-    from minips.run.rundir import load_run
+    from minips.results.report import summarize
+    from minips.results.report_text import format_report
+    from minips.results.rundir import load_run
 
     reports = [summarize(load_run(path), target) for path in run_dirs]
     if as_json:
@@ -46,8 +46,8 @@ def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> No
 @click.option("--title", default=None, help="Figure title.")
 def plot(run_dirs: tuple[str, ...], target: float | None, out: str, title: str | None) -> None:
     """Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."""
-    from minips.run.plot import plot_accuracy, plot_staleness, staleness_path
-    from minips.run.rundir import load_run
+    from minips.results.plot import plot_accuracy, plot_staleness, staleness_path
+    from minips.results.rundir import load_run
 
     runs = [load_run(path) for path in run_dirs]
     click.echo(f"accuracy:  {plot_accuracy(runs, out, target, title)}")

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from minips.cli.options import config_options
+from minips.cli.click_options import config_options
 from minips.cli.progress import ProgressBar
 from minips.run.config import TrainConfig
 
@@ -28,8 +28,8 @@ def train(metrics_path: str | None, save_path: str | None, quiet: bool, **option
 
     Prints `test accuracy: 0.XXXX` at the end.
     """
-    from minips.run.metrics import MetricsLog
-    from minips.run.rundir import check_writable
+    from minips.results.metrics import MetricsLog
+    from minips.results.rundir import check_writable
     from minips.trainer import train as run_training
 
     config = TrainConfig.from_options(options)

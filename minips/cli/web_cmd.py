@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from minips.classroom.web.admission import Admission
 from minips.cli.numbers import BoundedIntRange
-from minips.web.admission import Admission
 
 
 @click.command()
@@ -71,9 +71,9 @@ def web(
     shard from here, trains with JavaScript in a Web Worker, and talks to the server through
     this gateway. Needs pip install 'minips[web]'.
     """  # fmt: skip
+    from minips.classroom.web.gateway import Gateway, check_installed, parse_listen
     from minips.protocol.address import normalize
-    from minips.run.rundir import check_writable
-    from minips.web.gateway import Gateway, check_installed, parse_listen
+    from minips.results.rundir import check_writable
 
     check_installed()
     logging.basicConfig(

@@ -12,7 +12,7 @@ generator VSGD's samples already use (docs/protocol.md 6.4):
 The keys of one seed are all distinct (the mix is a bijection of 64-bit integers and the
 inputs differ), so the order is unique, and it is a uniformly random permutation as far as
 SplitMix64's output is random. In NumPy it is one vectorised hash and an argsort; in
-JavaScript (minips/web/static/data.js) the same with BigInt.
+JavaScript (minips/classroom/web/static/data.js) the same with BigInt.
 
     training order   shuffle(seed, N_train)                   (seed 0 for every run)
     worker's epoch e shuffle(key_w(e), n_shard), w = seed * 1000 + rank   (mod 2^64)

@@ -19,7 +19,7 @@ from minips.nn.layers import MaxPool2D, ReLU
 # Key of the JSON metadata entry inside a saved .npz (parameter names never start with "__").
 META_KEY = "__minips__"
 FILE_FORMAT = 1
-# A checkpoint (minips.server.store) keeps each parameter as "param/<name>" and its JSON as "meta".
+# A checkpoint (minips.state.store) keeps each parameter as "param/<name>" and its JSON as "meta".
 CHECKPOINT_PARAM, CHECKPOINT_META = "param/", "meta"
 
 
@@ -205,7 +205,7 @@ class Sequential:
 
     def load(self, path: str | Path) -> None:
         """Read parameters saved by `save`, or a checkpoint (a server's, `minips train
-        --save`'s: minips.server.store), into this model.
+        --save`'s: minips.state.store), into this model.
 
         Raises DataError (unreadable file, wrong or missing names) or ShapeError (a parameter
         of the wrong shape), with a one-line message; the model is unchanged on error.

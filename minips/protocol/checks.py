@@ -42,7 +42,7 @@ _FLOATS = frozenset({"float32", "float16"})
 # Codec -> its parts, in wire order -> the dtypes each part may carry. A single-frame codec
 # has the one part None (its descriptor has no `part` key): "dense" is the array itself,
 # "fp16" a float32 tensor sent as float16 (the receiver widens it). The multi-part codecs
-# are docs/protocol.md section 13; minips.codecs implements one class per entry.
+# are docs/protocol.md section 13; minips.transmission.codecs implements one class per entry.
 CODECS: dict[str, dict[str | None, frozenset[str]]] = {
     "dense": {None: frozenset({"float32", "int32", "int64"})},
     "fp16": {None: frozenset({"float16"})},

@@ -6,7 +6,7 @@
 A codec that needs several arrays for one tensor (top-k: indices and values; sufficient
 factors: x and dy) sends one frame per *part*: its descriptors add `part` (which one) and
 `of` (the dense tensor's shape), and the parts of a tensor follow one another in the order
-of `CODECS`. Turning parts back into a dense gradient is `minips.codecs`' job.
+of `CODECS`. Turning parts back into a dense gradient is `minips.transmission.codecs`' job.
 
 `encode` and `decode` are pure functions over lists of byte buffers, so everything here is
 tested without sockets. `decode` trusts nothing it has not checked: the checks a hostile or

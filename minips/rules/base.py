@@ -2,7 +2,7 @@
 that most others build on.
 
 A rule never acts on the server: it reads the parameter store and the worker registry it
-was attached to (and the pushes booked there: minips.server.registry.Push, re-exported by
+was attached to (and the pushes booked there: minips.state.registry.Push, re-exported by
 minips.rules), and returns an `Outcome` (updates to apply, pushes to answer or drop) that
 the server loop carries out. The dependency runs one way: the server uses the rules, the
 rules read the server's state, and neither the registry nor the store imports a rule.
@@ -18,8 +18,8 @@ import numpy as np
 
 from minips.errors import ConfigError
 from minips.rules.state import RestoredWorkers, StateReader, StateWriter
-from minips.server.registry import Push, WorkerRegistry, WorkerState
-from minips.server.store import ParameterStore
+from minips.state.registry import Push, WorkerRegistry, WorkerState
+from minips.state.store import ParameterStore
 
 
 @dataclass(eq=False)
@@ -128,7 +128,7 @@ class Rule:
     server_momentum: ClassVar[float | None] = None
     # The largest move |w' - w| of one coordinate in one update that the rule's own state
     # takes without overflowing (Gap-Aware squares it); the server refuses an update that
-    # moves one further (`nonfinite`, minips.server.overflow). inf: no such state.
+    # moves one further (`nonfinite`, minips.ops.overflow). inf: no such state.
     max_move: ClassVar[float] = math.inf
     store: ParameterStore
     registry: WorkerRegistry

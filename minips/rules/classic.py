@@ -12,7 +12,7 @@ from minips.rules.base import ASGD, Outcome, Push, Rule, RuleOption, Update, opt
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from minips.server.registry import WorkerState
+    from minips.state.registry import WorkerState
 
 
 class SSP(ASGD):
@@ -106,7 +106,7 @@ class SSGD(Rule):
         totals: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
         # A sum that overflows is not written: the server's overflow check refuses the
-        # round (minips.server.overflow), so float32's warning says nothing here.
+        # round (minips.ops.overflow), so float32's warning says nothing here.
         with np.errstate(over="ignore", invalid="ignore"):
             for worker_id in self._in_rank_order(self._held):
                 for name, grad_sum in self._sums.pop(worker_id, {}).items():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import DataError
+from minips.ops.overflow import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
 from minips.rules.base import (
     Outcome,
@@ -27,12 +28,11 @@ from minips.rules.base import (
 )
 from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
-from minips.server.overflow import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
-    from minips.server.registry import WorkerRegistry, WorkerState
-    from minips.server.store import ParameterStore
+    from minips.state.registry import WorkerRegistry, WorkerState
+    from minips.state.store import ParameterStore
 
 
 class DANA(ASGD):
@@ -89,7 +89,7 @@ class DANA(ASGD):
 
     def check_push(self, push: Push) -> None:
         """`nonfinite` when the push would make v_i, sum_j v_j, or the update w - eta v_i
-        non-finite (minips.server.overflow): the server's own check sees only g. The new
+        non-finite (minips.ops.overflow): the server's own check sees only g. The new
         velocities are kept for `on_push` of the same push with the same gradients (computed
         once); a step sent in several pushes reaches `on_push` as its last push carrying
         the whole step's gradients (WorkerState.assemble_step), which are computed afresh."""

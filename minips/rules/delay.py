@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
+from minips.ops.request_checks import step_stays_finite
 from minips.protocol.sampling import Sampler, SliceSampler
 from minips.protocol.wire import ProtocolError
 from minips.rules.base import (
@@ -22,11 +23,10 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
-from minips.server.checks import step_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
-    from minips.server.registry import WorkerState
+    from minips.state.registry import WorkerState
 
 
 class DASGD(ASGD):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import DataError
+from minips.ops.overflow import SQUARE_SAFE_MOVE
 from minips.rules.base import (
     Outcome,
     Push,
@@ -24,11 +25,10 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
-from minips.server.overflow import SQUARE_SAFE_MOVE
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
-    from minips.server.registry import WorkerState
+    from minips.state.registry import WorkerState
 
 
 class PulledValues:

@@ -4,7 +4,7 @@ Some rules keep state of their own beside the parameters: DANA a momentum vector
 worker, DC-ASGD and Gap-Aware a copy of what each worker last pulled, Gap-Aware and VSGD
 their running step sizes. `Rule.state()` gives it as arrays by key and `Rule.load_state`
 takes it back, so a server restarted from a checkpoint goes on with it (the checkpoint's
-"rule/" section, minips/server/checkpoint_file.py). The keys:
+"rule/" section, minips/ops/checkpoint_file.py). The keys:
 
     workers               1-d str: the worker ids; a worker's number i is its place here
     WHAT/i/PARAM          an array of worker i for parameter PARAM (DANA's velocity)
@@ -26,7 +26,7 @@ import numpy as np
 from minips.errors import DataError
 
 if TYPE_CHECKING:
-    from minips.server.registry import WorkerRegistry
+    from minips.state.registry import WorkerRegistry
 
 
 class StateWriter:

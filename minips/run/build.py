@@ -14,21 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
+from minips.group.shard import Joiner, ShardRole, shard_params
 from minips.nn import build_model
+from minips.ops.checkpoints import shard_path
 from minips.protocol.auth import OPERATOR, load_client_keys
 from minips.protocol.partition import partition_of_model
-from minips.protocol.plan import Plan, load_plan
+from minips.results.report_text import plural
+from minips.results.rundir import check_writable
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_plan_fits
-from minips.run.plan_costs import group_gain
-from minips.run.planner import Cluster, Network, make_plan
-from minips.run.report_text import plural
-from minips.run.rundir import check_writable
-from minips.server.checkpoints import shard_path
-from minips.server.group import Joiner, ShardRole, shard_params
 from minips.server.server import ParameterServer
-from minips.server.store import SGD
+from minips.state.store import SGD
+from minips.transmission.plan import Plan, load_plan
+from minips.transmission.planning.plan_costs import group_gain
+from minips.transmission.planning.planner import Cluster, Network, make_plan
 
 
 def make_server(
@@ -92,7 +92,7 @@ def _run_for_shards(config: RunConfig, plan: Plan) -> dict[str, Any]:
 def joining_config(run: dict[str, Any], own: RunConfig) -> RunConfig:
     """A joining shard's configuration: the root's `run` with this shard's own fields. Its
     checkpoint, unless given: the root's group checkpoint's name (the shard writes its
-    file beside it, server/checkpoints.py), a resume: its own, else the root's."""
+    file beside it, ops/checkpoints.py), a resume: its own, else the root's."""
     known = {f.name for f in fields(RunConfig)}
     config = RunConfig(**{key: value for key, value in run.items() if key in known})
     kept = {name: getattr(own, name) for name in SHARD_OWN_FIELDS}
@@ -167,10 +167,10 @@ def plan_cluster(
 def resolve_plan(config: RunConfig) -> Plan:
     """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
 
-    auto's link (minips.run.planner.Network): --bandwidth RATE is each worker's own,
-    --netem RATE one shared by the workers; with both, the tighter; with neither,
+    auto's link (minips.transmission.planning.planner.Network): --bandwidth RATE is each worker's
+    own, --netem RATE one shared by the workers; with both, the tighter; with neither,
     unlimited (so: all dense). The planner counts browser slots' steps as slower
-    (`step_factors`) and ssgd's barrier (minips.run.plan_costs.Cluster).
+    (`step_factors`) and ssgd's barrier (minips.transmission.planning.plan_costs.Cluster).
     """
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":

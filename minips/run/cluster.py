@@ -30,13 +30,13 @@ from typing import Any, NoReturn
 
 from minips.errors import ConfigError, MinipsError
 from minips.protocol import address
+from minips.results.metrics import ProgressFn
+from minips.results.rundir import RunDir
 from minips.run.config import RunConfig
 from minips.run.launch import LocalRun
 from minips.run.launchenv import LaunchEnv
-from minips.run.metrics import ProgressFn
 from minips.run.prepare import prepare_run_dir
 from minips.run.processes import MINIPS
-from minips.run.rundir import RunDir
 
 COORDINATOR, SHARD, WORKER = "coordinator", "shard", "worker"
 

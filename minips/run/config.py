@@ -8,7 +8,7 @@ derived from those declarations (the declaring itself: minips.run.settings), so 
 field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
-                                      (minips.cli.options; for `rule_options`, each rule's
+                                      (minips.cli.click_options; for `rule_options`, each rule's
                                       flags from Rule.options)
     cls.from_options(values)          the config from those options' values
     config.validate()                 the same ranges the CLI enforces, plus cross-field checks
@@ -56,8 +56,8 @@ from minips.run.settings import (
     setting,
     setting_of,
 )
-from minips.server.registry import MAX_REGISTERED
 from minips.server.server import ServerOptions
+from minips.state.registry import MAX_REGISTERED
 
 RULE_OPTIONS = "rule_options"  # the field assembled from the rules' own flags (Rule.options)
 
@@ -283,7 +283,8 @@ class RunConfig(ConfigBase):
     root_timeout: float = setting(ROOT_TIMEOUT, "A shard whose root answers none of its "
                                   "joins for this many seconds stops (the root is gone).",
                                   commands=("server",), minimum=0, min_open=True)
-    # layer-aware transmission (docs/algorithms.md "Transmission"; protocol/plan.py, run/planner.py)
+    # layer-aware transmission (docs/algorithms.md "Transmission"; transmission/plan.py,
+    # transmission/planning/planner.py)
     plan: str = setting("dense", "Transmission plan: dense, auto (chosen by the planner for "
                         "the link, see `minips plan`) or a plan JSON file (minips plan --json).")
     bandwidth: str | None = setting(None, "Each worker's own link, e.g. 100mbit, 1gbit: a "

@@ -62,7 +62,7 @@ def check_resume(resume: str | None, servers: int, model: str) -> None:
     if not resume or servers > 1:
         return
     from minips.nn import build_model
-    from minips.server.checkpoint_file import load_checkpoint
+    from minips.ops.checkpoint_file import load_checkpoint
 
     load_checkpoint(resume).check_params(build_model(model).params)
 
@@ -74,7 +74,7 @@ def check_plan_file(plan: str, model: str) -> None:
     if plan in ("dense", "auto"):
         return
     from minips.nn import build_model
-    from minips.protocol.plan import load_plan
+    from minips.transmission.plan import load_plan
 
     check_plan_fits(load_plan(plan), build_model(model))
 
@@ -101,7 +101,7 @@ def check_can_shape(netem: str | None) -> None:
 
 def check_plan_batch(plan: str, batch_size: int) -> None:
     """ConfigError when `--plan auto` would time batches larger than the planner holds."""
-    from minips.run.plan_costs import MAX_PLAN_BATCH
+    from minips.transmission.planning.plan_costs import MAX_PLAN_BATCH
 
     if plan == "auto" and batch_size > MAX_PLAN_BATCH:
         raise ConfigError(
@@ -120,6 +120,6 @@ def check_browser_slots(browser: int, workers: int, headless: bool, listen: str)
     if headless and not browser:
         raise ConfigError("--browser-headless needs --browser N (the slots it fills)")
     if browser:
-        from minips.web.slots import check_browser_options
+        from minips.classroom.web.slots import check_browser_options
 
         check_browser_options(listen, headless)

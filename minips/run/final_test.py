@@ -1,11 +1,11 @@
 """The final test of a run: the accuracy `minips run` reports is of the model it ended with.
 
-The evaluator tests the final parameters when the server stops (minips.worker.evaluator).
+The evaluator tests the final parameters when the server stops (minips.results.evaluator).
 It cannot always: it died or was killed, a restarted shard no longer knew it, or the
 server's stop grace ran out while it was still testing an earlier pull. So once every
 server has stopped, `ensure_final_tested` compares the version of the evaluator's last
 record with the version the run ended with (each server's last `stats`,
-minips.run.versions) and, when they differ, tests the last checkpoint here, in the
+minips.results.versions) and, when they differ, tests the last checkpoint here, in the
 launcher: the run's checkpoint file, or a group's shard files (each shard's last, the model
 it ended with) put together; the model built from the checkpoint's spec and tested on the
 run's test set as the evaluator does; the record appended to eval.jsonl with `by:
@@ -26,11 +26,11 @@ import numpy as np
 
 from minips.errors import DataError, MinipsError
 from minips.protocol.partition import partition_of_model
+from minips.results.metrics import MetricsLog
+from minips.results.rundir import RunDir, final_stats, latest_eval
+from minips.results.versions import Version, newer_version, run_version, same_version, version_text
 from minips.run.config import RunConfig
-from minips.run.metrics import MetricsLog
 from minips.run.processes import ProcessGroup
-from minips.run.rundir import RunDir, final_stats, latest_eval
-from minips.run.versions import Version, newer_version, run_version, same_version, version_text
 
 if TYPE_CHECKING:
     from minips.nn.model import Sequential
@@ -82,8 +82,8 @@ def _last_checkpoint(config: RunConfig, run_dir: RunDir) -> tuple[Version, Param
     """The parameters of the run's last checkpoint, their version and the checkpoint's meta.
     A group's: each shard's own last file (the model it ended with), put together by the
     partition; the group checkpoint may be assembled at an older version all shards saved."""
-    from minips.server.checkpoint_file import load_checkpoint
-    from minips.server.group_checkpoints import shard_path
+    from minips.ops.checkpoint_file import load_checkpoint
+    from minips.ops.group_checkpoints import shard_path
 
     path = Path(config.checkpoint or run_dir.checkpoint)
     if config.servers == 1:

@@ -1,7 +1,7 @@
 """A server group's crash recovery under ssgd: the whole group goes back to one version.
 
 Under ssgd a round is one version on every shard (docs/protocol.md 16.6), and every shard
-checkpoints at the same versions, keeping the one before (minips.server.group_checkpoints).
+checkpoints at the same versions, keeping the one before (minips.ops.group_checkpoints).
 Restarting a crashed shard alone from its checkpoint at version c would tear the group:
 its slices back at c, its peers' at v > c, and the round in flight at the crash applied on
 some shards only. So `minips run` rolls the group back instead: it stops every other shard
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minips.ops.group_checkpoints import assemble
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
-from minips.server.group_checkpoints import assemble
 
 
 class GroupRollback:

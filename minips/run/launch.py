@@ -17,12 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from minips.classroom.web.slots import SeatWatch
 from minips.errors import MinipsError
 from minips.protocol import auth
+from minips.results.metrics import ProgressFn
+from minips.results.rundir import RunDir, latest_collapse, latest_eval, write_results
 from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.group_recovery import GroupRollback, final_group_checkpoint
-from minips.run.metrics import ProgressFn
 from minips.run.outcome import crashed_workers, failed_workers, lost_workers_line, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
@@ -34,8 +36,6 @@ from minips.run.processes import (
 )
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
-from minips.run.rundir import RunDir, latest_collapse, latest_eval, write_results
-from minips.web.slots import SeatWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
 
@@ -50,10 +50,10 @@ def run_local(
 ) -> dict[str, Any]:
     """Run a server, `config.workers` workers and an evaluator as processes; return the summary.
 
-    The run directory's files are described in minips.run.rundir. progress: told the
-    samples done as training goes (minips.run.metrics.ProgressFn). on_start(endpoint):
+    The run directory's files are described in minips.results.rundir. progress: told the
+    samples done as training goes (minips.results.metrics.ProgressFn). on_start(endpoint):
     called once every process is started (`minips run --dashboard` starts its page there).
-    With `config.browser` = B, B of the workers are browser slots (minips.web.slots): the
+    With `config.browser` = B, B of the workers are browser slots (minips.classroom.web.slots): the
     gateway is started too and `announce(line)` is told the URL to open.
     """
     run_dir = RunDir(Path(out_dir))
@@ -265,7 +265,7 @@ class LocalRun:
 
     def _start_browser_slots(self, endpoint: str) -> None:
         """Start the gateway (`minips web`), announce its URL, open headless tabs if asked."""
-        from minips.web.slots import gateway_argv, headless_argv, student_url
+        from minips.classroom.web.slots import gateway_argv, headless_argv, student_url
 
         config = self.config
         gateway = gateway_argv(endpoint, config.listen, self.dir.web_url, config.data_dir)
@@ -309,7 +309,7 @@ class LocalRun:
         return self.training_ended
 
     def _training(self) -> bool:
-        """A NumPy worker runs, or the run waits for a browser seat (minips.web.slots)."""
+        """A NumPy worker runs, or the run waits for a browser seat (minips.classroom.web.slots)."""
         if self.seats.end_run:
             return False  # a seat stayed empty and the teacher chose --empty-seats end
         if self.processes.running("worker"):

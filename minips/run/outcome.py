@@ -6,7 +6,7 @@ the servers counted fewer samples than the run was to train (`epochs` passes ove
 training set, or the `--max-samples` budget), `workers_failed` is the run's error: its
 summary says `error: ...` and `minips run` exits 2, whatever accuracy was measured. A run
 whose workers failed only after training every sample (a goodbye a stopped server no longer
-answered) did train; a run with browser slots is judged by its seats (minips.web.slots).
+answered) did train; a run with browser slots is judged by its seats (minips.classroom.web.slots).
 When only some workers failed before their shard was done, the run goes on without them
 and says so in one `warning:` line (`lost_workers_line`): it trained fewer samples than it
 was to.
@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 
 from minips.errors import MinipsError
+from minips.results.rundir import RunDir, final_stats
 from minips.run.config import RunConfig
 from minips.run.processes import Child, ProcessGroup
-from minips.run.rundir import RunDir, final_stats
 
 WORKER = "worker."  # a NumPy worker's child name: worker.<start order>
 
@@ -88,7 +88,7 @@ def resumed_samples(config: RunConfig) -> int:
     """The sample count a --resume'd run starts from (0 without --resume)."""
     if not config.resume:
         return 0
-    from minips.server.checkpoint_file import load_checkpoint
+    from minips.ops.checkpoint_file import load_checkpoint
 
     try:
         return int(load_checkpoint(config.resume).meta.get("samples", 0))

@@ -25,11 +25,11 @@ import zmq
 
 from minips.errors import ConfigError, MinipsError, RunDirError
 from minips.protocol import auth
+from minips.results.rundir import RUN_FILES, RunDir
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_can_shape, check_resume
 from minips.run.processes import MINIPS, SINGLE_THREADED_BLAS
-from minips.run.rundir import RUN_FILES, RunDir
 from minips.run.runlock import LOCK_NAME, RunLock, check_not_live
 
 
@@ -64,7 +64,7 @@ def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
 def _plan_in_subprocess(config: RunConfig, run_dir: RunDir) -> None:
     """`minips plan ... --json RUN_DIR/plan.json` as workers run (one BLAS thread): the
     `--plan auto` of `minips run`. The link options go through as given: `--bandwidth` and
-    `--netem` mean the same to both commands (minips.run.planner.Network)."""
+    `--netem` mean the same to both commands (minips.transmission.planning.planner.Network)."""
     argv = [*MINIPS, "plan", "--model", config.model, "--batch-size", str(config.batch_size),
             "--workers", str(config.workers), "--browser", str(config.browser),
             "--servers", str(config.servers), "--rule", config.rule,

@@ -2,11 +2,11 @@
 
 The server checkpoints atomically every few seconds (`--checkpoint-interval`, on by default
 for `minips run`) and keeps the checkpoint before the latest beside it
-(minips.server.checkpoint_file.previous_path), so a crash loses at most the updates of one
+(minips.ops.checkpoint_file.previous_path), so a crash loses at most the updates of one
 interval. When the server process dies (any exit but a clean stop), the launcher starts a
 new one on the same address, at most MAX_RESTARTS times, from:
 
-- the latest checkpoint, checked first (minips.server.checkpoint_file.load_checkpoint);
+- the latest checkpoint, checked first (minips.ops.checkpoint_file.load_checkpoint);
 - if that one is damaged, the one before it (the damaged file is set aside as
   checkpoint.damaged-N.npz, so the next checkpoint does not push the good one out);
 - if the server died before its first checkpoint, the run's start: the initial parameters
@@ -14,7 +14,7 @@ new one on the same address, at most MAX_RESTARTS times, from:
 - if every checkpoint there is is damaged: no restart; the run ends with that line.
 
 A shard of a server group (`--servers K`) is restarted the same way from its own files
-(minips.server.checkpoints.shard_path); under ssgd the whole group goes back to one
+(minips.ops.checkpoints.shard_path); under ssgd the whole group goes back to one
 version with it (minips.run.group_recovery: `prepare(child, at=version)`).
 
 The workers ride through: their requests time out and are retried (Lazy Pirate), the new
@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import DataError, MinipsError
-from minips.run.metrics import read_metrics
+from minips.ops.checkpoint_file import Checkpoint, load_checkpoint, previous_path
+from minips.ops.checkpoints import shard_path
+from minips.results.metrics import read_metrics
+from minips.results.rundir import RunDir
 from minips.run.processes import Child
-from minips.run.rundir import RunDir
-from minips.server.checkpoint_file import Checkpoint, load_checkpoint, previous_path
-from minips.server.checkpoints import shard_path
 
 MAX_RESTARTS = 3  # a server that keeps dying is a bug to report, not to hide
 

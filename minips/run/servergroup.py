@@ -5,7 +5,7 @@ are child processes (`minips server --shard J --root ROOT`), bound to the same h
 ports of their own, each joining the root and taking the run's configuration from it
 (docs/protocol.md 16.3). When the root stops (a `stop`, the workers' byes, SIGTERM) this
 process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
-assembles the group checkpoint from their files (server/checkpoints.py). Killed itself,
+assembles the group checkpoint from their files (ops/checkpoints.py). Killed itself,
 it leaves shards that stop once their root answered no join for --root-timeout seconds.
 Started on a checkpoint path that holds a group's model (`--config RUN/config.json` after
 the run) without --resume, every shard resumes from it (`kept_model`), so stopping the
@@ -24,11 +24,11 @@ from typing import Any
 
 import click
 
+from minips.ops import checkpoints
+from minips.ops.checkpoint_file import file_version
+from minips.results.metrics import MetricsLog
 from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
-from minips.run.metrics import MetricsLog
-from minips.server import checkpoints
-from minips.server.checkpoint_file import file_version
 
 log = logging.getLogger("minips.server")
 

@@ -13,18 +13,18 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from minips.ops import request_checks as checks
 from minips.protocol.wire import ProtocolError
 from minips.rules import Outcome, Rule
-from minips.server import checks
-from minips.server.registry import check_hello_connection
+from minips.state.registry import check_hello_connection
 
 if TYPE_CHECKING:
+    from minips.group.shard import ShardRole
     from minips.protocol.wire import Message
-    from minips.server.group import ShardRole
-    from minips.server.registry import WorkerRegistry, WorkerState
     from minips.server.router import Envelope, Outbox
     from minips.server.stop import Stop
-    from minips.server.store import ParameterStore
+    from minips.state.registry import WorkerRegistry, WorkerState
+    from minips.state.store import ParameterStore
 
 log = logging.getLogger("minips.server")
 MAX_REASON_CHARS = 256  # of a bye's `refused` reason kept for stats

@@ -13,7 +13,7 @@ values the worker has, bit for bit, because both sides add the same float32 numb
     replica_S += float32(v)            (the worker does the same to its copy)
 
 What is not sent stays in w - replica and competes again at the next pull: the error
-feedback of top-k (minips/codecs/topk.py), applied to the parameters going down.
+feedback of top-k (minips/transmission/codecs/topk.py), applied to the parameters going down.
 
 A lost reply must not desynchronise the replica. The worker's `since` is the version of
 the last pull reply it applied, so the server sends deltas only when `since` equals the
@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minips.codecs import top_k_indices
-from minips.protocol.plan import Plan, parse_pull_spec
 from minips.protocol.wire import WirePart
+from minips.transmission.codecs import top_k_indices
+from minips.transmission.plan import Plan, parse_pull_spec
 
 if TYPE_CHECKING:
+    from minips.ops.telemetry import Telemetry
     from minips.rules import Rule
-    from minips.server.registry import HeldPull, WorkerRegistry, WorkerState
     from minips.server.router import Outbox
     from minips.server.stop import Stop
-    from minips.server.store import ParameterStore
-    from minips.server.telemetry import Telemetry
+    from minips.state.registry import HeldPull, WorkerRegistry, WorkerState
+    from minips.state.store import ParameterStore
 
 
 class Pulls:

@@ -23,12 +23,12 @@ import zmq
 
 from minips.protocol import auth, wire
 from minips.protocol.wire import ProtocolError
-from minips.server.registry import Origin
+from minips.state.registry import Origin
 
 if TYPE_CHECKING:
+    from minips.ops.telemetry import Counters
     from minips.protocol.wire import Limits
-    from minips.server.registry import WorkerState
-    from minips.server.telemetry import Counters
+    from minips.state.registry import WorkerState
 
 log = logging.getLogger("minips.server")
 
@@ -114,7 +114,7 @@ def open_router(
     socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
     socket.setsockopt(zmq.SNDHWM, send_hwm)
     # Whole requests not yet read: a client sending faster than the server reads is slowed
-    # by TCP, not buffered (what is still arriving is bounded by minips/server/inflow.py).
+    # by TCP, not buffered (what is still arriving is bounded by minips/ops/inflow.py).
     socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close

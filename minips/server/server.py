@@ -5,14 +5,14 @@ The loop receives a request, decodes it (minips.protocol.wire), calls its handle
 arrival order, so the order of updates is deterministic given the order of messages.
 
 The state the loop guards lives in objects that never send anything: the parameters and
-their versions (server/store.py), the worker registry (server/registry.py) and the update rule
+their versions (state/store.py), the worker registry (state/registry.py) and the update rule
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-checkpoints server/checkpoints.py, the jobs of every turn server/timers.py; they hand what
+checkpoints ops/checkpoints.py, the jobs of every turn server/timers.py; they hand what
 the rule decided back to the loop. A bug (in a handler, the rule, a timer) is logged, the
 request and pushes it leaves waiting are answered `internal`, and the loop goes on
-(server/failures.py). The path of one push:
+(ops/failures.py). The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -29,23 +29,21 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.codecs import decode_gradients
+from minips.group.shard import ShardRole, operator_fields, refuse_join
+from minips.ops import request_checks as checks
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.collapse import CollapseWatch, output_classes
+from minips.ops.failures import Failures
+from minips.ops.inflow import InflowGuard, InflowLimits
+from minips.ops.overflow import refusal
+from minips.ops.telemetry import Telemetry, UpdateRecord
 from minips.protocol import address, wire
 from minips.protocol.checks import too_many_frames
-from minips.protocol.plan import Plan
 from minips.protocol.wire import Message, ProtocolError
 from minips.rules import Outcome, Rule, Update
-from minips.server import checks
-from minips.server.checkpoints import Checkpointer
-from minips.server.collapse import CollapseWatch, output_classes
-from minips.server.failures import Failures
-from minips.server.group import ShardRole, operator_fields, refuse_join
-from minips.server.inflow import InflowGuard, InflowLimits
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
-from minips.server.overflow import refusal
 from minips.server.pulls import Pulls
-from minips.server.registry import HeldPull, Push, WorkerRegistry, WorkerState
 from minips.server.router import (
     Envelope,
     Outbox,
@@ -55,9 +53,11 @@ from minips.server.router import (
     split_envelope,
 )
 from minips.server.stop import Stop, stop_on_signals
-from minips.server.store import SGD, ParameterStore
-from minips.server.telemetry import Telemetry, UpdateRecord
 from minips.server.timers import Timers
+from minips.state.registry import HeldPull, Push, WorkerRegistry, WorkerState
+from minips.state.store import SGD, ParameterStore
+from minips.transmission.codecs import decode_gradients
+from minips.transmission.plan import Plan
 
 __all__ = ["ParameterServer", "ServerOptions"]
 
@@ -123,7 +123,7 @@ class ParameterServer:
             "stop": self.handle_stop, "checkpoint": self.handle_checkpoint, "join": refuse_join,
         }  # fmt: skip
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
-        self.group = members.group = group  # a shard of a server group (server/group.py)
+        self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
         self.timers = Timers(self.inflow, self.checkpoints, members, self.pulls, rule,
@@ -175,7 +175,7 @@ class ParameterServer:
                 self.after_leaving(left)
         except ProtocolError as exc:
             self.outbox.error(envelope, exc, body)
-            if exc.code == "nonfinite":  # the model may have diverged (server/collapse.py)
+            if exc.code == "nonfinite":  # the model may have diverged (ops/collapse.py)
                 self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
         except Exception as exc:  # a bug: say so, answer `internal`, keep serving
             self.failures.request_failed(envelope, exc, body)  # a retry gets it too
@@ -316,7 +316,7 @@ class ParameterServer:
                 self.pulls.release()
 
     def refuse_update(self, update: Update, name: str) -> None:
-        """An update that would overflow (server/overflow.py) is not written: its pushes
+        """An update that would overflow (ops/overflow.py) is not written: its pushes
         still held are answered `nonfinite`, remembered so (a retry gets it again)."""
         for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
             self.outbox.error(push.reply_to, error, [])

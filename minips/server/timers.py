@@ -1,13 +1,13 @@
 """The server loop's timers: what it does on every turn besides answering requests.
 
-Connections holding too much of a message still arriving (minips/server/inflow.py), the
+Connections holding too much of a message still arriving (minips/ops/inflow.py), the
 time-based checkpoint, workers declared dead, the end of the assembly, the rule's own
 timers (an ssgd round completing once the assembly ended) and a shard's joins.
 
 Each job runs contained: one that fails (a bug) is logged once with its traceback, then
 only counted (a line at its 10th, 100th, ... failure), and the loop goes on serving and
 running the other jobs; what it was carrying out is answered by carry_out's own
-containment (minips/server/failures.py). A MinipsError is not a bug: the server cannot go
+containment (minips/ops/failures.py). A MinipsError is not a bug: the server cannot go
 on (a group's root refused this shard), and it stops the loop as it says.
 """
 
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from minips.errors import MinipsError
 
 if TYPE_CHECKING:
+    from minips.group.shard import ShardRole
+    from minips.ops.checkpoints import Checkpointer
+    from minips.ops.inflow import InflowGuard
     from minips.rules import Outcome, Rule
-    from minips.server.checkpoints import Checkpointer
-    from minips.server.group import ShardRole
-    from minips.server.inflow import InflowGuard
     from minips.server.membership import Membership
     from minips.server.pulls import Pulls
 

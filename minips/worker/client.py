@@ -7,7 +7,7 @@ new one, and send the request again, up to `retries` times; then `ServerUnavaila
 Each attempt has its own request id (`rid`), so a late reply to an abandoned attempt is
 recognised and dropped. A retried push re-uses its `seq`, so the server applies it once.
 
-Gradients are encoded per parameter by codec specs (minips.codecs): `push(grads, base,
+Gradients are encoded per parameter by codec specs (minips.transmission.codecs): `push(grads, base,
 codecs={"fc1.w": {"codec": "sf"}, "fc2.w": {"codec": "topk", "ratio": 0.01}, "conv1.w":
 "fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter; a parameter without a spec
 is "dense", the identity codec (its float32 array is sent as it is, without a copy). The
@@ -45,15 +45,15 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.codecs import Encoder, Gradient, Spec
+from minips.group.connections import identified
+from minips.group.fanout import GroupClient
+from minips.group.root import hello_root, operator_request
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
-from minips.worker.connections import identified
+from minips.transmission.codecs import Encoder, Gradient, Spec
 from minips.worker.first_contact import nothing_answers
-from minips.worker.group import GroupClient
-from minips.worker.group_root import hello_root, operator_request
 from minips.worker.netlimit import Link, frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
 
@@ -74,7 +74,7 @@ class PSClient:
     seconds the first request waits, in one attempt, for a server that has not answered yet,
     then one ServerUnavailable naming the possible causes (None: like any other request).
     A server group (docs/protocol.md 16) is found at hello and used through the same calls
-    (minips.worker.group: one request per shard, all at once).
+    (minips.group.fanout: one request per shard, all at once).
     Thread-safe: calls from several threads are serialised by a lock (module docstring).
     """
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from minips.codecs import Factors, Gradient, parse_spec
 from minips.nn import Sequential
-from minips.protocol.plan import Plan
+from minips.results.trace import SEND, NullTrace, Trace
+from minips.transmission.codecs import Factors, Gradient, parse_spec
+from minips.transmission.plan import Plan
 from minips.worker.client import PSClient, PushReply
-from minips.worker.trace import SEND, NullTrace, Trace
 
 
 @dataclass

@@ -23,12 +23,12 @@ import numpy as np
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.data.shuffle import EpochShuffle
 from minips.nn import Sequential, build_model, softmax_cross_entropy
-from minips.protocol.plan import Plan, plan_from_hello
+from minips.results.metrics import ProgressFn
+from minips.results.trace import COMPUTE, RECV, STEP, NullTrace, Trace
 from minips.rules import WorkerSide, worker_side
-from minips.run.metrics import ProgressFn
+from minips.transmission.plan import Plan, plan_from_hello
 from minips.worker.client import PSClient, PullReply, PushReply, ServerError
 from minips.worker.netlimit import Link
-from minips.worker.trace import COMPUTE, RECV, STEP, NullTrace, Trace
 from minips.worker.transmit import StepSender
 
 # A batch is computed again at most this many times after its push was answered `bad_base`

@@ -2,8 +2,8 @@
 // browser's transmit.applyPull to parameters whose starting values are DIR/<name>.bin; writes
 // what each then holds to DIR/<name>.out.bin. Usage: node apply_pull.mjs DIR NAME:SIZE ...
 import { readFileSync, writeFileSync } from "node:fs";
-import { applyPull } from "../../minips/web/static/transmit.js";
-import { decodeMessage, packFrames } from "../../minips/web/static/wire.js";
+import { applyPull } from "../../minips/classroom/web/static/transmit.js";
+import { decodeMessage, packFrames } from "../../minips/classroom/web/static/wire.js";
 
 const [dir, ...specs] = process.argv.slice(2);
 const frames = [];

@@ -3,9 +3,9 @@
 // tests/test_web_codecs.py). Usage: node codecs_doc.mjs; exits 1 and says what differs.
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import * as codecs from "../../minips/web/static/codecs.js";
-import * as transmit from "../../minips/web/static/transmit.js";
-import * as wire from "../../minips/web/static/wire.js";
+import * as codecs from "../../minips/classroom/web/static/codecs.js";
+import * as transmit from "../../minips/classroom/web/static/transmit.js";
+import * as wire from "../../minips/classroom/web/static/wire.js";
 import { applyDeltaExample, encodeExamples } from "./codec_examples.mjs";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));

@@ -1,13 +1,13 @@
-// The browser's codecs (minips/web/static/codecs.js) against their NumPy twins
-// (minips/codecs/), step by step. Usage: node compare_codecs.mjs DIR, where DIR/case.json
+// The browser's codecs (minips/classroom/web/static/codecs.js) against their NumPy twins
+// (minips/transmission/codecs/), step by step. Usage: node compare_codecs.mjs DIR, where DIR/case.json
 // (written by tests/test_web_codecs.py) lists per codec its spec, the gradients of a few
 // steps and what NumPy's encoder sent at each: the parts' bytes must be equal (fp16, topk,
 // sf: the same roundings and the same error feedback), or, for lowrank (PowerSGD's
 // orthonormalisation differs by column signs), the product p q^T within `tolerance` and
 // relative to the gradient's norm. Exits 1 and says what differs.
 import { readFileSync } from "node:fs";
-import { makeCodec } from "../../minips/web/static/codecs.js";
-import { widen } from "../../minips/web/static/half.js";
+import { makeCodec } from "../../minips/classroom/web/static/codecs.js";
+import { widen } from "../../minips/classroom/web/static/half.js";
 
 const dir = process.argv[2];
 const spec = JSON.parse(readFileSync(`${dir}/case.json`, "utf8"));

@@ -4,10 +4,10 @@
 // Operands are tried both where the engine keeps a pass's arrays (its memory) and as plain
 // arrays (copied in and out), on sizes that leave every remainder of the SIMD loops.
 import { readFileSync } from "node:fs";
-import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
-import { buildModel, softmaxCrossEntropy } from "../../minips/web/static/nn.js";
+import { jsEngine, wasmEngine } from "../../minips/classroom/web/static/engine.js";
+import { buildModel, softmaxCrossEntropy } from "../../minips/classroom/web/static/nn.js";
 
-const staticFile = (name) => readFileSync(new URL(`../../minips/web/static/${name}`, import.meta.url));
+const staticFile = (name) => readFileSync(new URL(`../../minips/classroom/web/static/${name}`, import.meta.url));
 const wasm = await wasmEngine(staticFile);
 if (!wasm) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 

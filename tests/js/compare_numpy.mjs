@@ -6,11 +6,11 @@
 // relative error (max |js - numpy| / max |numpy|); exits 1 if any exceeds the tolerance.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
-import { buildModel, softmaxCrossEntropy } from "../../minips/web/static/nn.js";
+import { jsEngine, wasmEngine } from "../../minips/classroom/web/static/engine.js";
+import { buildModel, softmaxCrossEntropy } from "../../minips/classroom/web/static/nn.js";
 
 const dir = process.argv[2];
-const staticFile = (name) => readFileSync(new URL(`../../minips/web/static/${name}`, import.meta.url));
+const staticFile = (name) => readFileSync(new URL(`../../minips/classroom/web/static/${name}`, import.meta.url));
 const engine = process.argv[3] === "wasm" ? await wasmEngine(staticFile) : jsEngine;
 if (!engine) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 const spec = JSON.parse(readFileSync(join(dir, "case.json"), "utf8"));

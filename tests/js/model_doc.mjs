@@ -4,12 +4,12 @@
 // Usage: node model_doc.mjs; exits 1 and says what differs on failure.
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { jsEngine, wasmEngine } from "../../minips/web/static/engine.js";
+import { jsEngine, wasmEngine } from "../../minips/classroom/web/static/engine.js";
 import {
   Conv2D, Dense, Flatten, MaxPool2D, ReLU, Sequential, buildModel, softmaxCrossEntropy,
-} from "../../minips/web/static/nn.js";
-import { epochOrder, shuffle } from "../../minips/web/static/data.js";
-import { sampleIndices } from "../../minips/web/static/sampling.js";
+} from "../../minips/classroom/web/static/nn.js";
+import { epochOrder, shuffle } from "../../minips/classroom/web/static/data.js";
+import { sampleIndices } from "../../minips/classroom/web/static/sampling.js";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const modelDoc = readFileSync(root + "docs/model.md", "utf8");
@@ -53,7 +53,7 @@ function check(what, model, label) {
   }
 }
 
-const wasm = await wasmEngine((name) => readFileSync(`${root}minips/web/static/${name}`));
+const wasm = await wasmEngine((name) => readFileSync(`${root}minips/classroom/web/static/${name}`));
 if (!wasm) throw new Error("the .wasm files do not validate in this Node (no WebAssembly SIMD?)");
 for (const engine of [jsEngine, wasm]) {
   check(`${engine.name} mlp`, buildModel(example("mlp").model, engine), "mlp");

@@ -1,0 +1,1 @@
+"""The classroom: the browser gateway, the dashboard, the exercises."""

@@ -1,0 +1,1 @@
+"""Operations beside the server's path: checks, limits, failures, telemetry, checkpoints."""

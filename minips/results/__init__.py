@@ -1,0 +1,1 @@
+"""A run's results: metrics, the run directory, reports, plots, the trace."""

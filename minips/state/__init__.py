@@ -1,0 +1,1 @@
+"""The server's state: the parameter store and the worker registry."""

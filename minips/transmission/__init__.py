@@ -1,0 +1,1 @@
+"""Transmission: what a plan is, the codecs, the planner."""

@@ -1,0 +1,1 @@
+"""The transmission planner: a plan's costs, the plan chosen."""
