@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import DataError
-from minips.ops.overflow import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
 from minips.rules.base import (
     Outcome,
@@ -28,6 +27,7 @@ from minips.rules.base import (
 )
 from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
+from minips.state.finite import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter

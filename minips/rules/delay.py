@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.ops.request_checks import step_stays_finite
 from minips.protocol.sampling import Sampler, SliceSampler
 from minips.protocol.wire import ProtocolError
 from minips.rules.base import (
@@ -23,6 +22,7 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
+from minips.state.finite import step_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter

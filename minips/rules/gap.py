@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import DataError
-from minips.ops.overflow import SQUARE_SAFE_MOVE
 from minips.rules.base import (
     Outcome,
     Push,
@@ -25,6 +24,7 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
+from minips.state.finite import SQUARE_SAFE_MOVE
 
 if TYPE_CHECKING:
     from minips.rules.state import StateReader, StateWriter
