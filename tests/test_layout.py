@@ -1,0 +1,170 @@
+"""minips's folders keep their layout (docs/architecture.md, its first line): the core imports
+nothing from the operations, no two packages import each other, no two modules share a name.
+
+Every import counts, at the top, in a function or under `if TYPE_CHECKING:`. What the code
+does not yet keep is listed below, each entry today's: the lists may only shrink (a test
+fails on an entry that no longer holds, so it is struck when it is fixed).
+"""
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "minips"
+DOC = ROOT / "docs" / "architecture.md"
+
+CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
+OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli")
+
+# The core's imports of an operation, (importer, imported): the checks, failures,
+# telemetry, checkpoints and the group woven into the server's path and the client's, the
+# trace and the progress callback into the worker's step. Each goes when its operation is
+# given to the core through a seam.
+KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
+    ("minips.server.membership", "minips.group.shard"),
+    ("minips.server.membership", "minips.ops.request_checks"),
+    ("minips.server.pulls", "minips.ops.telemetry"),
+    ("minips.server.router", "minips.ops.telemetry"),
+    ("minips.server.server", "minips.group.shard"),
+    ("minips.server.server", "minips.ops.checkpoints"),
+    ("minips.server.server", "minips.ops.collapse"),
+    ("minips.server.server", "minips.ops.failures"),
+    ("minips.server.server", "minips.ops.inflow"),
+    ("minips.server.server", "minips.ops.overflow"),
+    ("minips.server.server", "minips.ops.request_checks"),
+    ("minips.server.server", "minips.ops.telemetry"),
+    ("minips.server.timers", "minips.group.shard"),
+    ("minips.server.timers", "minips.ops.checkpoints"),
+    ("minips.server.timers", "minips.ops.inflow"),
+    ("minips.state.store", "minips.ops.checkpoint_file"),
+    ("minips.worker.client", "minips.group.connections"),
+    ("minips.worker.client", "minips.group.fanout"),
+    ("minips.worker.client", "minips.group.root"),
+    ("minips.worker.transmit", "minips.results.trace"),
+    ("minips.worker.worker", "minips.results.metrics"),
+    ("minips.worker.worker", "minips.results.trace"),
+}
+
+# Pairs of packages that import each other (sorted pairs): each the return of an import
+# above (an operation imports the core it serves, which imports it back).
+KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
+    ("minips.group", "minips.server"),
+    ("minips.group", "minips.worker"),
+    ("minips.ops", "minips.server"),
+    ("minips.ops", "minips.state"),
+    ("minips.results", "minips.worker"),
+}
+
+# Module file names held by more than one package (base.py and __init__.py aside).
+KNOWN_SHARED_NAMES: set[str] = set()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package(module: str, paths: dict[str, Path]) -> str:
+    """The package a module belongs to: itself for a package's __init__.py."""
+    return module if paths[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The minips modules `path` imports anywhere in it; `from minips.x import y` counts
+    x.y when y is a module, else x."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+            found.update(submodules or {base})
+    return found & modules
+
+
+def _graph() -> tuple[dict[str, Path], dict[str, set[str]]]:
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return paths, {name: _imports(path, set(paths)) for name, path in paths.items()}
+
+
+def _folder(module: str) -> str | None:
+    """The top folder under minips/ that holds a module (None for minips's own modules)."""
+    parts = module.split(".")
+    return (
+        parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in CORE + OPERATIONS) else None
+    )
+
+
+def test_every_folder_is_core_or_an_operation():
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(CORE + OPERATIONS), "place a new package in CORE or OPERATIONS"
+    assert not set(CORE) & set(OPERATIONS)
+
+
+def test_the_architecture_map_begins_with_the_core():
+    first = DOC.read_text().splitlines()[0]
+    assert first == "Core: " + ", ".join(f"minips/{name}" for name in CORE)
+
+
+def test_the_core_imports_no_operation():
+    _, graph = _graph()
+    found = {
+        (importer, imported)
+        for importer, imports in graph.items()
+        if _folder(importer) in CORE
+        for imported in imports
+        if _folder(imported) in OPERATIONS
+    }
+    new = sorted(found - KNOWN_CORE_TO_OPERATIONS)
+    assert not new, f"the core imports an operation (give it to the core instead): {new}"
+    gone = sorted(KNOWN_CORE_TO_OPERATIONS - found)
+    assert not gone, f"no longer imported: strike from KNOWN_CORE_TO_OPERATIONS: {gone}"
+
+
+def test_no_two_packages_import_each_other():
+    paths, graph = _graph()
+    edges = {
+        (_package(importer, paths), _package(imported, paths))
+        for importer, imports in graph.items()
+        for imported in imports
+        if _folder(importer) and _folder(imported)
+    }
+    found = {tuple(sorted(pair)) for pair in edges if pair[0] != pair[1] and pair[::-1] in edges}
+    new = sorted(found - KNOWN_PACKAGE_CYCLES)
+    assert not new, f"packages importing each other: {new}"
+    gone = sorted(KNOWN_PACKAGE_CYCLES - found)
+    assert not gone, f"no longer a cycle: strike from KNOWN_PACKAGE_CYCLES: {gone}"
+
+
+def test_minips_own_modules_stay_few_and_errors_import_nothing():
+    """minips/ itself holds the public API (__init__.py), the entry point, the errors every
+    package raises (a leaf) and the single-process trainer; everything else is in a folder."""
+    top = {p.name for p in PACKAGE.glob("*.py")}
+    assert top <= {"__init__.py", "__main__.py", "errors.py", "trainer.py"}, top
+    _, graph = _graph()
+    assert not graph["minips.errors"]
+
+
+def test_no_two_modules_share_a_name():
+    names = Counter(
+        path.name for path in PACKAGE.rglob("*.py") if path.name not in ("__init__.py", "base.py")
+    )
+    found = {name for name, count in names.items() if count > 1}
+    new = sorted(found - KNOWN_SHARED_NAMES)
+    assert not new, f"module names held twice: {new}"
+    gone = sorted(KNOWN_SHARED_NAMES - found)
+    assert not gone, f"no longer shared: strike from KNOWN_SHARED_NAMES: {gone}"
+
+
+def test_the_parser_sees_the_imports():
+    _, graph = _graph()
+    assert "minips.state.registry" in graph["minips.rules.base"]
+    assert re.match(r"minips\.", next(iter(graph["minips.server.server"])))
