@@ -5,13 +5,14 @@ The public API, importable from here (each name loads its module on first use, s
 
     from minips import PSClient, ParameterServer, Worker, Rule, make_rule, lenet5
 
-The packages show the architecture: nn/ and data/ (the model and its data), protocol/
-(what both ends agree on: the wire, addresses, keys, samples, plans), worker/ (a worker's
-step and loop, its client, its sender), server/ (the loop and what it keeps), rules/ (when a
-gradient becomes an update), transmission/codecs/ (how a gradient travels), run/ (config, local
-runs,
-the planner, the run log and reports), and the classroom's classroom/web/, classroom/dashboard/,
-classroom/exercise/. docs/architecture.md is the map.
+The folders show the architecture. The core, in reading order: nn/ and data/ (the model
+and its data), protocol/ (what both ends agree on: the wire, addresses, keys, samples),
+state/ (the parameter store and the worker registry), rules/ (when a gradient becomes an
+update), transmission/ (plans, codecs, the planner), server/ (the loop) and worker/ (a
+worker's step, its client, its sender). Around it, the operations: ops/ (checks, limits,
+failures, telemetry, checkpoints), group/ (a server group), run/ (local runs, cluster
+launch), results/ (metrics, reports, plots), classroom/ (web, dashboard, exercises) and cli/.
+docs/architecture.md is the map.
 """
 
 from __future__ import annotations
