@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from minips.errors import MissingExtraError
+from minips.results.loading import load_run
 from minips.results.plot import plot_accuracy
 from minips.results.report import summarize
-from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 

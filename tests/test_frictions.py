@@ -13,10 +13,10 @@ from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
 from minips.errors import DataError, MissingExtraError, RunDirError
+from minips.results.loading import load_run
 from minips.results.metrics import MetricsLog
 from minips.results.report import summarize
 from minips.results.report_text import format_report
-from minips.results.rundir import load_run
 from minips.run.build import make_server
 from minips.run.config import RunConfig, TrainConfig
 from minips.trainer import train

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from test_server_support import RawPeer, full, push_header, raw_hello, running_server
 
-from minips.state.registry import HeldPull, Origin, WorkerRegistry
+from minips.state.registry import WorkerRegistry
+from minips.state.requests import HeldPull, Origin
 
 
 def test_a_step_sent_in_several_pushes_is_as_stale_as_its_oldest_base():

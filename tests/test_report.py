@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from minips.cli import cli
 from minips.errors import MissingExtraError, RunDirError
+from minips.results.loading import load_run
 from minips.results.report import (
     bin_label,
     histogram,
@@ -25,7 +26,6 @@ from minips.results.report import (
     time_to_target,
 )
 from minips.results.report_text import format_report
-from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 

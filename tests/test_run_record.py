@@ -14,10 +14,11 @@ import pytest
 from minips.errors import MinipsError
 from minips.nn import build_model
 from minips.ops.checkpoint_file import write_checkpoint
+from minips.results.loading import load_run
 from minips.results.metrics import read_metrics
 from minips.results.report import summarize
 from minips.results.report_text import format_report
-from minips.results.rundir import RunDir, load_run, write_results
+from minips.results.rundir import RunDir, write_results
 from minips.results.versions import (
     UNTESTED,
     accuracy_fields,

@@ -16,7 +16,7 @@ import pytest
 from test_web_support import quiet_env, require_browser
 
 from minips.nn import build_model
-from minips.results.rundir import load_run
+from minips.results.loading import load_run
 from minips.transmission.planning.planner import pull_bytes, push_bytes
 
 pytestmark = pytest.mark.slow

@@ -37,8 +37,8 @@ from typing import Any
 
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
+from minips.results.loading import load_run
 from minips.results.report import summarize
-from minips.results.rundir import load_run
 from minips.rules import RULES
 from minips.run.config import RunConfig
 from minips.run.launch import run_local

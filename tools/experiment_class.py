@@ -33,8 +33,8 @@ from typing import Any
 
 from experiment_layers import held  # one flock helper for the tools' grids
 
+from minips.results.loading import load_run
 from minips.results.report import time_to_target
-from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 

@@ -50,8 +50,8 @@ from eval_versions import evaluate_versions, read_versions
 from layers_tables import after_startup, fitted, group_rows, per_seed, table, versus
 from sample_cost import fitted_samples_to  # the fit of tools/sample_cost.py's curves
 
+from minips.results.loading import load_run
 from minips.results.report import time_to_target
-from minips.results.rundir import load_run
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.transmission.plan import ParamPlan, Plan

@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from minips.results.loading import load_run
 from minips.results.report import summarize
-from minips.results.rundir import load_run
 
 ENVS = ("homogeneous", "heterogeneous", "stale")
 

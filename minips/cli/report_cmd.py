@@ -25,9 +25,9 @@ _TARGET = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a JSON list).")
 def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> None:
     """Summarise run directories: accuracy, time, traffic, staleness per worker."""
+    from minips.results.loading import load_run
     from minips.results.report import summarize
     from minips.results.report_text import format_report
-    from minips.results.rundir import load_run
 
     reports = [summarize(load_run(path), target) for path in run_dirs]
     if as_json:
@@ -46,8 +46,8 @@ def report(run_dirs: tuple[str, ...], target: float | None, as_json: bool) -> No
 @click.option("--title", default=None, help="Figure title.")
 def plot(run_dirs: tuple[str, ...], target: float | None, out: str, title: str | None) -> None:
     """Plot accuracy vs time and vs samples, and staleness histograms (needs matplotlib)."""
+    from minips.results.loading import load_run
     from minips.results.plot import plot_accuracy, plot_staleness, staleness_path
-    from minips.results.rundir import load_run
 
     runs = [load_run(path) for path in run_dirs]
     click.echo(f"accuracy:  {plot_accuracy(runs, out, target, title)}")

@@ -27,7 +27,7 @@ __all__ = ["OverflowCheck", "check_info", "clip_gradients", "require_operator",
 
 if TYPE_CHECKING:
     from minips.protocol.auth import ServerKeys
-    from minips.state.registry import Origin
+    from minips.state.requests import Origin
 
 MAX_INFO_BYTES = 1024  # a hello's `info`, packed (docs/protocol.md 10)
 MAX_INFO_DEPTH = 4  # maps and lists inside `info`, counting `info` itself

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import MissingExtraError
+from minips.results.loading import Run
 from minips.results.report import run_label, staleness_by_worker
-from minips.results.rundir import Run
 
 
 def _pyplot() -> Any:

@@ -18,8 +18,8 @@ import math
 from typing import Any
 
 from minips.classroom.web.slots import agent_name
+from minips.results.loading import Run
 from minips.results.report_plan import link_text, plan_summary
-from minips.results.rundir import Run
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.

@@ -22,13 +22,13 @@ from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import RunDir, latest_collapse, latest_eval, write_results
+from minips.run.commands import ProcessCommands
 from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.group_recovery import GroupRollback, final_group_checkpoint
 from minips.run.outcome import crashed_workers, failed_workers, lost_workers_line, workers_failed
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
-    MINIPS,
     SINGLE_THREADED_BLAS,
     Child,
     ProcessGroup,
@@ -75,7 +75,7 @@ def run_local(
                 run_dir.shard_socket(shard).unlink(missing_ok=True)
 
 
-class LocalRun:
+class LocalRun(ProcessCommands):
     """One `minips run` on this machine: its config, run directory, clock and processes.
 
     `run()` is start() (the server, the evaluator, any browser slots, the workers, in that
@@ -208,60 +208,6 @@ class LocalRun:
             # start order until its rank is known.
             self.processes.start(f"worker.{index}", self._worker_command(endpoint, index))
         return endpoint
-
-    def _server_command(self, generation: int) -> list[str]:
-        """The server of one generation (0, then one per restart), from config.json; in a
-        group, its root (shard 0), waiting for the other shards to join."""
-        root = ["--shard", "0"] if self.config.servers > 1 else []
-        return [
-            *self.server_prefix, *MINIPS, "server", "--config", str(self.dir.config), *root,
-            "--endpoint-file", str(self.dir.endpoint),
-            "--updates-log", str(self.dir.updates_log(generation)), "--t0", repr(self.t0),
-            *self.server_restarts.resume_options(generation),
-        ]  # fmt: skip
-
-    def _shard_command(self, shard: int, generation: int) -> list[str]:
-        """Shard `shard` (1..K-1) of a group: it joins the root, whose address is in the
-        run directory by the time it asks, and takes the run's configuration from it."""
-        prefix, host = self.shard_links[shard - 1]
-        bind = f"tcp://{host}:*" if host else self._local_bind(shard)
-        root = self.processes.wait_for_file(self.dir.endpoint, "server", self.startup_timeout)
-        keys = ["--keys", self.config.keys] if self.config.keys else []
-        own = ["--bind", bind, *keys] if generation == 0 else keys
-        return [
-            *prefix, *MINIPS, "server", "--servers", str(self.config.servers),
-            "--shard", str(shard), "--root", root, *own,
-            "--endpoint-file", str(self.dir.shard_endpoint(shard)),
-            "--updates-log", str(self.dir.updates_log(generation, shard)), "--t0", repr(self.t0),
-            *self.restarts[shard].resume_options(generation),
-        ]  # fmt: skip
-
-    def _local_bind(self, shard: int) -> str:
-        """A shard's own address on this machine, like the root's (ipc, else tcp loopback)."""
-        if self.config.bind.startswith("ipc://"):
-            return f"ipc://{self.dir.shard_socket(shard).resolve()}"
-        return "tcp://127.0.0.1:*"
-
-    def _evaluator_command(self, endpoint: str) -> list[str]:
-        return [
-            *self.server_prefix, *MINIPS, "evaluate", "--connect", endpoint,
-            "--metrics", str(self.dir.eval_log), "--interval", repr(self.eval_interval),
-            "--t0", repr(self.t0), *self._client_keys(),
-        ]  # fmt: skip
-
-    def _worker_command(self, endpoint: str, index: int) -> list[str]:
-        """A NumPy worker's; it fills {rank} of its report path in itself."""
-        trace = ["--trace", self.config.trace] if self.config.trace and index == 0 else []
-        return [
-            *MINIPS, "worker", "--connect", endpoint, "--wait", repr(self.startup_timeout),
-            "--report", str(self.dir.worker_report("{rank}")), "--quiet", *trace,
-            *self._client_keys(),
-        ]  # fmt: skip
-
-    def _client_keys(self) -> list[str]:
-        """The `--keys` option of the run's workers and evaluator (none without keys)."""
-        keys = self.config.keys
-        return ["--keys", keys, "--key-name", auth.WORKER] if keys else []
 
     def _start_browser_slots(self, endpoint: str) -> None:
         """Start the gateway (`minips web`), announce its URL, open headless tabs if asked."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from minips.ops import request_checks as checks
 from minips.protocol.wire import ProtocolError
 from minips.rules import Outcome, Rule
-from minips.state.registry import check_hello_connection
+from minips.state.requests import check_hello_connection
 
 if TYPE_CHECKING:
     from minips.group.shard import ShardRole

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from minips.rules import Rule
     from minips.server.router import Outbox
     from minips.server.stop import Stop
-    from minips.state.registry import HeldPull, WorkerRegistry, WorkerState
+    from minips.state.registry import WorkerRegistry, WorkerState
+    from minips.state.requests import HeldPull
     from minips.state.store import ParameterStore
 
 

@@ -23,7 +23,7 @@ import zmq
 
 from minips.protocol import auth, wire
 from minips.protocol.wire import ProtocolError
-from minips.state.registry import Origin
+from minips.state.requests import Origin
 
 if TYPE_CHECKING:
     from minips.ops.telemetry import Counters

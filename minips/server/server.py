@@ -54,7 +54,8 @@ from minips.server.router import (
 )
 from minips.server.stop import Stop, stop_on_signals
 from minips.server.timers import Timers
-from minips.state.registry import HeldPull, Push, WorkerRegistry, WorkerState
+from minips.state.registry import Push, WorkerRegistry, WorkerState
+from minips.state.requests import HeldPull
 from minips.state.store import SGD, ParameterStore
 from minips.transmission.codecs import decode_gradients
 from minips.transmission.plan import Plan
@@ -251,10 +252,8 @@ class ParameterServer:
             return
         if "loss" in header:  # the workers' training loss: watched for a collapse
             self.collapse.on_train_loss(float(header["loss"]))
-        worker.samples += header.get("samples", 0)  # counted only when it can still apply
+        worker.count_step(push, header.get("samples", 0))  # only when it can still apply
         self.telemetry.counters.samples += header.get("samples", 0)
-        worker.clock += push.last
-        worker.steps += push.last
         if push.last and worker.partial_step is None:  # a step in one push (the default)
             self.carry_out(self.rule.on_push(push))
         elif (step := worker.assemble_step(push, self.store.version)) is not None:

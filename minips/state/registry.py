@@ -3,7 +3,8 @@
 The registry only keeps state; it never sends a message. The server loop reads and books
 into it, and rules read it (a barrier counts `live()` workers, SSP compares clocks). A
 push as the server accepted it (`Push`, what a rule decides on) is booked here too, with
-the worker that sent it; minips.rules reads these types and this module imports no rule.
+the worker that sent it (its origin and held pulls: minips.state.requests); minips.rules
+reads these types and this module imports no rule.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.protocol.wire import ProtocolError
+from minips.state.requests import HeldPull, Origin
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message
@@ -27,32 +29,6 @@ SEQ_WINDOW = 64  # answered pushes remembered per worker, for retries (docs/prot
 MAX_OBSERVERS = 32  # live observers at once (docs/protocol.md 10)
 OBSERVER_EXPIRY = 3  # an observer silent this many heartbeat timeouts is forgotten
 MAX_REGISTERED = 1024  # worker ids remembered, live or not (docs/protocol.md 10)
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Who sent a request: the connection's routing id and, under CURVE, its public key."""
-
-    routing_id: bytes
-    key: bytes | None = None
-
-
-def check_hello_connection(header: dict[str, Any], origin: Origin) -> None:
-    """`not_owner` for a hello that says its client sets its own routing id on every socket
-    (`own_routing_id`) but came on one ZeroMQ generated (a first byte of zero, which ZeroMQ
-    keeps for itself): a connection the client abandoned (Lazy Pirate), renamed by the
-    ROUTER's handover when the client's retry took its id over. Refused, it registers
-    nothing, so it never owns the id its retry is asking for (docs/protocol.md 15)."""
-    claim = header.get("own_routing_id")
-    if claim is None:
-        return
-    if not isinstance(claim, bool):
-        raise ProtocolError("hello field 'own_routing_id' must be a bool", "bad_field")
-    if claim and origin.routing_id[:1] in (b"", b"\x00"):
-        raise ProtocolError(
-            "a hello from a connection this client abandoned (its retry owns the id)",
-            "not_owner",
-        )
 
 
 @dataclass(eq=False)
@@ -74,19 +50,6 @@ class Push:
     fused: bool = False  # a push + pull: its answer carries the parameters (`pull_since`)
     pull_since: int | None = None
     codecs: dict[str, str] = field(default_factory=dict)  # name -> its codec on the wire
-
-
-@dataclass(eq=False)
-class HeldPull:
-    """A pull the server answers later: where the reply goes, and the puller's `since`.
-
-    push_reply: for the pull half of a fused push + pull, the push's answer, sent together
-    with the parameters in one reply.
-    """
-
-    reply_to: Any  # the server loop's Envelope
-    since: int | None
-    push_reply: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)
@@ -141,6 +104,13 @@ class WorkerState:
         for name in ("steps", "pushes", "samples", "dropped", "extra_bytes_in", "pulls",
                      "bytes_in", "bytes_out"):  # fmt: skip
             setattr(self, name, getattr(old, name))
+
+    def count_step(self, push: Push, samples: int) -> None:
+        """Book an accepted push that can still apply: the samples it reports and, when it
+        ends a step (`last`), the step (clock and steps)."""
+        self.samples += samples
+        self.clock += push.last
+        self.steps += push.last
 
     def silent_for(self, now: float) -> float:
         """Seconds of silence: since its last request or the server's last reply to it,

@@ -63,6 +63,30 @@ log = logging.getLogger("minips.client")
 _NO_PULL = object()  # push() without its pull half
 
 
+def fused_pull(pull_since: Any) -> tuple[Any, bool]:
+    """push()'s pull_since as (the version to pull since or None, whether to pull at all)."""
+    fused = pull_since is not _NO_PULL
+    return (pull_since if fused else None), fused
+
+
+def push_header(
+    worker_id: str,
+    seq: int,
+    base: int,
+    last: bool,
+    samples: int | None,
+    loss: float | None,
+    pull_since: Any,
+) -> dict[str, Any]:
+    """A push's header (docs/protocol.md 5.3): the optional fields only when given."""
+    header = {"op": "push", "worker": worker_id, "seq": seq, "base": base, "last": last}
+    optional = {"samples": samples, "loss": loss}
+    header.update({key: value for key, value in optional.items() if value is not None})
+    if pull_since is not _NO_PULL:  # a fused push + pull (None: pull everything)
+        header["pull_since"] = pull_since
+    return header
+
+
 class PSClient:
     """A worker's connection to a ParameterServer.
 
@@ -70,9 +94,8 @@ class PSClient:
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
-    how long hello waits for a server group whose shards have not all joined. first_wait:
-    seconds the first request waits, in one attempt, for a server that has not answered yet,
-    then one ServerUnavailable naming the possible causes (None: like any other request).
+    how long hello waits for a server group whose shards have not all joined. first_wait: s
+    the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
     A server group (docs/protocol.md 16) is found at hello and used through the same calls
     (minips.group.fanout: one request per shard, all at once).
     Thread-safe: calls from several threads are serialised by a lock (module docstring).
@@ -184,21 +207,13 @@ class PSClient:
         """
         with self._lock:
             if self.group is not None:
-                fused = pull_since is not _NO_PULL
-                return self.group.push(grads, base, extra, last, codecs, samples,
-                                       pull_since if fused else None, fused)  # fmt: skip
+                since, fused = fused_pull(pull_since)
+                return self.group.push(grads, base, extra, last, codecs, samples, since, fused)
             extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
             parts = self.encoder.encode(grads, codecs)  # counts each parameter's bytes
             self.encoder.count(extras)
             seq, self._seq = self._seq, self._seq + 1  # the next push is new even if this fails
-            header = {"op": "push", "worker": self.worker_id, "seq": seq, "base": base,
-                      "last": last}  # fmt: skip
-            if samples is not None:
-                header["samples"] = samples
-            if loss is not None:
-                header["loss"] = loss
-            if pull_since is not _NO_PULL:
-                header["pull_since"] = pull_since
+            header = push_header(self.worker_id, seq, base, last, samples, loss, pull_since)
             message = self._worker_request(header, parts + extras)
         h = message.header
         pulled = pull_reply(message) if "param_versions" in h else None
@@ -256,8 +271,7 @@ class PSClient:
         return stats
 
     def stop(self) -> None:
-        """Operator: ask the server (every shard of a group) to shut down (workers then see
-        `stop` in replies)."""
+        """Operator: ask the server (every shard of a group) to stop; workers see `stop`."""
         operator_request(self, {"op": "stop"}, lambda h: h)
 
     def checkpoint(self) -> str:
@@ -338,8 +352,7 @@ class PSClient:
             self._socket = None
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
-        # Before any reply, resending cannot help (the socket still delivers the request to a
-        # server that starts late): one attempt of first_wait s, then one line.
+        # Before any reply a resend cannot help (a late server still gets the request).
         first = self.first_wait is not None and not self._answered
         attempts, wait = (1, self.first_wait) if first else (1 + self.retries, self.timeout)
         for attempt in range(attempts):
