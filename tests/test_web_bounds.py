@@ -156,6 +156,15 @@ def _minips_web(endpoint: str, tmp_path) -> tuple[subprocess.Popen, str]:
     return proc, url_file.read_text().strip().replace("http", "ws") + "ws"
 
 
+def _least_rss_within(pid: int, seconds: float) -> float:
+    """The gateway's least RSS (MB) seen until it is under 100 or `seconds` passed."""
+    least, deadline = _rss_mb(pid), time.monotonic() + seconds
+    while least >= 100 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        least = min(least, _rss_mb(pid))
+    return least
+
+
 async def _answered_then_idle(url: str, size: int, pid: int) -> tuple[list, float]:
     """Four tabs send a message of `size` at once; once all are answered, the gateway's
     RSS (MB) while the four WebSockets stay open, idle: the least seen within 15 s (a
@@ -201,8 +210,8 @@ def test_the_gateway_holds_no_large_message_and_gives_back_what_it_answered(tmp_
             bound = message_bound({"name": "lenet5"})
             answered = asyncio.run(_four_at_once(url, bound))
             assert [reply["op"] for reply in answered] == ["error"] * 4, answered
-            time.sleep(0.5)
-            after, peak = _rss_mb(proc.pid), _rss_mb(proc.pid, "VmHWM")
+            after = _least_rss_within(proc.pid, 15)  # a loaded machine frees late
+            peak = _rss_mb(proc.pid, "VmHWM")
         finally:
             proc.terminate()
             proc.wait(30)
