@@ -127,6 +127,7 @@ class LocalRun(ProcessCommands):
         self.seats = SeatWatch(config.browser, config.join_wait, config.empty_seats == "end")
         self._shards: tuple[int, int, int | None] = (0, config.epochs, config.max_samples)
         self._silent_since: float | None = None  # since when `stats` has had no answer
+        self._shown_total = 0  # the progress's length at its last update (0: none yet)
         self.refusals = Refusals()  # workers that could not follow the run, said once each
 
     def run(self) -> dict[str, Any]:
@@ -171,9 +172,19 @@ class LocalRun(ProcessCommands):
                                 restarts, ended, self._final_crash(),
                                 servers=self.config.servers, group=group,
                                 untested_why=untested)  # fmt: skip
+        self._show_final_counts(summary)
         if failure is not None:
             raise failure
         return summary
+
+    def _show_final_counts(self, summary: dict[str, Any]) -> None:
+        """The progress's last figures are the run's: the server may exit between two
+        `stats`, and its last answer then lags the summary by a step or more."""
+        if self.progress is None or not self._shown_total:
+            return
+        latest = latest_eval(self.dir.eval_log)
+        latest.update(updates=summary.get("updates", 0))
+        self.progress(int(summary.get("samples", 0)), self._shown_total, latest)
 
     def _final_crash(self) -> dict[str, Any] | None:
         """The server's (or a shard's) crash that no restart followed, if any."""
@@ -320,7 +331,8 @@ class LocalRun(ProcessCommands):
             latest = latest_eval(self.dir.eval_log)
             latest.update(updates=stats.get("updates", 0), waiting=self.seats.waiting(stats))
             taken = self.seats.progress_total(stats, *self._shards)  # by the seats taken
-            self.progress(int(stats.get("samples", 0)), total if taken is None else taken, latest)
+            self._shown_total = total if taken is None else taken
+            self.progress(int(stats.get("samples", 0)), self._shown_total, latest)
 
     def _progress_total(self) -> int:
         """The progress bar's length in samples (0 without a bar: the data is not loaded)."""
