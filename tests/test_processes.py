@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 
+from minips.errors import MinipsError
 from minips.run.processes import Child, ProcessGroup
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"  # noqa: E501
@@ -53,6 +54,24 @@ class Budget:
 
     def records(self) -> list[dict]:
         return list(self.done)
+
+
+def test_a_needed_child_that_exits_while_another_starts_is_the_error_at_once(tmp_path):
+    """A server stopped (exit 0: a SIGTERM it handled) while the evaluator starts: the wait
+    ends with the server's exit and last words, not the evaluator's start timeout."""
+    group = ProcessGroup(tmp_path, env={})
+    group.start("server", _python("print('server stopped: 0 updates')"))
+    group.start("evaluator", _python(SLEEPS))
+    started = time.monotonic()
+    try:
+        group.wait_for_file(tmp_path / "never", "evaluator", timeout=30, needed=["server"])
+    except MinipsError as exc:
+        assert str(exc) == "server exited with code 0: server stopped: 0 updates", exc
+    else:
+        raise AssertionError("the wait outlived the server")
+    finally:
+        group.stop_all(grace=0.5)
+    assert time.monotonic() - started < 10  # at once, not after the 30 s timeout
 
 
 def test_restarts_within_the_budget_each_with_its_own_log(tmp_path):

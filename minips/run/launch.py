@@ -234,7 +234,9 @@ class LocalRun(ProcessCommands):
             self.processes.start("chromium", headless_argv(url, config.browser, profile))
 
     def _wait_for(self, path: Path, name: str) -> str:
-        return self.processes.wait_for_file(path, name, self.startup_timeout)
+        """The file `name` writes once it started; an error if it or a server exits first."""
+        servers = [s for s in self._server_names() if s != name]
+        return self.processes.wait_for_file(path, name, self.startup_timeout, needed=servers)
 
     # --- watching -------------------------------------------------------------------
 

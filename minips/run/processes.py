@@ -147,14 +147,18 @@ class ProcessGroup:
             last = child.last_line(self.logs).removeprefix("error: ")
             raise MinipsError(f"{name} exited with code {code}: {last}")
 
-    def wait_for_file(self, path: Path, name: str, timeout: float) -> str:
-        """The text of `path` once child `name` wrote it; MinipsError if it exits first or
-        the timeout passes."""
+    def wait_for_file(
+        self, path: Path, name: str, timeout: float, needed: Iterable[str] = ()
+    ) -> str:
+        """The text of `path` once child `name` wrote it; MinipsError if it exits first, if a
+        child it `needed` (the server its clients start against) exits meanwhile, or if the
+        timeout passes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if path.exists() and path.read_text().strip():
                 return path.read_text().strip()
-            self.check_alive(name)
+            for child in (name, *needed):
+                self.check_alive(child)
             time.sleep(0.05)
         raise MinipsError(f"{name} did not start within {timeout:g} s; see {self.logs}")
 
