@@ -49,7 +49,7 @@ def launch(
     evaluates and prints the summary, as `minips run` does. E.g.
     `mpirun -n 4 minips launch --servers 2 --out runs/mpi`.
     """
-    from minips.results.versions import accuracy_line, untested_line
+    from minips.results.versions import accuracy_line, stopped_line, untested_line
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
@@ -79,3 +79,5 @@ def launch(
     click.echo(accuracy_line(summary))
     if untested := untested_line(summary):  # the accuracy is of an earlier model: say so
         click.echo(f"warning: {untested}", err=True)
+    if stopped := stopped_line(summary):  # cut short: fewer samples than planned
+        click.echo(f"warning: {stopped}", err=True)

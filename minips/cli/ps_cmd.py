@@ -19,7 +19,7 @@ from minips.cli.click_options import config_options
 from minips.cli.numbers import FiniteFloatRange
 from minips.cli.progress import ProgressBar
 from minips.results.report_text import plural
-from minips.results.versions import accuracy_line, untested_line
+from minips.results.versions import accuracy_line, stopped_line, untested_line
 from minips.run.config import RunConfig
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
@@ -115,6 +115,8 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         click.echo(accuracy_line(summary))
         if untested := untested_line(summary):  # the accuracy is of an earlier model: say so
             click.echo(f"warning: {untested}", err=True)
+        if stopped := stopped_line(summary):  # cut short: fewer samples than planned
+            click.echo(f"warning: {stopped}", err=True)
         if summary.get("collapse"):
             click.echo(f"stopped early, exit status {COLLAPSED}: {summary['collapse']['line']}")
             raise SystemExit(COLLAPSED)

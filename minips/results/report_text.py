@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from minips.results.report_plan import plan_lines
-from minips.results.versions import untested_line, version_text
+from minips.results.versions import stopped_line, untested_line, version_text
 
 _BARS = " ▁▂▃▄▅▆▇█"
 
@@ -116,6 +116,8 @@ def format_report(report: dict[str, Any]) -> str:
     )
     if untested := untested_line(s):
         lines.append(f"  NOT THE FINAL MODEL: {untested}")
+    if stopped := stopped_line(s):
+        lines.append(f"  STOPPED EARLY: {stopped}")
     lines.append(
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"

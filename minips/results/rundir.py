@@ -13,7 +13,8 @@ RUN_DIR/worker-R.json   each worker's report (R: its rank; a browser slot's is m
                         the server's final stats, as a browser writes no file)
 RUN_DIR/web-url         the worker page's address (runs with browser slots)
 RUN_DIR/metrics.jsonl   all of the above merged in time order, then a summary
-RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "collapsed", or
+RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "collapsed",
+                        "stopped" (its server stopped from outside: `stopped_why`), or
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
                         wall time, samples, updates, bytes,
@@ -220,6 +221,7 @@ def write_results(
     servers: int = 1,
     group: dict[str, Any] | None = None,
     untested_why: str | None = None,
+    stopped_why: str | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -232,7 +234,8 @@ def write_results(
     row), and `group`: its checkpoint's versions per shard, whether they agree, and the
     line that says they do not (GroupCheckpoint.record). untested_why: why the launcher
     could not test the final model (minips.run.final_test), for the summary's accuracy
-    fields (minips.results.versions).
+    fields (minips.results.versions). stopped_why: what stopped the server before the
+    run's end (a signal; None: the run ran to its end).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
@@ -249,7 +252,8 @@ def write_results(
     collapse = stats.get("collapse") or latest_collapse(run_dir.eval_log)
     versions = accuracy_fields(last_eval, run_version(finals), untested_why)
     summary = {
-        "ended": ended or ending(bool(collapse), versions["final_tested"]),
+        "ended": ended or ending(bool(collapse), versions["final_tested"], stopped_why),
+        "stopped_why": stopped_why,  # what stopped the server before the run's end, if any
         "accuracy": last_eval.get("accuracy"),  # of the model at versions' accuracy_version
         "loss": last_eval.get("loss"),
         **versions,

@@ -13,6 +13,9 @@ version it tested; a run's summary carries four fields built here:
 A summary whose final model was not tested never says `"ended": "finished"`: it says
 "finished_untested_final", and `untested_line` is the one line `minips run` and `minips
 launch` print (to stderr, beside `accuracy_line`) and `minips report` shows.
+A run whose server was stopped before the run's end (a signal to it, a stop with an
+operator key other than the launcher's) says `"ended": "stopped"`, and `stopped_why` why;
+`stopped_line` is its one line.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 Version = int | list[int]
 FINISHED = "finished"
 UNTESTED = "finished_untested_final"  # trained to its end; the final model was not tested
+STOPPED = "stopped"  # its server was stopped before the run's end (not by the launcher)
 
 
 def run_version(finals: list[dict[str, Any]]) -> Version | None:
@@ -85,11 +89,23 @@ def accuracy_fields(
     }
 
 
-def ending(collapsed: bool, final_tested: bool) -> str:
-    """How a run that trained to its end ended: "collapsed", "finished", or UNTESTED."""
+def ending(collapsed: bool, final_tested: bool, stopped_why: str | None = None) -> str:
+    """How a run without an error ended: "collapsed"; STOPPED when its server was stopped
+    before the run's end (a signal, another's operator key: `stopped_why`); else
+    "finished", or UNTESTED when the final model was not tested."""
     if collapsed:
         return "collapsed"
+    if stopped_why is not None:
+        return STOPPED
     return FINISHED if final_tested else UNTESTED
+
+
+def stopped_line(summary: dict[str, Any]) -> str | None:
+    """One line saying the run was cut short and by what (None when it ran to its end)."""
+    if summary.get("stopped_why") is None:
+        return None
+    return (f"the run was stopped before its end ({summary['stopped_why']} to the server): "
+            f"{summary.get('samples')} samples trained")  # fmt: skip
 
 
 def untested_line(summary: dict[str, Any]) -> str | None:

@@ -21,7 +21,13 @@ from minips.classroom.web.slots import SeatWatch
 from minips.errors import MinipsError
 from minips.protocol import auth
 from minips.results.metrics import ProgressFn
-from minips.results.rundir import RunDir, latest_collapse, latest_eval, write_results
+from minips.results.rundir import (
+    RunDir,
+    final_stats,
+    latest_collapse,
+    latest_eval,
+    write_results,
+)
 from minips.run.commands import ProcessCommands
 from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
@@ -128,6 +134,7 @@ class LocalRun(ProcessCommands):
         self._shards: tuple[int, int, int | None] = (0, config.epochs, config.max_samples)
         self._silent_since: float | None = None  # since when `stats` has had no answer
         self._shown_total = 0  # the progress's length at its last update (0: none yet)
+        self.stopped_why: str | None = None  # what stopped the server before the run's end
         self.refusals = Refusals()  # workers that could not follow the run, said once each
 
     def run(self) -> dict[str, Any]:
@@ -171,7 +178,7 @@ class LocalRun(ProcessCommands):
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
                                 servers=self.config.servers, group=group,
-                                untested_why=untested)  # fmt: skip
+                                untested_why=untested, stopped_why=self.stopped_why)  # fmt: skip
         self._show_final_counts(summary)
         if failure is not None:
             raise failure
@@ -262,6 +269,8 @@ class LocalRun(ProcessCommands):
         if self.training_ended is None:
             if not server.exited():  # the last figures: by the seats the run ended with
                 self._follow_counters(operator, total)
+            else:  # it stopped as its last worker left: why, from its last stats
+                self._note_stop(final_stats(self.dir)[0])
             self.training_ended = self.training_ended or self._elapsed()
             if not server.exited():
                 _stop_server(operator, server)  # the evaluator then tests the final model
@@ -288,6 +297,7 @@ class LocalRun(ProcessCommands):
             self.processes.check_alive("server")  # raises: the crash is the run's error
         if self.training_ended is None:
             self.training_ended = self._elapsed()
+            self._note_stop(final_stats(self.dir)[0])
         if self._elapsed() - self.training_ended > 10:
             self.processes.stop_all()
             return False
@@ -324,6 +334,7 @@ class LocalRun(ProcessCommands):
             self.announce(line)
         if stats.get("stopping"):
             self.training_ended = self._elapsed()
+            self._note_stop(stats)
         elif (collapse := stats.get("collapse") or latest_collapse(self.dir.eval_log)) is not None:
             self.training_ended = self._elapsed()
             self.announce(collapse["line"])
@@ -335,6 +346,13 @@ class LocalRun(ProcessCommands):
             taken = self.seats.progress_total(stats, *self._shards)  # by the seats taken
             self._shown_total = total if taken is None else taken
             self.progress(int(stats.get("samples", 0)), self._shown_total, latest)
+
+    def _note_stop(self, stats: dict[str, Any]) -> None:
+        """A server found stopping before the launcher asked: by its own end (its budget
+        spent, every worker finished), or cut short by a signal or another's operator key,
+        which the summary then says (`stopped_why`) instead of "finished"."""
+        if stats.get("stopping") and stats.get("stop_planned") is False:
+            self.stopped_why = stats.get("stop_why") or "an unknown reason"
 
     def _progress_total(self) -> int:
         """The progress bar's length in samples (0 without a bar: the data is not loaded)."""

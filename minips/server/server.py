@@ -261,7 +261,7 @@ class ParameterServer:
         else:  # a layer of a step sent in several pushes: kept for its last one
             self.answer_push(push, applied=False)
         if (budget := self.options.max_samples) and self.telemetry.counters.samples >= budget:
-            self.stop.request(f"sample budget of {budget} reached")
+            self.stop.request(f"sample budget of {budget} reached", planned=True)
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.registry.sender(request, envelope.origin)
@@ -362,5 +362,7 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
+        stats["stop_why"] = self.stop.why if self.stop.stopping else None
+        stats["stop_planned"] = self.stop.stopping and self.stop.planned
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         return stats if self.group is None else {**stats, "group": self.group.group()}

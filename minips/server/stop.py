@@ -26,12 +26,15 @@ class Stop:
     why: str = ""
     stopping: bool = False  # begun: replies carry `stop`, pushes no longer apply, no hellos
     by_workers: bool = False  # asked for because every rank finished its shard
+    planned: bool = False  # the run's own end: its sample budget spent or every rank finished
     deadline: float = 0.0  # when a stopping server stops waiting for its clients to leave
 
-    def request(self, why: str, by_workers: bool = False) -> None:
-        """Ask for a stop (the first reason asked is the one logged)."""
+    def request(self, why: str, by_workers: bool = False, planned: bool = False) -> None:
+        """Ask for a stop (the first reason asked is the one logged). planned: the run's
+        own end (by_workers is one), not a signal, an operator or a root cutting it short."""
         if not self.requested:
             self.why, self.by_workers = why, by_workers
+            self.planned = planned or by_workers
         self.requested = True
 
     def begin(self, deadline: float) -> None:
