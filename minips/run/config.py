@@ -242,7 +242,10 @@ class RunConfig(ConfigBase):
                                     "updates (0: at the end).", minimum=0,
                                     server_option="checkpoint_every")
     checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
-                                         "the model changed (0: never by time).", minimum=0,
+                                         "the model changed (0: never by time; an ssgd "
+                                         "group checkpoints by updates instead, every "
+                                         "--checkpoint-every or 50, so its shards keep the "
+                                         "same versions).", minimum=0,
                                          server_option="checkpoint_interval")
     keep_checkpoints: bool = setting(False, "Keep every checkpoint as CHECKPOINT-vVERSION.npz "
                                      "(with --checkpoint-every N: the model at the same "
