@@ -115,6 +115,18 @@ def test_a_groups_summary_row_is_each_shards_last_generation_and_its_own_restart
     assert summary["restarts"] == 1 and summary["bytes_up"] == 300
 
 
+def test_a_round_lost_on_every_shard_counts_once_in_the_groups_updates_lost(tmp_path):
+    """An ssgd group rolled back: every shard lost the same 44 rounds (one record each).
+    The run lost 44 updates, not 88; each row keeps its own."""
+    run_dir = _run_dir(tmp_path, [{"version": 10, "accuracy": 0.8}], 10)
+    restarts = [{"shard": 0, "updates_lost": 44}, {"shard": 1, "updates_lost": 44},
+                {"shard": 1, "updates_lost": 3}]  # fmt: skip
+    summary = write_results(run_dir, "ssgd", 1, 10.0, {"server": 0}, restarts=restarts,
+                            servers=2)  # fmt: skip
+    assert [row["updates_lost"] for row in summary["shards"]] == [44, 47]
+    assert summary["updates_lost"] == 47 and summary["restarts"] == 3
+
+
 def _checkpoint(path: Path, version: int) -> None:
     """A checkpoint of the FAST model (untrained weights) at `version`."""
     spec = {"name": "mlp", "kwargs": {}}

@@ -18,7 +18,9 @@ RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "co
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
                         wall time, samples, updates, bytes,
-                        staleness, the server's restarts and what each crash lost, and
+                        staleness, the server's restarts and what each crash lost
+                        (`updates_lost`; a group's: its worst shard's, each shard's in
+                        its row, as a round lost on every shard is one update lost), and
                         `collapse` (the model collapsed, minips.ops.collapse; else null)
 RUN_DIR/checkpoint.npz  the final parameters, versions and optimizer state (and the rule's
                         own); checkpoint.prev.npz the one before it, a damaged one set aside
@@ -287,6 +289,9 @@ def write_results(
         by_params = (final.get("bytes_by_param") or {} for final in finals)
         summary["bytes_by_layer"] = bytes_by_layer(*by_params)
         summary["group"] = group
+        # A round lost on several shards is one update lost, not one per shard: the run
+        # lost at least what its worst shard lost (each shard's row says its own).
+        summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
