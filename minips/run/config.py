@@ -47,6 +47,7 @@ from minips.run.config_checks import (
     check_hetero,
     check_plan_batch,
     check_plan_file,
+    check_speed_schedule,
 )
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
@@ -68,6 +69,14 @@ def _comma_floats(text: str | None) -> list[float]:
         return [float(part) for part in text.split(",")] if text else []
     except ValueError:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _speed_schedule(text: str | None) -> str:
+    """A `--hetero-schedule`, checked (minips.worker.speeds); nothing given: fixed."""
+    from minips.worker.speeds import SpeedSchedule
+
+    SpeedSchedule.parse(text or "fixed")  # ScheduleError is a ValueError: its one line
+    return text or "fixed"
 
 
 def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
@@ -198,6 +207,12 @@ class RunConfig(ConfigBase):
                            server_option="world_size", commands=("run", "server"))
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
                                   to_workers=True, parse=_comma_floats)
+    hetero_schedule: str = setting("fixed", "How the slowdowns change from step to step: "
+                                   "fixed, fluctuate:N:MAX (redrawn every N steps), "
+                                   "pareto:ALPHA:P (heavy-tailed pauses), or "
+                                   "away:RANK:AFTER:SECONDS (docs/model.md 4.5).",
+                                   to_workers=True, omit_default=True,
+                                   parse=_speed_schedule)
     servers: int = setting(1, "Server processes the parameters are split over: a server "
                            "group behind one address (docs/protocol.md 16); 1: one server.",
                            minimum=1)
@@ -306,6 +321,7 @@ class RunConfig(ConfigBase):
         """One-line ConfigError/DataError for options no run could use."""
         super().validate()
         check_hetero(self.hetero, self.workers)
+        check_speed_schedule(self.hetero_schedule, self.workers)
         for key, value in self.rule_options.items():
             check_finite(f"rule option {key}", value)
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error

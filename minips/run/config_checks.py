@@ -24,6 +24,21 @@ def check_hetero(hetero: list[float], workers: int) -> None:
         raise ConfigError("--hetero factors must be >= 1 (1 = full speed)")
 
 
+def check_speed_schedule(schedule: str, workers: int) -> None:
+    """ConfigError unless --hetero-schedule is a schedule (minips.worker.speeds) whose
+    `away` rank, if any, is one of the run's."""
+    from minips.worker.speeds import ScheduleError, SpeedSchedule
+
+    try:
+        kind, args = SpeedSchedule.parse(schedule)
+    except ScheduleError as exc:
+        raise ConfigError(f"--hetero-schedule {exc}") from None
+    if kind == "away" and args[0] >= workers:
+        raise ConfigError(
+            f"--hetero-schedule {schedule!r}: rank {args[0]:g} is not one of {workers} workers"
+        )
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -29,6 +29,7 @@ from minips.rules import WorkerSide, worker_side
 from minips.transmission.plan import Plan, plan_from_hello
 from minips.worker.client import PSClient, PullReply, PushReply, ServerError
 from minips.worker.netlimit import Link
+from minips.worker.speeds import SpeedSchedule
 from minips.worker.transmit import StepSender
 
 # A batch is computed again at most this many times after its push was answered `bad_base`
@@ -49,6 +50,7 @@ class WorkerReport:
     samples: int = 0
     compute_s: float = 0.0  # forward + backward
     slowdown_s: float = 0.0  # time slept to simulate a slower machine
+    step_delays: list[float] | None = None  # each step's sleep when the slowdown changes
     comm_s: float = 0.0  # push + pull, including time waiting on the rule (ssgd, ssp)
     wall_s: float = 0.0
     stopped_by_server: bool = False
@@ -104,6 +106,7 @@ class Worker:
         self._latest: dict[str, Any] = {}  # what the progress callback shows
         self.data_dir = data_dir
         self.slowdown = slowdown
+        self.speeds = SpeedSchedule()  # the schedule hello gives (_join); none before
         self.max_steps = max_steps
         # Set by `run` from the server's hello (what `step` works with):
         self.report = WorkerReport()
@@ -247,6 +250,9 @@ class Worker:
         hetero = config.get("hetero") or []
         slowdown = self.slowdown or (float(hetero[rank]) if rank < len(hetero) else 1.0)
         self.report = WorkerReport(rank=rank, slowdown=slowdown)
+        schedule = config.get("hetero_schedule", "fixed")  # docs/model.md 4.5
+        self.speeds = SpeedSchedule.for_worker(schedule, slowdown, int(config.get("seed", 0)), rank)
+        self.report.step_delays = None if schedule == "fixed" else []
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
         self._plan_link_trace(config)
@@ -288,10 +294,13 @@ class Worker:
         self._marks.append(now)
 
     def _slow_down(self, compute: float) -> None:
-        """Count `compute` seconds; with a slowdown F, sleep (F - 1) times as long."""
+        """Count `compute` seconds; sleep what this step's speed adds (minips.worker.speeds:
+        with a fixed slowdown F, F - 1 times as long)."""
         self.report.compute_s += compute
-        if self.report.slowdown > 1:
-            extra = (self.report.slowdown - 1) * compute
+        extra = self.speeds.extra(self.report.steps, compute)
+        if self.report.step_delays is not None:
+            self.report.step_delays.append(round(extra, 4))
+        if extra > 0:
             time.sleep(extra)
             self.report.slowdown_s += extra
 

@@ -15,6 +15,7 @@ import { Sampler } from "./sampling.js";
 import { StepSender, applyPull } from "./transmit.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
 import { epochOrder, normalise, parseIdx } from "./data.js";
+import { extraSeconds, speedSchedule } from "./speeds.js";
 
 // computeSeconds: forward + backward; commSeconds: push + pull (encoding, the round trips,
 // decoding, copying the parameters in), both summed over the steps (as the NumPy worker's
@@ -213,6 +214,7 @@ async function train(options) {
   report({ workerId: helloHeader.worker, steps: resumed.steps, samples: resumed.samples });
   const rule = config.rule || { name: "asgd" };
   const slowdown = (config.hetero || [])[rank] || 1;
+  const speeds = speedSchedule(config.hetero_schedule, slowdown, config.seed || 0, rank); // §4.5
   report({ state: "loading data", rank, worldSize, rule: rule.name, model: config.model.name,
     dataset: config.dataset, slowdown, version: hello.version });
 
@@ -254,7 +256,8 @@ async function train(options) {
       model.backward(dlogits);
       const compute = performance.now() - tick;
       status.computeSeconds += compute / 1000;
-      if (slowdown > 1) await sleep((slowdown - 1) * compute); // imitate a slower machine
+      const extra = extraSeconds(speeds, status.steps, compute / 1000); // a slower machine
+      if (extra > 0) await sleep(extra * 1000);
 
       const sending = performance.now();
       mark(conn.stamp, "start");
