@@ -362,7 +362,6 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
-        stats["stop_why"] = self.stop.why if self.stop.stopping else None
-        stats["stop_planned"] = self.stop.stopping and self.stop.planned
+        stats.update(self.stop.record())
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         return stats if self.group is None else {**stats, "group": self.group.group()}

@@ -37,6 +37,12 @@ class Stop:
             self.planned = planned or by_workers
         self.requested = True
 
+    def record(self) -> dict[str, Any]:
+        """`stats`' stop fields: why it stops (None while serving), and whether that is the
+        run's own end (docs/protocol.md 5.5)."""
+        return {"stop_why": self.why if self.stopping else None,
+                "stop_planned": self.stopping and self.planned}  # fmt: skip
+
     def begin(self, deadline: float) -> None:
         """The loop begins the stop: clients are waited for until `deadline`."""
         self.requested = self.stopping = True
