@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 from test_server_support import SHAPES, make_params, running_server, snapshot
+from test_web_support import require_browser
 
 from minips.cli import main
 from minips.cli.ps_cmd import run_command
@@ -22,6 +23,7 @@ from minips.errors import DataError
 from minips.rules import make_rule
 from minips.rules.state import StateReader
 from minips.run.config import RunConfig
+from minips.run.launch import run_local
 from minips.state.registry import WorkerRegistry
 from minips.worker.client import PSClient
 
@@ -253,3 +255,23 @@ def test_minips_run_with_four_workers_and_two_servers_trains(tmp_path, capsys, r
     assert summary["accuracy"] > 0.5  # chance is 0.1
     assert [row["shard"] for row in summary["shards"]] == [0, 1]
     assert all(row["updates"] > 0 for row in summary["shards"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["fedbuff", "ringmaster"])
+def test_a_browser_slot_trains_under_the_rule(tmp_path, monkeypatch, rule):
+    """The rules are the server's: a browser worker (one of the two workers) follows them
+    with nothing new, through fedbuff's `applied: false` while a push is buffered and
+    ringmaster's drops."""
+    require_browser()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    config = RunConfig(rule=rule, workers=2, browser=1, browser_headless=True,
+                       listen="127.0.0.1:0", model="mlp", dataset="synthetic", epochs=2,
+                       lr=0.05, momentum=0.5, join_wait=120.0)  # fmt: skip
+    summary = run_local(config, tmp_path / "run", eval_interval=0.5, announce=lambda _: None)
+    assert summary["rule"] == rule and summary["accuracy"] > 0.5
+    assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
+    reports = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("worker-*.json")]
+    browser = [r for r in reports if r.get("agent") == "browser"]
+    assert len(browser) == 1 and browser[0]["steps"] == 32  # a shard of 1000: 16 steps an epoch
