@@ -18,12 +18,13 @@ class DelayAdaptive(ASGD):
         eta_t = min(lr, 1 / (4 L tau_t))     otherwise            (tau_t = t - base)
         w <- w - eta_t * g(w_base),   so the scale is s = eta_t / lr
 
-    n: the number of workers of the run; c: `threshold` (2: the paper's 2n); L: the
-    smoothness constant, `smoothness`. A deep network's L is not known, so 0 (the default)
+    n: the number of workers of the run; c: `threshold` (2: the paper's 2n, as recalled:
+    docs/algorithms.md says what of the paper could be checked); L: the smoothness
+    constant, `smoothness`. A deep network's L is not known, so 0 (the default)
     takes the L at which the two branches meet at tau = c n, L = 1 / (4 lr c n): then
     s = c n / tau past the threshold. The guarantee this buys depends on n, not on the
-    largest delay: at most n gradients are in flight, so at least half of all steps have
-    tau <= 2n and keep the full step, however late the others are.
+    largest delay: at most n gradients are in flight, so the mean delay is below n, at
+    most half of all steps have tau > 2n, and the others keep the full step.
     """
 
     name = "delay-adaptive"

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 class FedBuff(Rule):
     """Buffered asynchronous aggregation (Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek,
     Huba, "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022,
-    arXiv 2106.06639, Algorithm 1 with its staleness scaling).
+    arXiv 2106.06639, Algorithm 1, with the staleness scaling 1/sqrt(1 + tau) of its
+    experiments; docs/algorithms.md says what of the paper could be checked).
 
     Every push is answered at once and its gradient, weighted by its staleness, added to
     a buffer; when the buffer holds K pushes their mean is ONE update:
