@@ -229,6 +229,14 @@ def test_the_rules_flags_reach_the_rules():
         "buffer_size": 2, "weighting": "none"}  # fmt: skip
 
 
+def test_ringmaster_and_delay_adaptive_default_to_plain_sgd_which_momentum_overrides():
+    assert [RunConfig(rule=rule).momentum for rule in ("ringmaster", "delay-adaptive",
+            "fedbuff")] == [0.0, 0.0, 0.9]  # fmt: skip
+    chosen = RunConfig(rule="ringmaster", momentum=0.5, model="mlp", dataset="synthetic")
+    chosen.validate()  # another momentum is the user's choice, not an error (as under dana)
+    assert chosen.momentum == 0.5
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

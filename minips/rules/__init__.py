@@ -57,12 +57,16 @@ DEFAULT_MOMENTUM = 0.9
 
 def server_momentum(rule: str | None) -> float:
     """The server's momentum under `rule` when the run gives none: the rule's own choice
-    (0 under dana and dana-gap), else DEFAULT_MOMENTUM. A name that is not a rule gets
-    DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
+    (0 under dana and dana-gap, which need it; 0 under ringmaster and delay-adaptive, whose
+    papers analyse plain SGD: Rule.default_momentum), else DEFAULT_MOMENTUM. A name that
+    is not a rule gets DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
     try:
-        chosen = rule_class(rule).server_momentum if rule else None
+        cls = rule_class(rule) if rule else None
     except ConfigError:
-        chosen = None
+        cls = None
+    chosen = None if cls is None else cls.server_momentum
+    if chosen is None and cls is not None:
+        chosen = cls.default_momentum
     return DEFAULT_MOMENTUM if chosen is None else chosen
 
 

@@ -28,6 +28,7 @@ class DelayAdaptive(ASGD):
     """
 
     name = "delay-adaptive"
+    default_momentum = 0.0  # the paper's method is plain SGD; --momentum may still set one
     options = (
         RuleOption("threshold", "--adaptive-threshold", float, 2.0,
                    "delay-adaptive: the full step while tau <= this times the number of "

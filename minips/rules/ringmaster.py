@@ -27,6 +27,7 @@ class Ringmaster(ASGD):
     """
 
     name = "ringmaster"
+    default_momentum = 0.0  # the paper's method is plain SGD; --momentum may still set one
     options = (
         RuleOption("delay_threshold", "--ringmaster-r", int, 0,
                    "ringmaster: apply a push only while its delay tau < R; "
