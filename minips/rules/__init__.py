@@ -11,7 +11,10 @@ the server loop carries out:
 
 classic.py: asgd, ssp, ssgd. delay.py: dasgd (clock staleness), vsgd (value staleness),
 dcasgd (delay compensation). gap.py: gap (Gap-Aware, value staleness per coordinate).
-dana.py: dana (DANA-Zero: gradients at the momentum look-ahead), dana-gap (both). A rule's
+dana.py: dana (DANA-Zero: gradients at the momentum look-ahead), dana-gap (both).
+ringmaster.py: ringmaster (drop a push whose delay reached R). delay_adaptive.py:
+delay-adaptive (the step shrunk past a delay of a few times the number of workers).
+fedbuff.py: fedbuff (the mean of every K pushes, as one update). A rule's
 options are declared once (`options`), and the CLI flags are derived from them. Register
 a new class in RULES below, or, without touching minips, name it on the command line as
 `--rule MODULE:CLASS` (a dotted module on the path, or a .py file: `--rule
@@ -32,11 +35,16 @@ from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, WorkerSid
 from minips.rules.classic import ASGD, SSGD, SSP
 from minips.rules.dana import DANA, DANAGap
 from minips.rules.delay import DASGD, DCASGD, VSGD
+from minips.rules.delay_adaptive import DelayAdaptive
+from minips.rules.fedbuff import FedBuff
 from minips.rules.gap import GapAware
+from minips.rules.ringmaster import Ringmaster
 
 RULES: dict[str, type[Rule]] = {
-    cls.name: cls for cls in (ASGD, SSGD, SSP, DASGD, VSGD, DCASGD, GapAware, DANA, DANAGap)
-}
+    cls.name: cls
+    for cls in (ASGD, SSGD, SSP, DASGD, VSGD, DCASGD, GapAware, DANA, DANAGap, Ringmaster,
+                DelayAdaptive, FedBuff)
+}  # fmt: skip
 
 # The rule and momentum a run gets when it names none. dana-gap, because it is the rule
 # measured to converge at every number of workers from 1 to 16, homogeneous or not, on
@@ -49,12 +57,16 @@ DEFAULT_MOMENTUM = 0.9
 
 def server_momentum(rule: str | None) -> float:
     """The server's momentum under `rule` when the run gives none: the rule's own choice
-    (0 under dana and dana-gap), else DEFAULT_MOMENTUM. A name that is not a rule gets
-    DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
+    (0 under dana and dana-gap, which need it; 0 under ringmaster and delay-adaptive, whose
+    papers analyse plain SGD: Rule.default_momentum), else DEFAULT_MOMENTUM. A name that
+    is not a rule gets DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
     try:
-        chosen = rule_class(rule).server_momentum if rule else None
+        cls = rule_class(rule) if rule else None
     except ConfigError:
-        chosen = None
+        cls = None
+    chosen = None if cls is None else cls.server_momentum
+    if chosen is None and cls is not None:
+        chosen = cls.default_momentum
     return DEFAULT_MOMENTUM if chosen is None else chosen
 
 
@@ -142,7 +154,8 @@ def worker_side(described: dict[str, Any]) -> WorkerSide:
 
 
 __all__ = [
-    "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "GapAware", "SSGD", "SSP", "VSGD",
+    "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "DelayAdaptive", "FedBuff",
+    "GapAware", "Ringmaster", "SSGD", "SSP", "VSGD",
     "DEFAULT_MOMENTUM", "DEFAULT_RULE", "Outcome", "Push", "Rule", "RuleOption", "Update",
     "WorkerSide", "layer_of", "make_rule", "rule_class", "server_momentum", "worker_side",
 ]  # fmt: skip

@@ -126,6 +126,10 @@ class Rule:
     # given; None: the run's default (minips.rules.DEFAULT_MOMENTUM). DANA keeps one
     # momentum per worker itself, so the server's shared one must be off: 0.
     server_momentum: ClassVar[float | None] = None
+    # The server's momentum under this rule when --momentum is not given, which another
+    # --momentum may override (unlike server_momentum); None: the run's default. The
+    # rules whose paper analyses plain SGD (ringmaster, delay-adaptive) take 0.
+    default_momentum: ClassVar[float | None] = None
     # The largest move |w' - w| of one coordinate in one update that the rule's own state
     # takes without overflowing (Gap-Aware squares it); the server refuses an update that
     # moves one further (`nonfinite`, minips.ops.overflow). inf: no such state.

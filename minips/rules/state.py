@@ -2,14 +2,16 @@
 
 Some rules keep state of their own beside the parameters: DANA a momentum vector per
 worker, DC-ASGD and Gap-Aware a copy of what each worker last pulled, Gap-Aware and VSGD
-their running step sizes. `Rule.state()` gives it as arrays by key and `Rule.load_state`
-takes it back, so a server restarted from a checkpoint goes on with it (the checkpoint's
-"rule/" section, minips/ops/checkpoint_file.py). The keys:
+their running step sizes, FedBuff the gradients it holds until its buffer is full.
+`Rule.state()` gives it as arrays by key and `Rule.load_state` takes it back, so a server
+restarted from a checkpoint goes on with it (the checkpoint's "rule/" section,
+minips/ops/checkpoint_file.py). The keys:
 
     workers               1-d str: the worker ids; a worker's number i is its place here
     WHAT/i/PARAM          an array of worker i for parameter PARAM (DANA's velocity)
     WHAT/i                a number of worker i (the version of its last pull)
     WHAT/PARAM            an array or number shared by all workers (a running step size)
+    WHAT                  a count of the rule's own (how many pushes FedBuff holds)
 
 A resumed server knows no worker yet: each says hello again with its id and finds its
 state. `RestoredWorkers` forgets the state of those that do not come back within a
@@ -50,6 +52,9 @@ class StateWriter:
     def shared(self, what: str, values: Mapping[str, np.ndarray | float]) -> None:
         for name, value in values.items():
             self.arrays[f"{what}/{name}"] = np.asarray(value)
+
+    def count(self, what: str, value: int) -> None:
+        self.arrays[what] = np.asarray(value, np.int64)
 
     def done(self) -> dict[str, np.ndarray]:
         """The arrays, with `workers` (nothing at all when the state is empty)."""
@@ -103,6 +108,15 @@ class StateReader:
                 raise DataError(f"checkpoint rule/{what}/{name} is not a number of a parameter")
             found[name] = value.item()
         return found
+
+    def count(self, what: str) -> int:
+        """A count of the rule's own (0 when the state has none)."""
+        value = self.state.get(what)
+        if value is None:
+            return 0
+        if value.shape != () or value.dtype.kind not in "iu" or int(value) < 0:
+            raise DataError(f"checkpoint rule/{what} is not a count")
+        return int(value)
 
     def _under(self, what: str, parts: int) -> list[tuple[str, np.ndarray]]:
         prefix = f"{what}/"

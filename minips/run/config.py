@@ -238,8 +238,10 @@ class RunConfig(ConfigBase):
                         minimum=0, min_open=True)
     momentum: float | None = setting(None, "Momentum of the (server's) SGD [default: "
                                      f"{DEFAULT_MOMENTUM}; 0 under dana and dana-gap, which "
-                                     "keep their own per worker].", commands=TRAIN_RUN_SERVER,
-                                     minimum=0, maximum=1, max_open=True, kind=float)
+                                     "keep their own per worker, and under ringmaster and "
+                                     "delay-adaptive, plain SGD in their papers].",
+                                     commands=TRAIN_RUN_SERVER, minimum=0, maximum=1,
+                                     max_open=True, kind=float)
     weight_decay: float = setting(0.0, "L2 weight decay.", commands=TRAIN_RUN_SERVER, minimum=0)
     rule: str = setting(DEFAULT_RULE, f"Update rule: {', '.join(RULES)} (docs/algorithms.md), "
                                       "or FILE.py:CLASS / MODULE:CLASS of your own.")
