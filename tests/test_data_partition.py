@@ -141,8 +141,13 @@ def test_shard_sizes_go_to_the_largest_shards_first():
 
 @pytest.mark.parametrize(
     "text,kind,value",
-    [("iid", "iid", 0), ("dirichlet:0.1", "dirichlet", 100000), ("dirichlet:2", "dirichlet",
-     2000000), ("dirichlet:0.000001", "dirichlet", 1), ("shards:2", "shards", 2)],
+    [
+        ("iid", "iid", 0),
+        ("dirichlet:0.1", "dirichlet", 100000),
+        ("dirichlet:2", "dirichlet", 2000000),
+        ("dirichlet:0.000001", "dirichlet", 1),
+        ("shards:2", "shards", 2),
+    ],
 )
 def test_parse(text, kind, value):
     part = parse_partition(text)
@@ -151,8 +156,19 @@ def test_parse(text, kind, value):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "IID", "dirichlet:", "dirichlet:0", "dirichlet:-1", "dirichlet:1e-3",
-     "dirichlet:0.0000001", "dirichlet:10001", "shards:0", "shards:x", "label:2"],
+    [
+        "",
+        "IID",
+        "dirichlet:",
+        "dirichlet:0",
+        "dirichlet:-1",
+        "dirichlet:1e-3",
+        "dirichlet:0.0000001",
+        "dirichlet:10001",
+        "shards:0",
+        "shards:x",
+        "label:2",
+    ],
 )
 def test_bad_partitions_are_one_line_errors(text):
     with pytest.raises(ConfigError, match="partition"):
@@ -162,3 +178,58 @@ def test_bad_partitions_are_one_line_errors(text):
 def test_shards_that_cannot_cover_the_labels_are_refused():
     with pytest.raises(ConfigError, match="shards"):
         owners(sample_labels(), 4, "shards:2", 0)  # 8 shards for 10 labels
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "model.md"
+
+
+def _doc_block(name: str) -> list[str]:
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index(f"<!-- {name} -->\n```\n") + len(f"<!-- {name} -->\n```\n")
+    return text[start : text.index("```", start)].strip().splitlines()
+
+
+def _key(seed: int, i: int) -> int:
+    """SplitMix64 output i of `seed`, in plain Python integers (docs/model.md 4.2)."""
+    mask = (1 << 64) - 1
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def _urn_from_the_doc(y: list[int], w: int, alpha: int, seed: int) -> list[int]:
+    """The dirichlet rule exactly as docs/model.md words it, one example at a time."""
+    p = (seed * 1000 - 1) % 2**64
+    k, m, out = [[0] * w for _ in range(10)], [0] * 10, []
+    for j, c in enumerate(y):
+        u = (_key(p, j) * (w * alpha + 10**6 * m[c])) >> 64
+        sums = np.cumsum([alpha + 10**6 * k[c][v] for v in range(w)])
+        owner = int(np.argmax(u < sums))
+        k[c][owner] += 1
+        m[c] += 1
+        out.append(owner)
+    return out
+
+
+def test_the_docs_small_example_is_the_rule_as_written_and_the_implementation():
+    y = np.arange(12) % 3
+    rows = dict(line.split(None, 1) for line in _doc_block("partition-small"))
+    assert rows["dirichlet:0.5"].split() == [str(o) for o in owners(y, 3, "dirichlet:0.5", 5)]
+    assert rows["shards:2"].split() == [str(o) for o in owners(y, 3, "shards:2", 5)]
+    assert _urn_from_the_doc(y.tolist(), 3, 500000, 5) == owners(y, 3, "dirichlet:0.5", 5).tolist()
+    y = sample_labels()
+    assert _urn_from_the_doc(y.tolist(), 4, 100000, 0) == owners(y, 4, "dirichlet:0.1", 0).tolist()
+
+
+def test_the_docs_sample_histograms():
+    y = sample_labels()
+    first = " ".join(str(o) for o in owners(y, 4, "dirichlet:0.1", 0)[:16])
+    assert _doc_block("partition-first-owners") == [first]
+    for block, world_size, text in (
+        ("partition-dirichlet", 4, "dirichlet:0.1"),
+        ("partition-shards", 5, "shards:2"),
+    ):
+        hist = label_histograms(y, world_size, text, 0)
+        assert [[int(v) for v in line.split()] for line in _doc_block(block)] == hist.tolist()
+    assert f"`key_P(0)` =\n0x{_key(2**64 - 1, 0):016x}" in DOC.read_text(encoding="utf-8")

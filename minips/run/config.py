@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import click
 
 from minips.data.datasets import DATASET_NAMES
+from minips.data.partition import check_partition
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
 from minips.protocol.auth import load_server_keys
@@ -198,6 +199,11 @@ class RunConfig(ConfigBase):
                            server_option="world_size", commands=("run", "server"))
     hetero: list[float] = setting([], "Slowdown factor per worker, e.g. 1,1,2,4.",
                                   to_workers=True, parse=_comma_floats)
+    partition: str = setting("iid", "Which examples each worker trains on: iid (random "
+                             "equal shards), dirichlet:ALPHA (label skew, each label split "
+                             "by a Dirichlet(ALPHA) draw: 0.1 skewed, 1000 near iid) or "
+                             "shards:K (K one-label shards per worker); docs/model.md 4.2.",
+                             to_workers=True, omit_default=True)
     servers: int = setting(1, "Server processes the parameters are split over: a server "
                            "group behind one address (docs/protocol.md 16); 1: one server.",
                            minimum=1)
@@ -306,6 +312,7 @@ class RunConfig(ConfigBase):
         """One-line ConfigError/DataError for options no run could use."""
         super().validate()
         check_hetero(self.hetero, self.workers)
+        check_partition(self.partition, self.workers)
         for key, value in self.rule_options.items():
             check_finite(f"rule option {key}", value)
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error
