@@ -57,7 +57,7 @@ def test_javascript_gives_every_example_the_same_owner_as_python(tmp_path, label
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == len(CASES)
-    for case, line in zip(CASES, lines):
+    for case, line in zip(CASES, lines, strict=True):
         python = owners(y, case["world_size"], case["partition"], case["seed"])
         assert json.loads(line) == python.tolist(), case
 
@@ -232,4 +232,4 @@ def test_the_docs_sample_histograms():
     ):
         hist = label_histograms(y, world_size, text, 0)
         assert [[int(v) for v in line.split()] for line in _doc_block(block)] == hist.tolist()
-    assert f"`key_P(0)` =\n0x{_key(2**64 - 1, 0):016x}" in DOC.read_text(encoding="utf-8")
+    assert f"`key_P(0)` = 0x{_key(2**64 - 1, 0):016x}" in DOC.read_text(encoding="utf-8")

@@ -121,7 +121,7 @@ def shard_sizes(class_counts: list[int], n_shards: int) -> list[int]:
     shards = [1 if n else 0 for n in class_counts]
     for _ in range(n_shards - sum(shards)):
         best = -1
-        for c, (n, s) in enumerate(zip(class_counts, shards)):
+        for c, (n, s) in enumerate(zip(class_counts, shards, strict=True)):
             if s and (best < 0 or n * shards[best] > class_counts[best] * s):
                 best = c
         shards[best] += 1
