@@ -8,10 +8,15 @@ import sys
 import time
 import urllib.request
 
+from test_dashboard import chromium_page
+
 from minips.classroom.dashboard import run_labels
 from minips.classroom.dashboard.page import PAGE
 from minips.data.labels import training_labels
 from minips.data.partition import label_histograms
+
+READ_CELLS = """JSON.stringify([...document.querySelectorAll("#workers td[data-key=labels]")]
+  .map(td => ({value: td.dataset.value, text: td.textContent})))"""
 
 
 def _get_json(url: str) -> dict:
@@ -38,8 +43,8 @@ def test_a_run_dashboard_serves_each_workers_label_histogram(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--dashboard", "--dashboard-listen", "127.0.0.1:0",
-         "--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--workers", "3",
-         "--partition", "shards:4", "--out", str(out), "--quiet"],
+         "--model", "mlp", "--dataset", "synthetic", "--epochs", "2", "--workers", "3",
+         "--hetero", "6,6,6", "--partition", "shards:4", "--out", str(out), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
     )  # fmt: skip
     try:
@@ -51,9 +56,17 @@ def test_a_run_dashboard_serves_each_workers_label_histogram(tmp_path):
         while snapshot.get("labels") is None and time.monotonic() < deadline:
             time.sleep(0.2)
             snapshot = _get_json(url + "snapshot.json")
+        with chromium_page(url) as tools:  # the table's labels cells, while the run is live
+            cells = []
+            while len(cells) < 3 and time.monotonic() < deadline:
+                time.sleep(0.3)
+                cells = json.loads(tools.evaluate(READ_CELLS) or "[]")
         proc.communicate(timeout=120)
     finally:
         proc.kill()
     expected = label_histograms(training_labels("synthetic"), 3, "shards:4", 0)
     assert snapshot["labels"] == {"partition": "shards:4", "histograms": expected.tolist()}
     assert all((row > 0).sum() <= 4 for row in expected)
+    assert [c["value"] for c in cells] == [" ".join(map(str, row)) for row in expected]
+    assert all(len(c["text"]) == 10 for c in cells)
+    assert all(sum(ch != " " for ch in c["text"]) <= 4 for c in cells)
