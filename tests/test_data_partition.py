@@ -233,3 +233,25 @@ def test_the_docs_sample_histograms():
         hist = label_histograms(y, world_size, text, 0)
         assert [[int(v) for v in line.split()] for line in _doc_block(block)] == hist.tolist()
     assert f"`key_P(0)` = 0x{_key(2**64 - 1, 0):016x}" in DOC.read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(NODE is None, reason="node not found")
+def test_the_page_refuses_a_gateway_shard_that_is_not_its_own():
+    script = SCRIPT.with_name("partition_fetch.mjs")
+    run = [NODE, str(script)]
+    good = subprocess.run([*run, "good"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*run, "bad"], capture_output=True, text=True, timeout=60)
+    assert good.stdout.split()[0] == "ok", good.stdout + good.stderr
+    assert "is not the one this page computes" in bad.stdout, bad.stdout + bad.stderr
+
+
+@pytest.mark.skipif(NODE is None, reason="node not found")
+def test_a_page_that_cannot_parse_the_partition_refuses_the_run():
+    configs = [{"config": {"model": {"name": "mlp"}, "partition": p}, "engine": "js"}
+               for p in ("dirichlet:0.1", "shards:2", "zipf:2")]  # fmt: skip
+    follow = SCRIPT.with_name("follow.mjs")
+    done = subprocess.run([NODE, str(follow), json.dumps(configs)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    reasons = json.loads(done.stdout)
+    assert reasons[:2] == [None, None]
+    assert reasons[2].startswith("this page cannot cut its shard: bad --partition")

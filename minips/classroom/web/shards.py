@@ -63,10 +63,14 @@ class ServedDataset:
             "classes": 10,
         }
 
-    def train_shard(self, rank: int, world_size: int, part: str) -> bytes:
+    def train_shard(
+        self, rank: int, world_size: int, part: str, partition: str = "iid", seed: int = 0
+    ) -> bytes:
         """IDX bytes of shard `rank` of `world_size`: part "images" or "labels".
 
-        The slice is Dataset.shard's, [rank*N//W, (rank+1)*N//W); ConfigError for a bad rank.
+        Dataset.shard's examples: under "iid" the slice [rank*N//W, (rank+1)*N//W), else
+        those the partition gives the rank under the run's `seed` (docs/model.md 4.2), in
+        training order; ConfigError for a bad rank or partition.
         """
         shard = Dataset(  # reuse Dataset.shard's checks and arithmetic on the uint8 arrays
             self.name,
@@ -75,7 +79,7 @@ class ServedDataset:
             self.test_pixels[:, None],
             self.test_labels,
             "gateway",
-        ).shard(rank, world_size)
+        ).shard(rank, world_size, partition, seed)
         return idx_bytes(shard.x_train[:, 0] if part == "images" else shard.y_train)
 
     def test_set(self, part: str) -> bytes:

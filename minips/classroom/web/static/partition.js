@@ -1,7 +1,7 @@
 // Which training examples each worker gets (docs/model.md §4.2, "Partitions"): the twin of
 // minips/data/partition.py, integer arithmetic on SplitMix64 outputs, so a browser computes
 // the very partition the Python worker does. `labels` is the training set in training order.
-import { shuffle, splitmix64 } from "./data.js";
+import { parseIdx, shuffle, splitmix64 } from "./data.js";
 
 const MASK64 = (1n << 64n) - 1n;
 const ALPHA_SCALE = 1000000;
@@ -117,4 +117,28 @@ export function shardPositions(labels, rank, worldSize, text, seed) {
   const out = [];
   for (let j = 0; j < who.length; j++) if (who[j] === rank) out.push(j);
   return Int32Array.from(out);
+}
+
+/**
+ * This worker's shard from the gateway (protocol.md §14.1): {images, labels}, IDX parsed.
+ * Under a label-skewing partition the page computes its own examples from the whole
+ * training set's labels and checks that the gateway's shard is exactly them.
+ */
+export async function fetchShard(fetchBytes, dataUrl, config, rank, worldSize) {
+  const partition = config.partition || "iid";
+  let url = `${dataUrl}/train/${rank}/${worldSize}`;
+  if (partition === "iid") {
+    const images = parseIdx(await fetchBytes(`${url}/images`));
+    return { images, labels: parseIdx(await fetchBytes(`${url}/labels`)).data };
+  }
+  const seed = config.seed || 0;
+  const all = parseIdx(await fetchBytes(`${dataUrl}/train/0/1/labels`)).data;
+  const mine = shardPositions(all, rank, worldSize, partition, seed);
+  url += `/${partition}/${seed}`;
+  const images = parseIdx(await fetchBytes(`${url}/images`));
+  const labels = parseIdx(await fetchBytes(`${url}/labels`)).data;
+  if (labels.length !== mine.length || labels.some((y, i) => y !== all[mine[i]])) {
+    throw new Error(`the gateway's shard of --partition ${partition} is not the one this page computes`);
+  }
+  return { images, labels };
 }
