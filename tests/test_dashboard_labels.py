@@ -13,7 +13,7 @@ from test_dashboard import chromium_page
 from minips.classroom.dashboard import run_labels
 from minips.classroom.dashboard.page import PAGE
 from minips.data.labels import training_labels
-from minips.data.partition import label_histograms
+from minips.data.sharding import label_histograms
 
 READ_CELLS = """JSON.stringify([...document.querySelectorAll("#workers td[data-key=labels]")]
   .map(td => ({value: td.dataset.value, text: td.textContent})))"""

@@ -1,4 +1,4 @@
-"""The partition of the training set among workers (minips/data/partition.py, docs/model.md
+"""The partition of the training set among workers (minips/data/sharding.py, docs/model.md
 4.2): Python and JavaScript give the same owner to every example, every example has exactly
 one owner, and the label skew is what the option says (Dirichlet alpha, K shards)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minips.data import load_dataset
-from minips.data.partition import (
+from minips.data.sharding import (
     label_histograms,
     owners,
     parse_partition,

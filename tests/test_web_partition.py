@@ -15,7 +15,7 @@ from test_web_support import quiet_env, require_browser
 
 from minips.data import load_dataset, normalize, parse_idx
 from minips.data.labels import training_labels
-from minips.data.partition import label_histograms
+from minips.data.sharding import label_histograms
 from minips.results.loading import load_run
 
 pytest.importorskip("websockets", reason="websockets not installed: pip install '.[web]'")

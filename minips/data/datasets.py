@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from minips.data.idx import read_idx
-from minips.data.partition import shard_positions
+from minips.data.sharding import shard_positions
 from minips.data.shuffle import EpochShuffle, shuffle
 from minips.data.synthetic import SYNTHETIC_MEAN, SYNTHETIC_STD, make_synthetic
 from minips.errors import ConfigError, DataError, ShapeError
@@ -102,7 +102,7 @@ class Dataset:
         "iid": the contiguous slice ``[rank*N//W, (rank+1)*N//W)`` (views); the shards cover
         the training set and differ in size by at most one, and the training set was
         shuffled at load time, so each is a class-mixed random subset. "dirichlet:ALPHA" and
-        "shards:K" skew the labels (minips.data.partition; copies, in training order), drawn
+        "shards:K" skew the labels (minips.data.sharding; copies, in training order), drawn
         from the run's `seed`. The test set is shared unchanged.
         """
         n = len(self.y_train)

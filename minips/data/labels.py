@@ -9,7 +9,7 @@ import numpy as np
 
 from minips.data.datasets import find_dataset, idx_paths, load_dataset
 from minips.data.idx import read_idx
-from minips.data.partition import label_histograms
+from minips.data.sharding import label_histograms
 from minips.data.shuffle import shuffle
 from minips.data.synthetic import make_synthetic
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import click
 
 from minips.data.datasets import DATASET_NAMES
-from minips.data.partition import check_partition
+from minips.data.sharding import check_partition
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
 from minips.protocol.auth import load_server_keys

@@ -1,5 +1,5 @@
 // Which training examples each worker gets (docs/model.md §4.2, "Partitions"): the twin of
-// minips/data/partition.py, integer arithmetic on SplitMix64 outputs, so a browser computes
+// minips/data/sharding.py, integer arithmetic on SplitMix64 outputs, so a browser computes
 // the very partition the Python worker does. `labels` is the training set in training order.
 import { parseIdx, shuffle, splitmix64 } from "./data.js";
 
