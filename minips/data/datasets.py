@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from minips.data.idx import read_idx
+from minips.data.sharding import shard_positions
 from minips.data.shuffle import EpochShuffle, shuffle
 from minips.data.synthetic import SYNTHETIC_MEAN, SYNTHETIC_STD, make_synthetic
 from minips.errors import ConfigError, DataError, ShapeError
@@ -95,23 +96,33 @@ class Dataset:
         """Shape of one example, (C, H, W): (1, 28, 28)."""
         return tuple(self.x_train.shape[1:])
 
-    def shard(self, rank: int, world_size: int) -> Dataset:
-        """Training examples ``[rank*N//W, (rank+1)*N//W)`` of W contiguous, disjoint shards.
+    def shard(self, rank: int, world_size: int, partition: str = "iid", seed: int = 0) -> Dataset:
+        """Worker `rank`'s training examples under `partition` (docs/model.md 4.2).
 
-        The shards cover the whole training set and differ in size by at most one; the
-        training set was shuffled at load time, so each shard is a class-mixed random subset.
-        The test set is shared unchanged. Arrays are views, not copies.
+        "iid": the contiguous slice ``[rank*N//W, (rank+1)*N//W)`` (views); the shards cover
+        the training set and differ in size by at most one, and the training set was
+        shuffled at load time, so each is a class-mixed random subset. "dirichlet:ALPHA" and
+        "shards:K" skew the labels (minips.data.sharding; copies, in training order), drawn
+        from the run's `seed`. The test set is shared unchanged.
         """
         n = len(self.y_train)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"bad shard: rank {rank} of world size {world_size}")
         if world_size > n:
             raise ConfigError(f"cannot split {n} training examples into {world_size} shards")
-        start, stop = rank * n // world_size, (rank + 1) * n // world_size
+        if partition == "iid":
+            picked: slice | np.ndarray = slice(rank * n // world_size, (rank + 1) * n // world_size)
+        else:
+            picked = shard_positions(self.y_train, rank, world_size, partition, seed)
+            if not len(picked):
+                raise ConfigError(
+                    f"--partition {partition} (seed {seed}) gives rank {rank} of {world_size} "
+                    "no training example; a larger ALPHA or another seed gives it some"
+                )
         return Dataset(
             name=self.name,
-            x_train=self.x_train[start:stop],  # (n_shard, 1, 28, 28)
-            y_train=self.y_train[start:stop],  # (n_shard,)
+            x_train=self.x_train[picked],  # (n_shard, 1, 28, 28)
+            y_train=self.y_train[picked],  # (n_shard,)
             x_test=self.x_test,
             y_test=self.y_test,
             source=self.source,

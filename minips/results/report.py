@@ -19,6 +19,7 @@ from typing import Any
 
 from minips.classroom.web.slots import agent_name
 from minips.results.loading import Run
+from minips.results.report_labels import label_summary
 from minips.results.report_plan import link_text, plan_summary
 
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
@@ -155,11 +156,14 @@ def time_to_target(
 
 
 def run_label(run: Run) -> str:
-    """rule + heterogeneity, e.g. "asgd x4 hetero 1,1,2,8": for runs whose names collide."""
+    """rule + heterogeneity, e.g. "asgd x4 hetero 1,1,2,8 dirichlet:0.1": for runs whose names
+    collide."""
     cfg, summary = run.config, run.summary
     label = f"{cfg.get('rule', summary.get('rule', '?'))} x{cfg.get('workers', '?')}"
     if cfg.get("hetero"):
         label += " hetero " + ",".join(f"{f:g}" for f in cfg["hetero"])
+    if cfg.get("partition", "iid") != "iid":
+        label += f" {cfg['partition']}"
     return label
 
 
@@ -236,6 +240,8 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     }
     result["plan"] = plan_summary(run.path, run.config)
     result["link"] = link_text(run.config)
+    if labels := label_summary(run.config):
+        result["labels"] = labels
     if any("dropped" in u for u in updates):  # rules that may discard a push (e.g. cutoff)
         result["dropped"] = sum(bool(u.get("dropped")) for u in updates)
     layers = value_staleness_by_layer(updates)

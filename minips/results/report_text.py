@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.results.report_labels import label_lines
 from minips.results.report_plan import plan_lines
 from minips.results.versions import stopped_line, untested_line, version_text
 
@@ -123,6 +124,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  evaluations {report['evals']}"
     )
     lines += plan_lines(report)
+    lines += label_lines(report)
     if s.get("collapse"):
         c = s["collapse"]
         lines.append(

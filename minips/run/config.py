@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import click
 
 from minips.data.datasets import DATASET_NAMES
+from minips.data.sharding import check_partition
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
 from minips.protocol.auth import load_server_keys
@@ -213,6 +214,11 @@ class RunConfig(ConfigBase):
                                    "away:RANK:AFTER:SECONDS (docs/model.md 4.5).",
                                    to_workers=True, omit_default=True,
                                    parse=_speed_schedule)
+    partition: str = setting("iid", "Which examples each worker trains on: iid (random "
+                             "equal shards), dirichlet:ALPHA (label skew, each label split "
+                             "by a Dirichlet(ALPHA) draw: 0.1 skewed, 1000 near iid) or "
+                             "shards:K (K one-label shards per worker); docs/model.md 4.2.",
+                             to_workers=True, omit_default=True)
     servers: int = setting(1, "Server processes the parameters are split over: a server "
                            "group behind one address (docs/protocol.md 16); 1: one server.",
                            minimum=1)
@@ -324,6 +330,7 @@ class RunConfig(ConfigBase):
         super().validate()
         check_hetero(self.hetero, self.workers)
         check_speed_schedule(self.hetero_schedule, self.workers)
+        check_partition(self.partition, self.workers)
         for key, value in self.rule_options.items():
             check_finite(f"rule option {key}", value)
         rule = make_rule(self.rule, **self.rule_options)  # a bad rule option: its one-line error

@@ -256,8 +256,9 @@ class Worker:
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
         self._plan_link_trace(config)
-        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size)
-        return shard, EpochShuffle(int(config.get("seed", 0)), rank)  # docs/model.md 4.3
+        seed, partition = int(config.get("seed", 0)), config.get("partition", "iid")
+        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size, partition, seed)
+        return shard, EpochShuffle(seed, rank)  # docs/model.md 4.3
 
     def _plan_link_trace(self, config: dict[str, Any]) -> None:
         """From hello's config: the plan and its sender, the link's token buckets, trace hooks."""

@@ -269,6 +269,7 @@ class RunDashboard:
         url, self.collector, self._stop = _serve(
             endpoint, self.out / "eval.jsonl", self.listen, UpdateTail(run_logs(self.out)), keys
         )
+        self.collector.labels = run_labels(self.out)
         return url
 
     def finish(self, summary: dict[str, Any] | None) -> None:
@@ -280,6 +281,18 @@ class RunDashboard:
     def __exit__(self, *exc: object) -> None:
         if self._stop is not None:
             self._stop()
+
+
+def run_labels(out: Path) -> dict[str, Any] | None:
+    """Each worker's examples per label under the run's --partition (None: iid, or no
+    config.json to read it from): a row per worker on the page."""
+    from minips.results.report_labels import label_summary
+
+    try:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return label_summary(config)
 
 
 __all__ = ["RunDashboard", "start_dashboard"]

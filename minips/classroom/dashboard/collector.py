@@ -153,6 +153,8 @@ class Collector:
         self.error: str | None = None
         self.phase = "connecting"
         self.summary: dict[str, Any] | None = None  # the run's summary, once it ended
+        # under a label-skewing partition: {"partition", "histograms": a row per rank}
+        self.labels: dict[str, Any] | None = None
         self._last: dict[str, Any] = {}  # the last snapshot's stats and workers
         # Served before the first poll too (a page or script may ask at once): say so.
         self._snapshot: dict[str, Any] = {"seq": 0, "phase": self.phase, "connect": connect,
@@ -272,6 +274,7 @@ class Collector:
                 row["state"] = ended.get(row["state"], row["state"])
         snapshot["phase"] = self.phase
         snapshot["summary"] = self.summary
+        snapshot["labels"] = self.labels
         snapshot["error"] = self.error
         snapshot["notice"] = self.notice
         snapshot["history"] = list(self.history)

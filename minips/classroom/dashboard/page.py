@@ -38,6 +38,7 @@ PAGE = r"""<!doctype html>
  td[data-key=agent], td[data-key=host], td[data-key=state] { text-align: left; }
  td.left { color: #b00; } td.finished, td.stopped { color: #05a; } td.training { color: #080; }
  td.waiting { color: #a60; } td.never { color: #888; }
+ td.labels { font-family: monospace; text-align: left; letter-spacing: 1px; }
  #view-link { font-size: 12px; margin-left: 12px; color: #05a; }
  /* Projector view (?projector): a few numbers and the charts in type a class reads from the
     back of the room (48 px numbers, 22 px table at 1280x720); the charts take the height. */
@@ -76,7 +77,7 @@ PAGE = r"""<!doctype html>
 </div>
 <div id="table-box"><table id="workers"><thead><tr><th>rank</th><th>agent</th><th class="minor">host</th><th>state</th>
  <th>steps</th><th>samples</th><th>samples/s</th><th class="minor">steps/s</th><th class="minor">behind fastest</th>
- <th>staleness mean</th><th class="minor">max</th><th class="minor">scale mean</th><th class="minor">bytes up</th><th class="minor">bytes down</th></tr></thead><tbody></tbody></table></div>
+ <th>staleness mean</th><th class="minor">max</th><th class="minor">scale mean</th><th class="minor">bytes up</th><th class="minor">bytes down</th><th id="labels-head" hidden>labels 0-9</th></tr></thead><tbody></tbody></table></div>
 <table id="shards" hidden><thead><tr><th>shard</th><th>version</th><th>updates</th>
  <th>updates/s</th><th>bytes up</th><th>bytes down</th><th>bytes/s</th><th>load</th></tr></thead>
  <tbody></tbody></table>
@@ -87,6 +88,10 @@ const fmtBytes = b => b >= 1e9 ? (b / 1e9).toFixed(2) + " GB" : b >= 1e6 ? (b / 
 const fmt = (v, digits) => typeof v === "number" ? (Number.isInteger(v) && digits === undefined
   ? v.toLocaleString("en") : v.toFixed(digits === undefined ? 2 : digits)) : "-";
 const pct = a => (100 * a).toFixed(1) + "%";
+// A worker's examples per label (--partition) as ten bars, scaled to its largest count.
+const BLOCKS = " ▁▂▃▄▅▆▇█";
+const labelBars = counts => { const top = Math.max(...counts, 1);
+  return counts.map(n => BLOCKS[n ? Math.max(1, Math.round(8 * n / top)) : 0]).join(""); };
 const AGENT_COLOURS = { numpy: "#1f77b4" };  // browsers: orange
 let last = null;
 // The projector view: the class's view in large type; its chart text scales with it.
@@ -209,6 +214,10 @@ function render(s) {
   setValue("stat-bytes-in", t.bytes_in, fmtBytes(t.bytes_in));
   setValue("stat-bytes-out", t.bytes_out, fmtBytes(t.bytes_out));
   setValue("stat-uptime", t.uptime, fmt(t.uptime, 0) + " s");
+  const histograms = s.labels && s.labels.histograms;
+  const head = document.getElementById("labels-head");
+  head.hidden = !histograms;
+  if (histograms) head.textContent = "labels 0-9 (" + s.labels.partition + ")";
   const body = document.querySelector("#workers tbody");
   body.replaceChildren(...workers.map(w => {
     const tr = document.createElement("tr"); tr.dataset.rank = w.rank;
@@ -223,6 +232,12 @@ function render(s) {
       if (key === "state") td.className = value;
       if (MINOR_COLUMNS.has(key)) td.classList.add("minor");
       tr.appendChild(td);
+    }
+    const counts = histograms && histograms[w.rank];
+    if (counts) {
+      const td = document.createElement("td"); td.dataset.key = "labels"; td.dataset.value = counts.join(" ");
+      td.textContent = labelBars(counts); td.title = counts.map((n, c) => c + ": " + n).join(", ");
+      td.className = "labels"; tr.appendChild(td);
     }
     tr.dataset.pushes = w.pushes;
     return tr;

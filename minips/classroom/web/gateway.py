@@ -60,6 +60,10 @@ WS_PATH = "/ws"
 PEER_PATH = "/peer"
 _STATIC = re.compile(r"^/static/([A-Za-z0-9_-]+\.(?:js|css|html|wasm))$")
 _SHARD = re.compile(r"^/data/([a-z0-9-]+)/train/([^/]+)/([^/]+)/(images|labels)$")
+# a label-skewing partition's shard (docs/model.md 4.2): .../PARTITION/SEED/images
+_PARTED = re.compile(
+    r"^/data/([a-z0-9-]+)/train/([^/]+)/([^/]+)/([a-z]+:[0-9.]+)/([0-9]{1,20})/(images|labels)$"
+)
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
 _INFO = re.compile(r"^/data/([a-z0-9-]+)/info$")
 # Keepalive pings: a browser whose network went away (Wi-Fi lost, laptop asleep) is seen
@@ -342,6 +346,12 @@ class Gateway:
             name, rank, world_size, part = match.groups()
             rank_n, world_n = _shard_numbers(rank, world_size)
             body = self.datasets.get(name).train_shard(rank_n, world_n, part)
+            return body, "application/octet-stream"
+        if match := _PARTED.match(path):
+            name, rank, world_size, partition, seed, part = match.groups()
+            rank_n, world_n = _shard_numbers(rank, world_size)
+            served = self.datasets.get(name)
+            body = served.train_shard(rank_n, world_n, part, partition, int(seed))
             return body, "application/octet-stream"
         if match := _TEST.match(path):
             return self.datasets.get(match.group(1)).test_set(match.group(2)), (

@@ -11,12 +11,16 @@ does and serves each shard's examples in shard order as IDX files: uint8 pixels
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from minips.data import NORMALIZATION, Dataset, idx_bytes, load_dataset
+from minips.data.sharding import owners
+from minips.errors import ConfigError
+
+MAX_PARTITIONS = 8  # partitions remembered per dataset (a gateway serves one run at a time)
 
 
 def to_pixels(x: np.ndarray, name: str) -> np.ndarray:
@@ -39,6 +43,9 @@ class ServedDataset:
     train_labels: np.ndarray  # (N,) uint8
     test_pixels: np.ndarray  # (M, 28, 28) uint8
     test_labels: np.ndarray  # (M,) uint8
+    # the owner of every training example per (world size, partition, seed): a class's
+    # browsers all ask for the same one, which takes a Python loop over N to draw
+    owners: dict[tuple[int, str, int], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def from_dataset(cls, data: Dataset) -> ServedDataset:
@@ -63,11 +70,17 @@ class ServedDataset:
             "classes": 10,
         }
 
-    def train_shard(self, rank: int, world_size: int, part: str) -> bytes:
+    def train_shard(
+        self, rank: int, world_size: int, part: str, partition: str = "iid", seed: int = 0
+    ) -> bytes:
         """IDX bytes of shard `rank` of `world_size`: part "images" or "labels".
 
-        The slice is Dataset.shard's, [rank*N//W, (rank+1)*N//W); ConfigError for a bad rank.
+        Dataset.shard's examples: under "iid" the slice [rank*N//W, (rank+1)*N//W), else
+        those the partition gives the rank under the run's `seed` (docs/model.md 4.2), in
+        training order; ConfigError for a bad rank or partition.
         """
+        if partition != "iid":
+            return self._parted_shard(rank, world_size, part, partition, seed)
         shard = Dataset(  # reuse Dataset.shard's checks and arithmetic on the uint8 arrays
             self.name,
             self.train_pixels[:, None],
@@ -77,6 +90,26 @@ class ServedDataset:
             "gateway",
         ).shard(rank, world_size)
         return idx_bytes(shard.x_train[:, 0] if part == "images" else shard.y_train)
+
+    def _parted_shard(
+        self, rank: int, world_size: int, part: str, partition: str, seed: int
+    ) -> bytes:
+        """train_shard under a label-skewing partition, its owners drawn once per run."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"bad shard: rank {rank} of world size {world_size}")
+        key = (world_size, partition, seed)
+        who = self.owners.get(key)  # two requests at once may both draw it: the same result
+        if who is None:
+            who = owners(self.train_labels, world_size, partition, seed)
+            if len(self.owners) >= MAX_PARTITIONS:
+                self.owners.clear()
+            self.owners[key] = who
+        picked = np.flatnonzero(who == rank)  # (n_shard,) in training order
+        if not len(picked):
+            raise ConfigError(f"--partition {partition} (seed {seed}) gives rank {rank} no example")
+        return idx_bytes(
+            self.train_pixels[picked] if part == "images" else self.train_labels[picked]
+        )
 
     def test_set(self, part: str) -> bytes:
         """IDX bytes of the whole test set, unshuffled: part "images" or "labels"."""

@@ -4,6 +4,7 @@
 // reason in the run's output and the student on the page, instead of a tab that trains
 // wrong or goes silent.
 
+import { parsePartition } from "./partition.js";
 import { planProblem } from "./transmit.js";
 
 // The models of docs/model.md §3 this page builds (nn.js), with the kwargs each takes.
@@ -22,6 +23,13 @@ export function cannotFollow(config, engine, asked = {}) {
   if (unknown.length) return `this page's ${model.name} has no option(s) ${unknown.join(", ")}`;
   if (asked.engine === "wasm" && engine.name !== "wasm-simd") {
     return "this browser cannot run the WebAssembly SIMD engine the page was asked for (engine=wasm)";
+  }
+  if (config.partition !== undefined) {
+    try {
+      parsePartition(config.partition);
+    } catch (err) {
+      return `this page cannot cut its shard: ${err.message}`;
+    }
   }
   return planProblem(config.plan);
 }

@@ -16,6 +16,7 @@ import { StepSender, applyPull } from "./transmit.js";
 import { decodeMessage, encodeMessage } from "./wire.js";
 import { epochOrder, normalise, parseIdx } from "./data.js";
 import { extraSeconds, speedSchedule } from "./speeds.js";
+import { fetchShard } from "./partition.js";
 
 // computeSeconds: forward + backward; commSeconds: push + pull (encoding, the round trips,
 // decoding, copying the parameters in), both summed over the steps (as the NumPy worker's
@@ -220,8 +221,7 @@ async function train(options) {
 
   const dataUrl = `${base}data/${config.dataset}`;
   const meta = JSON.parse(new TextDecoder().decode(await fetchBytes(`${dataUrl}/info`)));
-  const images = parseIdx(await fetchBytes(`${dataUrl}/train/${rank}/${worldSize}/images`));
-  const labels = parseIdx(await fetchBytes(`${dataUrl}/train/${rank}/${worldSize}/labels`)).data;
+  const { images, labels } = await fetchShard(fetchBytes, dataUrl, config, rank, worldSize);
   const x = normalise(images.data, meta.mean, meta.std);
   const testImages = parseIdx(await fetchBytes(`${dataUrl}/test/images`));
   const testLabels = parseIdx(await fetchBytes(`${dataUrl}/test/labels`)).data;
