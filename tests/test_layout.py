@@ -42,9 +42,6 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.worker.client", "minips.group.connections"),
     ("minips.worker.client", "minips.group.fanout"),
     ("minips.worker.client", "minips.group.root"),
-    ("minips.worker.transmit", "minips.results.trace"),
-    ("minips.worker.worker", "minips.results.metrics"),
-    ("minips.worker.worker", "minips.results.trace"),
 }
 
 # Pairs of packages that import each other (sorted pairs): each the return of an import
@@ -54,7 +51,6 @@ KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
     ("minips.group", "minips.worker"),
     ("minips.ops", "minips.server"),
     ("minips.ops", "minips.state"),
-    ("minips.results", "minips.worker"),
 }
 
 # Module file names held by more than one package (base.py and __init__.py aside).
