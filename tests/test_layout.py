@@ -39,8 +39,8 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.server.timers", "minips.ops.checkpoints"),
     ("minips.server.timers", "minips.ops.inflow"),
     ("minips.state.store", "minips.ops.checkpoint_file"),
-    ("minips.worker.client", "minips.group.connections"),
-    ("minips.worker.client", "minips.group.fanout"),
+    # The group's side, imported once a server turns out to be a group: the one place a
+    # plain PSClient(address) learns how to reach one (PSClient._group_side).
     ("minips.worker.client", "minips.group.root"),
 }
 
