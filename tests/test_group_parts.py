@@ -19,6 +19,7 @@ from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import ProtocolError
+from minips.worker.session import NO_PULL
 
 
 @pytest.mark.parametrize(
@@ -293,20 +294,20 @@ def test_a_group_push_reports_its_stalest_shards_staleness():
     group = _group_of_two()
     _answering(group, {0: 0, 1: 3})
     grads = {"w": np.ones(SPLIT["w"], np.float32)}
-    push = group.push(grads, 0, None, True, None, None, None, False)
+    push = group.push(grads, 0, None, True, None, None, NO_PULL)
     assert push.staleness == 3 and push.applied
     _answering(group, {0: 2, 1: 0})
-    assert group.push(grads, 0, None, True, None, None, None, False).staleness == 2
+    assert group.push(grads, 0, None, True, None, None, NO_PULL).staleness == 2
 
 
 def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_push():
     group = _group_of_two()
     sent = _answering(group, {0: 0, 1: 0})
-    group.push({"w": np.ones(SPLIT["w"], np.float32)}, 0, None, False, None, 8, None, False)
+    group.push({"w": np.ones(SPLIT["w"], np.float32)}, 0, None, False, None, 8, NO_PULL)
     assert [h["last"] for h in sent] == [False, False]
     assert all("samples" not in h for h in sent)  # the step's samples are not counted yet
     sent.clear()
-    group.push({"b": np.ones(100, np.float32)}, 0, None, True, None, 8, None, False)
+    group.push({"b": np.ones(100, np.float32)}, 0, None, True, None, 8, NO_PULL)
     assert [(h["last"], h["samples"]) for h in sent] == [(True, 8), (True, 8)]  # closes both
 
 

@@ -39,12 +39,9 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.server.timers", "minips.ops.checkpoints"),
     ("minips.server.timers", "minips.ops.inflow"),
     ("minips.state.store", "minips.ops.checkpoint_file"),
-    ("minips.worker.client", "minips.group.connections"),
-    ("minips.worker.client", "minips.group.fanout"),
+    # The group's side, imported once a server turns out to be a group: the one place a
+    # plain PSClient(address) learns how to reach one (PSClient._group_side).
     ("minips.worker.client", "minips.group.root"),
-    ("minips.worker.transmit", "minips.results.trace"),
-    ("minips.worker.worker", "minips.results.metrics"),
-    ("minips.worker.worker", "minips.results.trace"),
 }
 
 # Pairs of packages that import each other (sorted pairs): each the return of an import
@@ -54,7 +51,6 @@ KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
     ("minips.group", "minips.worker"),
     ("minips.ops", "minips.server"),
     ("minips.ops", "minips.state"),
-    ("minips.results", "minips.worker"),
 }
 
 # Module file names held by more than one package (base.py and __init__.py aside).

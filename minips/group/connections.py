@@ -18,6 +18,7 @@ import zmq
 
 from minips.protocol import auth, wire
 from minips.protocol.wire import Limits, Message
+from minips.worker.first_contact import identified
 from minips.worker.replies import ServerUnavailable
 
 log = logging.getLogger("minips.client")
@@ -80,13 +81,6 @@ class Connection:
         if self.socket is not None:
             self.socket.close(linger=0)
             self.socket = None
-
-
-def identified(header: dict[str, Any]) -> dict[str, Any]:
-    """A hello says that this client sets its own routing id on every socket: the server
-    then refuses a hello that an abandoned socket left queued (docs/protocol.md 15), so a
-    retry and the socket it gave up on are never two owners of the worker id."""
-    return {**header, "own_routing_id": True} if header.get("op") == "hello" else header
 
 
 def exchange(

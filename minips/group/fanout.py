@@ -1,8 +1,8 @@
 """A worker's side of a server group: one request per shard, all sent, then all replies.
 
-`PSClient` (client.py) talks to a plain server itself. When the root's hello reply carries
-`group` (docs/protocol.md 16.4) it hands every later call to a `GroupClient`, so a caller
-never sees the group:
+When the root's hello reply carries `group` (docs/protocol.md 16.4), `PSClient` makes a
+`GroupClient` its session (minips.worker.session) and hands it every later call, so a
+caller never sees the group:
 
     push(grads, base, pull_since=v)
       -> split every gradient by the partition (rows of split parameters: views, no copy)
@@ -34,6 +34,7 @@ from minips.protocol.wire import Message, ProtocolError
 from minips.transmission.codecs import Encoder, Factors, Gradient, Spec
 from minips.transmission.codecs.base import dense_float32
 from minips.worker.replies import PullReply, PushReply, ServerError
+from minips.worker.session import fused_pull
 
 # `client` below is the PSClient whose calls a group serves (not imported: it imports this).
 PSClient = Any
@@ -150,10 +151,12 @@ class GroupClient:
         codecs: Mapping[str, Spec] | None,
         samples: int | None,
         pull_since: Any,
-        fused: bool,
+        loss: float | None = None,
     ) -> PushReply:
-        """The push of PSClient.push, one per shard (module docstring)."""
-        bases, sinces = _per_shard(base, self.servers), _per_shard(pull_since, self.servers)
+        """The push of PSClient.push, one per shard (module docstring); pull_since may be
+        NO_PULL (minips.worker.session). The shards are not sent the loss."""
+        since, fused = fused_pull(pull_since)
+        bases, sinces = _per_shard(base, self.servers), _per_shard(since, self.servers)
         seq = self.client.next_seq()
         requests: dict[int, Request] = {}
         extras = self._split_extras(extra or {})
@@ -185,6 +188,24 @@ class GroupClient:
             stop=stop,
             pull=pulled,
         )
+
+    def ping(self) -> bool:
+        """A heartbeat to every shard; whether any says stop."""
+        header = {"op": "ping", "worker": self.client.worker_id}
+        return any(m.header["stop"] for m in self.worker_each(header).values())
+
+    def bye(self, header: dict[str, Any]) -> None:
+        self.each(header)
+
+    def operator(self, header: dict[str, Any]) -> dict[int, Message]:
+        """An operator's request to every shard at once (all joined: the hello said so)."""
+        return self.each(header)
+
+    def others(self, header: dict[str, Any]) -> dict[int, Message]:
+        """An operator's request to every shard but the root that has joined; one that does
+        not answer is left out (it may have stopped)."""
+        joined = [j for j in range(1, self.servers) if self.addresses[j]]
+        return self.each(header, joined, tolerate=True)
 
     def each(
         self, header: dict[str, Any], shards: Any = None, tolerate: bool = False

@@ -19,14 +19,11 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-ProgressFn = Callable[[int, int, dict[str, Any]], None]
-"""progress(samples_done, samples_total, latest): called as training goes on (by the trainer
-after every step, by the launcher about twice a second). `latest` holds the newest figures
-known: `train_loss`, `accuracy`, `updates` (whichever the caller has)."""
+from minips.worker.hooks import ProgressFn  # noqa: F401 - the progress callback's type
 
 
 def _clean(value: Any) -> Any:

@@ -26,12 +26,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-STEP, COMPUTE, SEND, RECV = "step", "compute", "send", "recv"
-COMM = (SEND, RECV)
+# The categories and the switched-off trace are the worker's (it is given a trace).
+from minips.worker.hooks import COMM, COMPUTE, RECV, SEND, STEP, NullTrace  # noqa: F401
 
 
 class _Span:
@@ -135,33 +135,6 @@ class Trace:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class NullTrace:
-    """Tracing switched off: the same interface, doing nothing."""
-
-    enabled = False
-    _NOTHING = nullcontext()
-
-    now = staticmethod(time.perf_counter)
-
-    def span(self, name: str, cat: str, tid: str | None = None, args: Any = None) -> Any:
-        return self._NOTHING
-
-    def complete(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def events(self) -> list[dict[str, Any]]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> NullTrace:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass
 
 
 def open_trace(path: str | os.PathLike[str] | None) -> Trace | NullTrace:

@@ -45,46 +45,68 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.group.connections import identified
-from minips.group.fanout import GroupClient
-from minips.group.root import hello_root, operator_request
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.transmission.codecs import Encoder, Gradient, Spec
-from minips.worker.first_contact import nothing_answers
-from minips.worker.netlimit import Link, frames_nbytes
+from minips.worker.first_contact import hello_root, identified, nothing_answers
+from minips.worker.hooks import LinkLimit
+from minips.worker.netlimit import frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
+from minips.worker.session import NO_PULL, GroupSide, Session, Shards, operator_request, push_header
 
 log = logging.getLogger("minips.client")
 
 
-_NO_PULL = object()  # push() without its pull half
+class OneServer:
+    """The worker calls to one server, each one request on the client's socket (a
+    `Session`, minips.worker.session); the client's Encoder keeps the codec state."""
 
+    def __init__(self, client: PSClient) -> None:
+        self.client = client
 
-def fused_pull(pull_since: Any) -> tuple[Any, bool]:
-    """push()'s pull_since as (the version to pull since or None, whether to pull at all)."""
-    fused = pull_since is not _NO_PULL
-    return (pull_since if fused else None), fused
+    def pull(self, since: int | None) -> PullReply:
+        header = {"op": "pull", "worker": self.client.worker_id, "since": since}
+        return pull_reply(self.client._worker_request(header))
 
+    def push(
+        self,
+        grads: Mapping[str, Gradient],
+        base: int,
+        extra: dict[str, np.ndarray] | None,
+        last: bool,
+        codecs: Mapping[str, Spec] | None,
+        samples: int | None,
+        pull_since: Any,
+        loss: float | None,
+    ) -> PushReply:
+        """PSClient.push to one server: every gradient by its codec, one request."""
+        client = self.client
+        extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
+        parts = client.encoder.encode(grads, codecs)  # counts each parameter's bytes
+        client.encoder.count(extras)
+        seq = client.next_seq()  # the next push is new even if this one fails
+        header = push_header(client.worker_id, seq, base, last, samples, loss, pull_since)
+        h = (message := client._worker_request(header, parts + extras)).header
+        pulled = pull_reply(message) if "param_versions" in h else None
+        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
 
-def push_header(
-    worker_id: str,
-    seq: int,
-    base: int,
-    last: bool,
-    samples: int | None,
-    loss: float | None,
-    pull_since: Any,
-) -> dict[str, Any]:
-    """A push's header (docs/protocol.md 5.3): the optional fields only when given."""
-    header = {"op": "push", "worker": worker_id, "seq": seq, "base": base, "last": last}
-    optional = {"samples": samples, "loss": loss}
-    header.update({key: value for key, value in optional.items() if value is not None})
-    if pull_since is not _NO_PULL:  # a fused push + pull (None: pull everything)
-        header["pull_since"] = pull_since
-    return header
+    def ping(self) -> bool:
+        header = {"op": "ping", "worker": self.client.worker_id}
+        return self.client._worker_request(header).header["stop"]
+
+    def bye(self, header: dict[str, Any]) -> None:
+        self.client._request(header)
+
+    def operator(self, header: dict[str, Any]) -> dict[int, Message]:
+        return {0: self.client._request(header)}
+
+    def bytes_sent(self) -> dict[str, int]:
+        return dict(self.client.encoder.bytes_sent)
+
+    def close(self) -> None:
+        """Nothing of its own: the socket is the client's."""
 
 
 class PSClient:
@@ -96,8 +118,10 @@ class PSClient:
     one by default); the server gives the same rank back to the same id. assemble_timeout:
     how long hello waits for a server group whose shards have not all joined. first_wait: s
     the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
-    A server group (docs/protocol.md 16) is found at hello and used through the same calls
-    (minips.group.fanout: one request per shard, all at once).
+    A server group (docs/protocol.md 16) is found at hello and used through the same calls:
+    hello chooses the `session` every worker call goes to (minips.worker.session), this
+    client's `OneServer` or the group's (`groups`, by default minips.group's: one request per
+    shard, all at once).
     Thread-safe: calls from several threads are serialised by a lock (module docstring).
     """
 
@@ -111,6 +135,7 @@ class PSClient:
         keys: auth.ClientKeys | None = None,
         assemble_timeout: float = ASSEMBLE_TIMEOUT,
         first_wait: float | None = None,
+        groups: GroupSide | None = None,
     ) -> None:
         if timeout <= 0 or retries < 0 or (first_wait is not None and first_wait <= 0):
             raise ValueError("timeout and first_wait must be > 0 and retries >= 0")
@@ -132,11 +157,13 @@ class PSClient:
         self.routing_id = b"\x01" + os.urandom(15)
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
-        self.encoder = Encoder()  # per-parameter codec state; bytes_sent per parameter
+        self.encoder = Encoder()  # one server's codec state; bytes_sent per parameter
         # --bandwidth: a token bucket per direction (minips.worker.netlimit), None = unlimited.
-        self.link: Link | None = None
-        self.group: GroupClient | None = None  # the shards, once hello found a server group
-        self.operated: GroupClient | None = None  # the shards an operator's requests reach
+        self.link: LinkLimit | None = None
+        self.session: Session = OneServer(self)  # what the worker calls go to (hello chooses)
+        self.group: Session | None = None  # the group's session, once hello found a group
+        self.groups = groups  # how to reach a server group (None: minips.group's, when needed)
+        self._shards: Shards | None = None  # the shards an operator's requests reach
         self.assemble_timeout = assemble_timeout
         self.first_wait = first_wait
         self._answered = False  # any reply at all from the server yet
@@ -146,16 +173,17 @@ class PSClient:
     def hello(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Register; return {"rank", "world_size", "config", "version", "heartbeat_timeout"}.
 
-        info: a msgpack-able map shown in the server's stats (host, pid, ...).
+        info: a msgpack-able map shown in the server's stats (host, pid, ...). The reply
+        chooses the session: a server group's root names the group (16.4), and the group's
+        side says hello to the other shards too.
         """
         header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
         if info is not None:
             header["info"] = info
         reply = hello_root(self, identified(header))  # our own routing id (protocol.md 15)
-        if "group" in reply:  # a server group: say hello to the other shards too (16.4)
+        if "group" in reply:
             self._close_socket()  # the group's own connection to the root takes our id over
-            self.group = GroupClient(self, reply["group"])
-            self.group.join(reply, dict(info or {}))
+            self.session = self.group = self._group_side().join(self, reply, dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
         if self.timeout >= reply["heartbeat_timeout"]:  # docs/protocol.md 7
             log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
@@ -171,12 +199,8 @@ class PSClient:
         Under ssp the server may hold the reply until the bound allows it; make `timeout`
         long enough for that, or rely on the retries.
         """
-        if self.group is not None:
-            with self._lock:
-                return self.group.pull(since)
-        header = {"op": "pull", "worker": self.worker_id, "since": since}
-        message = self._worker_request(header)
-        return pull_reply(message)
+        with self._lock:
+            return self.session.pull(since)
 
     def push(
         self,
@@ -186,7 +210,7 @@ class PSClient:
         last: bool = True,
         codecs: Mapping[str, Spec] | None = None,
         samples: int | None = None,
-        pull_since: Any = _NO_PULL,
+        pull_since: Any = NO_PULL,
         loss: float | None = None,
     ) -> PushReply:
         """Send gradients computed at parameters of version `base` (a pull's `version`).
@@ -206,18 +230,7 @@ class PSClient:
         Under ssgd the reply comes when the barrier completes.
         """
         with self._lock:
-            if self.group is not None:
-                since, fused = fused_pull(pull_since)
-                return self.group.push(grads, base, extra, last, codecs, samples, since, fused)
-            extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
-            parts = self.encoder.encode(grads, codecs)  # counts each parameter's bytes
-            self.encoder.count(extras)
-            seq, self._seq = self._seq, self._seq + 1  # the next push is new even if this fails
-            header = push_header(self.worker_id, seq, base, last, samples, loss, pull_since)
-            message = self._worker_request(header, parts + extras)
-        h = message.header
-        pulled = pull_reply(message) if "param_versions" in h else None
-        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
+            return self.session.push(grads, base, extra, last, codecs, samples, pull_since, loss)
 
     def next_seq(self) -> int:
         """A new push's `seq` (one counter for every shard of a group: each sees it ascend)."""
@@ -227,17 +240,12 @@ class PSClient:
     @property
     def bytes_sent(self) -> dict[str, int]:
         """Array bytes pushed so far per parameter (and per "extra/<key>"), retries not counted."""
-        if self.group is not None:
-            return self.group.bytes_sent()
-        return dict(self.encoder.bytes_sent)
+        return self.session.bytes_sent()
 
     def ping(self) -> bool:
         """Heartbeat for long computations; returns the `stop` flag."""
-        header = {"op": "ping", "worker": self.worker_id}
-        if self.group is not None:
-            with self._lock:
-                return any(m.header["stop"] for m in self.group.worker_each(header).values())
-        return self._worker_request(header).header["stop"]
+        with self._lock:
+            return self.session.ping()
 
     def bye(self, finished: bool = True) -> None:
         """Leave the run (barriers stop waiting for this worker). finished: False when
@@ -247,11 +255,8 @@ class PSClient:
         if not finished:
             header["finished"] = False
         try:
-            if self.group is not None:
-                with self._lock:
-                    self.group.each(header)
-            else:
-                self._request(header)
+            with self._lock:
+                self.session.bye(header)
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":
@@ -279,18 +284,27 @@ class PSClient:
         returns its path (the root's)."""
         return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
 
+    def _group_side(self) -> GroupSide:
+        """`groups`, or minips.group's own, imported only once a server turns out to be a
+        group's: a client of one server needs none of it."""
+        if self.groups is None:
+            from minips.group.root import GROUPS
+
+            self.groups = GROUPS
+        return self.groups
+
     def _close_socket(self) -> None:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
 
     def close(self) -> None:
-        """Close the socket without waiting for unsent messages."""
+        """Close the sockets without waiting for unsent messages."""
         with self._lock:
             self._close_socket()
-            for shards in (self.group, self.operated):
-                if shards is not None:
-                    shards.close()
+            self.session.close()
+            if self._shards is not None:
+                self._shards.close()
             self._context.destroy(linger=0)  # never blocks
 
     def __enter__(self) -> PSClient:
@@ -347,9 +361,7 @@ class PSClient:
         reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
         log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
                     self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
+        self._close_socket()
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         # Before any reply a resend cannot help (a late server still gets the request).

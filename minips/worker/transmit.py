@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from minips.nn import Sequential
-from minips.results.trace import SEND, NullTrace, Trace
 from minips.transmission.codecs import Factors, Gradient, parse_spec
 from minips.transmission.plan import Plan
 from minips.worker.client import PSClient, PushReply
+from minips.worker.hooks import SEND, NullTrace, Tracer
 
 
 @dataclass
@@ -71,7 +71,7 @@ class StepSender:
         client: PSClient,
         model: Sequential,
         plan: Plan,
-        trace: Trace | NullTrace | None = None,
+        trace: Tracer | None = None,
     ) -> None:
         self.client = client
         self.model = model

@@ -23,11 +23,10 @@ import numpy as np
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.data.shuffle import EpochShuffle
 from minips.nn import Sequential, build_model, softmax_cross_entropy
-from minips.results.metrics import ProgressFn
-from minips.results.trace import COMPUTE, RECV, STEP, NullTrace, Trace
 from minips.rules import WorkerSide, worker_side
 from minips.transmission.plan import Plan, plan_from_hello
 from minips.worker.client import PSClient, PullReply, PushReply, ServerError
+from minips.worker.hooks import COMPUTE, RECV, STEP, NullTrace, ProgressFn, Tracer
 from minips.worker.netlimit import Link
 from minips.worker.speeds import SpeedSchedule
 from minips.worker.transmit import StepSender
@@ -79,7 +78,8 @@ class Worker:
     hello's `info` (docs/protocol.md 5.1). progress: called after every step with the
     samples done, the shard's samples over all epochs, and {"train_loss", "updates"}.
     bandwidth: this worker's link rate, e.g. "100mbit" (default: the config's; None:
-    unlimited). trace: where to record compute and send/receive spans (`--trace FILE`).
+    unlimited). trace: where to record compute and send/receive spans (`--trace FILE`:
+    minips.results.trace; none by default).
     The transmission plan (codecs, push intervals, wait-free) comes from hello's config.
     """
 
@@ -92,7 +92,7 @@ class Worker:
         rank: int | None = None,
         progress: ProgressFn | None = None,
         bandwidth: str | None = None,
-        trace: Trace | NullTrace | None = None,
+        trace: Tracer | None = None,
         on_join: Callable[[WorkerReport, int], None] | None = None,
     ) -> None:
         self.client = client

@@ -1,0 +1,88 @@
+"""What a worker is given rather than imports: the progress callback, the trace and the
+link limit, each a small interface the operations implement (minips.results.trace writes
+a Chrome trace, minips.cli draws a progress bar, netlimit.Link paces a --bandwidth link).
+
+The trace's categories are the worker's words: the step, its compute, what it sends and
+receives. `NullTrace` is tracing switched off, so the step traces unconditionally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
+
+ProgressFn = Callable[[int, int, dict[str, Any]], None]
+"""progress(samples_done, samples_total, latest): called as training goes on (by the trainer
+after every step, by the launcher about twice a second). `latest` holds the newest figures
+known: `train_loss`, `accuracy`, `updates` (whichever the caller has)."""
+
+STEP, COMPUTE, SEND, RECV = "step", "compute", "send", "recv"
+COMM = (SEND, RECV)
+
+
+class Tracer(Protocol):
+    """Where a worker records its spans; times are time.perf_counter() seconds (`now`)."""
+
+    enabled: bool
+
+    def now(self) -> float: ...
+
+    def span(
+        self, name: str, cat: str, tid: str | None = None, args: dict[str, Any] | None = None
+    ) -> AbstractContextManager[Any]:
+        """`with trace.span("conv1", COMPUTE):` records the body as one span."""
+
+    def complete(
+        self,
+        name: str,
+        cat: str,
+        start: float,
+        end: float,
+        tid: str | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a span that ran from `start` to `end` on row `tid` (None: this thread's)."""
+
+    def close(self) -> None: ...
+
+
+class NullTrace:
+    """Tracing switched off: the same interface, doing nothing."""
+
+    enabled = False
+    _NOTHING = nullcontext()
+
+    now = staticmethod(time.perf_counter)
+
+    def span(self, name: str, cat: str, tid: str | None = None, args: Any = None) -> Any:
+        return self._NOTHING
+
+    def complete(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def events(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullTrace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+class Pacer(Protocol):
+    """One direction of a link: `wait(n)` returns once n bytes would have crossed it."""
+
+    def wait(self, nbytes: int) -> float: ...
+
+
+class LinkLimit(Protocol):
+    """A worker's link (netlimit.Link): `up` paces its requests, `down` the replies."""
+
+    up: Pacer
+    down: Pacer

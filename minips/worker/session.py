@@ -1,0 +1,127 @@
+"""What PSClient's calls go to, chosen once at hello: one server or a server group.
+
+    PSClient.hello() --reply without `group`--> OneServer (minips.worker.client): one
+                                                 request on the client's own socket
+                     --reply with `group`-----> the group's Session (minips.group.fanout:
+                                                 one request per shard, all at once)
+
+Both are a `Session`; PSClient hands each worker call to its session, so neither request
+path asks which one it is in. The group's side reaches the client through `GroupSide`,
+given to PSClient (or found when a server first turns out to be a group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from minips.protocol.wire import Message
+from minips.transmission.codecs import Gradient, Spec
+from minips.worker.replies import PullReply, PushReply
+
+# `client` below is the PSClient whose calls these are (not imported: it imports this).
+PSClient = Any
+
+NO_PULL = object()  # push() without its pull half
+
+
+def fused_pull(pull_since: Any) -> tuple[Any, bool]:
+    """push()'s pull_since as (the version to pull since or None, whether to pull at all)."""
+    fused = pull_since is not NO_PULL
+    return (pull_since if fused else None), fused
+
+
+def push_header(
+    worker_id: str,
+    seq: int,
+    base: int,
+    last: bool,
+    samples: int | None,
+    loss: float | None,
+    pull_since: Any,
+) -> dict[str, Any]:
+    """A push's header (docs/protocol.md 5.3): the optional fields only when given."""
+    header = {"op": "push", "worker": worker_id, "seq": seq, "base": base, "last": last}
+    optional = {"samples": samples, "loss": loss}
+    header.update({key: value for key, value in optional.items() if value is not None})
+    if pull_since is not NO_PULL:  # a fused push + pull (None: pull everything)
+        header["pull_since"] = pull_since
+    return header
+
+
+class Session(Protocol):
+    """A worker's calls to what hello found; PSClient.push's arguments (pull_since may be
+    NO_PULL) and PSClient's other calls, each under the client's lock."""
+
+    def pull(self, since: Any) -> PullReply: ...
+
+    def push(
+        self,
+        grads: Mapping[str, Gradient],
+        base: Any,
+        extra: dict[str, np.ndarray] | None,
+        last: bool,
+        codecs: Mapping[str, Spec] | None,
+        samples: int | None,
+        pull_since: Any,
+        loss: float | None,
+    ) -> PushReply: ...
+
+    def ping(self) -> bool:
+        """The heartbeat; the `stop` flag."""
+
+    def bye(self, header: dict[str, Any]) -> None:
+        """Say `header` (a bye) everywhere; an error reply raises ServerError."""
+
+    def operator(self, header: dict[str, Any]) -> dict[int, Message]:
+        """An operator's request; the replies by shard (one server: {0: its reply})."""
+
+    def bytes_sent(self) -> dict[str, int]:
+        """Array bytes pushed so far per parameter and per "extra/<key>"."""
+
+    def close(self) -> None: ...
+
+
+class Shards(Protocol):
+    """A server group's shards as an operator (who never says hello) reaches them."""
+
+    addresses: list[str]
+
+    def others(self, header: dict[str, Any]) -> dict[int, Message]:
+        """`header` to every shard but the root that has joined; one that does not answer
+        is left out (it may have stopped)."""
+
+    def close(self) -> None: ...
+
+
+class GroupSide(Protocol):
+    """How a PSClient reaches a server group (minips.group.root.GROUPS)."""
+
+    def join(self, client: Any, root_reply: dict[str, Any], info: dict[str, Any]) -> Session:
+        """The group's session for `client`, whose hello the root answered `root_reply`:
+        hello to every other shard (docs/protocol.md 16.4)."""
+
+    def shards(self, client: Any, known: Shards | None, group: Mapping[str, Any]) -> Shards:
+        """The shards a root's reply lists in `group` (`known` again while they are the
+        same), for an operator's request (16.7)."""
+
+
+def operator_request(
+    client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[int, Message]]:
+    """An operator's request (stats, stop, checkpoint) through the client's session.
+    Returns (`body` of the root's reply, every shard's reply by index: {} for a plain
+    server). A group's root the client did not say hello to answers alone, with where its
+    shards are: the request goes on to every other one that has joined (16.7)."""
+    with client._lock:
+        replies = client.session.operator(header)
+        answer = body(replies[0].header)
+        group = answer.get("group")
+        if group is None:
+            return answer, {}
+        if len(replies) < group["servers"]:  # the root alone: on to its shards
+            client._shards = client._group_side().shards(client, client._shards, group)
+            replies.update(client._shards.others(header))
+        return answer, replies
