@@ -156,10 +156,10 @@ def _minips_web(endpoint: str, tmp_path) -> tuple[subprocess.Popen, str]:
     return proc, url_file.read_text().strip().replace("http", "ws") + "ws"
 
 
-def _least_rss_within(pid: int, seconds: float) -> float:
-    """The gateway's least RSS (MB) seen until it is under 100 or `seconds` passed."""
+def _least_rss_within(pid: int, seconds: float, under: float = 100) -> float:
+    """The gateway's least RSS (MB) seen until it is under `under` or `seconds` passed."""
     least, deadline = _rss_mb(pid), time.monotonic() + seconds
-    while least >= 100 and time.monotonic() < deadline:
+    while least >= under and time.monotonic() < deadline:
         time.sleep(0.25)
         least = min(least, _rss_mb(pid))
     return least
@@ -198,24 +198,33 @@ def test_an_answered_message_is_not_held_while_its_websocket_stays_open(tmp_path
 @pytest.mark.slow
 def test_the_gateway_holds_no_large_message_and_gives_back_what_it_answered(tmp_path):
     # The audit's case: four 250 MiB messages at once from tabs that said hello (a LeNet-5
-    # run). Each is refused at its first bytes; four at the model's bound are answered;
-    # the gateway is back under 100 MB after both.
+    # run). Each is refused once it passes the model's bound (7.96 MB); four at the bound
+    # are answered. After each burst the gateway is back within three bounds of its size
+    # at start: it holds none of the four messages (all four held: 32 MB) and gave back
+    # what reading them cost (glibc kept it: 72-84 MB, start 43, before the gateway gave
+    # it back). It gives it back once its browsers are quiet: polled, since a loaded
+    # machine runs that late.
+    bound = message_bound({"name": "lenet5"})
     with server_process(tmp_path, "--model", "lenet5", "--dataset", "synthetic",
                         "--workers", "8") as endpoint:  # fmt: skip
         proc, url = _minips_web(endpoint, tmp_path)
         try:
+            start = _rss_mb(proc.pid)
+            limit = start + 3 * bound / MiB
             huge = asyncio.run(_four_at_once(url, 250 * MiB))
             assert huge == [1009] * 4, huge
-            after_huge = _rss_mb(proc.pid)
-            bound = message_bound({"name": "lenet5"})
+            after_huge = _least_rss_within(proc.pid, 15, limit)
             answered = asyncio.run(_four_at_once(url, bound))
             assert [reply["op"] for reply in answered] == ["error"] * 4, answered
-            after = _least_rss_within(proc.pid, 15)  # a loaded machine frees late
+            after = _least_rss_within(proc.pid, 15, limit)
             peak = _rss_mb(proc.pid, "VmHWM")
         finally:
             proc.terminate()
             proc.wait(30)
-    assert after_huge < 100 and after < 100 and peak < 150, (after_huge, after, peak)
+    assert after_huge < limit and after < limit, (start, after_huge, after)
+    # At most three copies of each answered message at once, while it is read (the
+    # WebSocket library's buffer, the frame read out of it, the frame unmasked).
+    assert peak < start + 4 * 3 * bound / MiB, (start, peak)
 
 
 def test_protocol_md_states_the_bound():

@@ -9,6 +9,8 @@ import pytest
 from test_web_browser import TRAIN, _done, _final_stats
 from test_web_support import Chromium, require_browser, server_process, wait_for
 
+from minips.worker.client import PSClient
+
 pytestmark = pytest.mark.slow
 EPOCHS = 3
 SHARD_STEPS = 16  # synthetic: 2000 examples, a shard of 1000 in batches of 64
@@ -53,6 +55,13 @@ def _text(browser, session, element: str) -> str:
     return result["result"].get("value") or ""
 
 
+def _rank_free(endpoint: str, rank: int) -> bool:
+    """Whether no live worker holds `rank` (the server's `stats`, asked as an operator)."""
+    with PSClient(endpoint, timeout=5.0) as operator:
+        workers = operator.stats()["workers"]
+    return not any(w["rank"] == rank and w["alive"] for w in workers)
+
+
 def _crash(browser, session: str) -> None:
     """Kill the tab's renderer (DevTools Page.crash, which never answers): no bye is said."""
     browser._id += 1
@@ -66,6 +75,10 @@ def test_a_killed_tab_is_replaced_by_a_new_one_on_its_rank(tmp_path, browser, ga
         wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab")
         lost_rank = browser.status(doomed)["rank"]
         _crash(browser, doomed)
+        # The seat is free once the gateway saw the tab's WebSocket close and said its bye
+        # (protocol.md 14.3); a tab opened before that is told the class is full (a loaded
+        # gateway sees the close late), so the new tab comes once the server freed the rank.
+        wait_for(lambda: _rank_free(endpoint, lost_rank), 60, "the killed tab's seat to be free")
         _, newcomer = browser.open(gateway.url)
         final = wait_for(lambda: _done(browser, newcomer), 120, "the new tab to finish")
         wait_for(lambda: _done(browser, staying), 120, "the other tab to finish")

@@ -115,11 +115,13 @@ class MemoryBudget:
         self.limit = limit
         self.held = 0
         self.peak = 0  # the most ever held at once (tests and the log read it)
+        self.received = 0  # every byte taken so far (minips.classroom.web.memory_return)
 
     def take(self, n: int) -> bool:
         if self.held + n > self.limit:
             return False
         self.held += n
+        self.received += n
         self.peak = max(self.peak, self.held)
         return True
 

@@ -125,7 +125,7 @@ class BoundedConnection(ServerConnection):
                 log.warning("closing browser %s: %s", self.remote_address, reason)
                 self.refusals.append(reason)
                 self.protocol.fail(CLOSE_MEMORY, reason[:120])
-                self.release(self.in_flight)  # what it sent so far is dropped with it
+                self._drop_refused()
                 data = b""
         super().data_received(data)
         if isinstance(self.protocol.parser_exc, PayloadTooBig) and not self.too_big:
@@ -138,6 +138,15 @@ class BoundedConnection(ServerConnection):
         reason = f"a message over this WebSocket's bound of {exc.max_size} bytes"
         log.warning("closing browser %s: %s", self.remote_address, reason)
         self.refusals.append(reason)
+        exc.with_traceback(None)  # its traceback holds the parser, and the last frame read
+        self._drop_refused()
+
+    def _drop_refused(self) -> None:
+        """Let go of the message being refused now: its fragments received so far (up to
+        the bound) would otherwise wait, with its budget, until the TCP connection is gone,
+        which takes reading and discarding all the browser still had in flight (seconds
+        for a slow gateway). A whole message received before it is still relayed."""
+        self.recv_messages.close()
         self.release(self.in_flight)
 
     def release(self, n: int) -> None:

@@ -35,6 +35,7 @@ import zmq.asyncio
 from minips.classroom.web.admission import CLOSE_FULL, FRAME_OVERHEAD, Admission, MemoryBudget
 from minips.classroom.web.bounds import HEADER_ROOM, BoundedConnection, MessageBounds
 from minips.classroom.web.framing import FramingError, pack_frames, unpack_frames
+from minips.classroom.web.memory_return import return_memory_after_bursts
 from minips.classroom.web.seats import GATEWAY_RID, Seat, peek_header
 from minips.classroom.web.shards import DatasetCache
 from minips.errors import ConfigError, DataError, MinipsError
@@ -120,9 +121,7 @@ class Gateway:
         self.datasets = DatasetCache(data_dir)
         self.admission = admission or Admission()
         self.budget = MemoryBudget(self.admission.max_memory)
-        self.bounds = (
-            MessageBounds()
-        )  # each message within its model's (minips.classroom.web.bounds)
+        self.bounds = MessageBounds()  # each message within its model's (web.bounds)
         self.stats = GatewayStats()
         self._context = zmq.asyncio.Context()
         # ZeroMQ's own cap on sockets (1023 by default) must not be what refuses a browser.
@@ -160,7 +159,11 @@ class Gateway:
             log.info("minips web gateway on %s, relaying to %s", self.url, self.connect)
             if ready is not None:
                 ready()
-            await self._stop.wait()
+            returning = asyncio.create_task(return_memory_after_bursts(self.budget))
+            try:
+                await self._stop.wait()
+            finally:
+                returning.cancel()
         self._context.term()
 
     def stop(self) -> None:
