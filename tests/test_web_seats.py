@@ -3,12 +3,14 @@ process and gateway: a tab killed mid-run and a new one opened, a reload (F5), a
 only looked, and the words a student reads when the class is full or has ended.
 """
 
+import asyncio
 import json
 
 import pytest
 from test_web_browser import TRAIN, _done, _final_stats
 from test_web_support import Chromium, require_browser, server_process, wait_for
 
+from minips.classroom.web.gateway import Gateway
 from minips.worker.client import PSClient
 
 pytestmark = pytest.mark.slow
@@ -87,6 +89,30 @@ def test_a_killed_tab_is_replaced_by_a_new_one_on_its_rank(tmp_path, browser, ga
     assert final["steps"] == EPOCHS * SHARD_STEPS  # a new tab trains the shard from its start
     assert stats["samples"] >= 0.95 * EPOCHS * 2000, stats["samples"]
     assert gateway.gateway.stats.seats_given_back >= 1
+
+
+def test_a_tab_reopened_before_the_gateway_freed_the_seat_waits_for_it(
+    tmp_path, browser, gateway_for, monkeypatch
+):
+    """A loaded gateway notices a crashed tab late: its seat is given back 2 s after the new
+    tab's hello. The new tab is patient with `full` for that long, and takes the seat."""
+    give_back = Gateway._give_back_seat
+
+    async def late(self, *args):
+        await asyncio.sleep(2)
+        await give_back(self, *args)
+
+    monkeypatch.setattr(Gateway, "_give_back_seat", late)
+    with server_process(tmp_path, *_server_args(tmp_path, 2)) as endpoint:
+        gateway = gateway_for(endpoint)
+        (_, doomed), (_, staying) = [browser.open(gateway.url) for _ in range(2)]
+        wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab")
+        lost_rank = browser.status(doomed)["rank"]
+        _crash(browser, doomed)
+        _, newcomer = browser.open(gateway.url)  # at once: the seat is still taken
+        final = wait_for(lambda: _done(browser, newcomer), 120, "the new tab to finish")
+        wait_for(lambda: _done(browser, staying), 120, "the other tab to finish")
+    assert final["rank"] == lost_rank and final["outcome"] == "finished", final
 
 
 def test_a_reloaded_tab_keeps_its_rank_and_goes_on_where_it_was(tmp_path, browser, gateway_for):

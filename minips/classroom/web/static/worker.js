@@ -313,15 +313,16 @@ async function train(options) {
   report({ state: "done", ...(options.stamps ? { stamps } : {}), outcome: finished ? "finished" : stop ? "ended" : "stopped" });
 }
 
-/** hello, patient with `not_owner`: right after a reload the gateway may still be saying
- * the old page's bye (protocol.md §14.3). Still refused after that, this is a copy of a
- * tab (the same sessionStorage): it joins as a new worker. */
+/** hello, patient with `not_owner` and `full` for 4 s: right after a reload, or a tab
+ * reopened after a crash, the gateway may still be saying the old page's bye, which frees
+ * its seat (protocol.md §14.3). Still `not_owner` after that, this is a copy of a tab (the
+ * same sessionStorage): it joins as a new worker; still `full`, the class is. */
 async function join(conn, helloHeader) {
   for (let attempt = 0; ; attempt++) {
     try {
       return (await conn.request(helloHeader)).header;
     } catch (err) {
-      if (err.code !== "not_owner" || attempt >= 8) throw err;
+      if (!["not_owner", "full"].includes(err.code) || attempt >= 8) throw err;
       if (attempt === 5) helloHeader.worker = `${helloHeader.worker}-${attempt}${Date.now() % 1000}`;
       await sleep(500);
     }
