@@ -134,6 +134,26 @@ def test_gap_without_a_matching_pull_is_plain_asgd_and_forgets_a_departed_worker
             np.testing.assert_array_equal(params["fc.b"], _sgd(before, g, lr)["fc.b"])
 
 
+def test_gap_measures_no_gap_for_a_push_older_than_the_workers_last_pull():
+    """A push computed at version 1 that arrives after the worker pulled version 2 (a
+    layer of a wait-free step, a late retry): its values are gone, so it is plain ASGD,
+    not measured against version 2's."""
+    lr = 0.25
+    params = make_params()
+    with running_server("gap", params=params, lr=lr) as server:
+        with PSClient(server.endpoint) as worker, PSClient(server.endpoint) as mover:
+            worker.hello(), mover.hello()
+            mover.push(_grads(1), base=0)
+            worker.pull()  # version 1
+            mover.push(_grads(2), base=1)
+            worker.pull(since=1)  # version 2: the worker now computes here
+            mover.push(_grads(4), base=2)  # version 3: 2 -> 3 is a gap from version 2
+            before, g = _copy(params), _grads(3)
+            assert worker.push(g, base=1).staleness == 2
+            for name in before:
+                np.testing.assert_array_equal(params[name], _sgd(before, g, lr)[name])
+
+
 def test_gap_leaves_a_coordinate_whose_typical_step_is_zero_unpenalized():
     """decay 0: C is the last move. Column 0 of fc.w moved in the first update, not in the
     second, so C = 0 there: G = 1 although b's values are one move behind there."""
