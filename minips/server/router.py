@@ -26,8 +26,8 @@ from minips.protocol.wire import ProtocolError
 from minips.state.requests import Origin
 
 if TYPE_CHECKING:
-    from minips.ops.telemetry import Counters
     from minips.protocol.wire import Limits
+    from minips.server.seams import Counting
     from minips.state.registry import WorkerState
 
 log = logging.getLogger("minips.server")
@@ -128,7 +128,7 @@ def open_router(
 class Outbox:
     """The server's sending side: replies on a request's envelope, their bytes counted."""
 
-    def __init__(self, socket: zmq.Socket, counters: Counters) -> None:
+    def __init__(self, socket: zmq.Socket, counters: Counting) -> None:
         self.socket, self.counters = socket, counters
 
     def reply(
