@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -27,7 +27,6 @@ from minips.state.requests import Origin
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Limits
-    from minips.server.seams import Counting
     from minips.state.registry import WorkerState
 
 log = logging.getLogger("minips.server")
@@ -123,6 +122,13 @@ def open_router(
         gatekeeper = auth.start_gatekeeper(context, keys)
         auth.make_curve_server(socket, keys)
     return socket, gatekeeper
+
+
+class Counting(Protocol):
+    """The counters the sending side adds to (ops/telemetry.py's Counters)."""
+
+    bytes_out: int
+    errors: int
 
 
 class Outbox:

@@ -31,15 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
     from minips.rules import Outcome, Update
-    from minips.server.router import Envelope
+    from minips.server.router import Counting, Envelope
     from minips.state.registry import Push
-
-
-class Counting(Protocol):
-    """The counters the sending side adds to (bytes out, error replies)."""
-
-    bytes_out: int
-    errors: int
 
 
 class Operations(Protocol):

@@ -9,12 +9,16 @@ their versions (state/store.py), the worker registry (state/registry.py) and the
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-checkpoints ops/checkpoints.py, the jobs of every turn server/timers.py; they hand what
-the rule decided back to the loop. A bug (in a handler, the rule, a timer) is logged, the
-request and pushes it leaves waiting are answered `internal`, and the loop goes on
-(ops/failures.py). The path of one push:
+the jobs of every turn server/timers.py, a retried push server/retries.py; they hand what
+the rule decided back to the loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
+
+What it checks, limits, survives and records beside that path (the overflow check, the
+inflow guard, failures, collapse, telemetry, checkpoints, the sample budget) the path asks
+of its operations at one named point each (`self.ops`: server/seams.py), assembled outside
+the core (ops/server_ops.py). A bug (in a handler, the rule, a timer) is logged, the
+request and pushes it leaves waiting are answered `internal`, and the loop goes on.
 
 docs/protocol.md is the normative description of the behaviour.
 """

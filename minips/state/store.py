@@ -111,11 +111,9 @@ class ParameterStore:
         _check_steps(self.params, steps)  # a rule's wrong step: nothing written (no half)
         self.version += 1
         for name, grad, scale in steps:
-            if self.in_place:
-                self.optimizer.step_one(name, grad, scale)
-            else:
-                fresh = np.empty_like(self.params[name])
-                self.optimizer.step_one(name, grad, scale, out=fresh)
+            fresh = None if self.in_place else np.empty_like(self.params[name])
+            self.optimizer.step_one(name, grad, scale, out=fresh)
+            if fresh is not None:  # published: the version it replaces may be in flight
                 self.params[name] = _published(fresh)
             self.param_versions[name] = self.version
         return self.version
