@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from test_server_support import SHAPES, make_params
 
-from minips.ops.checkpoint_file import file_version, previous_path, write_checkpoint
+from minips.ops.checkpoint_file import file_version, previous_path, save_store, write_checkpoint
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.server.server import ParameterServer, ServerOptions
@@ -27,7 +27,7 @@ def _saved(path: Path, version: int, params=None) -> None:
     params = make_params() if params is None else params
     store = ParameterStore(params, SGD(params, lr=0.1))
     store.version = version
-    store.save(path, keep_previous=True)
+    save_store(store, path, keep_previous=True)
 
 
 def _serve_and_stop(path: Path, params=None, **options) -> ParameterServer:
@@ -59,7 +59,9 @@ def test_a_checkpoint_it_cannot_resume_from_is_left_and_the_server_writes_beside
     other = {"w": np.zeros((2, 2), np.float32)}  # another model's checkpoint
     _saved(path, 40, other)
     server = _serve_and_stop(path)
-    assert server.store.version == 0 and server.ops.checkpoints.path == tmp_path / "checkpoint.2.npz"
+    assert (
+        server.store.version == 0 and server.ops.checkpoints.path == tmp_path / "checkpoint.2.npz"
+    )
     assert server.ops.checkpoints.said.endswith(f"this server's checkpoints go to {tmp_path}/"
                                             "checkpoint.2.npz")  # fmt: skip
     assert file_version(path) == 40 and file_version(tmp_path / "checkpoint.2.npz") == 0

@@ -18,14 +18,13 @@ DOC = ROOT / "docs" / "architecture.md"
 CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
 OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli")
 
-# The core's imports of an operation, (importer, imported): the checkpoint file under the
-# store, the group woven into the client's path, the trace and the progress callback into
-# the worker's step. Each goes when its operation is given to the core through a seam. The
-# server's one: its default operations (ops/server_ops.py), imported where a server is
-# built without its own, so `ParameterServer(params, rule, optimizer)` stays whole.
+# The core's imports of an operation, (importer, imported): the group woven into the
+# client's path, the trace and the progress callback into the worker's step. Each goes when
+# its operation is given to the core through a seam. The server's one: its default
+# operations (ops/server_ops.py), imported where a server is built without its own, so
+# `ParameterServer(params, rule, optimizer)` stays whole.
 KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.server.server", "minips.ops.server_ops"),
-    ("minips.state.store", "minips.ops.checkpoint_file"),
     ("minips.worker.client", "minips.group.connections"),
     ("minips.worker.client", "minips.group.fanout"),
     ("minips.worker.client", "minips.group.root"),
@@ -39,7 +38,6 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
 KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
     ("minips.group", "minips.worker"),
     ("minips.ops", "minips.server"),
-    ("minips.ops", "minips.state"),
     ("minips.results", "minips.worker"),
 }
 
