@@ -217,12 +217,17 @@ class SGD:
         new values are written there and params[name] is left as it was: the server uses
         this to publish each version as a new, never-changed array (no copy per pull).
         """
-        velocity = None
-        if self.momentum and name not in self.plain:
-            velocity = self.velocity.get(name)
-            if velocity is None:
-                velocity = self.velocity[name] = np.zeros_like(self.params[name])
-        self._write(self.params[name], grad, scale, velocity, out)
+        self._write(self.params[name], grad, scale, self._velocity(name), out)
+
+    def _velocity(self, name: str) -> np.ndarray | None:
+        """The momentum buffer v of `name`, made (zeros) at its first step; None without
+        momentum or for a `plain` parameter."""
+        if not self.momentum or name in self.plain:
+            return None
+        velocity = self.velocity.get(name)
+        if velocity is None:
+            velocity = self.velocity[name] = np.zeros_like(self.params[name])
+        return velocity
 
     def preview(
         self, name: str, grad: np.ndarray, scale: float = 1.0
