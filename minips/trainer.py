@@ -21,6 +21,7 @@ import numpy as np
 from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
 from minips.nn import Sequential, build_model, softmax_cross_entropy
+from minips.ops.checkpoint_file import load_store, save_store
 from minips.results.metrics import MetricsLog, ProgressFn
 from minips.run.config import TrainConfig
 from minips.state.store import SGD, ParameterStore
@@ -75,7 +76,7 @@ def train(
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
     store = ParameterStore(params, optimizer, in_place=True)  # the server's checkpoint format
     if config.resume:
-        store.load(config.resume)
+        load_store(store, config.resume)
     rng = np.random.default_rng(config.seed)
 
     total = config.epochs * len(data.x_train)
@@ -127,4 +128,4 @@ def save_checkpoint(
     update, so version and parameter versions advance by `steps`."""
     store.version += steps
     store.param_versions = dict.fromkeys(store.params, store.version)
-    return store.save(path, {"trainer": "minips train", "updates": steps, "spec": spec})
+    return save_store(store, path, {"trainer": "minips train", "updates": steps, "spec": spec})

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from test_server_support import SHAPES, make_params
 
-from minips.ops.checkpoint_file import file_version, previous_path, write_checkpoint
+from minips.ops.checkpoint_file import file_version, previous_path, save_store, write_checkpoint
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.server.server import ParameterServer, ServerOptions
@@ -27,7 +27,7 @@ def _saved(path: Path, version: int, params=None) -> None:
     params = make_params() if params is None else params
     store = ParameterStore(params, SGD(params, lr=0.1))
     store.version = version
-    store.save(path, keep_previous=True)
+    save_store(store, path, keep_previous=True)
 
 
 def _serve_and_stop(path: Path, params=None, **options) -> ParameterServer:
@@ -50,7 +50,7 @@ def test_a_server_started_on_a_trained_checkpoint_resumes_from_it_and_keeps_both
     for _ in range(2):  # started and stopped twice, as a user trying the README would
         server = _serve_and_stop(path)
         assert server.store.version == 86
-        assert server.checkpoints.said.startswith(f"resumed from {path} at version 86")
+        assert server.ops.checkpoints.said.startswith(f"resumed from {path} at version 86")
         assert file_version(path) == 86 and file_version(previous_path(path)) == 86
 
 
@@ -59,8 +59,10 @@ def test_a_checkpoint_it_cannot_resume_from_is_left_and_the_server_writes_beside
     other = {"w": np.zeros((2, 2), np.float32)}  # another model's checkpoint
     _saved(path, 40, other)
     server = _serve_and_stop(path)
-    assert server.store.version == 0 and server.checkpoints.path == tmp_path / "checkpoint.2.npz"
-    assert server.checkpoints.said.endswith(f"this server's checkpoints go to {tmp_path}/"
+    assert (
+        server.store.version == 0 and server.ops.checkpoints.path == tmp_path / "checkpoint.2.npz"
+    )
+    assert server.ops.checkpoints.said.endswith(f"this server's checkpoints go to {tmp_path}/"
                                             "checkpoint.2.npz")  # fmt: skip
     assert file_version(path) == 40 and file_version(tmp_path / "checkpoint.2.npz") == 0
     assert sorted(np.load(path).files) == sorted(["meta", "version", "param/w", "param_version/w"])
@@ -71,7 +73,7 @@ def test_resuming_from_an_older_checkpoint_writes_beside_the_newer_one(tmp_path)
     _saved(path, 5)
     _saved(path, 9)
     server = _serve_and_stop(path, resume=previous_path(path))
-    assert server.store.version == 5 and "holds version 9" in server.checkpoints.said
+    assert server.store.version == 5 and "holds version 9" in server.ops.checkpoints.said
     assert file_version(path) == 9 and file_version(previous_path(path)) == 5
     assert file_version(tmp_path / "checkpoint.2.npz") == 5
 
@@ -80,7 +82,7 @@ def test_resuming_from_the_checkpoint_path_itself_says_nothing(tmp_path):
     path = tmp_path / "checkpoint.npz"
     _saved(path, 3)
     server = _serve_and_stop(path, resume=path)
-    assert server.checkpoints.said is None and server.checkpoints.path == path
+    assert server.ops.checkpoints.said is None and server.ops.checkpoints.path == path
 
 
 def _arrays(version: int) -> dict[str, np.ndarray]:
@@ -118,7 +120,7 @@ def test_minips_server_on_a_runs_config_keeps_its_trained_model(tmp_path):
     for version in (4, 12):  # a trained model at 12, the one before it at 4
         server = make_server(config)
         server.store.version = version
-        server.checkpoints.save()
+        server.ops.checkpoints.save()
         server.close()
     for _ in range(2):
         server = subprocess.Popen(

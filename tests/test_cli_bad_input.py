@@ -127,10 +127,11 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, capsys):
 
 def _other_models_checkpoint(path):
     from minips.nn import build_model
+    from minips.ops.checkpoint_file import save_store
     from minips.state.store import SGD, ParameterStore
 
     params = build_model("lenet5").params
-    return ParameterStore(params, SGD(params, lr=0.1)).save(path)
+    return save_store(ParameterStore(params, SGD(params, lr=0.1)), path)
 
 
 @pytest.mark.parametrize("resume", ["text", "another-model"])
@@ -160,13 +161,14 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
     previous run's files go, the checkpoint the new run starts from stays."""
     import minips.run.cluster
     from minips.nn import build_model
+    from minips.ops.checkpoint_file import save_store
     from minips.state.store import SGD, ParameterStore
 
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text("{}")
     params = build_model("mlp").params
-    checkpoint = ParameterStore(params, SGD(params, lr=0.1)).save(out / "checkpoint.npz")
+    checkpoint = save_store(ParameterStore(params, SGD(params, lr=0.1)), out / "checkpoint.npz")
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)  # this process: the coordinator of a torchrun job
     summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "workers": 1, "accuracy": 0.0}
@@ -190,11 +192,12 @@ def test_minips_run_reads_its_resume_checkpoint_once_before_it_starts(tmp_path, 
     """Checked against the model once, before --out is claimed (the server process reads it
     again only to resume from it)."""
     from minips.nn import build_model
+    from minips.ops.checkpoint_file import save_store
     from minips.run.launch import LocalRun
     from minips.state.store import SGD, ParameterStore
 
     params = build_model("mlp").params
-    path = str(ParameterStore(params, SGD(params, lr=0.1)).save(tmp_path / "resume.npz"))
+    path = str(save_store(ParameterStore(params, SGD(params, lr=0.1)), tmp_path / "resume.npz"))
     reads = _checkpoint_reads(monkeypatch)
     summary = {"samples": 0, "updates": 0, "wall_s": 0.0, "staleness_mean": None,
                "staleness_max": None, "accuracy": 0.0}  # fmt: skip

@@ -92,7 +92,7 @@ def test_every_acknowledged_push_is_applied_exactly_once_across_deaths():
         for thread in threads:
             thread.join(timeout=120)
         applied = server.store.params["count"].copy()
-        updates = server.telemetry.counters.updates
+        updates = server.ops.telemetry.counters.updates
     assert not errors, errors[0]
     assert acked == [PUSHES] * CLIENTS  # every push was acknowledged in the end
     assert applied.tolist() == [float(PUSHES)] * CLIENTS  # ... and applied exactly once

@@ -13,6 +13,7 @@ from test_server_support import running_server
 
 from minips.cli.progress import ProgressBar
 from minips.errors import DataError, MissingExtraError, RunDirError
+from minips.ops.checkpoint_file import save_store
 from minips.results.loading import load_run
 from minips.results.metrics import MetricsLog
 from minips.results.report import summarize
@@ -51,7 +52,7 @@ def test_a_train_model_starts_a_distributed_run_and_train_continues_a_checkpoint
             np.testing.assert_array_equal(server.store.params[name], value)
         assert server.store.optimizer.velocity  # momentum carried over too
         checkpoint = tmp_path / "checkpoint.npz"
-        server.store.save(checkpoint)
+        save_store(server.store, checkpoint)
     finally:
         server.close()
     # `minips train --resume checkpoint.npz` continues from the server's checkpoint.

@@ -67,7 +67,7 @@ def test_a_push_is_one_push_per_shard_and_the_same_update_as_one_server():
         for name in MLP:
             np.testing.assert_array_equal(results[0][name], results[1][name])
         assert [s.store.version for s in two.servers] == [3, 3]
-        assert two.servers[1].telemetry.counters.updates == 3
+        assert two.servers[1].ops.telemetry.counters.updates == 3
 
 
 def test_a_pull_since_sends_only_what_changed_and_fills_in_the_rest():

@@ -18,27 +18,11 @@ DOC = ROOT / "docs" / "architecture.md"
 CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
 OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli")
 
-# The core's imports of an operation, (importer, imported): the checks, failures,
-# telemetry, checkpoints and the group woven into the server's path and the client's, the
-# trace and the progress callback into the worker's step. Each goes when its operation is
-# given to the core through a seam.
+# The core's imports of an operation, (importer, imported), each at one assembly point.
+# The server's: its default operations (ops/server_ops.py), imported where a server is built
+# without its own, so `ParameterServer(params, rule, optimizer)` stays whole.
 KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
-    ("minips.server.membership", "minips.group.shard"),
-    ("minips.server.membership", "minips.ops.request_checks"),
-    ("minips.server.pulls", "minips.ops.telemetry"),
-    ("minips.server.router", "minips.ops.telemetry"),
-    ("minips.server.server", "minips.group.shard"),
-    ("minips.server.server", "minips.ops.checkpoints"),
-    ("minips.server.server", "minips.ops.collapse"),
-    ("minips.server.server", "minips.ops.failures"),
-    ("minips.server.server", "minips.ops.inflow"),
-    ("minips.server.server", "minips.ops.overflow"),
-    ("minips.server.server", "minips.ops.request_checks"),
-    ("minips.server.server", "minips.ops.telemetry"),
-    ("minips.server.timers", "minips.group.shard"),
-    ("minips.server.timers", "minips.ops.checkpoints"),
-    ("minips.server.timers", "minips.ops.inflow"),
-    ("minips.state.store", "minips.ops.checkpoint_file"),
+    ("minips.server.server", "minips.ops.server_ops"),
     # The group's side, imported once a server turns out to be a group: the one place a
     # plain PSClient(address) learns how to reach one (PSClient._group_side).
     ("minips.worker.client", "minips.group.root"),
@@ -47,10 +31,8 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
 # Pairs of packages that import each other (sorted pairs): each the return of an import
 # above (an operation imports the core it serves, which imports it back).
 KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
-    ("minips.group", "minips.server"),
     ("minips.group", "minips.worker"),
     ("minips.ops", "minips.server"),
-    ("minips.ops", "minips.state"),
 }
 
 # Module file names held by more than one package (base.py and __init__.py aside).

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minips.errors import MinipsError
-from minips.ops.checkpoint_file import Checkpoint
+from minips.ops.checkpoint_file import Checkpoint, save_store
 from minips.ops.checkpoints import shard_path
 from minips.results.rundir import RunDir
 from minips.run.recovery import MAX_RESTARTS, ServerRestarts, describe_restart
@@ -22,7 +22,7 @@ def _checkpoint(path: Path, version: int) -> Path:
     params = {"w": np.zeros((2, 2), np.float32)}
     store = ParameterStore(params, SGD(params, lr=0.1))
     store.version = version
-    return store.save(path)
+    return save_store(store, path)
 
 
 def _dead(generation: int = 0, code: int = -9) -> SimpleNamespace:

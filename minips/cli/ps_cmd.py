@@ -197,8 +197,8 @@ def serve(
             f"minips server on {ps.endpoint}, rule {config.rule}, "
             f"{plural(config.workers, 'worker')}"
         )
-        if ps.checkpoints.said:  # the model at its checkpoint path: resumed or kept
-            click.echo(ps.checkpoints.said)
+        if ps.ops.checkpoints.said:  # the model at its checkpoint path: resumed or kept
+            click.echo(ps.ops.checkpoints.said)
         if endpoint_file:
             tmp = Path(endpoint_file + ".tmp")
             tmp.write_text(ps.endpoint + "\n")

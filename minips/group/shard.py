@@ -346,14 +346,3 @@ class ShardRole:
     def close(self) -> None:
         if self.joiner is not None:
             self.joiner.close()
-
-
-def refuse_join(envelope: Envelope, request: Message) -> None:
-    """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
-    raise ProtocolError("op 'join' is not a request", "unknown_op")
-
-
-def operator_fields(group: ShardRole | None) -> dict[str, Any]:
-    """What a root adds to its replies to `stop` and `checkpoint`: where its shards are
-    (16.7); nothing for any other server."""
-    return {"group": group.group()} if group is not None and group.is_root else {}

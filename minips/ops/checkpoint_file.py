@@ -17,7 +17,7 @@ archive at all is named so, before NumPy would take it for a pickle); `check_che
 checks what the arrays say (missing keys, bad metadata, a negative version, NaN or Inf),
 so a damaged checkpoint is refused before anything is served from it. Neither needs the
 model: a server checks names and shapes against its own parameters afterwards
-(ParameterStore.restore), and a shard of a server group takes its slices in between.
+(`restore_store`), and a shard of a server group takes its slices in between.
 
 `write_checkpoint` writes to a temporary file in the same directory and renames it over
 the old one, so a crash leaves either the old checkpoint or the new one; with
@@ -38,11 +38,14 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from minips.errors import DataError, ShapeError
+
+if TYPE_CHECKING:
+    from minips.state.store import ParameterStore
 
 CHECKPOINT_FORMAT = 1
 ZIP_MAGIC = b"PK\x03\x04"  # how an .npz (a zip archive) starts
@@ -196,6 +199,44 @@ def write_checkpoint(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def save_store(
+    store: ParameterStore,
+    path: str | Path,
+    meta: dict[str, Any] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+    keep_previous: bool = False,
+) -> Path:
+    """Write `store`'s parameters, versions and optimizer state to `path` (.npz), atomically
+    (`write_checkpoint`). extra: more arrays by key (the rule's state, "rule/...").
+    keep_previous: the checkpoint it replaces is kept beside it."""
+    arrays = {**store.arrays(), **(extra or {})}
+    # The list of arrays: a file that lost some (a damaged zip directory) is refused.
+    meta = {"format": CHECKPOINT_FORMAT, **(meta or {}), "arrays": sorted(arrays)}
+    arrays["meta"] = np.array(json.dumps(meta))
+    return write_checkpoint(path, arrays, keep_previous)
+
+
+def load_store(store: ParameterStore, path: str | Path) -> dict[str, Any]:
+    """Restore the checkpoint at `path` into `store`'s live arrays; its meta. DataError (one
+    line) for a damaged file; see `restore_store` for the rest."""
+    return restore_store(store, load_checkpoint(path))
+
+
+def restore_store(store: ParameterStore, checkpoint: Checkpoint) -> dict[str, Any]:
+    """`store` takes a checked checkpoint's parameters, versions and optimizer state; its
+    meta. Names and shapes must match the model exactly (ShapeError otherwise); nothing
+    is changed unless the whole checkpoint fits."""
+    checkpoint.check_params(store.params)
+    contents = checkpoint.arrays
+    store.take(
+        {name: contents[f"param/{name}"] for name in store.params},
+        {name: contents[f"param_version/{name}"] for name in store.params},
+        checkpoint.version,
+        checkpoint.section("optim/"),
+    )
+    return checkpoint.meta
 
 
 def file_version(path: str | Path) -> int | None:

@@ -1,7 +1,7 @@
 """When the server writes checkpoints, what goes into their meta, and resuming from one.
 
 A checkpoint is the store's (parameters, their versions, the optimizer's state:
-ParameterStore.save, written atomically), the update rule's own state (DANA's momentum per
+checkpoint_file.save_store, written atomically), the update rule's own state (DANA's momentum per
 worker, DC-ASGD's and Gap-Aware's copies of what each worker pulled: `Rule.state`) and the
 counters a resumed run goes on from (updates, samples). The server asks for one every
 `checkpoint_every` updates (`after_update`), every `checkpoint_interval` seconds when the
@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips.errors import ConfigError
-from minips.ops.checkpoint_file import Checkpoint, load_checkpoint, versioned_path
+from minips.ops.checkpoint_file import (
+    Checkpoint,
+    load_checkpoint,
+    restore_store,
+    save_store,
+    versioned_path,
+)
 from minips.ops.checkpoint_keep import keep_trained
 from minips.ops.group_checkpoints import (
     GROUP_SSGD_EVERY,
@@ -104,7 +110,7 @@ class Checkpointer:
         if self.shard is not None:
             checkpoint = Checkpoint(checkpoint.path, slicer(self.store, self.shard)(
                 checkpoint.arrays), checkpoint.meta)  # fmt: skip
-        meta = self.store.restore(checkpoint)
+        meta = restore_store(self.store, checkpoint)
         if self.rule_state is not None and meta.get("rule") == self.rule_state.name:
             self.rule_state.load_state(checkpoint.section("rule/"))
         elif checkpoint.section("rule/"):
@@ -128,7 +134,7 @@ class Checkpointer:
             meta["shard"] = {"shard": self.shard[0], "servers": self.shard[1]}
         state = self.rule_state.state() if self.rule_state is not None else {}
         extra = {f"rule/{key}": array for key, array in state.items()}
-        path = self.store.save(self.path, meta, extra, keep_previous=True)
+        path = save_store(self.store, self.path, meta, extra, keep_previous=True)
         if self.keep_all:  # a second name for the same file: no copy, no second write
             versioned = versioned_path(path, self.store.version)
             versioned.unlink(missing_ok=True)

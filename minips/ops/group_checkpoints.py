@@ -52,7 +52,7 @@ def shard_files(path: str | Path) -> list[Path]:
 
 
 def slicer(store: ParameterStore, shard: tuple[int, int]) -> Any:
-    """How a shard reads a checkpoint (ParameterStore.load's `adapt`): its own file as it
+    """How a shard reads a checkpoint (before `restore_store`): its own file as it
     is; a whole model's (or an assembled group's) by taking the parameters it holds and its
     slices' rows of them (and of their velocities), at its own version when the file is of
     a group of this size."""

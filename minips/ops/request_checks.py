@@ -1,11 +1,12 @@
-"""What the server refuses from a client it cannot trust: checks that change nothing.
+"""What the server refuses from a client it cannot trust, and the optional clipping.
 
-    check_info(info)                 hello's `info`: at most MAX_INFO_BYTES packed and
-                                     MAX_INFO_DEPTH levels deep, so `stats` always encodes
-    require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (CURVE)
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
+    check_info(info), require_operator(origin, keys)
+                                     hello's `info` small and shallow; `stop` and
+                                     `checkpoint` need an operator key: the checks of
+                                     who sent a request, minips.state.requests
     OverflowCheck, step_stays_finite  no update writes a non-finite value: its own module,
-                                     minips.ops.overflow (re-exported here)
+                                     minips.ops.overflow (all re-exported here)
 
 Every check raises ProtocolError before anything is booked or applied (docs/protocol.md
 section 9: an error changes nothing). That a live worker id answers only to the client
@@ -14,61 +15,19 @@ that registered it is the registry's check (WorkerState.check_owner).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import msgpack
 import numpy as np
 
 from minips.ops.overflow import OverflowCheck, step_stays_finite
-from minips.protocol.wire import ProtocolError
+from minips.state.requests import (
+    MAX_INFO_BYTES,
+    MAX_INFO_DEPTH,
+    check_info,
+    depth,
+    require_operator,
+)
 
-__all__ = ["OverflowCheck", "check_info", "clip_gradients", "require_operator",
-           "step_stays_finite"]  # fmt: skip
-
-if TYPE_CHECKING:
-    from minips.protocol.auth import ServerKeys
-    from minips.state.requests import Origin
-
-MAX_INFO_BYTES = 1024  # a hello's `info`, packed (docs/protocol.md 10)
-MAX_INFO_DEPTH = 4  # maps and lists inside `info`, counting `info` itself
-
-
-def depth(value: Any, limit: int) -> int:
-    """Nesting depth of maps and lists (a scalar is 0), counted no further than limit + 1.
-
-    Iterative, so a hostile 1,000-level value cannot exhaust Python's recursion limit.
-    """
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if not isinstance(item, (dict, list)):
-            continue
-        deepest = max(deepest, level)
-        if level > limit:
-            return level
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
-def check_info(info: dict[str, Any]) -> None:
-    """hello's `info` must be small and shallow (`too_large` otherwise)."""
-    if depth(info, MAX_INFO_DEPTH) > MAX_INFO_DEPTH:
-        raise ProtocolError(f"hello info nests deeper than {MAX_INFO_DEPTH} levels", "too_large")
-    size = len(msgpack.packb(info))
-    if size > MAX_INFO_BYTES:
-        raise ProtocolError(
-            f"hello info of {size} bytes exceeds the limit of {MAX_INFO_BYTES}", "too_large"
-        )
-    role = info.get("role")
-    if role is not None and not isinstance(role, str):
-        raise ProtocolError("hello info field 'role' must be a string", "bad_field")
-
-
-def require_operator(origin: Origin, keys: ServerKeys | None) -> None:
-    """Under CURVE only an operator key may stop or checkpoint (error `operator`)."""
-    if keys is not None and origin.key not in keys.operators:
-        raise ProtocolError("only an operator key may stop or checkpoint the server", "operator")
+__all__ = ["MAX_INFO_BYTES", "MAX_INFO_DEPTH", "OverflowCheck", "check_info", "clip_gradients",
+           "depth", "require_operator", "step_stays_finite"]  # fmt: skip
 
 
 def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:

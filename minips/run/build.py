@@ -135,7 +135,7 @@ def server_summary(ps: Any) -> str:
         f"in {stats['uptime']:.1f} s, version {stats['version']}"
     )
     if ps.options.checkpoint_path:
-        line += f"; checkpoint {ps.checkpoints.path}"
+        line += f"; checkpoint {ps.ops.checkpoints.path}"
     return line
 
 

@@ -13,15 +13,14 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from minips.ops import request_checks as checks
 from minips.protocol.wire import ProtocolError
 from minips.rules import Outcome, Rule
-from minips.state.requests import check_hello_connection
+from minips.state.requests import check_hello_connection, check_info
 
 if TYPE_CHECKING:
-    from minips.group.shard import ShardRole
     from minips.protocol.wire import Message
     from minips.server.router import Envelope, Outbox
+    from minips.server.seams import GroupRole
     from minips.server.stop import Stop
     from minips.state.registry import WorkerRegistry, WorkerState
     from minips.state.store import ParameterStore
@@ -55,7 +54,7 @@ class Membership:
         self.registry, self.store, self.rule, self.outbox = registry, store, rule, outbox
         self.config, self.heartbeat_timeout, self.stop = config, heartbeat_timeout, stop
         self.observers_awaited, self.observers_seen = observers_awaited, 0
-        self.group: ShardRole | None = None  # set on a shard of a server group
+        self.group: GroupRole | None = None  # set on a shard of a server group
 
     def hello(self, envelope: Envelope, request: Message) -> Outcome:
         """Register (or re-register) a worker or observer; reply with the run's config.
@@ -65,7 +64,7 @@ class Membership:
         if self.group is not None:
             self.group.check_hello()  # a root answers once every shard joined (16.3)
         worker_id, info = request.header["worker"], request.header.get("info", {})
-        checks.check_info(info)
+        check_info(info)
         check_hello_connection(request.header, envelope.origin)  # not an abandoned socket's
         old = self.registry.by_id.get(worker_id)
         if old is not None and old.alive:

@@ -41,9 +41,9 @@ from minips.transmission.codecs import top_k_indices
 from minips.transmission.plan import Plan, parse_pull_spec
 
 if TYPE_CHECKING:
-    from minips.ops.telemetry import Telemetry
     from minips.rules import Rule
     from minips.server.router import Outbox
+    from minips.server.seams import Operations
     from minips.server.stop import Stop
     from minips.state.registry import WorkerRegistry, WorkerState
     from minips.state.requests import HeldPull
@@ -63,11 +63,11 @@ class Pulls:
         registry: WorkerRegistry,
         rule: Rule,
         outbox: Outbox,
-        telemetry: Telemetry,
+        ops: Operations,
         stop: Stop,
     ) -> None:
         self.store, self.registry, self.rule = store, registry, rule
-        self.outbox, self.telemetry, self.stop = outbox, telemetry, stop
+        self.outbox, self.ops, self.stop = outbox, ops, stop
         self.encoder: PullEncoder | None = None  # a plan's pulls (use_plan); None: all dense
 
     def use_plan(self, plan: Plan) -> None:
@@ -76,12 +76,17 @@ class Pulls:
         self.encoder = None if encoder.is_dense else encoder
 
     def hold(self, worker: WorkerState, pull: HeldPull) -> None:
-        """Answer a pull now if the rule allows it (an observer's always), else hold it."""
+        """Answer a pull now if it may be (`may_answer`), else hold it."""
         worker.held_pull = pull
+        if self.may_answer(worker):
+            self.answer(worker)
+
+    def may_answer(self, worker: WorkerState) -> bool:
+        """An observer's pull is answered at once, every pull when stopping; a worker's
+        when the cluster has assembled and the rule allows it (SSP's staleness bound)."""
         if worker.observer or self.stop.stopping:
-            self.answer(worker)
-        elif not self.registry.assembling and self.rule.may_answer_pull(worker):
-            self.answer(worker)
+            return True
+        return not self.registry.assembling and self.rule.may_answer_pull(worker)
 
     def release(self) -> None:
         """Answer every held pull the rule now allows (all of them when stopping).
@@ -97,26 +102,28 @@ class Pulls:
                 self.answer(worker)
 
     def answer(self, worker: WorkerState) -> None:
-        """Send the parameters changed since the puller's `since`: the current ones, a
-        rule's own values (DANA's look-ahead), or encoded by the plan."""
+        """Send the parameters changed since the puller's `since` (`parts`); a fused push's
+        answer goes in the same reply."""
         held, worker.held_pull = worker.held_pull, None
         worker.pulls += 1
-        names = self.store.changed_since(held.since)
-        values = None if worker.observer else self.rule.pull_values(worker, names)
-        if self.encoder is not None:  # encoded by the plan, the rule's values included
-            parts = self.encoder.parts(worker, held.since, values)
-        else:
-            if values is None:  # every rule but DANA: the parameters, as they are
-                values = {name: self.store.snapshot(name) for name in names}
-            parts = [WirePart(name, array) for name, array in values.items()]
-        # A fused push + pull: the push's answer, then the pull reply's fields (one reply).
-        store = self.store
+        parts, store = self.parts(worker, held.since), self.store
         header = {**(held.push_reply or {"op": "pull"}), "version": store.version,
                   "param_versions": store.param_versions, "stop": self.stop.stopping}  # fmt: skip
         if not worker.observer:  # noted before the reply goes, as everything a reply reports
-            self.telemetry.count_pull(parts)
+            self.ops.pulled(parts)
             self.rule.on_pulled(worker)
         self.outbox.reply(held.reply_to, header, worker=worker, parts=parts)
+
+    def parts(self, worker: WorkerState, since: int | None) -> list[WirePart]:
+        """The parameters changed since `since`: the current ones, a rule's own values
+        (DANA's look-ahead; never an observer's), or encoded by the plan."""
+        names = self.store.changed_since(since)
+        values = None if worker.observer else self.rule.pull_values(worker, names)
+        if self.encoder is not None:  # encoded by the plan, the rule's values included
+            return self.encoder.parts(worker, since, values)
+        if values is None:  # every rule but DANA: the parameters, as they are
+            values = {name: self.store.snapshot(name) for name in names}
+        return [WirePart(name, array) for name, array in values.items()]
 
 
 @dataclass

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -26,7 +26,6 @@ from minips.protocol.wire import ProtocolError
 from minips.state.requests import Origin
 
 if TYPE_CHECKING:
-    from minips.ops.telemetry import Counters
     from minips.protocol.wire import Limits
     from minips.state.registry import WorkerState
 
@@ -125,10 +124,17 @@ def open_router(
     return socket, gatekeeper
 
 
+class Counting(Protocol):
+    """The counters the sending side adds to (ops/telemetry.py's Counters)."""
+
+    bytes_out: int
+    errors: int
+
+
 class Outbox:
     """The server's sending side: replies on a request's envelope, their bytes counted."""
 
-    def __init__(self, socket: zmq.Socket, counters: Counters) -> None:
+    def __init__(self, socket: zmq.Socket, counters: Counting) -> None:
         self.socket, self.counters = socket, counters
 
     def reply(

@@ -9,12 +9,16 @@ their versions (state/store.py), the worker registry (state/registry.py) and the
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-checkpoints ops/checkpoints.py, the jobs of every turn server/timers.py; they hand what
-the rule decided back to the loop. A bug (in a handler, the rule, a timer) is logged, the
-request and pushes it leaves waiting are answered `internal`, and the loop goes on
-(ops/failures.py). The path of one push:
+the jobs of every turn server/timers.py, a retried push server/retries.py; they hand what
+the rule decided back to the loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
+
+What it checks, limits, survives and records beside that path (the overflow check, the
+inflow guard, failures, collapse, telemetry, checkpoints, the sample budget) the path asks
+of its operations at one named point each (`self.ops`: server/seams.py), assembled outside
+the core (ops/server_ops.py). A bug (in a handler, the rule, a timer) is logged, the
+request and pushes it leaves waiting are answered `internal`, and the loop goes on.
 
 docs/protocol.md is the normative description of the behaviour.
 """
@@ -29,21 +33,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.group.shard import ShardRole, operator_fields, refuse_join
-from minips.ops import request_checks as checks
-from minips.ops.checkpoints import Checkpointer
-from minips.ops.collapse import CollapseWatch, output_classes
-from minips.ops.failures import Failures
-from minips.ops.inflow import InflowGuard, InflowLimits
-from minips.ops.overflow import refusal
-from minips.ops.telemetry import Telemetry, UpdateRecord
 from minips.protocol import address, wire
-from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import Message, ProtocolError
-from minips.rules import Outcome, Rule, Update
+from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
 from minips.server.pulls import Pulls
+from minips.server.retries import answer_retry
 from minips.server.router import (
     Envelope,
     Outbox,
@@ -52,10 +48,11 @@ from minips.server.router import (
     receive,
     split_envelope,
 )
+from minips.server.seams import GroupRole, Operations, operator_fields
 from minips.server.stop import Stop, stop_on_signals
 from minips.server.timers import Timers
 from minips.state.registry import Push, WorkerRegistry, WorkerState
-from minips.state.requests import HeldPull
+from minips.state.requests import HeldPull, require_operator
 from minips.state.store import SGD, ParameterStore
 from minips.transmission.codecs import decode_gradients
 from minips.transmission.plan import Plan
@@ -71,8 +68,11 @@ class ParameterServer:
     params: name -> float32 array ("<layer>.<param>", model order), the dict `optimizer` was
     built on. options: ServerOptions. config (msgpack-able map): sent to every worker in
     `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called after
-    every applied update and dropped push. group: a shard's role in a server group. `endpoint`
-    is the bound address; `run()` serves until `stop` or `request_stop()`, then `close()`.
+    every applied update and dropped push. group: a shard's role in a server group.
+    operations(store, registry, rule, options, config, on_update, group): builds what the
+    path asks at its named points (minips/server/seams.py); default the usual ones
+    (minips/ops/server_ops.py). `endpoint` is the bound address; `run()` serves until `stop`
+    or `request_stop()`, then `close()`.
     """
 
     def __init__(
@@ -84,7 +84,8 @@ class ParameterServer:
         *,
         config: dict[str, Any] | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
-        group: ShardRole | None = None,
+        group: GroupRole | None = None,
+        operations: Callable[..., Operations] | None = None,
     ) -> None:
         self.options = options = options or ServerOptions()
         config = hello_config(config)
@@ -92,28 +93,16 @@ class ParameterServer:
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
-        self.telemetry = Telemetry(on_update)
-        self.collapse = CollapseWatch(  # beside the path: has the model collapsed? (logged)
-            output_classes(params), options.world_size, optimizer.lr, rule.name, log.warning
-        )  # fmt: skip
-        self.checkpoints = Checkpointer(
-            self.store, self.telemetry.counters, options.checkpoint_path,
-            options.checkpoint_every, options.checkpoint_interval, rule.name, config.get("model"),
-            rule_state=rule, keep_all=options.keep_checkpoints,
-            shard=None if group is None else (group.shard, group.servers),
-        )  # fmt: skip
-        self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
-        self.overflow = checks.OverflowCheck(self.store, rule.max_move)  # overflow.py: beside
+        self.ops = ops = (operations or usual_operations)(self.store, self.registry, rule, options,
+                                                          config, on_update, group)  # fmt: skip
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
                                                     options.send_hwm, options.keys)  # fmt: skip
-        self.inflow = InflowGuard(self.socket, InflowLimits.for_limits(options.limits))  # inflow.py
-        self.outbox = outbox = Outbox(self.socket, self.telemetry.counters)
-        self.failures = Failures(self.registry, outbox)  # a bug: nobody left waiting
+        self.outbox = outbox = Outbox(self.socket, ops.counters)
         # routing id, a REQ delimiter, the header, the array frames, and one to see more
         self._keep_frames = 3 + options.limits.max_arrays + 1
-        self.pulls = Pulls(self.store, self.registry, rule, outbox, self.telemetry, stop)
+        self.pulls = Pulls(self.store, self.registry, rule, outbox, ops, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
             options.heartbeat_timeout, stop, options.observers_awaited)  # fmt: skip
         # op -> handler(envelope, request) -> the rule's decision on a worker who left, or None
@@ -123,11 +112,12 @@ class ParameterServer:
             "stats": self.handle_stats,  # anyone's; stop, checkpoint (and a root's join)
             "stop": self.handle_stop, "checkpoint": self.handle_checkpoint, "join": refuse_join,
         }  # fmt: skip
+        ops.attach(self)  # the inflow guard on the socket, failures answered by the outbox
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
-        self.timers = Timers(self.inflow, self.checkpoints, members, self.pulls, rule,
+        self.timers = Timers(ops.inflow, ops.checkpoints, members, self.pulls, rule,
                              self.carry_out, self.after_leaving, group)  # fmt: skip
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
@@ -145,41 +135,32 @@ class ParameterServer:
         while not self.finished():
             if self.stop.due():
                 self.begin_stop()
-            if poller.poll(self.inflow.wait(self.options.poll_interval) * 1000):
+            if poller.poll(self.ops.wait(self.options.poll_interval) * 1000):
                 for _ in range(256):  # drain a burst, then look at the clock again
                     try:
                         received = receive(self.socket, keep=self._keep_frames)
                     except zmq.Again:
                         break
-                    self.inflow.delivered(received.frames, received.dropped, received.dropped_bytes)
+                    self.ops.delivered(received.frames, received.dropped, received.dropped_bytes)
                     self.serve(received.frames, received.dropped)
                     if received.dropped:
                         give_back_freed_memory()  # an attack leaves no peak behind
             self.timers.tick(time.monotonic())  # timers.py
         if self.options.checkpoint_path:
-            self.checkpoints.save()
+            self.ops.checkpoint()
         log.info("stopped at version %d", self.store.version)
 
     def serve(self, frames: list[Any], dropped: int = 0) -> None:
-        """One request: decode, dispatch to its handler, or answer with an error.
-        dropped: frames past the most a request may have, which `receive` let go."""
+        """One request: decode, dispatch to its handler; a refusal or a failure is answered
+        where the operations say (`answering`). dropped: frames past the most a request
+        may have, which `receive` let go."""
         envelope, body = split_envelope(frames)
-        counters = self.telemetry.counters
-        counters.messages_in += 1
-        counters.bytes_in += sum(len(frame) for frame in body)
-        try:
-            if dropped:
-                raise too_many_frames(len(body) + dropped, self.options.limits)
+        with self.ops.answering(envelope, body):  # one reply: its error, or `internal`
+            self.ops.received(body, dropped)  # counted; frames past the limit refused
             request = wire.decode_request(body, self.options.limits)
             envelope.rid = request.header.get("rid")
             if (left := self.handlers[request.op](envelope, request)) is not None:
                 self.after_leaving(left)
-        except ProtocolError as exc:
-            self.outbox.error(envelope, exc, body)
-            if exc.code == "nonfinite":  # the model may have diverged (ops/collapse.py)
-                self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
-        except Exception as exc:  # a bug: say so, answer `internal`, keep serving
-            self.failures.request_failed(envelope, exc, body)  # a retry gets it too
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
 
@@ -216,7 +197,7 @@ class ParameterServer:
 
     def close(self) -> None:
         """Close the sockets (a shard's to its root too) and the ZeroMQ context."""
-        self.inflow.close()
+        self.ops.close()
         if self.group is not None:
             self.group.close()
         self.socket.close()
@@ -228,40 +209,20 @@ class ParameterServer:
 
     def handle_push(self, envelope: Envelope, request: Message) -> None:
         """Accept a push once (a retry is answered from memory), then let the rule decide."""
-        worker, header = self.registry.sender(request, envelope.origin), request.header
-        if worker.observer:
-            raise ProtocolError("an observer cannot push", "observer")
-        seq, base = header["seq"], header["base"]
-        if worker.seen_push(seq) != "new":  # exactly once: a retry is answered from memory
-            self.answer_retry(worker, envelope, header)
-            return
-        grads, extras = decode_gradients(request)
-        self.store.check_push(base, grads, worker.partial_step is not None or self.stopping)
-        grads = checks.clip_gradients(grads, self.options.clip_norm)
-        self.overflow.check(grads, request.sq_norms)  # pre-clip norms: upper bounds
-        push = Push(worker, seq, base, header.get("last", True), grads, extras,
-                    staleness=self.store.version - base, reply_to=envelope,
-                    fused="pull_since" in header, pull_since=header.get("pull_since"),
-                    codecs=request.codecs)  # fmt: skip
-        self.rule.check_push(push)
-        # Accepted: from here on the push is answered exactly once, whatever happens.
-        worker.accept(push)
-        self.telemetry.count_push(push, request)
+        worker = self.registry.pusher(request, envelope.origin)  # its owner, never an observer
+        if worker.seen_push(request.header["seq"]) != "new":  # exactly once (retries.py)
+            return answer_retry(worker, envelope, request.header, self.pulls, self.outbox)
+        push = push_of(worker, request, envelope, self.store.version)  # tau = t - base
+        self.ops.check_push(push, request)  # base, shapes, clipping, overflow, the rule's
+        worker.accept(push)  # accepted: from here on answered exactly once, whatever happens
+        self.ops.accepted(push, request)  # counted; its loss watched; the sample budget
         if self.stopping:
-            self.answer_push(push, applied=False)
-            return
-        if "loss" in header:  # the workers' training loss: watched for a collapse
-            self.collapse.on_train_loss(float(header["loss"]))
-        worker.count_step(push, header.get("samples", 0))  # only when it can still apply
-        self.telemetry.counters.samples += header.get("samples", 0)
-        if push.last and worker.partial_step is None:  # a step in one push (the default)
-            self.carry_out(self.rule.on_push(push))
-        elif (step := worker.assemble_step(push, self.store.version)) is not None:
-            self.carry_out(self.rule.on_push(step))  # a step sent layer by layer, now whole
+            return self.answer_push(push, applied=False)
+        worker.count_step(push, request.header.get("samples", 0))
+        if (step := worker.assemble_step(push, self.store.version)) is not None:
+            self.carry_out(self.rule.on_push(step))  # the rule's decision, carried out
         else:  # a layer of a step sent in several pushes: kept for its last one
             self.answer_push(push, applied=False)
-        if (budget := self.options.max_samples) and self.telemetry.counters.samples >= budget:
-            self.stop.request(f"sample budget of {budget} reached", planned=True)
 
     def handle_pull(self, envelope: Envelope, request: Message) -> None:
         worker = self.registry.sender(request, envelope.origin)
@@ -271,16 +232,14 @@ class ParameterServer:
         self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
 
     def handle_stop(self, envelope: Envelope, request: Message) -> None:
-        checks.require_operator(envelope.origin, self.options.keys)
+        require_operator(envelope.origin, self.options.keys)
         self.stop.request("an operator asked")
         self.begin_stop()
         self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
 
     def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
-        checks.require_operator(envelope.origin, self.options.keys)
-        if self.options.checkpoint_path is None:
-            raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
-        path, version = self.checkpoints.save(), self.store.version
+        require_operator(envelope.origin, self.options.keys)
+        path, version = self.ops.checkpoint(), self.store.version
         self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
                                      **operator_fields(self.group)})  # fmt: skip
 
@@ -290,36 +249,29 @@ class ParameterServer:
         """Apply the rule's updates (t += 1 each), record its drops, send its answers; then
         the pulls the rule now allows. A failure answers its pushes still held `internal`."""
         refused: set[Push] = set()  # an update's pushes it would overflow: answered so
-        with self.failures.answering(outcome):  # failures.py: nobody left waiting by a bug
+        with self.ops.carrying_out(outcome):  # nobody left waiting by a bug
             for update in outcome.updates:
-                if (name := self.overflow.refused(update.steps)) is not None:
-                    self.refuse_update(update, name)
+                if self.ops.refuse_update(update):  # it would write a non-finite value
                     refused.update(update.pushes)
                     continue
                 for push in update.pushes:
                     push.staleness = self.store.version - push.base  # tau, t just before it
                 version = self.store.write(update.steps)
-                self.overflow.carry(update.steps)  # its norm bounds, to the versions written
-                self.collapse.on_applied()
                 self.rule.after_update(update)
-                self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
-                self.checkpoints.after_update(version)
+                self.ops.updated(update, version)  # recorded; a checkpoint when due
             for push in outcome.drops:
-                self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
-                push.worker.dropped += 1
-                self.answer_push(push, applied=False)
+                self.drop(push)
             for push, applied in outcome.answers:
                 if push not in refused:
                     self.answer_push(push, applied)
             if outcome.updates or outcome.answers or outcome.drops:
                 self.pulls.release()
 
-    def refuse_update(self, update: Update, name: str) -> None:
-        """An update that would overflow (ops/overflow.py) is not written: its pushes
-        still held are answered `nonfinite`, remembered so (a retry gets it again)."""
-        for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
-            self.outbox.error(push.reply_to, error, [])
-            self.collapse.on_nonfinite(push.reply_to.origin.routing_id.hex())
+    def drop(self, push: Push) -> None:
+        """A push the rule dropped (DASGD's cutoff): recorded, counted, answered unapplied."""
+        self.ops.dropped(push)
+        push.worker.dropped += 1
+        self.answer_push(push, applied=False)
 
     def after_leaving(self, outcome: Outcome) -> None:
         """Carry out the rule's decision on a worker who left (or a hello that completed
@@ -328,30 +280,17 @@ class ParameterServer:
         self.pulls.release()
 
     def answer_push(self, push: Push, applied: bool) -> None:
-        """Send (and remember, for retries) the reply to an accepted push."""
+        """Send (and remember, for retries) the reply to an accepted push; a fused push's
+        waits for its pull half."""
         version = self.store.version
-        staleness = push.staleness if applied else version - push.base
         header = {"op": "push", "version": version, "seq": push.seq, "applied": applied,
-                  "staleness": staleness, "stop": self.stopping}  # fmt: skip
+                  "staleness": push.staleness if applied else version - push.base,
+                  "stop": self.stopping}  # fmt: skip
         push.worker.remember_answer(push.seq, header)
         if push.fused:  # the parameters go with the answer, when the rule lets them
             self.pulls.hold(push.worker, HeldPull(push.reply_to, push.pull_since, header))
         else:
             self.outbox.reply(push.reply_to, header, worker=push.worker)
-
-    def answer_retry(self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]) -> None:
-        """A push whose `seq` is not new: a retry (after a lost reply, from a new socket) is
-        answered as the first attempt was or will be, and applied once (docs/protocol.md 8):
-        one whose handling failed gets its error again; an older one is `stale_seq`."""
-        seq, seen = header["seq"], worker.seen_push(header["seq"])
-        if seen == "held":  # still waiting (at a barrier, say): the answer goes to the retry
-            worker.held_pushes[seq].reply_to = envelope
-        elif seen == "answered" and "pull_since" in header:  # same answer, the pull afresh
-            self.pulls.hold(worker, HeldPull(envelope, header["pull_since"], worker.answered[seq]))
-        elif seen == "answered":
-            self.outbox.reply(envelope, worker.answered[seq], worker=worker)
-        else:  # "failed" or "stale"
-            raise worker.refused_retry(seq)
 
     def use_plan(self, plan: Plan) -> None:
         """Serve by `plan` from now on: pulls by its encodings (minips.server.pulls), without
@@ -361,7 +300,28 @@ class ParameterServer:
 
     def stats(self) -> dict[str, Any]:
         """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
-        stats = self.telemetry.stats(self.store, self.registry, self.rule, self.stop.stopping)
-        stats.update(self.stop.record())
-        stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
+        stats = self.ops.stats(self.stop)
         return stats if self.group is None else {**stats, "group": self.group.group()}
+
+
+def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: int) -> Push:
+    """The push a request carries, its gradients decoded by their codecs; its staleness
+    tau = t - base at arrival (refreshed when it goes into an update)."""
+    header, base = request.header, request.header["base"]
+    grads, extras = decode_gradients(request)
+    return Push(worker, header["seq"], base, header.get("last", True), grads, extras,
+                staleness=version - base, reply_to=envelope, fused="pull_since" in header,
+                pull_since=header.get("pull_since"), codecs=request.codecs)  # fmt: skip
+
+
+def refuse_join(envelope: Envelope, request: Message) -> None:
+    """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
+    raise ProtocolError("op 'join' is not a request", "unknown_op")
+
+
+def usual_operations(*args: Any) -> Operations:
+    """The usual operations (checks, limits, failures, collapse, telemetry, checkpoints),
+    assembled beside the core: imported here, when a server is built without its own."""
+    from minips.ops.server_ops import ServerOps
+
+    return ServerOps(*args)

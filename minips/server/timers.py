@@ -16,19 +16,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from minips.errors import MinipsError
 
 if TYPE_CHECKING:
-    from minips.group.shard import ShardRole
-    from minips.ops.checkpoints import Checkpointer
-    from minips.ops.inflow import InflowGuard
     from minips.rules import Outcome, Rule
     from minips.server.membership import Membership
     from minips.server.pulls import Pulls
 
 log = logging.getLogger("minips.server")
+
+
+class Inflow(Protocol):
+    """Cuts the connections holding too much of a message still arriving (ops/inflow.py)."""
+
+    def check(self, now: float) -> None: ...
+
+
+class DueCheckpoints(Protocol):
+    """Writes the time-based checkpoint when it is due (ops/checkpoints.py)."""
+
+    def if_due(self, now: float) -> None: ...
+
+
+class GroupTurn(Protocol):
+    """A shard's joins to its root, and its stop with it (group/shard.py)."""
+
+    def tick(self, now: float) -> None: ...
 
 
 class Timers:
@@ -40,14 +55,14 @@ class Timers:
 
     def __init__(
         self,
-        inflow: InflowGuard,
-        checkpoints: Checkpointer,
+        inflow: Inflow,
+        checkpoints: DueCheckpoints,
         membership: Membership,
         pulls: Pulls,
         rule: Rule,
         carry_out: Callable[[Outcome], None],
         after_leaving: Callable[[Outcome], None],
-        group: ShardRole | None = None,
+        group: GroupTurn | None = None,
     ) -> None:
         self.inflow, self.checkpoints, self.membership = inflow, checkpoints, membership
         self.pulls, self.registry, self.rule, self.group = pulls, pulls.registry, rule, group

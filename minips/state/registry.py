@@ -136,15 +136,18 @@ class WorkerState:
             return "failed" if self.answered[seq]["op"] == "error" else "answered"
         return "new" if seq > self.highest_seq else "stale"
 
-    def refused_retry(self, seq: int) -> ProtocolError:
-        """The error for a push `seq` neither new, held nor answered: the one its first
-        attempt failed with ("failed"), else `stale_seq` ("stale")."""
-        if seq in self.answered:
-            return ProtocolError(self.answered[seq]["reason"], self.answered[seq]["code"])
-        return ProtocolError(
-            f"push seq {seq} is older than this worker's last push ({self.highest_seq})",
-            "stale_seq",
-        )
+    def check_retry(self, seq: int) -> str:
+        """What a retried `seq` is, "held" or "answered"; one whose first attempt failed is
+        refused with that error again, one neither held nor answered with `stale_seq`."""
+        seen = self.seen_push(seq)
+        if seen == "failed":
+            raise ProtocolError(self.answered[seq]["reason"], self.answered[seq]["code"])
+        if seen == "stale":
+            raise ProtocolError(
+                f"push seq {seq} is older than this worker's last push ({self.highest_seq})",
+                "stale_seq",
+            )
+        return seen
 
     def accept(self, push: Push) -> None:
         """Book an accepted push: held until answered, its extra bytes counted."""
@@ -241,6 +244,14 @@ class WorkerRegistry:
         worker.check_owner(origin)
         worker.last_seen = time.monotonic()
         worker.bytes_in += request.nbytes
+        return worker
+
+    def pusher(self, request: Message, origin: Origin) -> WorkerState:
+        """The live worker a push comes from (`sender`); an observer may not push
+        (`observer`)."""
+        worker = self.sender(request, origin)
+        if worker.observer:
+            raise ProtocolError("an observer cannot push", "observer")
         return worker
 
     def live_worker(self, worker_id: str) -> WorkerState:

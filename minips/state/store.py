@@ -2,26 +2,17 @@
 
 `ParameterStore`: named float32 arrays; a global version counter `t` (one per applied
 update) and, per parameter, the version at which it last changed, so a pull can send only
-what changed since the puller's version; snapshots and checkpoints. `SGD`: momentum and
+what changed since the puller's version; snapshots, and its state as named arrays (which
+a checkpoint file holds: minips/ops/checkpoint_file.py). `SGD`: momentum and
 weight decay, the one optimizer, shared by the server's store and the single-process
 trainer.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from minips.errors import ConfigError, ShapeError
-from minips.ops.checkpoint_file import (
-    CHECKPOINT_FORMAT,
-    Checkpoint,
-    load_checkpoint,
-    write_checkpoint,
-)
 from minips.protocol.partition import Slice
 from minips.protocol.wire import ProtocolError
 
@@ -111,11 +102,9 @@ class ParameterStore:
         _check_steps(self.params, steps)  # a rule's wrong step: nothing written (no half)
         self.version += 1
         for name, grad, scale in steps:
-            if self.in_place:
-                self.optimizer.step_one(name, grad, scale)
-            else:
-                fresh = np.empty_like(self.params[name])
-                self.optimizer.step_one(name, grad, scale, out=fresh)
+            fresh = None if self.in_place else np.empty_like(self.params[name])
+            self.optimizer.step_one(name, grad, scale, out=fresh)
+            if fresh is not None:  # published: the version it replaces may be in flight
                 self.params[name] = _published(fresh)
             self.param_versions[name] = self.version
         return self.version
@@ -130,56 +119,38 @@ class ParameterStore:
         """The parameter at the current version: a read-only array that never changes."""
         return self.params[name]
 
-    # -------------------------------------------------------------------------- checkpoints
+    # ------------------------------------------------------------------------- its state
 
-    def save(
-        self,
-        path: str | Path,
-        meta: dict[str, Any] | None = None,
-        extra: dict[str, np.ndarray] | None = None,
-        keep_previous: bool = False,
-    ) -> Path:
-        """Write params, versions and optimizer state to `path` (.npz), atomically (the
-        format: minips.ops.checkpoint_file). extra: more arrays by key (the rule's
-        state, "rule/..."). keep_previous: the checkpoint it replaces is kept beside it."""
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The store's state by name, as a checkpoint holds it (minips/ops/checkpoint_file.py):
+        `version`, `param/<name>`, `param_version/<name>`, `optim/<key>`."""
         arrays: dict[str, np.ndarray] = {"version": np.array(self.version, dtype=np.int64)}
         for name, array in self.params.items():
             arrays[f"param/{name}"] = array
             arrays[f"param_version/{name}"] = np.array(self.param_versions[name], np.int64)
         for key, array in self.optimizer.state_dict().items():
             arrays[f"optim/{key}"] = array
-        arrays.update(extra or {})
-        # The list of arrays: a file that lost some (a damaged zip directory) is refused.
-        meta = {"format": CHECKPOINT_FORMAT, **(meta or {}), "arrays": sorted(arrays)}
-        arrays["meta"] = np.array(json.dumps(meta))
-        return write_checkpoint(path, arrays, keep_previous)
+        return arrays
 
-    def load(self, path: str | Path) -> dict[str, Any]:
-        """Restore a checkpoint written by `save` into the live arrays; return its meta.
-
-        DataError (one line) for a damaged file; see `restore` for the rest.
-        """
-        return self.restore(load_checkpoint(path))
-
-    def restore(self, checkpoint: Checkpoint) -> dict[str, Any]:
-        """Take a checked checkpoint's parameters, versions and optimizer state; its meta.
-
-        Names and shapes must match the model exactly (ShapeError otherwise); nothing is
-        changed unless the whole checkpoint fits.
-        """
-        contents = checkpoint.arrays
-        checkpoint.check_params(self.params)
-        self.optimizer.check_state_dict(checkpoint.section("optim/"))
+    def take(
+        self,
+        params: dict[str, np.ndarray],
+        param_versions: dict[str, int],
+        version: int,
+        optimizer_state: dict[str, np.ndarray],
+    ) -> None:
+        """Take a whole state (a checkpoint's, its names and shapes checked against the model
+        by its reader): every parameter, its version, the version t, the optimizer's state.
+        ShapeError, and nothing changed, unless the optimizer's state fits."""
+        self.optimizer.check_state_dict(optimizer_state)
         for name, param in self.params.items():
-            saved = contents[f"param/{name}"]
             if self.in_place:
-                param[...] = saved
+                param[...] = params[name]
             else:
-                self.params[name] = _published(saved.astype(param.dtype))
-            self.param_versions[name] = int(contents[f"param_version/{name}"])
-        self.version = checkpoint.version
-        self.optimizer.load_state_dict(checkpoint.section("optim/"))
-        return checkpoint.meta
+                self.params[name] = _published(params[name].astype(param.dtype))
+            self.param_versions[name] = int(param_versions[name])
+        self.version = version
+        self.optimizer.load_state_dict(optimizer_state)
 
 
 class SGD:
@@ -246,12 +217,17 @@ class SGD:
         new values are written there and params[name] is left as it was: the server uses
         this to publish each version as a new, never-changed array (no copy per pull).
         """
-        velocity = None
-        if self.momentum and name not in self.plain:
-            velocity = self.velocity.get(name)
-            if velocity is None:
-                velocity = self.velocity[name] = np.zeros_like(self.params[name])
-        self._write(self.params[name], grad, scale, velocity, out)
+        self._write(self.params[name], grad, scale, self._velocity(name), out)
+
+    def _velocity(self, name: str) -> np.ndarray | None:
+        """The momentum buffer v of `name`, made (zeros) at its first step; None without
+        momentum or for a `plain` parameter."""
+        if not self.momentum or name in self.plain:
+            return None
+        velocity = self.velocity.get(name)
+        if velocity is None:
+            velocity = self.velocity[name] = np.zeros_like(self.params[name])
+        return velocity
 
     def preview(
         self, name: str, grad: np.ndarray, scale: float = 1.0

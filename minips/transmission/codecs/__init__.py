@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.protocol.wire import Message, ProtocolError, WirePart, all_finite
+from minips.protocol.wire import Message, WirePart
 from minips.transmission.codecs.base import Codec, Factors, Gradient
 from minips.transmission.codecs.dense import Fp16, Identity
 from minips.transmission.codecs.factors import LowRank, SufficientFactors
@@ -158,7 +158,5 @@ def decode_gradients(message: Message) -> tuple[dict[str, np.ndarray], dict[str,
         else:
             parts, of = message.parts[name], message.dense_shapes[name]
         decoded = CODEC_CLASSES[codec_name].decode(name, parts, of)
-        if codec_name in ("sf", "lowrank") and not all_finite(decoded):
-            raise ProtocolError(f"array {name!r}: its factors' product overflows", "nonfinite")
         (extras if is_extra else grads)[name] = decoded
     return grads, extras

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.protocol.wire import ProtocolError, WirePart
+from minips.protocol.wire import ProtocolError, WirePart, all_finite
 from minips.transmission.codecs.base import (
     Codec,
     Factors,
@@ -82,7 +82,7 @@ class SufficientFactors(Codec):
                 "shape",
             )
         with np.errstate(over="ignore", invalid="ignore"):  # overflow: refused as nonfinite
-            return _float32(x).T @ _float32(dy)
+            return finite_product(name, _float32(x).T @ _float32(dy))
 
 
 class LowRank(Codec):
@@ -145,4 +145,12 @@ class LowRank(Codec):
                 "shape",
             )
         with np.errstate(over="ignore", invalid="ignore"):  # overflow: refused as nonfinite
-            return (_float32(p) @ _float32(q).T).reshape(of)
+            return finite_product(name, (_float32(p) @ _float32(q).T).reshape(of))
+
+
+def finite_product(name: str, product: np.ndarray) -> np.ndarray:
+    """The factors' product, refused (`nonfinite`) when it overflowed float32: finite
+    factors can make an infinite gradient, which the wire's finiteness check never saw."""
+    if not all_finite(product):
+        raise ProtocolError(f"array {name!r}: its factors' product overflows", "nonfinite")
+    return product

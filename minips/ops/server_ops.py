@@ -1,0 +1,187 @@
+"""The usual operations of a server, assembled: what each named point of its path does.
+
+The server (minips/server/server.py) asks its `Operations` (minips/server/seams.py) at one
+named point each; `ServerOps` answers from the modules beside the path, each with its own
+tests: request_checks.py (clipping), overflow.py, inflow.py, failures.py, collapse.py,
+telemetry.py, checkpoints.py, and the sample budget here. Built before the server's socket
+(a resume happens first, as the checkpoints say), attached once the socket, the outbox and
+the pulls exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minips.ops.checkpoints import Checkpointer
+from minips.ops.collapse import CollapseWatch, output_classes
+from minips.ops.failures import Failures
+from minips.ops.inflow import InflowGuard, InflowLimits
+from minips.ops.overflow import OverflowCheck, refusal
+from minips.ops.request_checks import clip_gradients
+from minips.ops.telemetry import Telemetry, UpdateRecord
+from minips.protocol.checks import too_many_frames
+from minips.protocol.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from minips.protocol.wire import Message, WirePart
+    from minips.rules import Outcome, Rule, Update
+    from minips.server.options import ServerOptions
+    from minips.server.router import Envelope
+    from minips.server.seams import GroupRole
+    from minips.server.stop import Stop
+    from minips.state.registry import Push, WorkerRegistry
+    from minips.state.store import ParameterStore
+
+log = logging.getLogger("minips.server")
+
+
+class ServerOps:
+    """A server's operations (module docstring). The parts are attributes of their own:
+    `telemetry`, `collapse`, `checkpoints`, `overflow`; `inflow` and `failures` once attached.
+    """
+
+    def __init__(
+        self,
+        store: ParameterStore,
+        registry: WorkerRegistry,
+        rule: Rule,
+        options: ServerOptions,
+        config: dict[str, Any],
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        group: GroupRole | None = None,
+    ) -> None:
+        self.store, self.registry, self.rule, self.options = store, registry, rule, options
+        self.telemetry = Telemetry(on_update)
+        self.counters = self.telemetry.counters
+        self.collapse = CollapseWatch(  # has the model collapsed? (logged, in stats)
+            output_classes(store.params), options.world_size, store.optimizer.lr, rule.name,
+            log.warning,
+        )  # fmt: skip
+        self.checkpoints = Checkpointer(
+            store, self.counters, options.checkpoint_path, options.checkpoint_every,
+            options.checkpoint_interval, rule.name, config.get("model"), rule_state=rule,
+            keep_all=options.keep_checkpoints,
+            shard=None if group is None else (group.shard, group.servers),
+        )  # fmt: skip
+        self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
+        self.overflow = OverflowCheck(store, rule.max_move)
+
+    def attach(self, server: Any) -> None:
+        """The server's socket exists: the inflow guard watches it; failures are answered
+        through its outbox; the sample budget asks its stop."""
+        self.stop: Stop = server.stop
+        self.outbox = server.outbox
+        self.inflow = InflowGuard(server.socket, InflowLimits.for_limits(self.options.limits))
+        self.failures = Failures(self.registry, server.outbox)
+
+    # ------------------------------------------------------------------- a request
+
+    def received(self, body: list[Any], dropped: int) -> None:
+        """Count a request; refuse one with frames past the most a request may have."""
+        self.counters.messages_in += 1
+        self.counters.bytes_in += sum(len(frame) for frame in body)
+        if dropped:
+            raise too_many_frames(len(body) + dropped, self.options.limits)
+
+    @contextmanager
+    def answering(self, envelope: Envelope, body: list[Any]) -> Iterator[None]:
+        """A refusal is answered with its code (a non-finite push told to the collapse
+        watch); a failure (a bug) is logged and answered `internal`, with what it left
+        held (failures.py): a retry gets the same."""
+        try:
+            yield
+        except ProtocolError as exc:
+            self.outbox.error(envelope, exc, body)
+            if exc.code == "nonfinite":  # the model may have diverged (collapse.py)
+                self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
+        except Exception as exc:  # a bug: say so, answer `internal`, keep serving
+            self.failures.request_failed(envelope, exc, body)
+
+    # ---------------------------------------------------------------------- a push
+
+    def check_push(self, push: Push, request: Message) -> None:
+        """Refuse a push before it is accepted (nothing booked): its base and gradients
+        against the model (the store's check), then clipped (--clip-norm), the overflow
+        check (on the norms before clipping: upper bounds), the rule's own check."""
+        closes_step = push.worker.partial_step is not None or self.stop.stopping
+        self.store.check_push(push.base, push.grads, closes_step)
+        push.grads = clip_gradients(push.grads, self.options.clip_norm)
+        self.overflow.check(push.grads, request.sq_norms)
+        self.rule.check_push(push)
+
+    def accepted(self, push: Push, request: Message) -> None:
+        """Count an accepted push; one that can still apply: its training loss watched
+        for a collapse, its samples counted, a stop asked once they reach the budget."""
+        self.telemetry.count_push(push, request)
+        if self.stop.stopping:
+            return
+        header = request.header
+        if "loss" in header:
+            self.collapse.on_train_loss(float(header["loss"]))
+        self.counters.samples += header.get("samples", 0)
+        if (budget := self.options.max_samples) and self.counters.samples >= budget:
+            self.stop.request(f"sample budget of {budget} reached", planned=True)
+
+    # ----------------------------------------------------------- a rule's decision
+
+    def carrying_out(self, outcome: Outcome) -> AbstractContextManager[None]:
+        """A failure while carrying out `outcome` answers its pushes still held (failures.py)."""
+        return self.failures.answering(outcome)
+
+    def refuse_update(self, update: Update) -> bool:
+        """True for an update that would write a non-finite value (overflow.py): not
+        written, its pushes still held answered `nonfinite`, remembered so (a retry gets it
+        again), each told to the collapse watch."""
+        name = self.overflow.refused(update.steps)
+        if name is None:
+            return False
+        for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
+            self.outbox.error(push.reply_to, error, [])
+            self.collapse.on_nonfinite(push.reply_to.origin.routing_id.hex())
+        return True
+
+    def updated(self, update: Update, version: int) -> None:
+        """An update written as `version`: its norm bounds carried to the versions written,
+        counted, recorded, and the update-count checkpoint when it is due."""
+        self.overflow.carry(update.steps)
+        self.collapse.on_applied()
+        self.telemetry.update(UpdateRecord.applied(update, version, self.rule.name))
+        self.checkpoints.after_update(version)
+
+    def dropped(self, push: Push) -> None:
+        """A push the rule dropped: recorded (t did not advance)."""
+        self.telemetry.update(UpdateRecord.drop(push, self.store.version, self.rule.name))
+
+    def pulled(self, parts: list[WirePart]) -> None:
+        """A worker's pull reply, counted per parameter."""
+        self.telemetry.count_pull(parts)
+
+    # --------------------------------------------------------------------- the loop
+
+    def wait(self, poll_interval: float) -> float:
+        """How long the loop may wait for a request: shorter while a big message arrives."""
+        return self.inflow.wait(poll_interval)
+
+    def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None:
+        """A whole message read off a connection (the inflow guard's count)."""
+        self.inflow.delivered(frames, dropped, dropped_bytes)
+
+    def checkpoint(self) -> Path:
+        """A checkpoint now (an operator's, or at shutdown): `no_checkpoint` without a path."""
+        if self.options.checkpoint_path is None:
+            raise ProtocolError("the server has no checkpoint path", "no_checkpoint")
+        return self.checkpoints.save()
+
+    def stats(self, stop: Stop) -> dict[str, Any]:
+        """`stats`: counters, versions, staleness, workers; why it stops; a collapse."""
+        stats = self.telemetry.stats(self.store, self.registry, self.rule, stop.stopping)
+        stats.update(stop.record())
+        stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
+        return stats
+
+    def close(self) -> None:
+        self.inflow.close()

@@ -1,0 +1,80 @@
+"""The named points where the operations attach to the server's path, and the group's role.
+
+The server's path reads as the idea (decode, tau = t - base, the rule's decision, the
+update, the reply); what it checks, limits, survives and records beside that idea it asks
+of an `Operations` object at one named point each, in the spirit of ps-lite's
+`if (resender_) ...`. The server never builds the real ones: minips/ops/server_ops.py
+does (the checks, the overflow check, the inflow guard, failures, collapse, telemetry,
+checkpoints, the sample budget), and a test may hand it others.
+
+    received(body, dropped)      a request counted; frames past the limit refused
+    answering(envelope, body)    around a request: a refusal answered with its code, a
+                                 failure (a bug) answered `internal`, nobody left waiting
+    check_push(push, request)    before a push is accepted: its base and shapes against the
+                                 model, clipping, the overflow check, the rule's own check
+    accepted(push, request)      a push accepted: counted, its loss watched, the sample budget
+    carrying_out(outcome)        around a rule's decision: a failure half done answers its
+                                 pushes still held `internal`
+    refuse_update(update)        an update that would write a non-finite value is not
+                                 written (True): its pushes are answered `nonfinite`
+    updated(update, version)     an update written: its norm bounds carried, recorded, a
+                                 checkpoint when one is due
+    dropped(push)                a push the rule dropped, recorded
+    pulled(parts)                a worker's pull reply, counted
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from minips.protocol.wire import Message, WirePart
+    from minips.rules import Outcome, Update
+    from minips.server.router import Counting, Envelope
+    from minips.state.registry import Push
+
+
+class Operations(Protocol):
+    """What the server asks of its operations (module docstring). `attach(server)` is called
+    once the server's socket, outbox and pulls exist; `counters` before (the outbox's)."""
+
+    counters: Counting
+
+    def attach(self, server: Any) -> None: ...
+    def received(self, body: list[Any], dropped: int) -> None: ...
+    def answering(self, envelope: Envelope, body: list[Any]) -> AbstractContextManager[None]: ...
+    def check_push(self, push: Push, request: Message) -> None: ...
+    def accepted(self, push: Push, request: Message) -> None: ...
+    def carrying_out(self, outcome: Outcome) -> AbstractContextManager[None]: ...
+    def refuse_update(self, update: Update) -> bool: ...
+    def updated(self, update: Update, version: int) -> None: ...
+    def dropped(self, push: Push) -> None: ...
+    def pulled(self, parts: list[WirePart]) -> None: ...
+    def wait(self, poll_interval: float) -> float: ...
+    def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None: ...
+    def checkpoint(self) -> Any: ...
+    def stats(self, stop: Any) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class GroupRole(Protocol):
+    """What a shard of a server group adds to a server (minips/group/shard.py builds it):
+    its slices of the model, `group` in its replies, a root's joins, a shard's own joins."""
+
+    shard: int
+    servers: int
+    slices: dict[str, Any]
+    is_root: bool
+
+    def attach(self, server: Any) -> None: ...
+    def group(self) -> dict[str, Any]: ...
+    def check_hello(self) -> None: ...
+    def tick(self, now: float) -> None: ...
+    def close(self) -> None: ...
+
+
+def operator_fields(group: GroupRole | None) -> dict[str, Any]:
+    """What a root adds to its replies to `stop` and `checkpoint`: where its shards are
+    (docs/protocol.md 16.7); nothing for any other server."""
+    return {"group": group.group()} if group is not None and group.is_root else {}

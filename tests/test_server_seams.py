@@ -1,0 +1,133 @@
+"""The server's push path asks its operations at named points (minips/server/seams.py), in
+the order of the idea: a request received, the push checked, accepted, the rule's update
+refused or written, the pull counted. The usual operations (minips/ops/server_ops.py) are
+the default; a server takes others (`operations=`). Each named point's own checks (who
+pushes, a retried seq, the sample budget) are tested here at the point."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+from test_server_support import filled, make_params
+
+from minips.ops.server_ops import ServerOps
+from minips.protocol import wire
+from minips.protocol.wire import ProtocolError
+from minips.rules import make_rule
+from minips.server.options import ServerOptions
+from minips.server.server import ParameterServer
+from minips.state.registry import WorkerRegistry
+from minips.state.requests import Origin
+from minips.state.store import SGD
+
+POINTS = ("received", "check_push", "accepted", "carrying_out", "refuse_update", "updated",
+          "dropped", "pulled")  # fmt: skip
+
+
+class Recorded(ServerOps):
+    """The usual operations, each named point noted in `calls` as it is asked."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls: list[str] = []
+        for name in POINTS:
+            setattr(self, name, self._noting(name, getattr(self, name)))
+
+    def _noting(self, name, method):
+        def noted(*args, **kwargs):
+            self.calls.append(name)
+            return method(*args, **kwargs)
+
+        return noted
+
+
+def _frames(header, arrays=None):
+    body = wire.encode(header, arrays)
+    return [zmq.Frame(b"\x00abcd")] + [zmq.Frame(bytes(frame)) for frame in body]
+
+
+def _server(options=None, rule="asgd"):
+    params = make_params()
+    ops: list[Recorded] = []
+
+    def operations(*args):
+        ops.append(Recorded(*args))
+        return ops[0]
+
+    server = ParameterServer(params, make_rule(rule), SGD(params, lr=0.1), options,
+                             operations=operations)  # fmt: skip
+    return server, ops[0]
+
+
+def test_one_fused_push_asks_each_named_point_in_the_order_of_the_idea():
+    server, ops = _server()
+    try:
+        server.serve(_frames({"op": "hello", "worker": "w", "rid": 1}))
+        ops.calls.clear()
+        header = {"op": "push", "worker": "w", "seq": 0, "base": 0, "pull_since": 0, "rid": 2}
+        server.serve(_frames(header, filled(0.5)))
+        assert ops.calls == ["received", "check_push", "accepted", "carrying_out",
+                             "refuse_update", "updated", "pulled"]  # fmt: skip
+        assert server.store.version == 1 and ops.counters.updates == 1
+    finally:
+        server.close()
+
+
+def test_a_refused_push_passes_no_point_after_its_check():
+    server, ops = _server()
+    try:
+        server.serve(_frames({"op": "hello", "worker": "w", "rid": 1}))
+        ops.calls.clear()
+        header = {"op": "push", "worker": "w", "seq": 0, "base": 5, "rid": 2}  # base > t
+        server.serve(_frames(header, filled(0.5)))
+        assert ops.calls == ["received", "check_push"]
+        assert server.store.version == 0 and ops.counters.errors == 1
+    finally:
+        server.close()
+
+
+def test_the_sample_budget_asks_a_planned_stop_once_reached():
+    server, ops = _server(ServerOptions(max_samples=64))
+    try:
+        server.serve(_frames({"op": "hello", "worker": "w", "rid": 1}))
+        for seq in range(2):
+            header = {"op": "push", "worker": "w", "seq": seq, "base": seq, "samples": 32,
+                      "rid": 2 + seq}  # fmt: skip
+            assert not server.stopping
+            server.serve(_frames(header, filled(0.5)))
+        assert server.stopping and server.stop.planned and "sample budget" in server.stop.why
+        assert ops.counters.samples == 64
+    finally:
+        server.close()
+
+
+def test_pusher_refuses_an_observer_and_check_retry_a_failed_or_stale_seq():
+    registry = WorkerRegistry(None, grace=1.0)
+    origin = Origin(b"\x01a")
+    registry.register("eval", {"role": "observer"}, origin)
+    request = wire.Message(header={"worker": "eval"}, nbytes=0)
+    with pytest.raises(ProtocolError) as refused:
+        registry.pusher(request, origin)
+    assert refused.value.code == "observer"
+    worker = registry.register("w", {}, origin)
+    worker.highest_seq = 5
+    worker.remember_answer(
+        4, {"op": "error", "reason": "internal server error", "code": "internal"}
+    )
+    worker.remember_answer(5, {"op": "push", "applied": True})
+    assert worker.check_retry(5) == "answered"
+    with pytest.raises(ProtocolError) as failed:
+        worker.check_retry(4)
+    assert failed.value.code == "internal"
+    with pytest.raises(ProtocolError) as stale:
+        worker.check_retry(1)
+    assert stale.value.code == "stale_seq"
+
+
+def test_the_default_operations_are_the_usual_ones():
+    params = make_params()
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1))
+    try:
+        assert isinstance(server.ops, ServerOps) and server.ops.inflow is not None
+    finally:
+        server.close()
