@@ -118,17 +118,11 @@ class StepSender:
         the reply's `pull` then holds the parameters changed since that version. loss:
         the step's training loss, sent with this last push.
         """
-        if self._thread is not None:
-            self._queue.join()
-            if self._error is not None:
-                raise self._error
+        self._drain()
         ready = [layer for layer in self.model.layers if layer in self._ready]  # model order
         grads, bases = self._collect(ready, self.base)
         self.step_index += 1
-        # Accumulated gradients with an older base travel in their own push first.
-        for base in sorted(b for b in set(bases.values()) if b != self.base):
-            older = {name: grads.pop(name) for name in list(grads) if bases[name] == base}
-            self._push(older, base, last=False, label="accumulated")
+        self._push_older(grads, bases)
         fused = {} if pull_since is None else {"pull_since": pull_since}
         with self.trace.span("last push+pull", SEND, args={"params": list(grads), **fused}):
             return self.client.push(grads, base=self.base, extra=extra, last=True,
@@ -143,6 +137,20 @@ class StepSender:
             self._thread = None
 
     # --------------------------------------------------------------------- machinery
+    def _drain(self) -> None:
+        """Wait until the wait-free sender thread sent every layer queued; its error, if any."""
+        if self._thread is not None:
+            self._queue.join()
+            if self._error is not None:
+                raise self._error
+
+    def _push_older(self, grads: dict[str, Gradient], bases: dict[str, int]) -> None:
+        """Accumulated gradients with an older base travel in their own push first (taken
+        out of `grads`)."""
+        for base in sorted(b for b in set(bases.values()) if b != self.base):
+            older = {name: grads.pop(name) for name in list(grads) if bases[name] == base}
+            self._push(older, base, last=False, label="accumulated")
+
     def _collect(self, layers: list[str], base: int) -> tuple[dict[str, Gradient], dict[str, int]]:
         """The gradients of `layers`' parameters due this step, and the base of each."""
         grads: dict[str, Gradient] = {}
