@@ -53,6 +53,7 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.transmission.codecs import Encoder, Gradient, Spec
+from minips.worker.drops import LOOK_EVERY, DropWatch
 from minips.worker.first_contact import nothing_answers
 from minips.worker.netlimit import Link, frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
@@ -127,6 +128,7 @@ class PSClient:
         self._seq = 0
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
+        self._drops: DropWatch | None = None  # the socket's drops (minips.worker.drops)
         # One routing id for the client's lifetime, kept across Lazy Pirate reconnections:
         # without CURVE it is what binds this worker id to us (docs/protocol.md 15).
         self.routing_id = b"\x01" + os.urandom(15)
@@ -280,6 +282,9 @@ class PSClient:
         return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
 
     def _close_socket(self) -> None:
+        if self._drops is not None:
+            self._drops.close()
+            self._drops = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -334,7 +339,7 @@ class PSClient:
             if self.keys is not None:
                 auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
-            self._socket = sock
+            self._socket, self._drops = sock, DropWatch(sock)
         return self._socket
 
     def _request(self, header: dict[str, Any], parts: list[wire.WirePart] | None = None) -> Message:
@@ -342,14 +347,14 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
-    def _abandon(self, op: str, attempt: int) -> None:
-        """No reply in time: the socket may hold a half-sent request or an unwanted late
-        reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
-        log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
-                    self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
+    def _abandon(self, op: str, attempt: int, dropped: bool) -> None:
+        """No reply in time, or the connection dropped (the server exited: the request is
+        lost): the socket may hold a half-sent request or an unwanted late reply, so close
+        it; the next attempt starts on a new one (Lazy Pirate)."""
+        why = "the connection dropped" if dropped else f"in {self.timeout:.1f} s"
+        log.warning("no reply to %s from %s: %s (attempt %d of %d)", op, self.address, why,
+                    attempt + 1, 1 + self.retries)  # fmt: skip
+        self._close_socket()
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         # Before any reply a resend cannot help (a late server still gets the request).
@@ -361,15 +366,21 @@ class PSClient:
             frames = wire.encode_parts({**header, "rid": rid}, parts)
             if self.link is not None:  # the request crosses the (emulated) link first
                 self.link.up.wait(frames_nbytes(frames))
+            self._drops.sending()
             sock.send_multipart(frames, copy=False)
-            deadline = time.monotonic() + wait
+            deadline, dropped = time.monotonic() + wait, False
             while (remaining := deadline - time.monotonic()) > 0:
                 # A receive timeout instead of a poll: one system call less per request.
-                sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
+                # Before any reply a dropped connection is not looked for (a resend cannot
+                # help then); after, it is looked for every LOOK_EVERY s of waiting.
+                look = remaining if first else min(remaining, LOOK_EVERY)
+                sock.setsockopt(zmq.RCVTIMEO, max(1, int(look * 1000)))
                 try:
                     frames = sock.recv_multipart(copy=False)
                 except zmq.Again:
-                    break
+                    if not first and (dropped := self._drops.dropped()):
+                        break
+                    continue
                 if self.link is not None:  # the reply arrived as fast as the link allows
                     self.link.down.wait(frames_nbytes(frames))
                 message = wire.decode_reply(frames, self.limits)
@@ -382,7 +393,7 @@ class PSClient:
             if first:
                 self._close_socket()
                 raise nothing_answers(self.address, wait, self.keys)
-            self._abandon(header["op"], attempt)
+            self._abandon(header["op"], attempt, dropped)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"
