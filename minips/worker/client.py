@@ -370,9 +370,8 @@ class PSClient:
             sock.send_multipart(frames, copy=False)
             deadline, dropped = time.monotonic() + wait, False
             while (remaining := deadline - time.monotonic()) > 0:
-                # A receive timeout instead of a poll: one system call less per request.
-                # Before any reply a dropped connection is not looked for (a resend cannot
-                # help then); after, it is looked for every LOOK_EVERY s of waiting.
+                # A receive timeout instead of a poll: one system call less per request;
+                # a drop is looked for every LOOK_EVERY s of waiting, after the first reply.
                 look = remaining if first else min(remaining, LOOK_EVERY)
                 sock.setsockopt(zmq.RCVTIMEO, max(1, int(look * 1000)))
                 try:
