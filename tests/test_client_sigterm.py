@@ -38,14 +38,16 @@ def test_a_worker_and_an_evaluator_sent_sigterm_say_bye(tmp_path):
                          ["evaluate", "--metrics", str(tmp_path / "eval.jsonl")])
         ]  # fmt: skip
         try:
-            _wait(lambda: len(_rows(endpoint)) == 2, 60, "the worker and the evaluator")
-            _wait(lambda: any(r["pushes"] for r in _rows(endpoint)), 60, "training")
+            evals = tmp_path / "eval.jsonl"  # each in its loop: training, testing
+            _wait(lambda: evals.exists() and evals.read_text().strip(), 60, "a test")
+            _wait(lambda: any(r["pushes"] >= 3 for r in _rows(endpoint)), 60, "training")
+            said = []
             for proc in clients:
                 proc.send_signal(signal.SIGTERM)
-                proc.communicate(timeout=30)
+                said.append(proc.communicate(timeout=30)[1])
                 assert proc.returncode == -signal.SIGTERM, proc.args
             rows = _rows(endpoint)  # the heartbeat timeout (30 s) has not passed: only a bye
-            assert [r["alive"] for r in rows] == [False, False], rows
+            assert [r["alive"] for r in rows] == [False, False], (rows, said)
         finally:
             for proc in clients:
                 if proc.poll() is None:

@@ -36,14 +36,14 @@ def run_evaluator(
 ) -> dict | None:
     """Evaluate every `interval` seconds until the server stops; return the last record."""
     hello = client.hello({"role": "observer", "pid": os.getpid()})
-    config = hello["config"]
-    data = dataset_from_hello(config, data_dir)
-    model = model_from_hello(config)
-    rule = (config.get("rule") or {}).get("name")
-    watch = CollapseWatch(
-        output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
-    )
     try:
+        config = hello["config"]
+        data = dataset_from_hello(config, data_dir)
+        model = model_from_hello(config)
+        rule = (config.get("rule") or {}).get("name")
+        watch = CollapseWatch(
+            output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
+        )
         return _evaluate_until_stop(client, metrics, interval, model, data, watch)
     finally:  # stopped, the server gone, or interrupted (Ctrl-C, SIGTERM): say bye
         leave(client)
