@@ -51,7 +51,7 @@ def per_step(summary: dict) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fast", action="store_true", help="1,280 samples a run (tests)")
+    parser.add_argument("--fast", action="store_true", help="384 samples a run (tests)")
     args = parser.parse_args()
     # 1. The plan, as `minips plan --bandwidth` prints it: per parameter, its options'
     #    bytes (dense, fp16, topk) and the chosen push and pull encodings.
@@ -59,7 +59,7 @@ def main() -> None:
     report = make_plan(build_model("lenet5"), 64, cluster, network, momentum=0.9)
     print(format_table(report))
     # 2. The same choice made by `--plan auto` inside a run, against all dense.
-    max_samples = 1280 if args.fast else 12800
+    max_samples = 384 if args.fast else 12800
     with tempfile.TemporaryDirectory() as tmp:
         for plan in ("dense", "auto"):
             summary = train(plan, max_samples, Path(tmp) / plan)

@@ -76,7 +76,9 @@ def test_the_dashboard_shows_joined_tabs_and_empty_seats_waiting_then_never_take
 def test_a_reloaded_tab_keeps_its_seats_totals_in_stats_and_the_report():
     params = {"fc.w": __import__("numpy").zeros((3, 4), "float32")}
     grads = {"fc.w": __import__("numpy").ones((3, 4), "float32")}
-    with running_server(params=params, world_size=2) as server:
+    # A world of 2 with one tab: its first pull waits out the assembly, which ends at the
+    # heartbeat timeout (the short one here: the waiting is not what this checks).
+    with running_server(params=params, world_size=2, heartbeat_timeout=2.0) as server:
         pushes = 0
         for _ in range(2):  # the tab, then the same tab reloaded (the same worker id)
             with PSClient(server.endpoint, timeout=10, worker_id="tab") as tab:

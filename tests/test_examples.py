@@ -155,6 +155,6 @@ def test_layer_plans_print_the_table_and_auto_sends_fewer_bytes_than_dense():
     predicted_up = int(re.search(r"predicted up (\S+) B", out).group(1).replace(",", ""))
     assert runs["dense"][1] == pytest.approx(1_724_320, rel=0.01)  # LeNet-5, float32
     assert runs["auto"][1] == pytest.approx(predicted_up, rel=0.05)  # the plan, as counted
-    # Up: >= 5x fewer (sf fp16 on fc1: 7.5x, top-k 1 %: 18x). Down: a 10-step run is all
-    # the delta's warm-up (its first 20 replies carry fc1 whole, fp16).
+    # Up: >= 5x fewer (sf fp16 on fc1: 7.5x, top-k 1 %: 18x). Down: a 3-step run (a worker's)
+    # is all the delta's warm-up (its first 20 replies carry fc1 whole, fp16).
     assert runs["auto"][1] < runs["dense"][1] / 5 and runs["auto"][2] < runs["dense"][2]

@@ -24,7 +24,7 @@ OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli")
 KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.server.server", "minips.ops.server_ops"),
     # The group's side, imported once a server turns out to be a group: the one place a
-    # plain PSClient(address) learns how to reach one (PSClient._group_side).
+    # plain PSClient(address) learns how to reach one (client.group_side).
     ("minips.worker.client", "minips.group.root"),
 }
 

@@ -8,9 +8,8 @@ samples, mlp on the synthetic dataset, which both runs learn completely). Its to
 so a loss of a point would mean the recovery broke the model, not noise. That the model
 really resumed (not restarted from scratch) is checked on its own: the first update of each
 new server is the one right after its checkpoint. The budget is large enough that the
-resumed server still trains well past the second kill's delay: after the first kill the
-workers' pending pushes wait out their 10 s reply timeout, and a faster machine then
-finishes a small remaining budget before the second kill lands.
+resumed server still trains well past the second kill's delay: a faster machine would
+finish a small remaining budget before the second kill lands.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ def test_a_worker_that_finds_the_class_full_is_told_about_rank(tmp_path):
             seat.stats()
             seat.hello({"role": "worker", "host": "elsewhere"})  # the one seat
             second = _minips("worker", "--connect", endpoint, "--quiet")
+            seat.bye(finished=False)  # else the stopping server waits its grace for the seat
     finally:
         server.terminate()
         server.wait(30)

@@ -30,9 +30,9 @@ def _run(tmp_path, *args: str, timeout: float = 600) -> subprocess.CompletedProc
 def test_a_seat_nobody_takes_is_announced_and_the_run_goes_on(tmp_path):
     pytest.importorskip("websockets", reason="browser seats need pip install '.[web]'")
     done = _run(tmp_path, "--workers", "2", "--browser", "1", "--epochs", "1",
-                      "--join-wait", "5", "--heartbeat-timeout", "5")  # fmt: skip
+                      "--join-wait", "3", "--heartbeat-timeout", "3")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    line = "1 browser seat was not taken within 5 s: the run goes on with the workers it has"
+    line = "1 browser seat was not taken within 3 s: the run goes on with the workers it has"
     assert done.stdout.splitlines().count(line) == 1, done.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["samples"] == 1000  # the NumPy worker's shard, once

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from minips.protocol import auth
 from tests.test_server_support import running_server
@@ -47,9 +48,10 @@ def test_a_worker_without_keys_or_with_others_is_told_keys_may_be_why(tmp_path):
     auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
     auth.make_keys(tmp_path / "other", clients=("worker",), operators=())
     keys = auth.load_server_keys(tmp_path / "run")
+    options = [("--wait", "2"), ("--wait", "2", "--keys", str(tmp_path / "other"))]
     with running_server(bind="tcp://127.0.0.1:*", keys=keys) as server:
-        bare = _worker(server.endpoint, "--wait", "2")
-        other = _worker(server.endpoint, "--wait", "2", "--keys", str(tmp_path / "other"))
+        with ThreadPoolExecutor(2) as pool:  # both at once: each waits its 2 s alone
+            bare, other = pool.map(lambda args: _worker(server.endpoint, *args), options)
     for result in (bare, other):
         assert result.returncode == 2, result
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

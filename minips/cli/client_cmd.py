@@ -7,6 +7,7 @@ also be given as an environment variable, e.g. MINIPS_WORKER_CONNECT.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
 from minips.cli.progress import ProgressBar
+from minips.cli.terminate import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from minips.protocol.auth import ClientKeys
@@ -119,7 +121,8 @@ def worker(
             click.echo(f"joined as rank {report.rank} of {world_size} (host {report.host})")
 
         extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined}
-        result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
+        with sigterm_as_interrupt():  # SIGTERM says bye too, as Ctrl-C
+            result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
         # A worker that arrived after the run ended has no rank: "worker-late.json".
         where = str(result.rank) if result.rank >= 0 else "late"
@@ -141,7 +144,8 @@ def _train_worker(
     done (--max-steps, Ctrl-C), so a restarted worker may take over its rank. extras:
     more Worker keyword arguments (bandwidth, trace)."""
     from minips.errors import MinipsError
-    from minips.worker.client import ServerError
+    from minips.results.evaluator import BYE_TIMEOUT
+    from minips.worker.client import ServerError, ServerUnavailable
     from minips.worker.worker import Worker
 
     with ProgressBar(label="worker") as bar:
@@ -160,8 +164,10 @@ def _train_worker(
                 "(--heartbeat-timeout seconds of silence)"
             ) from None
         except KeyboardInterrupt:
-            if client.rank is not None:
-                client.bye(finished=False)
+            if client.rank is not None:  # one short try: the server may be gone too
+                client.timeout, client.retries = min(client.timeout, BYE_TIMEOUT), 0
+                with contextlib.suppress(ServerUnavailable):
+                    client.bye(finished=False)
             raise
     if client.rank is not None:
         client.bye(finished=result.finished)
@@ -219,7 +225,8 @@ def evaluate(
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
         click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
-        last = run_evaluator(client, metrics, interval, data_dir)
+        with sigterm_as_interrupt():  # SIGTERM says bye too, as Ctrl-C
+            last = run_evaluator(client, metrics, interval, data_dir)
     if last:
         final = "final model" if last.get("final") else "last model seen"
         click.echo(

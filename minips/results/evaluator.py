@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.results.metrics import MetricsLog
@@ -35,13 +36,23 @@ def run_evaluator(
 ) -> dict | None:
     """Evaluate every `interval` seconds until the server stops; return the last record."""
     hello = client.hello({"role": "observer", "pid": os.getpid()})
-    config = hello["config"]
-    data = dataset_from_hello(config, data_dir)
-    model = model_from_hello(config)
-    rule = (config.get("rule") or {}).get("name")
-    watch = CollapseWatch(
-        output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
-    )
+    try:
+        config = hello["config"]
+        data = dataset_from_hello(config, data_dir)
+        model = model_from_hello(config)
+        rule = (config.get("rule") or {}).get("name")
+        watch = CollapseWatch(
+            output_classes(model.params), hello["world_size"], config.get("lr"), rule, log.warning
+        )
+        return _evaluate_until_stop(client, metrics, interval, model, data, watch)
+    finally:  # stopped, the server gone, or interrupted (Ctrl-C, SIGTERM): say bye
+        leave(client)
+
+
+def _evaluate_until_stop(client: PSClient, metrics: MetricsLog, interval: float, model: Any,
+                         data: Any, watch: CollapseWatch) -> dict | None:  # fmt: skip
+    """The evaluator's loop: test the model every `interval` s and once more on the final
+    parameters; return the last record."""
     version: int | None = None
     last: dict | None = None
     next_eval = time.monotonic()
@@ -79,11 +90,14 @@ def run_evaluator(
         if reply.stop:
             break
         next_eval = time.monotonic() + interval
-    # One short try: the server may be gone (its stop grace ran out while we tested), and
-    # the launcher waits for us to leave once the final record is written.
+    return last
+
+
+def leave(client: PSClient) -> None:
+    """Say bye in one short try: the server may be gone (its stop grace ran out while we
+    tested), and the launcher waits for us to leave once the final record is written."""
     client.timeout, client.retries = min(client.timeout, BYE_TIMEOUT), 0
     try:
         client.bye()
     except ServerUnavailable:
         pass
-    return last

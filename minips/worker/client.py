@@ -50,63 +50,21 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.transmission.codecs import Encoder, Gradient, Spec
+from minips.worker.drops import LOOK_EVERY, DropWatch
 from minips.worker.first_contact import hello_root, identified, nothing_answers
 from minips.worker.hooks import LinkLimit
 from minips.worker.netlimit import frames_nbytes
-from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable, pull_reply
-from minips.worker.session import NO_PULL, GroupSide, Session, Shards, operator_request, push_header
+from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
+from minips.worker.session import (
+    NO_PULL,
+    GroupSide,
+    OneServer,
+    Session,
+    Shards,
+    operator_request,
+)
 
 log = logging.getLogger("minips.client")
-
-
-class OneServer:
-    """The worker calls to one server, each one request on the client's socket (a
-    `Session`, minips.worker.session); the client's Encoder keeps the codec state."""
-
-    def __init__(self, client: PSClient) -> None:
-        self.client = client
-
-    def pull(self, since: int | None) -> PullReply:
-        header = {"op": "pull", "worker": self.client.worker_id, "since": since}
-        return pull_reply(self.client._worker_request(header))
-
-    def push(
-        self,
-        grads: Mapping[str, Gradient],
-        base: int,
-        extra: dict[str, np.ndarray] | None,
-        last: bool,
-        codecs: Mapping[str, Spec] | None,
-        samples: int | None,
-        pull_since: Any,
-        loss: float | None,
-    ) -> PushReply:
-        """PSClient.push to one server: every gradient by its codec, one request."""
-        client = self.client
-        extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
-        parts = client.encoder.encode(grads, codecs)  # counts each parameter's bytes
-        client.encoder.count(extras)
-        seq = client.next_seq()  # the next push is new even if this one fails
-        header = push_header(client.worker_id, seq, base, last, samples, loss, pull_since)
-        h = (message := client._worker_request(header, parts + extras)).header
-        pulled = pull_reply(message) if "param_versions" in h else None
-        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
-
-    def ping(self) -> bool:
-        header = {"op": "ping", "worker": self.client.worker_id}
-        return self.client._worker_request(header).header["stop"]
-
-    def bye(self, header: dict[str, Any]) -> None:
-        self.client._request(header)
-
-    def operator(self, header: dict[str, Any]) -> dict[int, Message]:
-        return {0: self.client._request(header)}
-
-    def bytes_sent(self) -> dict[str, int]:
-        return dict(self.client.encoder.bytes_sent)
-
-    def close(self) -> None:
-        """Nothing of its own: the socket is the client's."""
 
 
 class PSClient:
@@ -118,11 +76,9 @@ class PSClient:
     one by default); the server gives the same rank back to the same id. assemble_timeout:
     how long hello waits for a server group whose shards have not all joined. first_wait: s
     the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
-    A server group (docs/protocol.md 16) is found at hello and used through the same calls:
-    hello chooses the `session` every worker call goes to (minips.worker.session), this
-    client's `OneServer` or the group's (`groups`, by default minips.group's: one request per
-    shard, all at once).
-    Thread-safe: calls from several threads are serialised by a lock (module docstring).
+    A server group (docs/protocol.md 16), found at hello, is used through the same calls:
+    hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
+    group's (`groups`, by default minips.group's). Thread-safe: calls are serialised by a lock.
     """
 
     def __init__(
@@ -152,6 +108,7 @@ class PSClient:
         self._seq = 0
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
+        self._drops: DropWatch | None = None  # the socket's drops (minips.worker.drops)
         # One routing id for the client's lifetime, kept across Lazy Pirate reconnections:
         # without CURVE it is what binds this worker id to us (docs/protocol.md 15).
         self.routing_id = b"\x01" + os.urandom(15)
@@ -183,12 +140,9 @@ class PSClient:
         reply = hello_root(self, identified(header))  # our own routing id (protocol.md 15)
         if "group" in reply:
             self._close_socket()  # the group's own connection to the root takes our id over
-            self.session = self.group = self._group_side().join(self, reply, dict(info or {}))
+            self.session = self.group = group_side(self).join(self, reply, dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
-        if self.timeout >= reply["heartbeat_timeout"]:  # docs/protocol.md 7
-            log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
-                        "a lost reply gets this worker declared dead before it retries",
-                        self.timeout, reply["heartbeat_timeout"])  # fmt: skip
+        warn_if_not_below_heartbeat(self.timeout, reply["heartbeat_timeout"])
         self._hello_info = dict(info or {})
         keys = ("rank", "world_size", "config", "version", "heartbeat_timeout")
         return {key: reply[key] for key in keys}
@@ -284,16 +238,10 @@ class PSClient:
         returns its path (the root's)."""
         return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
 
-    def _group_side(self) -> GroupSide:
-        """`groups`, or minips.group's own, imported only once a server turns out to be a
-        group's: a client of one server needs none of it."""
-        if self.groups is None:
-            from minips.group.root import GROUPS
-
-            self.groups = GROUPS
-        return self.groups
-
     def _close_socket(self) -> None:
+        if self._drops is not None:
+            self._drops.close()
+            self._drops = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -348,7 +296,7 @@ class PSClient:
             if self.keys is not None:
                 auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
-            self._socket = sock
+            self._socket, self._drops = sock, DropWatch(sock)
         return self._socket
 
     def _request(self, header: dict[str, Any], parts: list[wire.WirePart] | None = None) -> Message:
@@ -356,46 +304,89 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
-    def _abandon(self, op: str, attempt: int) -> None:
-        """No reply in time: the socket may hold a half-sent request or an unwanted late
-        reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
-        log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
-                    self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
+    def _abandon(self, op: str, attempt: int, dropped: bool) -> None:
+        """No reply in time, or the connection dropped (the server exited: the request is
+        lost): the socket may hold a half-sent request or an unwanted late reply, so close
+        it; the next attempt starts on a new one (Lazy Pirate)."""
+        log_abandoned(self, op, attempt, dropped)
         self._close_socket()
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
+        """One request and its reply: sent, awaited by its `rid`, sent again on a new socket
+        when no reply comes in time (Lazy Pirate, docs/protocol.md 8)."""
         # Before any reply a resend cannot help (a late server still gets the request).
         first = self.first_wait is not None and not self._answered
         attempts, wait = (1, self.first_wait) if first else (1 + self.retries, self.timeout)
         for attempt in range(attempts):
             rid = self._rid = self._rid + 1
             sock = self._connect()
-            frames = wire.encode_parts({**header, "rid": rid}, parts)
-            if self.link is not None:  # the request crosses the (emulated) link first
-                self.link.up.wait(frames_nbytes(frames))
-            sock.send_multipart(frames, copy=False)
-            deadline = time.monotonic() + wait
-            while (remaining := deadline - time.monotonic()) > 0:
-                # A receive timeout instead of a poll: one system call less per request.
-                sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
-                try:
-                    frames = sock.recv_multipart(copy=False)
-                except zmq.Again:
-                    break
-                if self.link is not None:  # the reply arrived as fast as the link allows
-                    self.link.down.wait(frames_nbytes(frames))
-                message = wire.decode_reply(frames, self.limits)
-                self._answered = True
-                if message.header.get("rid") != rid:
-                    continue  # a late reply to an attempt we gave up on
-                if message.op == "error":
-                    raise ServerError(message.header["reason"], message.header["code"])
-                return message
+            self._send(sock, wire.encode_parts({**header, "rid": rid}, parts))
+            reply, dropped = self._await_reply(sock, rid, wait, first)
+            if reply is not None:
+                return reply
             if first:
                 self._close_socket()
                 raise nothing_answers(self.address, wait, self.keys)
-            self._abandon(header["op"], attempt)
+            self._abandon(header["op"], attempt, dropped)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"
         )
+
+    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
+        if self.link is not None:  # the request crosses the (emulated) link first
+            self.link.up.wait(frames_nbytes(frames))
+        self._drops.sending()
+        sock.send_multipart(frames, copy=False)
+
+    def _await_reply(
+        self, sock: zmq.Socket, rid: int, wait: float, first: bool
+    ) -> tuple[Message | None, bool]:
+        """The reply to request `rid` within `wait` s (a ServerError if it is an error);
+        (None, whether the connection dropped meanwhile) when none comes."""
+        deadline = time.monotonic() + wait
+        while (remaining := deadline - time.monotonic()) > 0:
+            # A receive timeout instead of a poll: one system call less per request; a
+            # drop is looked for every LOOK_EVERY s of waiting, after the first reply.
+            look = remaining if first else min(remaining, LOOK_EVERY)
+            sock.setsockopt(zmq.RCVTIMEO, max(1, int(look * 1000)))
+            try:
+                frames = sock.recv_multipart(copy=False)
+            except zmq.Again:
+                if not first and self._drops.dropped():
+                    return None, True
+                continue
+            if self.link is not None:  # the reply arrived as fast as the link allows
+                self.link.down.wait(frames_nbytes(frames))
+            message = wire.decode_reply(frames, self.limits)
+            self._answered = True
+            if message.header.get("rid") != rid:
+                continue  # a late reply to an attempt we gave up on
+            if message.op == "error":
+                raise ServerError(message.header["reason"], message.header["code"])
+            return message, False
+        return None, False
+
+
+def group_side(client: PSClient) -> GroupSide:
+    """The client's `groups`, or minips.group's own, imported only once a server turns out
+    to be a group's: a client of one server needs none of it."""
+    if client.groups is None:
+        from minips.group.root import GROUPS
+
+        client.groups = GROUPS
+    return client.groups
+
+
+def warn_if_not_below_heartbeat(timeout: float, heartbeat_timeout: float) -> None:
+    """A reply timeout not below the server's heartbeat timeout (docs/protocol.md 7)."""
+    if timeout >= heartbeat_timeout:
+        log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
+                    "a lost reply gets this worker declared dead before it retries",
+                    timeout, heartbeat_timeout)  # fmt: skip
+
+
+def log_abandoned(client: PSClient, op: str, attempt: int, dropped: bool) -> None:
+    why = "the connection dropped" if dropped else f"in {client.timeout:.1f} s"
+    log.warning("no reply to %s from %s: %s (attempt %d of %d)", op, client.address, why,
+                attempt + 1, 1 + client.retries)  # fmt: skip

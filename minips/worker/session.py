@@ -1,6 +1,6 @@
 """What PSClient's calls go to, chosen once at hello: one server or a server group.
 
-    PSClient.hello() --reply without `group`--> OneServer (minips.worker.client): one
+    PSClient.hello() --reply without `group`--> OneServer (below): one
                                                  request on the client's own socket
                      --reply with `group`-----> the group's Session (minips.group.fanout:
                                                  one request per shard, all at once)
@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from minips.protocol import wire
 from minips.protocol.wire import Message
 from minips.transmission.codecs import Gradient, Spec
-from minips.worker.replies import PullReply, PushReply
+from minips.worker.replies import PullReply, PushReply, pull_reply
 
 # `client` below is the PSClient whose calls these are (not imported: it imports this).
 PSClient = Any
@@ -122,6 +123,58 @@ def operator_request(
         if group is None:
             return answer, {}
         if len(replies) < group["servers"]:  # the root alone: on to its shards
-            client._shards = client._group_side().shards(client, client._shards, group)
+            from minips.worker.client import group_side  # the client's module imports this one
+
+            client._shards = group_side(client).shards(client, client._shards, group)
             replies.update(client._shards.others(header))
         return answer, replies
+
+
+class OneServer:
+    """The worker calls to one server, each one request on the client's socket (a
+    `Session`, minips.worker.session); the client's Encoder keeps the codec state."""
+
+    def __init__(self, client: PSClient) -> None:
+        self.client = client
+
+    def pull(self, since: int | None) -> PullReply:
+        header = {"op": "pull", "worker": self.client.worker_id, "since": since}
+        return pull_reply(self.client._worker_request(header))
+
+    def push(
+        self,
+        grads: Mapping[str, Gradient],
+        base: int,
+        extra: dict[str, np.ndarray] | None,
+        last: bool,
+        codecs: Mapping[str, Spec] | None,
+        samples: int | None,
+        pull_since: Any,
+        loss: float | None,
+    ) -> PushReply:
+        """PSClient.push to one server: every gradient by its codec, one request."""
+        client = self.client
+        extras = [wire.WirePart(f"extra/{key}", a) for key, a in (extra or {}).items()]
+        parts = client.encoder.encode(grads, codecs)  # counts each parameter's bytes
+        client.encoder.count(extras)
+        seq = client.next_seq()  # the next push is new even if this one fails
+        header = push_header(client.worker_id, seq, base, last, samples, loss, pull_since)
+        h = (message := client._worker_request(header, parts + extras)).header
+        pulled = pull_reply(message) if "param_versions" in h else None
+        return PushReply(h["version"], h["applied"], h["staleness"], h["stop"], pulled)
+
+    def ping(self) -> bool:
+        header = {"op": "ping", "worker": self.client.worker_id}
+        return self.client._worker_request(header).header["stop"]
+
+    def bye(self, header: dict[str, Any]) -> None:
+        self.client._request(header)
+
+    def operator(self, header: dict[str, Any]) -> dict[int, Message]:
+        return {0: self.client._request(header)}
+
+    def bytes_sent(self) -> dict[str, int]:
+        return dict(self.client.encoder.bytes_sent)
+
+    def close(self) -> None:
+        """Nothing of its own: the socket is the client's."""

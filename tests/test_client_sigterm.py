@@ -1,0 +1,55 @@
+"""A worker or an evaluator sent SIGTERM (the launcher stopping its run, `kill`, a
+scheduler) says bye before it ends, as on Ctrl-C (minips.cli.terminate): the server's
+table shows it gone at once, not alive until its heartbeat timeout, so a stopping server
+does not wait out its grace for it. It still ends by SIGTERM. Real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from test_web_support import server_process
+
+from minips.worker.client import PSClient
+
+SERVER = ("--model", "mlp", "--dataset", "synthetic", "--epochs", "500", "--workers", "1")
+
+
+def _rows(endpoint: str) -> list[dict]:
+    with PSClient(endpoint, timeout=10, retries=1) as operator:
+        return operator.stats()["workers"]
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_worker_and_an_evaluator_sent_sigterm_say_bye(tmp_path):
+    with server_process(tmp_path, *SERVER) as endpoint:
+        clients = [
+            subprocess.Popen([sys.executable, "-m", "minips", *argv, "--connect", endpoint],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for argv in (["worker", "--quiet"],
+                         ["evaluate", "--metrics", str(tmp_path / "eval.jsonl")])
+        ]  # fmt: skip
+        try:
+            evals = tmp_path / "eval.jsonl"  # each in its loop: training, testing
+            _wait(lambda: evals.exists() and evals.read_text().strip(), 60, "a test")
+            _wait(lambda: any(r["pushes"] >= 3 for r in _rows(endpoint)), 60, "training")
+            said = []
+            for proc in clients:
+                proc.send_signal(signal.SIGTERM)
+                said.append(proc.communicate(timeout=30)[1])
+                assert proc.returncode == -signal.SIGTERM, proc.args
+            rows = _rows(endpoint)  # the heartbeat timeout (30 s) has not passed: only a bye
+            assert [r["alive"] for r in rows] == [False, False], (rows, said)
+        finally:
+            for proc in clients:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
