@@ -155,8 +155,11 @@ class LocalRun(ProcessCommands):
             failed = failed_workers(self.processes)  # before any is stopped
             crashed = crashed_workers(self.processes)
             if failure is None:
-                for name in self._server_names():
-                    self.processes.wait(name, timeout=60)
+                self.processes.wait("server", timeout=60)
+                for name in self._server_names()[1:]:
+                    # A shard hears the root's stop at its next join (within 1 s); one that
+                    # restarted and lost its join can wait out its root timeout: stopped.
+                    self.processes.wait_or_stop(name, patience=3, timeout=60)
                 let_evaluator_leave(self.processes, self.dir.eval_log)
         finally:
             self.processes.learn_ranks_from_reports(self.dir.path.glob("worker-[0-9]*.json"))

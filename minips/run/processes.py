@@ -171,6 +171,17 @@ class ProcessGroup:
         except subprocess.TimeoutExpired:
             proc.kill()
 
+    def wait_or_stop(self, name: str, patience: float, timeout: float) -> None:
+        """Wait `patience` s for a child to leave by itself, then SIGTERM it (a server takes
+        that as `stop`); SIGKILL it after `timeout` s more."""
+        proc = self.children[name].proc
+        assert proc is not None
+        try:
+            proc.wait(patience)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            self.wait(name, timeout)
+
     def stop_all(self, grace: float = 5.0) -> None:
         """SIGTERM every child still running, then SIGKILL what ignores it for `grace`
         seconds: none left behind, also when Ctrl-C comes meanwhile (the stop finishes,
