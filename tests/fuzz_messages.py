@@ -1,6 +1,6 @@
 """A seeded generator of hostile minips requests: valid templates, then mutated.
 
-Used by tests/test_fuzz.py (and usable from a shell to replay a seed). Every message starts
+Used by tests/protocol/test_fuzz.py (and usable from a shell to replay a seed). Every message starts
 as a well-formed request of some op and codec, then gets one to three mutations: header
 bytes flipped, a field replaced by an awkward value (huge integers, deep nesting, long
 strings, wrong types), a field removed or added, an array descriptor bent (shapes such as

@@ -141,7 +141,7 @@ def test_hetero_experiment_shows_the_slow_worker_stale_and_damped_by_dasgd(tmp_p
 
 def test_layer_plans_print_the_table_and_auto_sends_fewer_bytes_than_dense():
     out = run_example("06_layer_plans.py", "--fast", timeout=180)
-    # Which codec fc1 gets depends on the compute measured here (tests/test_planner.py
+    # Which codec fc1 gets depends on the compute measured here (tests/transmission/test_planner.py
     # checks the choice with fixed times); on this slow link it is compressed both ways.
     assert re.search(r"^fc1\.w +800x500 .* (topk|sf) .* delta ", out, flags=re.M), out
     assert "choice: per-layer codecs above, wait-free sending" in out

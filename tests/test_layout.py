@@ -146,3 +146,23 @@ def test_the_parser_sees_the_imports():
     _, graph = _graph()
     assert "minips.state.registry" in graph["minips.rules.base"]
     assert re.match(r"minips\.", next(iter(graph["minips.server.server"])))
+
+
+# Tests of the whole at the top of tests/: the layout, the docs' examples, CI.
+WHOLE_TESTS = {"test_architecture.py", "test_examples.py", "test_layout.py", "test_raw_ps.py",
+               "test_readme_ci.py", "test_tiny_ps.py"}  # fmt: skip
+
+
+def test_the_tests_mirror_the_packages():
+    tests = ROOT / "tests"
+    misplaced = []
+    for path in tests.rglob("test_*.py"):
+        folder = path.parent.relative_to(tests).as_posix()
+        if path.stem.endswith("_support") and folder == ".":
+            continue  # shared helpers, for every folder
+        if folder == "." and path.name in WHOLE_TESTS:
+            continue
+        if folder not in CORE + OPERATIONS:
+            misplaced.append(path.relative_to(tests).as_posix())
+    assert not misplaced, f"put each under tests/<package>/, the package it tests: {misplaced}"
+    assert {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set()

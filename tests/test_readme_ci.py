@@ -29,8 +29,9 @@ def test_ci_runs_the_readmes_test_command_and_upgrades_nothing():
 
 
 def test_the_test_extra_holds_wheel_for_the_handout_tests_wheel_build():
-    """tests/test_exercise_handout.py builds a wheel with `pip wheel --no-build-isolation`:
-    setuptools < 70.1 (65.5 in a fresh venv) needs the `wheel` package for that."""
+    """tests/classroom/test_exercise_handout.py builds a wheel with `pip wheel
+    --no-build-isolation`: setuptools < 70.1 (65.5 in a fresh venv) needs the `wheel`
+    package for that."""
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
     extra = setup["options.extras_require"]["test"].split()

@@ -14,9 +14,9 @@ starts a fresh one, measures its RSS when idle, runs the attack, and reports the
 
 It also checks the server still answers an honest client afterwards. The fd limit is raised
 to the hard limit for the connections (1,000 ZeroMQ sockets by default: a few thousand in
-one process run out of descriptors; tests/test_memory.py makes 10,000 raw TCP connections).
+one process run out of descriptors; tests/server/test_memory.py makes 10,000 raw TCP connections).
 docs/protocol.md section 10 states the bounds these stay under (minips/ops/inflow.py cuts a
-connection holding too much of a message still arriving; tests/test_memory.py checks them).
+connection holding too much of a message still arriving; tests/server/test_memory.py checks them).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def module_name(path: str) -> str:
 
 def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     """The test files that can see a mutant of `mutant["file"]` (see the module docstring)."""
-    files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_*.py"))
+    files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").rglob("test_*.py"))
     if run_all:
         return files
     if mutant.get("tests"):
