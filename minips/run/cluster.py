@@ -187,10 +187,11 @@ class LaunchedRun(LocalRun):
     def _training(self) -> bool:
         return not self.processes["server"].exited()
 
-    def _follow_counters(self, operator: Any, total: int) -> None:
-        super()._follow_counters(operator, total)
+    def _follow_counters(self, operator: Any, total: int) -> bool:
+        answered = super()._follow_counters(operator, total)
         if not self._assembled and self.stats is not None:
             self._check_assembly(self.stats)
+        return answered
 
     def _check_assembly(self, stats: dict[str, Any]) -> None:
         """MinipsError naming the shards and worker ranks still missing once the startup

@@ -270,10 +270,11 @@ class LocalRun(ProcessCommands):
                 self._follow_counters(operator, total)
             time.sleep(0.2 if self.training_ended is None else 0.1)
         if self.training_ended is None:
-            if not server.exited():  # the last figures: by the seats the run ended with
-                self._follow_counters(operator, total)
-            else:  # it stopped as its last worker left: why, from its last stats
-                self._note_stop(final_stats(self.dir)[0])
+            # The last figures, by the seats the run ended with. A server that does not
+            # answer may be exiting by itself: why, then, from its last stats.
+            if server.exited() or not self._follow_counters(operator, total):
+                if server.wait_exit(2.0):
+                    self._note_stop(final_stats(self.dir)[0])
             self.training_ended = self.training_ended or self._elapsed()
             if not server.exited():
                 _stop_server(operator, server)  # the evaluator then tests the final model
@@ -319,16 +320,17 @@ class LocalRun(ProcessCommands):
                 self.restarts[shard].check_budget(child, self.dir.logs)
                 self.processes.check_alive(name)  # raises: the crash is the run's error
 
-    def _follow_counters(self, operator: PSClient, total: int) -> None:
+    def _follow_counters(self, operator: PSClient, total: int) -> bool:
         """Ask the server for `stats`: learn the workers' ranks, notice the server stopping,
-        show progress. MinipsError when it has not answered for 30 s."""
+        show progress; False when it did not answer. MinipsError when it has not answered
+        for 30 s."""
         try:
             stats = operator.stats()
         except ServerUnavailable:
             self._silent_since = self._silent_since or time.monotonic()
             if time.monotonic() - self._silent_since > 30:
                 raise MinipsError("the server stopped answering; see its log") from None
-            return  # busy, or exiting (seen on the next turn): ask again
+            return False  # busy, or exiting (seen on the next turn): ask again
         self._silent_since, self.stats = None, stats
         self.processes.learn_ranks(stats)
         for notice in self.seats.update(stats):
@@ -342,13 +344,14 @@ class LocalRun(ProcessCommands):
             self.training_ended = self._elapsed()
             self.announce(collapse["line"])
             _stop_server(operator, self.processes["server"])
-            return
+            return True
         if self.progress is not None:  # a stopping server's counts too: the bar's last figures
             latest = latest_eval(self.dir.eval_log)
             latest.update(updates=stats.get("updates", 0), waiting=self.seats.waiting(stats))
             taken = self.seats.progress_total(stats, *self._shards)  # by the seats taken
             self._shown_total = total if taken is None else taken
             self.progress(int(stats.get("samples", 0)), self._shown_total, latest)
+        return True
 
     def _note_stop(self, stats: dict[str, Any]) -> None:
         """A server found stopping before the launcher asked: by its own end (its budget

@@ -85,6 +85,13 @@ class Child:
     def exited(self) -> bool:
         return self.code() is not None
 
+    def wait_exit(self, timeout: float) -> bool:
+        """Whether it exits within `timeout` seconds (it keeps running otherwise)."""
+        deadline = time.monotonic() + timeout
+        while not self.exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.exited()
+
     def crashed(self) -> bool:
         """Exited with an error or a signal (exit 0 is a clean stop)."""
         return self.code() not in (None, 0)
