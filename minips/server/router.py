@@ -102,6 +102,9 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     return Envelope(routing=frames[:split], origin=origin), frames[split:]
 
 
+LISTEN_BACKLOG = 1024  # connections waiting to be accepted
+
+
 def open_router(
     context: zmq.Context, limits: Limits, send_hwm: int, keys: auth.ServerKeys | None
 ) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
@@ -117,6 +120,9 @@ def open_router(
     socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
+    # A class connecting at once: past ZeroMQ's default backlog of 100 the SYNs are dropped
+    # and retried after 1, 3, 7 ... s; the kernel caps this at net.core.somaxconn.
+    socket.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
     gatekeeper = None
     if keys is not None:
         gatekeeper = auth.start_gatekeeper(context, keys)
