@@ -18,7 +18,6 @@ import zmq
 
 from minips.protocol import auth, wire
 from minips.protocol.wire import Limits, Message
-from minips.worker.drops import LOOK_EVERY, DropWatch
 from minips.worker.first_contact import identified
 from minips.worker.replies import ServerUnavailable
 
@@ -28,7 +27,7 @@ Request = tuple[dict[str, Any], list[wire.WirePart]]  # header (without rid), ar
 
 
 class Connection:
-    """One DEALER socket to one server, reopened on a timeout or a drop (Lazy Pirate).
+    """One DEALER socket to one server, reopened on a timeout (Lazy Pirate).
 
     routing_id: the client's one id for its whole life, on every socket (docs/protocol.md
     15). Each request gets a new `rid`; a reply with another rid is a late one, dropped.
@@ -46,7 +45,6 @@ class Connection:
         self.limits, self.keys = limits, keys
         self.rid = 0
         self.socket: zmq.Socket | None = None
-        self.drops: DropWatch | None = None  # the socket's drops (minips.worker.drops)
 
     def send(self, header: dict[str, Any], parts: list[wire.WirePart]) -> int:
         """Encode and send one request with a new rid; return its frames' bytes."""
@@ -58,10 +56,8 @@ class Connection:
             if self.keys is not None:
                 auth.make_curve_client(self.socket, self.keys)
             self.socket.connect(self.address)
-            self.drops = DropWatch(self.socket)
         self.rid += 1
         frames = wire.encode_parts({**identified(header), "rid": self.rid}, parts)
-        self.drops.sending()
         self.socket.send_multipart(frames, copy=False)
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
 
@@ -80,11 +76,8 @@ class Connection:
                 return message, nbytes
 
     def abandon(self) -> None:
-        """No reply in time, or the connection dropped: close the socket (it may hold a
-        half-sent request or a reply we no longer want); the next request opens a new one."""
-        if self.drops is not None:
-            self.drops.close()
-            self.drops = None
+        """No reply in time: close the socket (it may hold a half-sent request or a reply
+        we no longer want); the next request opens a new one."""
         if self.socket is not None:
             self.socket.close(linger=0)
             self.socket = None
@@ -100,9 +93,8 @@ def exchange(
 ) -> dict[int, Message]:
     """Send every request (shard -> request) at once, then wait for all the replies.
 
-    A shard whose reply does not come within `timeout`, or whose connection dropped
-    meanwhile (minips.worker.drops), gets its request again on a new socket, up to
-    `retries` times (the others' replies are kept); then ServerUnavailable
+    A shard whose reply does not come within `timeout` gets its request again on a new
+    socket, up to `retries` times (the others' replies are kept); then ServerUnavailable
     naming it, or with `tolerate` (an operator asking shards that may have stopped) it is
     left out of the replies. Error replies are returned as they came. link: the worker's
     token buckets (--bandwidth), crossed by every request and reply.
@@ -119,7 +111,7 @@ def exchange(
         for shard in waiting:
             poller.register(connections[shard].socket, zmq.POLLIN)
         wait = min(deadlines[shard] for shard in waiting) - time.monotonic()
-        ready = dict(poller.poll(min(max(0.0, wait), LOOK_EVERY) * 1000))
+        ready = dict(poller.poll(max(0.0, wait) * 1000))
         for shard in waiting:
             if connections[shard].socket in ready:
                 message, nbytes = connections[shard].take()
@@ -129,15 +121,11 @@ def exchange(
                     replies[shard] = message
         now = time.monotonic()
         for shard in waiting:
-            if shard in replies:
-                continue
-            dropped = connections[shard].drops.dropped()
-            if not dropped and now < deadlines[shard]:
+            if shard in replies or now < deadlines[shard]:
                 continue
             op, address = requests[shard][0]["op"], connections[shard].address
-            why = "the connection dropped" if dropped else f"in {timeout:.1f} s"
-            log.warning("no reply to %s from shard %d at %s: %s (attempt %d of %d)",
-                        op, shard, address, why, attempts[shard] + 1, 1 + retries)  # fmt: skip
+            log.warning("no reply to %s from shard %d at %s in %.1f s (attempt %d of %d)",
+                        op, shard, address, timeout, attempts[shard] + 1, 1 + retries)  # fmt: skip
             connections[shard].abandon()
             attempts[shard] += 1
             if attempts[shard] > retries and tolerate:

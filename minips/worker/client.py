@@ -50,7 +50,6 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
 from minips.transmission.codecs import Encoder, Gradient, Spec
-from minips.worker.drops import LOOK_EVERY, DropWatch
 from minips.worker.first_contact import hello_root, identified, nothing_answers
 from minips.worker.hooks import LinkLimit
 from minips.worker.netlimit import frames_nbytes
@@ -108,7 +107,6 @@ class PSClient:
         self._seq = 0
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
-        self._drops: DropWatch | None = None  # the socket's drops (minips.worker.drops)
         # One routing id for the client's lifetime, kept across Lazy Pirate reconnections:
         # without CURVE it is what binds this worker id to us (docs/protocol.md 15).
         self.routing_id = b"\x01" + os.urandom(15)
@@ -239,9 +237,6 @@ class PSClient:
         return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
 
     def _close_socket(self) -> None:
-        if self._drops is not None:
-            self._drops.close()
-            self._drops = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -296,7 +291,7 @@ class PSClient:
             if self.keys is not None:
                 auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
-            self._socket, self._drops = sock, DropWatch(sock)
+            self._socket = sock
         return self._socket
 
     def _request(self, header: dict[str, Any], parts: list[wire.WirePart] | None = None) -> Message:
@@ -304,11 +299,11 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
-    def _abandon(self, op: str, attempt: int, dropped: bool) -> None:
-        """No reply in time, or the connection dropped (the server exited: the request is
-        lost): the socket may hold a half-sent request or an unwanted late reply, so close
-        it; the next attempt starts on a new one (Lazy Pirate)."""
-        log_abandoned(self, op, attempt, dropped)
+    def _abandon(self, op: str, attempt: int) -> None:
+        """No reply in time: the socket may hold a half-sent request or an unwanted late
+        reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
+        log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
+                    self.timeout, attempt + 1, 1 + self.retries)  # fmt: skip
         self._close_socket()
 
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
@@ -321,13 +316,13 @@ class PSClient:
             rid = self._rid = self._rid + 1
             sock = self._connect()
             self._send(sock, wire.encode_parts({**header, "rid": rid}, parts))
-            reply, dropped = self._await_reply(sock, rid, wait, first)
+            reply = self._await_reply(sock, rid, wait)
             if reply is not None:
                 return reply
             if first:
                 self._close_socket()
                 raise nothing_answers(self.address, wait, self.keys)
-            self._abandon(header["op"], attempt, dropped)
+            self._abandon(header["op"], attempt)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"
@@ -336,26 +331,19 @@ class PSClient:
     def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
         if self.link is not None:  # the request crosses the (emulated) link first
             self.link.up.wait(frames_nbytes(frames))
-        self._drops.sending()
         sock.send_multipart(frames, copy=False)
 
-    def _await_reply(
-        self, sock: zmq.Socket, rid: int, wait: float, first: bool
-    ) -> tuple[Message | None, bool]:
+    def _await_reply(self, sock: zmq.Socket, rid: int, wait: float) -> Message | None:
         """The reply to request `rid` within `wait` s (a ServerError if it is an error);
-        (None, whether the connection dropped meanwhile) when none comes."""
+        None when none comes."""
         deadline = time.monotonic() + wait
         while (remaining := deadline - time.monotonic()) > 0:
-            # A receive timeout instead of a poll: one system call less per request; a
-            # drop is looked for every LOOK_EVERY s of waiting, after the first reply.
-            look = remaining if first else min(remaining, LOOK_EVERY)
-            sock.setsockopt(zmq.RCVTIMEO, max(1, int(look * 1000)))
+            # A receive timeout instead of a poll: one system call less per request.
+            sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
             try:
                 frames = sock.recv_multipart(copy=False)
             except zmq.Again:
-                if not first and self._drops.dropped():
-                    return None, True
-                continue
+                break
             if self.link is not None:  # the reply arrived as fast as the link allows
                 self.link.down.wait(frames_nbytes(frames))
             message = wire.decode_reply(frames, self.limits)
@@ -364,8 +352,8 @@ class PSClient:
                 continue  # a late reply to an attempt we gave up on
             if message.op == "error":
                 raise ServerError(message.header["reason"], message.header["code"])
-            return message, False
-        return None, False
+            return message
+        return None
 
 
 def group_side(client: PSClient) -> GroupSide:
@@ -384,9 +372,3 @@ def warn_if_not_below_heartbeat(timeout: float, heartbeat_timeout: float) -> Non
         log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
                     "a lost reply gets this worker declared dead before it retries",
                     timeout, heartbeat_timeout)  # fmt: skip
-
-
-def log_abandoned(client: PSClient, op: str, attempt: int, dropped: bool) -> None:
-    why = "the connection dropped" if dropped else f"in {client.timeout:.1f} s"
-    log.warning("no reply to %s from %s: %s (attempt %d of %d)", op, client.address, why,
-                attempt + 1, 1 + client.retries)  # fmt: skip
