@@ -9,7 +9,9 @@ loss workers report with their pushes) or what an evaluator sees (test accuracy 
 loss), and returns a `Collapse` the first time one of these signs holds:
 
     nonfinite  pushes refused as non-finite from min(NONFINITE_WORKERS, workers)
-               different workers with no update applied in between
+               different workers within NONFINITE_WINDOW applied updates (a diverging
+               model overflows again within a few; a worker refused may stop at once, while
+               another's finite pushes still apply)
     loss       the mean of the last LOSS_WINDOW training losses above GROWN * ln(C) (far
                worse than a guess: diverging); or, once WARMUP_UPDATES updates were
                applied, every one of them at or above (1 - AT_LN_C) * ln(C): no better
@@ -40,6 +42,7 @@ import numpy as np
 from minips.rules import DEFAULT_RULE
 
 NONFINITE_WORKERS = 2
+NONFINITE_WINDOW = 20
 LOSS_WINDOW = 20
 GROWN = 10.0
 AT_LN_C = 0.01
@@ -98,7 +101,7 @@ class CollapseWatch:
         self.lr, self.rule, self.say = lr, rule, say
         self.updates = 0
         self.collapse: Collapse | None = None
-        self._refused: set[str] = set()  # workers refused since the last applied update
+        self._refused: dict[str, int] = {}  # worker -> the updates applied at its last refusal
         self._losses: deque[float] = deque(maxlen=LOSS_WINDOW)
         self._chance_evals = 0
 
@@ -107,11 +110,12 @@ class CollapseWatch:
     def on_applied(self) -> None:
         """An update was applied."""
         self.updates += 1
-        self._refused.clear()
 
     def on_nonfinite(self, worker: str) -> Collapse | None:
         """A push of `worker` was refused as non-finite."""
-        self._refused.add(worker)
+        self._refused[worker] = self.updates
+        oldest = self.updates - NONFINITE_WINDOW
+        self._refused = {w: at for w, at in self._refused.items() if at >= oldest}
         if len(self._refused) < self.nonfinite_needed:
             return None
         count = len(self._refused)

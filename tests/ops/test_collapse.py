@@ -5,7 +5,7 @@ import math
 import pytest
 
 from minips.ops import collapse
-from minips.ops.collapse import GROWN, LOSS_WINDOW, CollapseWatch
+from minips.ops.collapse import GROWN, LOSS_WINDOW, NONFINITE_WINDOW, CollapseWatch
 
 LN10 = math.log(10)
 
@@ -31,12 +31,22 @@ def test_nonfinite_pushes_from_two_workers_in_a_row_are_a_collapse_and_said_once
     assert said == [found.line()]
 
 
-def test_an_applied_update_between_nonfinite_pushes_starts_the_count_again():
+def test_refusals_more_than_the_window_of_updates_apart_start_the_count_again():
     watch = CollapseWatch(10, workers=2)
     watch.on_nonfinite("a")
-    watch.on_applied()
-    assert watch.on_nonfinite("b") is None
+    _trained(watch, NONFINITE_WINDOW + 1)
+    assert watch.on_nonfinite("b") is None  # a's refusal is too old to count with it
     assert watch.on_nonfinite("a").sign == "nonfinite"
+
+
+def test_refusals_within_the_window_count_though_updates_applied_between():
+    # A refused worker may stop at once (the reference worker does), while another's
+    # finite pushes still apply: a diverging model still overflows within a few updates.
+    watch = CollapseWatch(10, workers=2)
+    watch.on_nonfinite("a")
+    _trained(watch, NONFINITE_WINDOW)
+    found = watch.on_nonfinite("b")
+    assert found is not None and found.sign == "nonfinite"
 
 
 def test_a_single_worker_run_collapses_on_its_one_worker():
