@@ -23,6 +23,10 @@ from minips.worker.replies import ServerUnavailable
 
 log = logging.getLogger("minips.client")
 
+# A DEALER with no connection to send on (e.g. its CURVE handshake was refused) blocks in
+# send: give up after this long and let the reply's deadline retry, as for a lost request.
+SEND_TIMEOUT_MS = 1000
+
 Request = tuple[dict[str, Any], list[wire.WirePart]]  # header (without rid), array parts
 
 
@@ -53,12 +57,16 @@ class Connection:
             self.socket.setsockopt(zmq.LINGER, 0)
             self.socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
             self.socket.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            self.socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
             if self.keys is not None:
                 auth.make_curve_client(self.socket, self.keys)
             self.socket.connect(self.address)
         self.rid += 1
         frames = wire.encode_parts({**identified(header), "rid": self.rid}, parts)
-        self.socket.send_multipart(frames, copy=False)
+        try:
+            self.socket.send_multipart(frames, copy=False)
+        except zmq.Again:  # lost before it left: its reply's deadline sends it again
+            return 0
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
 
     def take(self) -> tuple[Message | None, int]:

@@ -288,6 +288,11 @@ class PSClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            # A DEALER with no connection to send on (e.g. its CURVE handshake was refused)
+            # blocks in send: bounded like the wait for a reply.
+            sock.setsockopt(
+                zmq.SNDTIMEO, max(1, int(1000 * max(self.timeout, self.first_wait or 0)))
+            )
             if self.keys is not None:
                 auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
@@ -315,8 +320,8 @@ class PSClient:
         for attempt in range(attempts):
             rid = self._rid = self._rid + 1
             sock = self._connect()
-            self._send(sock, wire.encode_parts({**header, "rid": rid}, parts))
-            reply = self._await_reply(sock, rid, wait)
+            sent = self._send(sock, wire.encode_parts({**header, "rid": rid}, parts))
+            reply = self._await_reply(sock, rid, wait) if sent else None
             if reply is not None:
                 return reply
             if first:
@@ -328,10 +333,15 @@ class PSClient:
             f"({1 + self.retries} attempts of {self.timeout:g} s)"
         )
 
-    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket, frames: list[Any]) -> bool:
+        """False when no connection took the request within the socket's send timeout."""
         if self.link is not None:  # the request crosses the (emulated) link first
             self.link.up.wait(frames_nbytes(frames))
-        sock.send_multipart(frames, copy=False)
+        try:
+            sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            return False
+        return True
 
     def _await_reply(self, sock: zmq.Socket, rid: int, wait: float) -> Message | None:
         """The reply to request `rid` within `wait` s (a ServerError if it is an error);

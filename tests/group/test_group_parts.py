@@ -10,15 +10,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import zmq
+from test_server_support import running_server
 
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
 from minips.group.shard import RootTable
-from minips.protocol import wire
+from minips.protocol import auth, wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.partition import partition
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
-from minips.protocol.wire import ProtocolError
+from minips.protocol.wire import Limits, ProtocolError
 from minips.worker.session import NO_PULL
 
 
@@ -455,3 +456,29 @@ def test_a_shard_waiting_for_a_silent_root_says_so_once():
         joiner.close()
         silent.close()
         context.term()
+
+
+def test_a_connection_refused_at_the_handshake_never_blocks_in_send(tmp_path):
+    """A CURVE shard drops a keyless connection at its handshake; the DEALER then has no
+    pipe to send on: send gives up within SEND_TIMEOUT_MS (the request counts as lost and
+    its reply's deadline retries it) instead of blocking the group's exchange for ever."""
+    auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
+    sent: list[int] = []
+
+    def send_many(address: str) -> None:
+        context = zmq.Context()
+        connection = Connection(context, address, b"\x01" + bytes(15), Limits())
+        for _ in range(10):  # the second send after the handshake was refused
+            sent.append(connection.send({"op": "stats"}, []))
+            time.sleep(0.3)
+            sent.append(connection.send({"op": "stats"}, []))
+            connection.abandon()
+        context.term()
+
+    keys = auth.load_server_keys(tmp_path / "run")
+    with running_server(bind="tcp://127.0.0.1:*", keys=keys) as server:
+        sending = threading.Thread(target=send_many, args=(server.endpoint,), daemon=True)
+        sending.start()
+        sending.join(timeout=60)  # 10 x (at most 2 x 1 s to send + 0.3 s)
+        assert not sending.is_alive(), f"send blocked after {len(sent)} of 20"
+    assert len(sent) == 20

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from test_server_support import running_server
 
 from minips.protocol import auth
+from minips.worker.client import PSClient, ServerUnavailable
 
 
 def _free_port() -> int:
@@ -113,3 +115,27 @@ def test_a_dashboard_to_nothing_says_so_on_the_page_and_terminal_and_keeps_tryin
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_client_without_the_key_is_told_no_reply_in_bounded_time_every_time(tmp_path):
+    """A CURVE server drops a plain client's connection at the handshake: a DEALER then has
+    no connection to send on, and its send must time out like the wait for a reply (it
+    blocked for ever, now and then: the request never left)."""
+    auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
+    keys = auth.load_server_keys(tmp_path / "run")
+    outcomes: list[str] = []
+
+    def ask_many_times(address: str) -> None:
+        for _ in range(20):
+            with PSClient(address, timeout=0.3, retries=2) as stranger:
+                try:
+                    stranger.stats()
+                except ServerUnavailable:
+                    outcomes.append("no reply")
+
+    with running_server(bind="tcp://127.0.0.1:*", keys=keys) as server:
+        asking = threading.Thread(target=ask_many_times, args=(server.endpoint,), daemon=True)
+        asking.start()
+        asking.join(timeout=120)  # 20 x 3 attempts of 0.3 s (and as long to send): ~36 s
+        assert not asking.is_alive(), f"a request hung after {len(outcomes)} of 20"
+    assert outcomes == ["no reply"] * 20
