@@ -154,7 +154,7 @@ class GroupClient:
         loss: float | None = None,
     ) -> PushReply:
         """The push of PSClient.push, one per shard (module docstring); pull_since may be
-        NO_PULL (minips.worker.session). The shards are not sent the loss."""
+        NO_PULL (minips.worker.session)."""
         since, fused = fused_pull(pull_since)
         bases, sinces = _per_shard(base, self.servers), _per_shard(since, self.servers)
         seq = self.client.next_seq()
@@ -168,8 +168,10 @@ class GroupClient:
                 continue
             header = {"op": "push", "worker": self.client.worker_id, "seq": seq,
                       "base": bases[shard], "last": last}  # fmt: skip
-            if samples is not None and last:
-                header["samples"] = samples
+            if last:  # every shard counts the step's samples and watches its loss
+                header.update(
+                    {k: v for k, v in (("samples", samples), ("loss", loss)) if v is not None}
+                )
             if fused:
                 header["pull_since"] = sinces[shard]
             requests[shard] = (header, self._encode(shard, slices, extras[shard], codecs))

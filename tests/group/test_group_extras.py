@@ -174,3 +174,17 @@ def test_a_headless_browser_trains_in_a_group_through_the_gateway(tmp_path):
     browser = [json.loads(p.read_text()) for p in out.glob("worker-*.json")]
     assert sorted(r.get("agent", "numpy") for r in browser) == ["browser", "numpy"]
     assert all(r["samples"] == 2000 for r in browser)
+
+
+def test_every_shard_watches_the_training_loss_for_a_collapse():
+    """A step's loss goes to every shard with its samples: a diverging loss is a collapse
+    every shard finds (its `stats` say so), as a lone server does."""
+    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as ps:
+        ps.hello()
+        version = ps.pull().version
+        grads = {n: np.zeros(a.shape, np.float32) for n, a in build_model("mlp").params.items()}
+        for _ in range(20):  # the watch's window: 20 losses far above 10 ln 10
+            reply = ps.push(grads, base=version, samples=1, pull_since=version, loss=1e6)
+            version = reply.pull.version
+        shards = ps.stats()["shards"]
+    assert [shard["collapse"]["sign"] for shard in shards] == ["loss", "loss"], shards
