@@ -29,9 +29,17 @@ def snapshot(server: ParameterServer) -> dict[str, bytes]:
 
 @contextlib.contextmanager
 def running_server(
-    rule="asgd", params=None, lr=0.5, momentum=0.0, rule_options=None, weight_decay=0.0, **kw
+    rule="asgd",
+    params=None,
+    lr=0.5,
+    momentum=0.0,
+    rule_options=None,
+    weight_decay=0.0,
+    config=None,
+    **kw,
 ):
-    """A ParameterServer serving in a background thread; stopped and joined on exit."""
+    """A ParameterServer serving in a background thread; stopped and joined on exit.
+    config: hello's config ({"model": "test"} by default)."""
     params = make_params() if params is None else params
     optimizer = SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     rule = make_rule(rule, **(rule_options or {})) if isinstance(rule, str) else rule
@@ -39,7 +47,7 @@ def running_server(
     kw.setdefault("poll_interval", 0.02)
     on_update = kw.pop("on_update", None)
     options = ServerOptions(**kw)
-    server = ParameterServer(params, rule, optimizer, options, config={"model": "test"},
+    server = ParameterServer(params, rule, optimizer, options, config=config or {"model": "test"},
                              on_update=on_update)  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("minips.server")
 
+# What `stats` says of the run's data (docs/protocol.md 5.5): enough to recompute each
+# worker's examples per label under a skewing --partition (docs/model.md 4.2).
+DATA_KEYS = ("dataset", "partition", "seed")
+
 
 class ServerOps:
     """A server's operations (module docstring). The parts are attributes of their own:
@@ -55,6 +59,7 @@ class ServerOps:
         group: GroupRole | None = None,
     ) -> None:
         self.store, self.registry, self.rule, self.options = store, registry, rule, options
+        self.config = config
         self.telemetry = Telemetry(on_update)
         self.counters = self.telemetry.counters
         self.collapse = CollapseWatch(  # has the model collapsed? (logged, in stats)
@@ -177,10 +182,12 @@ class ServerOps:
         return self.checkpoints.save()
 
     def stats(self, stop: Stop) -> dict[str, Any]:
-        """`stats`: counters, versions, staleness, workers; why it stops; a collapse."""
+        """`stats`: counters, versions, staleness, workers; why it stops; a collapse; the
+        run's data (a dashboard shows each worker's labels from it)."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, stop.stopping)
         stats.update(stop.record())
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
+        stats["data"] = {key: self.config[key] for key in DATA_KEYS if key in self.config}
         return stats
 
     def close(self) -> None:

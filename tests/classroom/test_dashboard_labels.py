@@ -9,14 +9,22 @@ import time
 import urllib.request
 
 from test_dashboard import chromium_page
+from test_server_support import running_server
 
 from minips.classroom.dashboard import run_labels
+from minips.classroom.dashboard.collector import Collector
 from minips.classroom.dashboard.page import PAGE
 from minips.data.labels import training_labels
 from minips.data.sharding import label_histograms
+from minips.worker.client import PSClient
 
 READ_CELLS = """JSON.stringify([...document.querySelectorAll("#workers td[data-key=labels]")]
   .map(td => ({value: td.dataset.value, text: td.textContent})))"""
+
+
+def _stats(address: str) -> dict:
+    with PSClient(address, timeout=30) as operator:
+        return operator.stats()
 
 
 def _get_json(url: str) -> dict:
@@ -70,3 +78,24 @@ def test_a_run_dashboard_serves_each_workers_label_histogram(tmp_path):
     assert [c["value"] for c in cells] == [" ".join(map(str, row)) for row in expected]
     assert all(len(c["text"]) == 10 for c in cells)
     assert all(sum(ch != " " for ch in c["text"]) <= 4 for c in cells)
+
+
+def test_a_by_hand_servers_dashboard_shows_the_label_rows_from_its_stats():
+    """`minips dashboard --connect` to a server started by hand: no run directory, the
+    partition comes from `stats` (its `data`)."""
+
+    config = {"model": "test", "dataset": "synthetic", "partition": "dirichlet:0.3", "seed": 5}
+    with running_server(bind="tcp://127.0.0.1:*", world_size=3, config=config) as server:
+        collector = Collector(server.endpoint, None)
+        collector._publish(_stats(server.endpoint))
+        labels = collector.snapshot()["labels"]
+    expected = label_histograms(training_labels("synthetic"), 3, "dirichlet:0.3", 5)
+    assert labels == {"partition": "dirichlet:0.3", "histograms": expected.tolist()}
+
+
+def test_an_iid_by_hand_server_has_no_label_rows():
+
+    with running_server(bind="tcp://127.0.0.1:*") as server:
+        collector = Collector(server.endpoint, None)
+        collector._publish(_stats(server.endpoint))
+        assert collector.snapshot()["labels"] is None

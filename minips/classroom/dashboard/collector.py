@@ -120,6 +120,15 @@ def shard_rows(stats: dict[str, Any], window: list[dict[str, Any]]) -> list[dict
     return rows
 
 
+def labels_from_stats(stats: dict[str, Any]) -> dict[str, Any] | None:
+    """Each worker's examples per label from the data `stats` names (docs/protocol.md 5.5),
+    as a run's report computes them (None: iid, or a server that does not say)."""
+    from minips.results.report_labels import label_summary
+
+    data = stats.get("data") or {}
+    return label_summary({**data, "world_size": stats.get("world_size") or 1})
+
+
 class Collector:
     """Polls `stats` every `interval` s in a thread; `snapshot()` is the latest view.
 
@@ -155,6 +164,7 @@ class Collector:
         self.summary: dict[str, Any] | None = None  # the run's summary, once it ended
         # under a label-skewing partition: {"partition", "histograms": a row per rank}
         self.labels: dict[str, Any] | None = None
+        self._labels_asked = False  # the run's data never changes: read from stats once
         self._last: dict[str, Any] = {}  # the last snapshot's stats and workers
         # Served before the first poll too (a page or script may ask at once): say so.
         self._snapshot: dict[str, Any] = {"seq": 0, "phase": self.phase, "connect": connect,
@@ -248,6 +258,9 @@ class Collector:
         self.phase = self._next_phase(stats)
         snapshot: dict[str, Any] = {"connect": self.connect, "connected": stats is not None}
         if stats is not None:
+            if self.labels is None and not self._labels_asked:  # a by-hand server's
+                self._labels_asked = True
+                self.labels = labels_from_stats(stats)
             window = self._window(stats)
             self.polls.append(stats)
             per_s = rate(window[0], stats, "updates") if window else 0.0
