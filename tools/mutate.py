@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     parser.add_argument("--check", action="store_true", help="only check that each mutant matches")
     args = parser.parse_args(argv)
+    # `kill` (SIGTERM) ends the runs under way as Ctrl-C does: no test run left behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     mutants = json.loads(args.mutants.read_text())
     if args.only:
         mutants = [m for m in mutants if m["id"] in set(args.only)]
