@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ def make_rule(name: str, **options: Any) -> Rule:
     refuses: a plug-in's for any reason (its code is the user's), a registered rule's
     with a TypeError or ValueError (anything else there is a bug of minips)."""
     cls = rule_class(name)
+    check_option_names(name, cls, options)
     check_option_kinds(name, cls, options)
     refusals = (Exception,) if name not in RULES else (TypeError, ValueError)
     try:
@@ -89,6 +91,24 @@ def make_rule(name: str, **options: Any) -> Rule:
         what = f"bad options for rule {name!r}: {given} refused" if options else (
             f"rule {name!r} could not be made")  # fmt: skip
         raise ConfigError(f"{what} ({type(exc).__name__}: {reason})") from None
+
+
+def check_option_names(name: str, cls: type[Rule], options: dict[str, Any]) -> None:
+    """ConfigError naming an option a registered rule does not have, and the ones it has
+    (a plug-in's constructor is left to say it: its options may not be declared)."""
+    if name not in RULES:
+        return
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the constructor says it
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    known = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in options:
+        if key not in known:
+            has = f"its options are {', '.join(known)}" if known else "it takes no options"
+            raise ConfigError(f"rule {name!r} has no option {key!r}: {has}")
 
 
 def check_option_kinds(name: str, cls: type[Rule], options: dict[str, Any]) -> None:

@@ -83,7 +83,22 @@ def test_minips_run_vsgd_from_the_cli(tmp_path, capsys):
         ),
         (["--rule", "dasgd", "--power", "2"], "power only applies to schedule 'poly'"),
         (["--rule", "vsgd", "--rule-option", "rho=7"], "rho must be in (0, 1]"),
-        (["--rule", "dcasgd", "--rule-option", "lambda=1"], "bad options for rule 'dcasgd'"),
+        (
+            ["--rule", "dcasgd", "--rule-option", "lambda=1"],
+            "rule 'dcasgd' has no option 'lambda': its options are lam",
+        ),
+        (
+            ["--rule", "ringmaster", "--rule-option", "R=4"],
+            "rule 'ringmaster' has no option 'R': its options are delay_threshold",
+        ),
+        (
+            ["--rule", "dana-gap", "--rule-option", "gamma=0.9"],
+            "rule 'dana-gap' has no option 'gamma': its options are momentum, decay",
+        ),
+        (
+            ["--rule", "asgd", "--rule-option", "lr=1"],
+            "rule 'asgd' has no option 'lr': it takes no options",
+        ),
     ],
 )
 def test_rule_options_with_the_wrong_rule_are_one_line_errors(tmp_path, capsys, args, message):
