@@ -114,7 +114,7 @@ def test_a_class_with_an_empty_seat_waits_in_one_line_and_reports_it_never_taken
     proc = subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--model", "mlp", "--dataset", "synthetic",
          "--workers", "2", "--browser", "1", "--epochs", "1", "--listen", "127.0.0.1:0",
-         "--join-wait", "20", "--heartbeat-timeout", "8", "--dashboard",
+         "--join-wait", "15", "--heartbeat-timeout", "8", "--dashboard",
          "--dashboard-listen", "127.0.0.1:0", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

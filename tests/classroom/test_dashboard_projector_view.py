@@ -4,6 +4,7 @@ empty lower half), the page still fitting the screen. Its screenshot is saved be
 test's files (MINIPS_UPDATE_SCREENSHOT=1 refreshes docs/dashboard-projector.png)."""
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -32,11 +33,15 @@ MEASURE = """JSON.stringify({
 
 
 def _push_a_little(address: str, workers: int) -> None:
+    """Every worker says hello first: the server holds pulls until its `--workers` have
+    registered (or its assembly grace, 30 s, ran out), so one at a time would wait that."""
     shapes = {name: p.shape for name, p in build_model("mlp").params.items()}
     rng = np.random.default_rng(0)
-    for _ in range(workers):
-        with PSClient(address, timeout=10.0) as ps:
+    with contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(PSClient(address, timeout=10.0)) for _ in range(workers)]
+        for ps in clients:
             ps.hello({"role": "worker"})
+        for ps in clients:
             version = ps.pull().version
             for _ in range(3):
                 grads = {n: rng.normal(0, 1e-3, s).astype(np.float32) for n, s in shapes.items()}

@@ -122,7 +122,11 @@ def test_a_page_without_the_engine_it_was_asked_for_refuses_in_a_real_run(tmp_pa
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", "--workers", "2"]
     argv += ["--browser", "1", "--listen", "127.0.0.1:0", "--model", "mlp"]
-    argv += ["--dataset", "synthetic", "--epochs", "1"]
+    # The page takes its seat at hello and leaves it refusing: the run then waits the join
+    # wait for it to come back before it ends (10 s, not the default 30). A late page is
+    # still served: the NumPy worker's pulls are held until it comes (the server's
+    # assembly, up to the heartbeat timeout, 30 s), whatever the join wait.
+    argv += ["--dataset", "synthetic", "--epochs", "1", "--join-wait", "10"]
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=quiet_env())  # fmt: skip
     chromium = Chromium(tmp_path, flags=("--js-flags=--jitless",))

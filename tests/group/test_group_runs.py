@@ -24,6 +24,9 @@ from minips.run.launch import run_local
 from minips.worker.client import PSClient
 
 TINY = {"model": "mlp", "dataset": "synthetic", "epochs": 1, "seed": 3, "lr": 0.05}
+# Workers re-send a request lost with a killed server after 5 s, not their default 10
+# (MINIPS_WORKER_TIMEOUT is their --timeout): the restart is awaited, not its timeout.
+WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "5"}
 
 
 @pytest.mark.parametrize(("rule", "workers"), [("asgd", 1), ("ssgd", 2)])
@@ -90,7 +93,7 @@ def test_a_shard_killed_twice_is_restarted_and_the_summary_says_so(tmp_path):
             "--epochs", "100", "--max-samples", "24000", "--checkpoint-interval", "0",
             "--eval-interval", "1"]  # fmt: skip
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # fmt: skip
+                           start_new_session=True, env={**os.environ, **WORKER_ENV})  # fmt: skip
     try:
         own_file = shard_path(out / "checkpoint.npz", 1)
         updates = out / "updates-shard1.jsonl"

@@ -41,8 +41,9 @@ def _version(run: Path) -> int:
 
 def test_a_worker_killed_mid_run_is_said_in_one_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
+    # 15 epochs: 240 steps a worker, so the kill at version 20 lands mid-run on any machine.
     argv = [sys.executable, "-m", "minips", "run", "--model", "mlp", "--dataset", "synthetic",
-            "--epochs", "40", "--out", str(run), "--quiet"]  # fmt: skip
+            "--epochs", "15", "--out", str(run), "--quiet"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

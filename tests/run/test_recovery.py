@@ -32,6 +32,9 @@ RUN = ("--rule", "asgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.
        "--epochs", "100", "--max-samples", "120000", "--seed", "0", "--eval-interval", "0.5",
        "--checkpoint-interval", "1")  # fmt: skip
 CHECKPOINT_INTERVAL = 1.0
+# Workers re-send a request lost with a killed server after 5 s, not their default 10
+# (MINIPS_WORKER_TIMEOUT is their --timeout): the restart is awaited, not its timeout.
+WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "5"}
 
 
 def _start(out: Path) -> subprocess.Popen:
@@ -42,6 +45,7 @@ def _start(out: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **WORKER_ENV},
     )
 
 

@@ -25,6 +25,10 @@ RUN = ("--model", "mlp", "--dataset", "synthetic", "--rule", "asgd", "--lr", "0.
        "--momentum", "0.5", "--workers", "2", "--epochs", "100", "--seed", "0",
        "--eval-interval", "0.5")  # fmt: skip
 
+# Workers re-send a request lost with a killed server after 5 s, not their default 10
+# (MINIPS_WORKER_TIMEOUT is their --timeout): the restart is awaited, not its timeout.
+WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "5"}
+
 
 def _start(out: Path, *options: str) -> subprocess.Popen:
     return subprocess.Popen(
@@ -33,6 +37,7 @@ def _start(out: Path, *options: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **WORKER_ENV},
     )
 
 
