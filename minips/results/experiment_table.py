@@ -122,7 +122,7 @@ def plot_grid(cells: dict[str, list[dict[str, Any]]], out: Path, title: str) -> 
     rules = list(dict.fromkeys(c["rule"] for row in cells.values() for c in row))
     found = {(s, c["rule"]): c for s, row in cells.items() for c in row}
     width = 0.8 / max(len(rules), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(settings) * max(1, len(rules) / 3)), 4.5))
+    fig, ax = plt.subplots(figsize=(2 + max(5.0, 0.25 * len(settings) * len(rules)), 4.5))
     for i, rule in enumerate(rules):
         xs, means, sds = [], [], []
         for j, setting in enumerate(settings):
@@ -136,7 +136,7 @@ def plot_grid(cells: dict[str, list[dict[str, Any]]], out: Path, title: str) -> 
     ax.set_ylabel("final test accuracy (mean ± sd over seeds)")
     ax.set_ylim(0, 1)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small", ncol=min(len(rules), 6), loc="lower center")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars
     ax.set_title(title)
     fig.tight_layout()
     return _save(fig, plt, out)
