@@ -14,7 +14,7 @@ setting: accuracy per seed, time to --target, wall, staleness), results.json (ev
 row and every cell's figures), grid.png (accuracy per setting and rule, error bars one sd)
 and accuracy-<setting>.png / staleness-<setting>.png (the first seed's runs).
 
-    python tools/experiment.py --out results --seeds 0,1,2            # the full grid (days)
+    python tools/experiment.py --out results --seeds 0,1,2            # the full grid (~10 h here)
     python tools/experiment.py --out results --rules asgd,dana-gap --settings noniid-0.1
     python tools/experiment.py --quick --out /tmp/grid --seeds 0,1    # mlp on synthetic
 

@@ -64,11 +64,11 @@ def cells_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [aggregate(group) for group in by_rule.values()]
 
 
-def pm(mean: float | None, sd: float | None, spec: str = ".4f") -> str:
-    """ "0.8712 ± 0.0031", "0.8712 (1 seed)" or "-"."""
+def pm(mean: float | None, sd: float | None, spec: str = ".4f", one: str = "1 seed") -> str:
+    """ "0.8712 ± 0.0031", "0.8712 (1 seed)" (a mean of one value: `one` says of what) or "-"."""
     if mean is None:
         return "-"
-    return f"{mean:{spec}} ± {sd:{spec}}" if sd is not None else f"{mean:{spec}} (1 seed)"
+    return f"{mean:{spec}} ± {sd:{spec}}" if sd is not None else f"{mean:{spec}} ({one})"
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -106,7 +106,7 @@ def setting_table(cells: list[dict[str, Any]], target: float) -> list[str]:
         seeds = ", ".join(f"{a:.4f}" for a in c["accuracy"]) or "-"
         lines.append(
             f"| {c['rule']} | {_cell_accuracy(c)} | {seeds}"
-            f" | {pm(c['time_to_target_mean'], c['time_to_target_sd'], '.1f')}"
+            f" | {pm(c['time_to_target_mean'], c['time_to_target_sd'], '.1f', '1 run')}"
             f" | {c['reached']}/{c['runs']} | {_fmt(c['wall_mean'], '.1f')}"
             f" | {_fmt(c['staleness_mean'], '.2f')} |"
         )
