@@ -37,7 +37,7 @@ from typing import Any
 
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
-from minips.results.experiment_settings import FULL, make_spec, settings_table
+from minips.results.experiment_settings import FULL, Setting, settings_table
 from minips.results.experiment_table import (
     cells_of,
     overview_table,
@@ -112,6 +112,26 @@ def choose_rules(requested: str) -> list[str]:
         else:
             print(f"!! skipping rule {rule!r}: not in this minips (known: {', '.join(RULES)})")
     return rules
+
+
+def make_spec(
+    args: argparse.Namespace, dataset: str, rule: str, setting: Setting, seed: int, train_size: int
+) -> RunConfig:
+    """One cell's run: a global budget of `args.epochs` passes over the training set.
+
+    The server stops the run once the workers together processed that many samples, so a
+    fast worker does more of the work than a straggler (as in a real asynchronous cluster)
+    and every rule gets exactly the same amount. A worker's own epoch count is only an
+    upper bound (it may need more than one pass over its shard when others are slow).
+    args.momentum None leaves the server's momentum to the rule (0 under dana-gap).
+    """
+    return RunConfig(
+        model=args.model, dataset=dataset, data_dir=args.data_dir,
+        epochs=args.epochs * setting.workers, max_samples=args.epochs * train_size,
+        batch_size=args.batch_size, lr=args.lr * setting.lr_scale, momentum=args.momentum,
+        seed=seed, rule=rule, workers=setting.workers, hetero=list(setting.hetero),
+        hetero_schedule=setting.schedule, partition=setting.partition,
+    )  # fmt: skip
 
 
 def _same_config(run_dir: Path, spec: RunConfig) -> bool:

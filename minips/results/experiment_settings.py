@@ -1,5 +1,5 @@
 """The settings of the experiment grid (tools/experiment.py): each a set of `minips run`
-options that shapes the cluster, and the run one grid cell makes of it.
+options that shapes the cluster (tools/experiment.py's make_spec makes each run of it).
 
 Every setting trains the same model on the same data with the same learning rate and the
 same global sample budget; what differs is the cluster (docs/model.md 4.2 and 4.5):
@@ -21,10 +21,7 @@ whole grid takes seconds.
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass
-
-from minips.run.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -85,23 +82,3 @@ def settings_table(quick: bool, stale_workers: int | None, stale_lr_scale: float
         stale_lr_scale or stale.lr_scale,
     )  # fmt: skip
     return table
-
-
-def make_spec(
-    args: Namespace, dataset: str, rule: str, setting: Setting, seed: int, train_size: int
-) -> RunConfig:
-    """One cell's run: a global budget of `args.epochs` passes over the training set.
-
-    The server stops the run once the workers together processed that many samples, so a
-    fast worker does more of the work than a straggler (as in a real asynchronous cluster)
-    and every rule gets exactly the same amount. A worker's own epoch count is only an
-    upper bound (it may need more than one pass over its shard when others are slow).
-    args.momentum None leaves the server's momentum to the rule (0 under dana-gap).
-    """
-    return RunConfig(
-        model=args.model, dataset=dataset, data_dir=args.data_dir,
-        epochs=args.epochs * setting.workers, max_samples=args.epochs * train_size,
-        batch_size=args.batch_size, lr=args.lr * setting.lr_scale, momentum=args.momentum,
-        seed=seed, rule=rule, workers=setting.workers, hetero=list(setting.hetero),
-        hetero_schedule=setting.schedule, partition=setting.partition,
-    )  # fmt: skip
