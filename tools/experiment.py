@@ -1,22 +1,22 @@
-"""The experiment grid: update rules x environments, one real local cluster per cell.
+"""The experiment grid: update rules x settings x seeds, one real local cluster per run.
 
 Every run trains the same model on the same dataset with the same learning rate and the
 same total number of samples (a global budget of E epochs over the training set: the
 server stops the run when the workers together have processed that many, so fast workers
-do more of the work than stragglers), so rules compare on equal work. Environments:
+do more of the work than stragglers), so rules compare on equal work. The settings
+(minips/results/experiment_settings.py): homogeneous, heterogeneous (fixed slowdowns
+1,1,2,8), fluctuating, heavy-tailed, noniid-0.1, noniid-1.0 (Dirichlet label skew) and
+stale (8 workers on 2 cores). The rules: every one this minips knows, unless --rules.
 
-    homogeneous    4 workers at full speed
-    heterogeneous  4 workers slowed 1,1,2,8 (one straggler at 8x)
-    stale          8 workers (and --stale-lr-scale for a larger learning rate): high
-                   staleness, where plain asgd suffers and the delay-aware rules should not
+Output, in --out: runs/<setting>-<rule>-s<seed>/ (each a `minips run` directory),
+results.md (rules x settings: final accuracy mean ± sd over the seeds; then a table per
+setting: accuracy per seed, time to --target, wall, staleness), results.json (every run's
+row and every cell's figures), grid.png (accuracy per setting and rule, error bars one sd)
+and accuracy-<setting>.png / staleness-<setting>.png (the first seed's runs).
 
-Output, in --out: runs/<env>-<rule>/ (each a `minips run` directory), results.md (a table
-per environment: final accuracy, time to --target, updates, staleness, bytes),
-results.json, and accuracy-<env>.png / staleness-<env>.png.
-
-    python tools/experiment.py --out results                      # the full grid (hours)
-    python tools/experiment.py --out results --rules asgd,dasgd --envs heterogeneous
-    python tools/experiment.py --quick --out /tmp/grid            # mlp on synthetic, seconds
+    python tools/experiment.py --out results --seeds 0,1,2            # the full grid (~10 h here)
+    python tools/experiment.py --out results --rules asgd,dana-gap --settings noniid-0.1
+    python tools/experiment.py --quick --out /tmp/grid --seeds 0,1    # mlp on synthetic
 
 Rules this minips does not know are skipped with a message, so the tool runs on any
 version. Finished runs whose config.json matches are reused (--redo runs them again), so
@@ -31,90 +31,66 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from minips.data import find_dataset, load_dataset
 from minips.errors import MinipsError
+from minips.results.experiment_settings import FULL, Setting, settings_table
+from minips.results.experiment_table import (
+    cells_of,
+    overview_table,
+    plot_grid,
+    run_row,
+    setting_table,
+)
 from minips.results.loading import load_run
-from minips.results.report import summarize
 from minips.rules import RULES
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-
-ALL_RULES = ["ssgd", "asgd", "ssp", "dasgd", "vsgd", "dcasgd"]
-
-
-@dataclass(frozen=True)
-class Environment:
-    """A cluster shape: how many workers, each one's slowdown, and the lr multiplier."""
-
-    workers: int
-    hetero: tuple[float, ...] = ()
-    lr_scale: float = 1.0
-
-    def describe(self, lr: float) -> str:
-        speeds = ",".join(f"{f:g}" for f in self.hetero) if self.hetero else "all 1"
-        return f"{self.workers} workers, slowdown {speeds}, lr {lr * self.lr_scale:g}"
-
-
-# `stale` doubles the workers at the base lr. On the bundled sample (lenet5, lr 0.01,
-# momentum 0.9) 8 asgd workers already collapse to chance while dasgd trains; at 2x or 4x
-# the lr every asynchronous rule collapsed, which shows nothing (--stale-lr-scale to try).
-FULL = {
-    "homogeneous": Environment(4),
-    "heterogeneous": Environment(4, (1, 1, 2, 8)),
-    "stale": Environment(8),
-}
-# --quick: the same three shapes, scaled down so the whole grid takes seconds.
-QUICK = {
-    "homogeneous": Environment(2),
-    "heterogeneous": Environment(2, (1, 3)),
-    "stale": Environment(4, (), lr_scale=4.0),
-}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results", help="Results folder.")
-    parser.add_argument("--rules", default=",".join(ALL_RULES))
-    parser.add_argument("--envs", default=",".join(FULL), help="Environments to run.")
+    parser.add_argument("--rules", default=",".join(RULES), help="Default: every known rule.")
+    parser.add_argument("--settings", "--envs", dest="settings", default=",".join(FULL),
+                        help=f"Settings to run (default all: {', '.join(FULL)}).")  # fmt: skip
+    parser.add_argument("--seeds", "--seed", dest="seeds", default="0",
+                        help="Comma-separated seeds, one run per seed in every cell.")  # fmt: skip
     parser.add_argument("--model", default=None, help="Default lenet5 (quick: mlp).")
     parser.add_argument("--dataset", default=None, help="Default fashion-mnist (quick: synthetic).")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument(
-        "--epochs", type=int, default=None, help="Sample budget, in epochs (default 3)."
+        "--epochs", type=int, default=None, help="Sample budget, in epochs (default 3; quick 1)."
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=None, help="Default 0.01 (quick: 0.05).")
-    parser.add_argument("--momentum", type=float, default=None, help="Default 0.9 (quick: 0.5).")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="The server's momentum (default: the rule's choice).")  # fmt: skip
     parser.add_argument("--target", type=float, default=None, help="Default 0.85 (quick: 0.9).")
     parser.add_argument("--eval-interval", type=float, default=None,
                         help="Seconds between evaluations (default 4; quick: 0.5).")  # fmt: skip
-    parser.add_argument(
-        "--stale-workers",
-        type=int,
-        default=None,
-        help="Workers of the `stale` environment (default 8; quick: 4).",
-    )
-    parser.add_argument(
-        "--stale-lr-scale",
-        type=float,
-        default=None,
-        help="lr multiplier of the `stale` environment (default 1; quick: 4).",
-    )
+    parser.add_argument("--stale-workers", type=int, default=None,
+                        help="Workers of the `stale` setting (default 8; quick: 4).")  # fmt: skip
+    parser.add_argument("--stale-lr-scale", type=float, default=None,
+                        help="lr multiplier of `stale` (default 1; quick: 4).")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="Tiny: mlp on synthetic data.")
     parser.add_argument("--redo", action="store_true", help="Rerun finished runs too.")
     args = parser.parse_args(argv)
-    quick = args.quick
     defaults = {"model": ("lenet5", "mlp"), "dataset": ("fashion-mnist", "synthetic"),
-                "epochs": (3, 1), "lr": (0.01, 0.05), "momentum": (0.9, 0.5),
-                "target": (0.85, 0.9), "eval_interval": (4.0, 0.5)}  # fmt: skip
+                "epochs": (3, 1), "lr": (0.01, 0.05), "target": (0.85, 0.9),
+                "eval_interval": (4.0, 0.5)}  # fmt: skip
     for key, (full, small) in defaults.items():
         if getattr(args, key) is None:
-            setattr(args, key, small if quick else full)
+            setattr(args, key, small if args.quick else full)
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not args.seeds or min(args.seeds) < 0:
+        parser.error("--seeds: give at least one seed, each >= 0")
     return args
 
 
@@ -139,20 +115,22 @@ def choose_rules(requested: str) -> list[str]:
 
 
 def make_spec(
-    args: argparse.Namespace, dataset: str, rule: str, env: Environment, train_size: int
+    args: argparse.Namespace, dataset: str, rule: str, setting: Setting, seed: int, train_size: int
 ) -> RunConfig:
-    """One cell's run: a global budget of `epochs` passes over the training set.
+    """One cell's run: a global budget of `args.epochs` passes over the training set.
 
     The server stops the run once the workers together processed that many samples, so a
     fast worker does more of the work than a straggler (as in a real asynchronous cluster)
     and every rule gets exactly the same amount. A worker's own epoch count is only an
     upper bound (it may need more than one pass over its shard when others are slow).
+    args.momentum None leaves the server's momentum to the rule (0 under dana-gap).
     """
     return RunConfig(
         model=args.model, dataset=dataset, data_dir=args.data_dir,
-        epochs=args.epochs * env.workers, max_samples=args.epochs * train_size,
-        batch_size=args.batch_size, lr=args.lr * env.lr_scale, momentum=args.momentum,
-        seed=args.seed, rule=rule, workers=env.workers, hetero=list(env.hetero),
+        epochs=args.epochs * setting.workers, max_samples=args.epochs * train_size,
+        batch_size=args.batch_size, lr=args.lr * setting.lr_scale, momentum=args.momentum,
+        seed=seed, rule=rule, workers=setting.workers, hetero=list(setting.hetero),
+        hetero_schedule=setting.schedule, partition=setting.partition,
     )  # fmt: skip
 
 
@@ -167,9 +145,10 @@ def _same_config(run_dir: Path, spec: RunConfig) -> bool:
 
 
 def run_cell(
-    args: argparse.Namespace, run_dir: Path, spec: RunConfig, label: str
+    args: argparse.Namespace, run_dir: Path, spec: RunConfig, setting: str
 ) -> dict[str, Any]:
-    """Run (or reuse) one grid cell; return its row for the table."""
+    """Run (or reuse) one run of a grid cell; return its row (read back from its files)."""
+    label = f"{setting} {spec.rule} seed {spec.seed}"
     started = time.monotonic()
     if not args.redo and _same_config(run_dir, spec):
         print(f"   {label}: reusing {run_dir}")
@@ -178,118 +157,107 @@ def run_cell(
             run_local(spec, run_dir, eval_interval=args.eval_interval)
         except MinipsError as exc:
             print(f"   {label}: FAILED: {exc}")
-            return {"run": run_dir.name, "error": str(exc)}
-    report = summarize(load_run(run_dir), target=args.target)
-    s, reached = report["summary"], report["target"]["reached"]
-    row = {
-        "run": run_dir.name, "rule": spec.rule, "accuracy": s.get("accuracy"),
-        "time_to_target": reached["time"] if reached else None, "wall_s": s.get("wall_s"),
-        "samples": s.get("samples"), "updates": s.get("updates"),
-        "staleness_mean": report["staleness"]["mean"], "staleness_p90": report["staleness"]["p90"],
-        "staleness_max": report["staleness"]["max"], "bytes_up": s.get("bytes_up"),
-        "bytes_down": s.get("bytes_down"),
-    }  # fmt: skip
+            return {"run": run_dir.name, "setting": setting, "rule": spec.rule,
+                    "seed": spec.seed, "error": str(exc)}  # fmt: skip
+    row = run_row(run_dir, setting, spec.seed, args.target)
     print(f"   {label}: accuracy {row['accuracy']:.4f}, wall {row['wall_s']:.1f} s, staleness"
           f" mean {row['staleness_mean'] or 0:.2f} max {row['staleness_max']}"
           f" ({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     return row
 
 
-def _cell(value: Any, spec: str = ".2f") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec) if isinstance(value, float) else str(value)
-
-
-def markdown_table(rows: list[dict[str, Any]], target: float) -> list[str]:
-    """One environment's rows as a markdown table (failed runs say so)."""
-    lines = [
-        f"| rule | accuracy | time to {target:g} (s) | wall (s) | samples | updates "
-        "| staleness mean | p90 | max | MB up | MB down |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['run']} | failed: {r['error']} |" + " |" * 9)
-            continue
-        mb = [None if r[k] is None else r[k] / 1e6 for k in ("bytes_up", "bytes_down")]
-        lines.append(
-            f"| {r['rule']} | {_cell(r['accuracy'], '.4f')} | {_cell(r['time_to_target'], '.1f')}"
-            f" | {_cell(r['wall_s'], '.1f')} | {_cell(r['samples'])} | {_cell(r['updates'])}"
-            f" | {_cell(r['staleness_mean'])} | {_cell(r['staleness_p90'])}"
-            f" | {_cell(r['staleness_max'])} | {_cell(mb[0], '.1f')} | {_cell(mb[1], '.1f')} |"
-        )
-    return lines
-
-
-def make_plots(out: Path, env_name: str, run_dirs: list[Path], target: float) -> list[str]:
-    """accuracy-<env>.png and staleness-<env>.png; [] (and a note) without matplotlib."""
+def make_plots(out: Path, setting: str, run_dirs: list[Path], target: float) -> list[str]:
+    """accuracy-<setting>.png and staleness-<setting>.png; [] (and a note) without matplotlib."""
     from minips.results.plot import plot_accuracy, plot_staleness
 
     runs = [load_run(d) for d in run_dirs if (d / "metrics.jsonl").exists()]
     if not runs:
         return []
     try:
-        accuracy = plot_accuracy(runs, out / f"accuracy-{env_name}.png", target, env_name)
-        staleness = plot_staleness(runs, out / f"staleness-{env_name}.png", env_name)
+        accuracy = plot_accuracy(runs, out / f"accuracy-{setting}.png", target, setting)
+        staleness = plot_staleness(runs, out / f"staleness-{setting}.png", setting)
     except MinipsError as exc:  # matplotlib missing: the tables are still worth having
         print(f"!! no plots: {exc}")
         return []
     return [accuracy.name, staleness.name]
 
 
+def _grid_plot(out: Path, cells: dict[str, list[dict[str, Any]]], title: str) -> list[str]:
+    try:
+        return [plot_grid(cells, out / "grid.png", title).name]
+    except MinipsError as exc:
+        print(f"!! no grid plot: {exc}")
+        return []
+
+
+def header_line(args: argparse.Namespace, dataset: str, train_size: int) -> str:
+    """What every run of this grid shares, the machine and the time."""
+    momentum = "the rule's" if args.momentum is None else f"{args.momentum:g}"
+    seeds = ",".join(map(str, args.seeds))
+    return (
+        f"{args.model} on {dataset} ({train_size} training samples), a budget of {args.epochs}"
+        f" epoch(s) ({args.epochs * train_size} samples, shared by the workers),"
+        f" batch {args.batch_size}, base lr {args.lr:g}, server momentum {momentum},"
+        f" evaluation every {args.eval_interval:g} s, seeds {seeds}. {platform.machine()},"
+        f" {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start,"
+        f" {time.strftime('%Y-%m-%d %H:%M %Z')}."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = dict(QUICK if args.quick else FULL)
-    stale = table["stale"]
-    table["stale"] = Environment(
-        args.stale_workers or stale.workers, stale.hetero, args.stale_lr_scale or stale.lr_scale
-    )
-    envs = [e.strip() for e in args.envs.split(",") if e.strip()]
-    unknown = [e for e in envs if e not in table]
+    table = settings_table(args.quick, args.stale_workers, args.stale_lr_scale)
+    settings = [e.strip() for e in args.settings.split(",") if e.strip()]
+    unknown = [e for e in settings if e not in table]
     if unknown:
-        print(f"unknown environment(s) {', '.join(unknown)} (known: {', '.join(table)})")
+        print(
+            f"error: unknown setting(s) {', '.join(unknown)} (known: {', '.join(table)})",
+            file=sys.stderr,
+        )
         return 2
     rules = choose_rules(args.rules)
     if not rules:
-        print("no known rule to run")
+        print("error: no known rule to run", file=sys.stderr)
         return 2
+    out.mkdir(parents=True, exist_ok=True)
     dataset = choose_dataset(args)
     train_size = len(load_dataset(dataset, args.data_dir).y_train)
-    header = (
-        f"{args.model} on {dataset} ({train_size} training samples), a budget of {args.epochs}"
-        f" epoch(s) ({args.epochs * train_size} samples, shared by the workers),"
-        f" batch {args.batch_size}, base lr {args.lr:g}, momentum {args.momentum:g},"
-        f" evaluation every {args.eval_interval:g} s. {platform.machine()}, {os.cpu_count()}"
-        f" cores, {time.strftime('%Y-%m-%d %H:%M')}."
-    )
+    header = header_line(args, dataset, train_size)
     print(header)
-    md = ["# minips experiment: update rules x environments", "", header, "",
-          f"Time to {args.target:g}: wall time of the first evaluation at or above it (so up to"
-          f" {args.eval_interval:g} s late); wall time counts from the launch, process start-up"
-          " included. Staleness: the clock staleness of every push.", ""]  # fmt: skip
+    md = ["# minips experiment: update rules x settings x seeds", "", header, "",
+          f"Accuracy: the final test accuracy, mean ± sample standard deviation over the seeds."
+          f" Time to {args.target:g}: wall time of the first evaluation at or above it (so up"
+          f" to {args.eval_interval:g} s late), from the launch, process start-up included;"
+          " mean over the runs that reached it. Staleness: the clock staleness of every push.",
+          ""]  # fmt: skip
     if dataset != args.dataset:
         md += [f"**{args.dataset} was not found: these runs use the bundled `sample`.**", ""]
     results: dict[str, list[dict[str, Any]]] = {}
-    for env_name in envs:
-        env = table[env_name]
-        print(f"== {env_name}: {env.describe(args.lr)}", flush=True)
-        rows, dirs = [], []
+    cells: dict[str, list[dict[str, Any]]] = {}
+    details: list[str] = []
+    for name in settings:
+        setting = table[name]
+        print(f"== {name}: {setting.describe(args.lr)}", flush=True)
+        rows, first_seed = [], []
         for rule in rules:
-            run_dir = out / "runs" / f"{env_name}-{rule}"
-            spec = make_spec(args, dataset, rule, env, train_size)
-            rows.append(run_cell(args, run_dir, spec, f"{env_name} {rule}"))
-            dirs.append(run_dir)
-        results[env_name] = rows
-        md += [f"## {env_name}: {env.describe(args.lr)}", ""]
-        md += markdown_table(rows, args.target) + [""]
-        md += [f"![{png}]({png})" for png in make_plots(out, env_name, dirs, args.target)] + [""]
-    (out / "results.md").write_text("\n".join(md))
-    (out / "results.json").write_text(
-        json.dumps({"header": header, "dataset": dataset, "results": results}, indent=2) + "\n"
-    )
+            for seed in args.seeds:
+                run_dir = out / "runs" / f"{name}-{rule}-s{seed}"
+                spec = make_spec(args, dataset, rule, setting, seed, train_size)
+                rows.append(run_cell(args, run_dir, spec, name))
+                if seed == args.seeds[0]:
+                    first_seed.append(run_dir)
+        results[name], cells[name] = rows, cells_of(rows)
+        details += [f"## {name}: {setting.describe(args.lr)}", ""]
+        details += setting_table(cells[name], args.target) + [""]
+        pngs = make_plots(out, name, first_seed, args.target)
+        details += [f"![{png}]({png})" for png in pngs] + [""]
+    md += ["## Final accuracy, mean ± sd", ""] + overview_table(cells) + [""]
+    md += [f"![{png}]({png})" for png in _grid_plot(out, cells, f"{args.model} on {dataset}")]
+    (out / "results.md").write_text("\n".join(md + [""] + details))
+    (out / "results.json").write_text(json.dumps(
+        {"header": header, "dataset": dataset, "target": args.target, "results": results,
+         "cells": cells}, indent=2) + "\n")  # fmt: skip
     print(f"results: {out / 'results.md'}")
     failed = sum("error" in row for rows in results.values() for row in rows)
     return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""`minips report`, `minips plot` and tools/experiment.py, over real and hand-written runs.
+"""`minips report` and `minips plot`, over real and hand-written runs.
 
 One real local run (module-scoped: processes are the slow part) feeds the report, CLI and
 plot tests; hand-written metrics files with known staleness values pin down the numbers.
@@ -7,7 +7,6 @@ plot tests; hand-written metrics files with known staleness values pin down the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -221,30 +220,3 @@ def test_plot_without_matplotlib_says_how_to_get_it(real_run, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` -> ImportError
     with pytest.raises(MissingExtraError, match=r"pip install 'minips\[plot\]'"):
         plot_accuracy([load_run(real_run)], tmp_path / "x.png")
-
-
-def _experiment(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "tools" / "experiment.py"), "--quick", "--out", str(out),
-         "--envs", "homogeneous,heterogeneous", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"},
-    )  # fmt: skip
-
-
-def test_experiment_quick_grid(tmp_path):
-    pytest.importorskip("matplotlib")
-    out = tmp_path / "grid"
-    done = _experiment(out, "--rules", "asgd,ssgd,no-such-rule")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "skipping rule 'no-such-rule'" in done.stdout
-    for env in ("homogeneous", "heterogeneous"):
-        for rule in ("asgd", "ssgd"):
-            assert (out / "runs" / f"{env}-{rule}" / "summary.json").exists()
-        assert _is_png(out / f"accuracy-{env}.png") and _is_png(out / f"staleness-{env}.png")
-    table = (out / "results.md").read_text()
-    assert table.count("| asgd |") == 2 and table.count("| ssgd |") == 2
-    assert "time to 0.9 (s)" in table and "no-such-rule" not in table
-    results = json.loads((out / "results.json").read_text())["results"]
-    assert all(row["accuracy"] is not None for rows in results.values() for row in rows)
-    again = _experiment(out, "--rules", "asgd")  # an interrupted grid resumes: nothing reruns
-    assert again.returncode == 0 and again.stdout.count("reusing") == 2, again.stdout
