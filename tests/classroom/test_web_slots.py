@@ -28,6 +28,20 @@ def test_an_untaken_seat_is_waited_for_the_join_wait_then_announced_once():
     assert watch.update(stats, now=40.0) == []  # said once
 
 
+def test_the_join_wait_counts_from_the_servers_first_stats_not_the_launch():
+    """A run slow to start (a loaded machine: its server answered 25 s after the launch)
+    still waits the whole join wait, and shows the waiting line before giving up."""
+    watch = SeatWatch(slots=1, join_wait=20.0)
+    assert watch.update(None, now=25.0) == [] and watch.pending(None, now=25.0)
+    stats = {**_stats(_row(1, True, agent="numpy")), "world_size": 2}  # no page yet
+    assert watch.update(stats, now=25.0) == [] and watch.pending(stats, now=25.0)
+    assert watch.waiting(stats, now=26.0)["left_s"] == pytest.approx(19.0)
+    assert watch.update(stats, now=44.9) == [] and watch.pending(stats, now=44.9)
+    assert watch.update(stats, now=45.0) == [
+        "1 browser seat was not taken within 20 s: the run goes on with the workers it has"
+    ]
+
+
 def test_the_teacher_may_choose_to_end_on_an_empty_seat():
     watch = SeatWatch(slots=3, join_wait=5.0, end_if_empty=True, started=0.0)
     stats = _stats(_row(0, True))

@@ -83,17 +83,20 @@ class SeatWatch:
     still waits for browsers, and what to tell the teacher about empty seats.
 
     A seat is waited for while a browser trains on it, while it was never taken and the
-    run is younger than `join_wait` seconds, and for `join_wait` seconds after its browser
-    left unfinished (a reloaded tab comes back within seconds, a student who closed hers
-    may open the page again; minips.classroom.web.seats gives the rank back at once). Past that the
-    run goes on without the seat, or, with `end_if_empty`, ends: `update()` says so in
+    server answered its first stats less than `join_wait` seconds ago, and for
+    `join_wait` seconds after its browser left unfinished (a reloaded tab comes back within
+    seconds, a student who closed hers may open the page again; minips.classroom.web.seats
+    gives the rank back at once). Past that the run goes on without the seat, or, with
+    `end_if_empty`, ends: `update()` says so in
     one line, once per seat. A seat whose browser said `bye` after its shard is done.
     """
 
     slots: int
     join_wait: float
     end_if_empty: bool = False
-    started: float = field(default_factory=time.monotonic)
+    # When a page could first take a seat: the server's first stats (None: not yet). A run
+    # slow to start (a loaded machine) gives its students the whole wait all the same.
+    started: float | None = None
     _left_at: dict[int, float] = field(default_factory=dict)  # rank -> when seen gone
     _given_up: set[int] = field(default_factory=set)  # ranks announced as not waited for
     _untaken_told: bool = False
@@ -104,6 +107,8 @@ class SeatWatch:
         now = time.monotonic() if now is None else now
         if self.slots == 0:
             return []
+        if self.started is None and stats is not None:
+            self.started = now
         seats = browser_seats(stats)
         notices = self._untaken(len(seats), now)
         for rank, seat in sorted(seats.items()):
@@ -126,7 +131,7 @@ class SeatWatch:
         seats = browser_seats(stats)
         if "training" in seats.values():
             return True
-        if len(seats) < self.slots and now - self.started < self.join_wait:
+        if len(seats) < self.slots and self._age(now) < self.join_wait:
             return True
         left = [rank for rank, seat in seats.items() if seat == "left"]
         return any(now - self._left_at.get(rank, now) < self.join_wait for rank in left)
@@ -141,7 +146,7 @@ class SeatWatch:
             return free
         seats = browser_seats(stats)
         for rank in free_ranks(stats):
-            since = self._left_at.get(rank, now) if seats.get(rank) == "left" else self.started
+            since = self._left_at.get(rank, now) if seats.get(rank) == "left" else self._start(now)
             waited = now - since < self.join_wait and not self.end_run
             free["waited" if waited else "given_up"].append(rank)
         return free
@@ -160,7 +165,7 @@ class SeatWatch:
         names = ", ".join(
             f"rank {r}" + (" (its browser left)" if seats.get(r) == "left" else "") for r in waited
         )
-        since = [self._left_at.get(r, now) if seats.get(r) == "left" else self.started
+        since = [self._left_at.get(r, now) if seats.get(r) == "left" else self._start(now)
                  for r in waited]  # fmt: skip
         noun = "browser seat" if self.slots == 1 else "browser seats"
         then = "the run ends" if self.end_if_empty else "the run goes on without them"
@@ -193,12 +198,19 @@ class SeatWatch:
         return min(total, budget) if budget else total
 
     def _untaken(self, taken: int, now: float) -> list[str]:
-        if self._untaken_told or taken >= self.slots or now - self.started < self.join_wait:
+        if self._untaken_told or taken >= self.slots or self._age(now) < self.join_wait:
             return []
         self._untaken_told = True
         empty = self.slots - taken
         seats = "1 browser seat was" if empty == 1 else f"{empty} browser seats were"
         return [self._notice(f"{seats} not taken within {self.join_wait:g} s")]
+
+    def _start(self, now: float) -> float:
+        """When the wait began (`now` while the server has not answered yet)."""
+        return now if self.started is None else self.started
+
+    def _age(self, now: float) -> float:
+        return now - self._start(now)
 
     def _notice(self, what: str) -> str:
         if self.end_if_empty:
