@@ -88,6 +88,13 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[i
     return results
 
 
+def _all_exited_0(results: list[tuple[int, str, str]]) -> bool:
+    """Every process exited 0; else AssertionError with each failing one's whole output."""
+    failed = [f"exit {code}:\n{out}\n{err}" for code, out, err in results if code != 0]
+    assert not failed, "\n---\n".join(failed)
+    return True
+
+
 def test_the_variables_srun_sets_start_a_group(tmp_path):
     """srun -n 4 sets these for each task; the root is the first host of the compressed
     node list (here a name this machine resolves, then three it need not)."""
@@ -98,7 +105,7 @@ def test_the_variables_srun_sets_start_a_group(tmp_path):
     envs = [{**common, "SLURM_PROCID": str(r), "SLURM_LOCALID": "0", "SLURM_NODEID": str(r)}
             for r in range(4)]  # fmt: skip
     results = _finish(_start_all(envs, out, "--servers", "2", "--port", str(port)))
-    assert all(code == 0 for code, _, _ in results), results
+    assert _all_exited_0(results)
     assert "test accuracy" in results[0][1]
     _check_summary(out)
 
