@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -340,8 +338,7 @@ class PSClient:
         if self.link is not None:  # the request crosses the (emulated) link first
             self.link.up.wait(frames_nbytes(frames))
         try:
-            with whole_message_sent():
-                sock.send_multipart(frames, copy=False)
+            sock.send_multipart(frames, copy=False)
         except zmq.Again:
             return False
         return True
@@ -377,22 +374,6 @@ def group_side(client: PSClient) -> GroupSide:
 
         client.groups = GROUPS
     return client.groups
-
-
-@contextmanager
-def whole_message_sent() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the message is sent: pyzmq sends it frame by frame,
-    and an interrupt between two frames would leave half a message on the socket, which
-    the bye said on the way out would complete into garbage."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals are handled in the main thread only
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def warn_if_not_below_heartbeat(timeout: float, heartbeat_timeout: float) -> None:
