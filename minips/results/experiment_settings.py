@@ -21,7 +21,7 @@ whole grid takes seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,6 @@ def settings_table(quick: bool, stale_workers: int | None, stale_lr_scale: float
     """The named settings, with `stale` changed by --stale-workers / --stale-lr-scale."""
     table = dict(QUICK if quick else FULL)
     stale = table["stale"]
-    table["stale"] = Setting(
-        stale_workers or stale.workers, stale.hetero, stale.schedule, stale.partition,
-        stale_lr_scale or stale.lr_scale,
-    )  # fmt: skip
+    table["stale"] = replace(stale, workers=stale_workers or stale.workers,
+                             lr_scale=stale_lr_scale or stale.lr_scale)  # fmt: skip
     return table

@@ -77,9 +77,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def overview_table(cells: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Rules down, settings across: final accuracy mean ± sd in every cell."""
-    settings = list(cells)
-    rules = list(dict.fromkeys(c["rule"] for row in cells.values() for c in row))
-    found = {(s, c["rule"]): c for s, row in cells.items() for c in row}
+    settings, rules, found = _grid(cells)
     lines = ["| rule | " + " | ".join(settings) + " |", "| --- |" + " ---: |" * len(settings)]
     for rule in rules:
         entries = []
@@ -88,6 +86,13 @@ def overview_table(cells: dict[str, list[dict[str, Any]]]) -> list[str]:
             entries.append(_cell_accuracy(cell) if cell else "")
         lines.append(f"| {rule} | " + " | ".join(entries) + " |")
     return lines
+
+
+def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[str], dict]:
+    """The settings, the rules (in the order they first appear) and each (setting, rule)
+    cell."""
+    rules = list(dict.fromkeys(c["rule"] for row in cells.values() for c in row))
+    return list(cells), rules, {(s, c["rule"]): c for s, row in cells.items() for c in row}
 
 
 def _cell_accuracy(cell: dict[str, Any]) -> str:
@@ -118,9 +123,7 @@ def plot_grid(cells: dict[str, list[dict[str, Any]]], out: Path, title: str) -> 
     from minips.results.plot import _pyplot, _save
 
     plt = _pyplot()
-    settings = list(cells)
-    rules = list(dict.fromkeys(c["rule"] for row in cells.values() for c in row))
-    found = {(s, c["rule"]): c for s, row in cells.items() for c in row}
+    settings, rules, found = _grid(cells)
     width = 0.8 / max(len(rules), 1)
     fig, ax = plt.subplots(figsize=(2 + max(5.0, 0.25 * len(settings) * len(rules)), 4.5))
     for i, rule in enumerate(rules):

@@ -96,7 +96,7 @@ def test_one_seed_has_no_sd():
     assert pm(None, None) == "-"
 
 
-def test_settings_cover_the_issue():
+def test_the_full_and_quick_grids_have_the_same_seven_settings():
     assert set(FULL) == set(QUICK) == {
         "homogeneous", "heterogeneous", "fluctuating", "heavy-tailed", "noniid-0.1",
         "noniid-1.0", "stale",

@@ -87,8 +87,8 @@ class SeatWatch:
     `join_wait` seconds after its browser left unfinished (a reloaded tab comes back within
     seconds, a student who closed hers may open the page again; minips.classroom.web.seats
     gives the rank back at once). Past that the run goes on without the seat, or, with
-    `end_if_empty`, ends: `update()` says so in
-    one line, once per seat. A seat whose browser said `bye` after its shard is done.
+    `end_if_empty`, ends: `update()` says so in one line, once per seat. A seat whose
+    browser said `bye` after its shard is done.
     """
 
     slots: int
