@@ -189,3 +189,21 @@ def push_header(worker: str, seq: int, base: int, rid: int, last: bool = True) -
 
 def pull_header(worker: str, rid: int) -> dict:
     return {"op": "pull", "worker": worker, "rid": rid}
+
+
+class InterruptedAfterFirstFrame:
+    """A DEALER stand-in that sends a request's first frame, then is interrupted (Ctrl-C or
+    SIGTERM landing between two of pyzmq's per-frame sends), once; otherwise the real socket."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.armed = sock, True
+
+    def send_multipart(self, frames, **kw):
+        if not self.armed:
+            return self.sock.send_multipart(frames, **kw)
+        self.armed = False
+        self.sock.send(frames[0], zmq.SNDMORE, **kw)
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)

@@ -67,6 +67,11 @@ class Connection:
             self.socket.send_multipart(frames, copy=False)
         except zmq.Again:  # lost before it left: its reply's deadline sends it again
             return 0
+        except KeyboardInterrupt:
+            # Between two of pyzmq's per-frame sends: half a message on the socket, which
+            # the next request (the bye on the way out) would complete into garbage.
+            self.abandon()
+            raise
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
 
     def take(self) -> tuple[Message | None, int]:

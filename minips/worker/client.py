@@ -341,7 +341,17 @@ class PSClient:
             sock.send_multipart(frames, copy=False)
         except zmq.Again:
             return False
+        except KeyboardInterrupt:
+            self._drop_half_sent()
+            raise
         return True
+
+    def _drop_half_sent(self) -> None:
+        """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message
+        on the socket, which the next request (the bye on the way out) would complete into
+        garbage: close the socket, as Lazy Pirate does, so the next request starts on a new
+        one (the server hands the routing id over to it)."""
+        self._close_socket()
 
     def _await_reply(self, sock: zmq.Socket, rid: int, wait: float) -> Message | None:
         """The reply to request `rid` within `wait` s (a ServerError if it is an error);

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import zmq
-from test_server_support import running_server
+from test_server_support import InterruptedAfterFirstFrame, running_server
 
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
@@ -482,3 +482,35 @@ def test_a_connection_refused_at_the_handshake_never_blocks_in_send(tmp_path):
         sending.join(timeout=60)  # 10 x (at most 2 x 1 s to send + 0.3 s)
         assert not sending.is_alive(), f"send blocked after {len(sent)} of 20"
     assert len(sent) == 20
+
+
+def test_a_request_after_one_interrupted_between_its_frames_reaches_the_shard():
+    """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message on
+    the socket: the next request (the bye on the way out) goes on a new socket, whole."""
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        context = zmq.Context()
+        connection = Connection(context, server.endpoint, b"\x01" + bytes(15), Limits())
+        try:
+            connection.send({"op": "hello", "worker": "w"}, [])
+            assert _reply_within(connection, 5).op == "hello"
+            connection.socket = InterruptedAfterFirstFrame(connection.socket)
+            parts = [wire.WirePart(name, np.zeros(a.shape, np.float32))
+                     for name, a in server.store.params.items()]  # fmt: skip
+            with pytest.raises(KeyboardInterrupt):
+                connection.send({"op": "push", "worker": "w", "seq": 0, "base": 0}, parts)
+            connection.send({"op": "bye", "worker": "w", "finished": False}, [])
+            assert _reply_within(connection, 5).op == "bye"
+        finally:
+            connection.abandon()
+            context.term()
+        assert server.store.version == 0  # the half push applied nothing
+
+
+def _reply_within(connection: Connection, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        reply, _ = connection.take()
+        if reply is not None:
+            return reply
+        connection.socket.poll(100)
+    raise AssertionError(f"no reply within {seconds} s")

@@ -10,6 +10,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pytest
+from test_server_support import (
+    InterruptedAfterFirstFrame,
+    make_params,
+    running_server,
+    worker_rows,
+)
 from test_web_support import server_process
 
 from minips.worker.client import PSClient
@@ -53,3 +61,18 @@ def test_a_worker_and_an_evaluator_sent_sigterm_say_bye(tmp_path):
                 if proc.poll() is None:
                     proc.kill()
                     proc.communicate()
+
+
+def test_a_bye_after_a_push_interrupted_between_its_frames_reaches_the_server():
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        with PSClient(server.endpoint, timeout=5, retries=0) as client:
+            client.hello()
+            sock = client._connect()
+            client._socket = InterruptedAfterFirstFrame(sock)
+            grads = {name: np.zeros_like(a) for name, a in make_params().items()}
+            with pytest.raises(KeyboardInterrupt):
+                client.push(grads, base=0)
+            client.bye(finished=False)  # what the worker says on its way out
+            rows = worker_rows(client)
+        assert not rows[client.worker_id]["alive"], rows
+        assert server.store.version == 0  # the half push applied nothing
