@@ -142,15 +142,17 @@ class Chromium:
                 self.proc.wait()
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
-    """Poll predicate() until it returns something truthy; fail with `what` after timeout."""
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.3, detail=None):
+    """Poll predicate() until it returns something truthy; fail with `what` after timeout
+    (and what `detail()` then says: the state a failure is read from)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    seen = f"; then: {detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{seen}")
 
 
 def quiet_env() -> dict:

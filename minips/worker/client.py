@@ -39,7 +39,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -338,20 +339,11 @@ class PSClient:
         if self.link is not None:  # the request crosses the (emulated) link first
             self.link.up.wait(frames_nbytes(frames))
         try:
-            sock.send_multipart(frames, copy=False)
+            with new_socket_if_interrupted(self):
+                sock.send_multipart(frames, copy=False)
         except zmq.Again:
             return False
-        except KeyboardInterrupt:
-            self._drop_half_sent()
-            raise
         return True
-
-    def _drop_half_sent(self) -> None:
-        """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message
-        on the socket, which the next request (the bye on the way out) would complete into
-        garbage: close the socket, as Lazy Pirate does, so the next request starts on a new
-        one (the server hands the routing id over to it)."""
-        self._close_socket()
 
     def _await_reply(self, sock: zmq.Socket, rid: int, wait: float) -> Message | None:
         """The reply to request `rid` within `wait` s (a ServerError if it is an error);
@@ -384,6 +376,19 @@ def group_side(client: PSClient) -> GroupSide:
 
         client.groups = GROUPS
     return client.groups
+
+
+@contextmanager
+def new_socket_if_interrupted(client: PSClient) -> Iterator[None]:
+    """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message on
+    the socket, which the next request (the bye on the way out) would complete into
+    garbage: the socket is closed, as Lazy Pirate does, so the next request starts on a
+    new one (the server hands the routing id over to it)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        client._close_socket()
+        raise
 
 
 def warn_if_not_below_heartbeat(timeout: float, heartbeat_timeout: float) -> None:

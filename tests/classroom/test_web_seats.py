@@ -74,7 +74,8 @@ def test_a_killed_tab_is_replaced_by_a_new_one_on_its_rank(tmp_path, browser, ga
     with server_process(tmp_path, *_server_args(tmp_path, 2)) as endpoint:
         gateway = gateway_for(endpoint)
         (_, doomed), (_, staying) = [browser.open(gateway.url) for _ in range(2)]
-        wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab")
+        wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab",
+                 detail=lambda: browser.status(doomed))  # fmt: skip
         lost_rank = browser.status(doomed)["rank"]
         _crash(browser, doomed)
         # The seat is free once the gateway saw the tab's WebSocket close and said its bye
@@ -106,7 +107,8 @@ def test_a_tab_reopened_before_the_gateway_freed_the_seat_waits_for_it(
     with server_process(tmp_path, *_server_args(tmp_path, 2)) as endpoint:
         gateway = gateway_for(endpoint)
         (_, doomed), (_, staying) = [browser.open(gateway.url) for _ in range(2)]
-        wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab")
+        wait_for(lambda: browser.status(doomed).get("steps", 0) >= 5, 60, "steps in the tab",
+                 detail=lambda: browser.status(doomed))  # fmt: skip
         lost_rank = browser.status(doomed)["rank"]
         _crash(browser, doomed)
         _, newcomer = browser.open(gateway.url)  # at once: the seat is still taken
