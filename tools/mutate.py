@@ -108,16 +108,19 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
         # pytest's 4 (usage: a test file that is not there) and 5 (no test collected) say
         # nothing about the mutant: the list no longer matches the tests
         verdict = {0: "survived", 4: "invalid", 5: "invalid"}.get(proc.returncode, "killed")
-        tail = stdout.strip().splitlines()[-1:]
+        lines = stdout.strip().splitlines()
+        tail = lines[-1:]
+        # which test killed it: a kill on a loaded machine can be read for a timing failure
+        failed = [line.removeprefix("FAILED ") for line in lines if line.startswith("FAILED ")]
     except subprocess.TimeoutExpired:
-        verdict, tail = "killed", ["timeout"]
+        verdict, tail, failed = "killed", ["timeout"], []
     finally:
         end_group(proc)
         RUNNING.discard(proc)
         target.write_text(original)
     seconds = round(time.monotonic() - start, 1)
     return {**result, "verdict": verdict, "seconds": seconds, "tests": len(tests),
-            "last_line": tail[0] if tail else ""}  # fmt: skip
+            "last_line": tail[0] if tail else "", "failed": failed}  # fmt: skip
 
 
 RUNNING: set[subprocess.Popen] = set()  # the test runs under way (ended on an interrupt)
