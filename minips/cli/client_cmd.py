@@ -37,7 +37,7 @@ def client_key_options(command: Callable) -> Callable:
 
 def client_keys(directory: str | None, name: str) -> ClientKeys | None:
     """A client's CURVE keys from a key directory (None: no directory, no CURVE)."""
-    from minips.protocol.auth import load_client_keys
+    from minips.provision.keyfiles import load_client_keys
 
     return load_client_keys(directory, name) if directory else None
 

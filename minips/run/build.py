@@ -17,8 +17,8 @@ from minips.errors import ConfigError
 from minips.group.shard import Joiner, ShardRole, shard_params
 from minips.nn import build_model
 from minips.ops.checkpoints import shard_path
-from minips.protocol.auth import OPERATOR, load_client_keys
 from minips.protocol.partition import partition_of_model
+from minips.provision.keyfiles import OPERATOR, load_client_keys
 from minips.results.report_text import plural
 from minips.results.rundir import check_writable
 from minips.rules import make_rule

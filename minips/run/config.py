@@ -32,8 +32,8 @@ from minips.data.datasets import DATASET_NAMES
 from minips.data.sharding import check_partition
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.auth import load_server_keys
 from minips.protocol.group import ROOT_TIMEOUT
+from minips.provision.keyfiles import load_server_keys
 from minips.rules import (
     DEFAULT_MOMENTUM,
     DEFAULT_RULE,

@@ -55,7 +55,7 @@ def test_an_authenticated_group_trains_and_reports_its_shards(tmp_path):
 
 
 def test_a_client_without_a_key_gets_nothing_from_a_shard(tmp_path):
-    from minips.protocol.auth import make_keys
+    from minips.provision.keyfiles import make_keys
 
     make_keys(tmp_path / "keys")
     with running_group(2, workers=1, keys=str(tmp_path / "keys")) as group:
