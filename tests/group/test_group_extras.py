@@ -17,9 +17,9 @@ from test_web_support import quiet_env, require_browser
 
 from minips.classroom.dashboard.collector import Collector
 from minips.classroom.web.grouprelay import GroupRelay
+from minips.group.partition import group_gain
 from minips.nn import build_model
 from minips.protocol import wire
-from minips.transmission.planning.plan_costs import group_gain
 from minips.worker.client import PSClient
 
 MLP = build_model("mlp").params

@@ -14,10 +14,10 @@ from test_server_support import InterruptedAfterFirstFrame, running_server
 
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
+from minips.group.partition import partition
 from minips.group.shard import RootTable
 from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
-from minips.protocol.partition import partition
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import Limits, ProtocolError
 from minips.provision import keyfiles
@@ -315,11 +315,11 @@ def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_pus
 
 def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:
     """Shard `shard` of a 2-group of the mlp at `version`, saved by its Checkpointer."""
+    from minips.group.partition import partition_of_model
     from minips.group.shard import shard_params
     from minips.nn import build_model
     from minips.ops.checkpoints import Checkpointer
     from minips.ops.telemetry import Counters
-    from minips.protocol.partition import partition_of_model
     from minips.state.store import SGD, ParameterStore
 
     model = build_model("mlp")

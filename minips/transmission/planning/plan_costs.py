@@ -33,7 +33,6 @@ import numpy as np
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.protocol import wire
-from minips.protocol.partition import partition_of_model
 from minips.transmission.codecs import Encoder, Factors, Spec, decode_gradients, parse_spec
 from minips.transmission.plan import ParamPlan, Plan, parse_pull_spec
 
@@ -320,7 +319,7 @@ class Cluster:
     multiple of this machine's (a browser's is larger, minips.run.build; empty: all 1).
     barrier: the rule waits for the slowest worker every round (ssgd). link_gain: how many
     times a worker's share of a shared link grows when each of the K shards is behind a
-    link of its own (planner.group_gain; 1 for one server)."""
+    link of its own (minips.group.partition.group_gain; 1 for one server)."""
 
     workers: int
     servers: int = 1
@@ -350,14 +349,3 @@ class Cluster:
         cores: max(1, (N + K) / cores) (each busy process gets cores / (N + K) of them)."""
         cores = self.cores or os.cpu_count() or 1
         return max(1.0, (self.workers + self.servers) / cores)
-
-
-def group_gain(model: Sequential, servers: int) -> float:
-    """How many times a worker's share of a server's link grows with a group of `servers`
-    shards, each behind a link of its own: a step's bytes split by the partition, every
-    shard's part crossing its own link at once, so the largest part sets the time. 1 for
-    one server; LeNet-5: 1.98 at 2 shards, 3.87 at 4."""
-    if servers == 1:
-        return 1.0
-    shard_bytes = partition_of_model(model.params, servers).shard_bytes()
-    return sum(shard_bytes) / max(shard_bytes)
