@@ -25,9 +25,9 @@ def check_hetero(hetero: list[float], workers: int) -> None:
 
 
 def check_speed_schedule(schedule: str, workers: int) -> None:
-    """ConfigError unless --hetero-schedule is a schedule (minips.worker.speeds) whose
+    """ConfigError unless --hetero-schedule is a schedule (minips.run.speeds) whose
     `away` rank, if any, is one of the run's."""
-    from minips.worker.speeds import ScheduleError, SpeedSchedule
+    from minips.run.speeds import ScheduleError, SpeedSchedule
 
     try:
         kind, args = SpeedSchedule.parse(schedule)
