@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
+from minips.classroom.exercise.gradcheck import numerical_gradient, relative_error
 from minips.data import load_dataset
 from minips.nn import lenet5, softmax_cross_entropy
-from minips.nn.gradcheck import numerical_gradient, relative_error
 
 FAST = "--fast" in sys.argv
 STEPS, BATCH, LR = (10, 32, 0.05) if FAST else (400, 64, 0.05)

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "minips"
 DOC = ROOT / "docs" / "architecture.md"
 
 CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
-OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli")
+OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli", "provision")
 
 # The core's imports of an operation, (importer, imported), each at one assembly point.
 # The server's: its default operations (ops/server_ops.py), imported where a server is built

@@ -15,7 +15,7 @@ counters. Median of --repeats windows.
 `--servers K`: the minips server is a group of K shard processes (tools/group_bench.py),
 each applying its slices of every update; an update counts once (the root's count). With
 `--server raw|raw-work`, K reference servers, each over its shard's slices of the same
-partition (minips/protocol/partition.py), and clients that send each exchange to all K
+partition (minips/group/partition.py), and clients that send each exchange to all K
 before reading a reply (raw_ps.RawGroupClient): the ceiling of a group on this machine.
 
 `--server raw` and `--server raw-work` replace both ends by tools/raw_ps.py (the ceilings:
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_ps  # noqa: E402
 from group_bench import shard_bind, start_group  # noqa: E402
 
+from minips.group.partition import partition_of_model  # noqa: E402
 from minips.group.shard import shard_params  # noqa: E402
-from minips.protocol.partition import partition_of_model  # noqa: E402
 
 RAW_STEPS = {"pushpull": "push_pull", "fused": "fused", "push": "push"}
 

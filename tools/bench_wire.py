@@ -49,8 +49,8 @@ import zmq
 from group_bench import start_group
 from raw_ps import MomentumStore, RawClient, RawGroupClient, chunk_plan, serve
 
+from minips.group.partition import partition_of_model
 from minips.group.shard import shard_params
-from minips.protocol.partition import partition_of_model
 
 LENET5 = {
     "conv1.w": (20, 1, 5, 5),

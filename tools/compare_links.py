@@ -5,7 +5,7 @@
 The same transfer through each: `--rounds` request/replies of a LeNet-5 gradient's size
 (1.72 MB up, 1.72 MB back, 8 array frames + a header) over pyzmq DEALER -> ROUTER echo:
 - loopback:  no limit (the reference);
-- bucket:    minips.worker.netlimit.Link(rate) per client on loopback (up.wait before the request,
+- bucket:    minips.run.netlimit.Link(rate) per client on loopback (up.wait before the request,
              down.wait after the reply), as `--bandwidth` does;
 - tc:        the echo server in its own namespace behind minips.run.netem's shaped veth.
 Each first with one client, then with `--clients` clients at once splitting the same rounds
@@ -27,8 +27,10 @@ import time
 
 import zmq
 
+from minips.protocol.wire import frames_nbytes
 from minips.run import netem
-from minips.worker.netlimit import Link, frames_nbytes, parse_rate
+from minips.run.netlimit import Link
+from minips.transmission.planning.plan_costs import parse_rate
 
 # LeNet-5's tensors (float32 element counts): 431,080 in all = 1.72 MB
 LENET5_SIZES = [500, 20, 25_000, 50, 400_000, 500, 5_000, 10]

@@ -55,7 +55,7 @@ from minips.results.report import time_to_target
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.transmission.plan import ParamPlan, Plan
-from minips.worker.netlimit import parse_rate
+from minips.transmission.planning.plan_costs import parse_rate
 
 TARGETS = (0.80, 0.85)
 WEIGHTS = ("conv1.w", "conv2.w", "fc1.w", "fc2.w")

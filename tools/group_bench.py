@@ -21,9 +21,9 @@ LENET5_SPEC = {"name": "lenet5", "kwargs": {}, "seed": 0}
 def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
                 lr: float, momentum: float) -> None:  # fmt: skip
     """One shard's process: the seeded LeNet-5's slices, asgd; its endpoint on `queue`."""
+    from minips.group.partition import partition_of_model
     from minips.group.shard import Joiner, ShardRole, shard_params
     from minips.nn import lenet5
-    from minips.protocol.partition import partition_of_model
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
     from minips.state.store import SGD

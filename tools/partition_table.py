@@ -2,7 +2,7 @@
 
     python tools/partition_table.py [--servers 2,3,4,8]
 
-The partition (minips/protocol/partition.py, docs/protocol.md 16.1) is exact, so these are
+The partition (minips/group/partition.py, docs/protocol.md 16.1) is exact, so these are
 the bytes each shard stores and, under the plain plan, receives from every worker's step
 and sends back with every pull. Prints per model and K: each shard's bytes, the mean, and
 the largest shard over the mean.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+from minips.group.partition import partition_of_model
 from minips.nn import build_model
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.partition import partition_of_model
 
 
 def main() -> None:

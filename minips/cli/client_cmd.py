@@ -37,7 +37,7 @@ def client_key_options(command: Callable) -> Callable:
 
 def client_keys(directory: str | None, name: str) -> ClientKeys | None:
     """A client's CURVE keys from a key directory (None: no directory, no CURVE)."""
-    from minips.protocol.auth import load_client_keys
+    from minips.provision.keyfiles import load_client_keys
 
     return load_client_keys(directory, name) if directory else None
 
@@ -103,7 +103,8 @@ def worker(
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.results.trace import open_trace
-    from minips.worker.netlimit import parse_rate
+    from minips.run.conditions import Emulated
+    from minips.transmission.planning.plan_costs import parse_rate
     from minips.worker.worker import summary_line, write_report
 
     if bandwidth:
@@ -120,7 +121,8 @@ def worker(
         def joined(report: Any, world_size: int) -> None:
             click.echo(f"joined as rank {report.rank} of {world_size} (host {report.host})")
 
-        extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined}
+        extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined,
+                  "conditions": Emulated()}  # fmt: skip
         with sigterm_as_interrupt():  # SIGTERM says bye too, as Ctrl-C
             result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:

@@ -46,7 +46,7 @@ def dashboard(
     """
     from minips.classroom.dashboard import start_dashboard
     from minips.protocol.address import normalize
-    from minips.protocol.auth import load_client_keys
+    from minips.provision.keyfiles import load_client_keys
 
     connect = normalize(connect, "--connect", wildcard_port=False)  # not in the polling thread
     client_keys = load_client_keys(keys, key_name) if keys else None

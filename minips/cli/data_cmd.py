@@ -43,7 +43,7 @@ def download_dataset(
     name: str, cache_dir: Path | None, base_url: str | None, progress: bool
 ) -> None:
     """Download dataset NAME (fashion-mnist or mnist) into the cache, verifying checksums."""
-    from minips.data import download
+    from minips.provision.fetch import download
 
     target = download(name, cache_dir=cache_dir, base_url=base_url, progress=progress)
     click.echo(f"{name}: saved to {target}")

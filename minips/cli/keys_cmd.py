@@ -28,7 +28,7 @@ def keys(directory: str, clients: tuple[str, ...], operators: tuple[str, ...]) -
     public keys in DIRECTORY/allowed/ and the operators' in DIRECTORY/operators/. Give the
     server `--keys DIRECTORY`; give a client machine server.key and its own NAME.key_secret.
     """
-    from minips.protocol.auth import OPERATOR, WORKER, make_keys
+    from minips.provision.keyfiles import OPERATOR, WORKER, make_keys
 
     clients = clients or (WORKER, OPERATOR)
     operators = operators or tuple(name for name in clients if name == OPERATOR)

@@ -1,4 +1,5 @@
-"""Datasets for minips: IDX reading, the dataset registry, sharding, batching and download.
+"""Datasets for minips: IDX reading, the dataset registry, sharding and batching (downloading
+the official files is minips.provision.fetch's).
 
     from minips.data import load_dataset, iterate_batches
     ds = load_dataset("sample", seed=0)          # x_train (N, 1, 28, 28) float32, normalised
@@ -26,12 +27,9 @@ from minips.data.datasets import (
     load_dataset,
     normalize,
 )
-from minips.data.fetch import BASE_URLS, CHECKSUMS, download
 from minips.data.idx import idx_bytes, parse_idx, read_idx, write_idx
 
 __all__ = [
-    "BASE_URLS",
-    "CHECKSUMS",
     "DATASET_NAMES",
     "IDX_FILES",
     "NORMALIZATION",
@@ -41,7 +39,6 @@ __all__ = [
     "candidate_dirs",
     "default_cache_dir",
     "default_system_dir",
-    "download",
     "find_dataset",
     "idx_bytes",
     "iterate_batches",

@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from minips.errors import MinipsError
-from minips.ops import request_checks as checks
+from minips.group.partition import Partition
 from minips.protocol import address, auth, wire
 from minips.protocol.group import (
     ASSEMBLE_TIMEOUT,
@@ -36,8 +36,8 @@ from minips.protocol.group import (
     ROOT_TIMEOUT,
     group_map,
 )
-from minips.protocol.partition import Partition
 from minips.protocol.wire import Message, ProtocolError
+from minips.state.requests import require_operator
 
 if TYPE_CHECKING:
     from minips.server.router import Envelope
@@ -322,7 +322,7 @@ class ShardRole:
         that is not the root answers it `unknown_op`."""
         if self.table is None:
             raise ProtocolError("join goes to the group's root (shard 0)", "unknown_op")
-        checks.require_operator(envelope.origin, self.keys)
+        require_operator(envelope.origin, self.keys)
         shard = self.table.join(request.header, envelope.origin.routing_id, time.monotonic())
         reply = {"op": "join", "shard": shard, "servers": self.servers,
                  "addresses": self.table.addresses(), "run": self.run,

@@ -9,7 +9,8 @@ Shapes NCHW, float32 on the hot path; every layer also runs in float64 (`model.a
 for gradient checks. Conv and pool outputs are NCHW-shaped views of batch-last
 (C, H, W, N) memory, or, from a first conv that feeds a tiling max pool in a Sequential,
 that pool's (N, C, H/b, b, W/b, b) windows (conv.py says why); np.ascontiguousarray gives
-C order where it matters. naive.py keeps loop implementations as the test oracle.
+C order where it matters. The loop implementations that check these, and centred
+differences, are the classroom's (minips/classroom/exercise/naive.py, gradcheck.py).
 """
 
 from minips.nn.base import Layer

@@ -113,8 +113,8 @@ def assemble(path: str | Path, final: bool = False) -> GroupCheckpoint | None:
     last version every shard saved, or with `final` each shard's last file. None when some
     shard's file is missing. Its meta: the root's, plus `group` = {servers, versions (each
     shard's), consistent (every shard at one version)}."""
+    from minips.group.partition import partition_of_model
     from minips.nn import build_model
-    from minips.protocol.partition import partition_of_model
 
     files = shard_files(path)
     if not files:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from minips.protocol.partition import Slice
+from minips.protocol.slices import Slice
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -84,7 +84,7 @@ class SliceSampler(Sampler):
     whole parameter's sample S_P restricted to the slice's coordinates, as positions in the
     slice; a whole parameter's own sample otherwise.
 
-    slices: name -> the shard's Slice of it (minips.protocol.partition).
+    slices: name -> the shard's Slice of it (minips.group.partition).
     """
 
     def __init__(self, rho: float, min_samples: int, slices: Mapping[str, Slice]) -> None:

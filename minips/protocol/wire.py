@@ -19,7 +19,7 @@ msgpack (no copy, no size blow-up) and nothing is ever unpickled.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,3 +317,19 @@ def _wire_dtype_name(dtype: np.dtype) -> str:
         if dtype.kind == wire.kind and dtype.itemsize == wire.itemsize:
             return name
     raise ProtocolError(f"dtype {dtype} cannot be sent (allowed: {', '.join(DTYPES)})", "dtype")
+
+
+def frames_nbytes(frames: Iterable[Any]) -> int:
+    """Bytes in a multipart message: bytes, memoryviews, NumPy arrays or zmq.Frame objects.
+
+    (`len()` of a memoryview counts items, not bytes, hence `.nbytes` first.)
+    """
+    total = 0
+    for frame in frames:
+        if hasattr(frame, "nbytes"):
+            total += frame.nbytes
+        elif hasattr(frame, "buffer"):  # zmq.Frame
+            total += frame.buffer.nbytes
+        else:
+            total += len(frame)
+    return total

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minips.data.labels import worker_histograms
 from minips.errors import MinipsError
+from minips.results.labels import worker_histograms
 
 
 def label_summary(config: dict[str, Any]) -> dict[str, Any] | None:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
+from minips.group.partition import group_gain, partition_of_model
 from minips.group.shard import Joiner, ShardRole, shard_params
 from minips.nn import build_model
 from minips.ops.checkpoints import shard_path
-from minips.protocol.auth import OPERATOR, load_client_keys
-from minips.protocol.partition import partition_of_model
+from minips.provision.keyfiles import OPERATOR, load_client_keys
 from minips.results.report_text import plural
 from minips.results.rundir import check_writable
 from minips.rules import make_rule
@@ -27,7 +27,6 @@ from minips.run.config_checks import check_plan_fits
 from minips.server.server import ParameterServer
 from minips.state.store import SGD
 from minips.transmission.plan import Plan, load_plan
-from minips.transmission.planning.plan_costs import group_gain
 from minips.transmission.planning.planner import Cluster, Network, make_plan
 
 

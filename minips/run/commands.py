@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.run.processes import MINIPS
 
 if TYPE_CHECKING:
@@ -86,4 +86,4 @@ class ProcessCommands:
     def _client_keys(self) -> list[str]:
         """The `--keys` option of the run's workers and evaluator (none without keys)."""
         keys = self.config.keys
-        return ["--keys", keys, "--key-name", auth.WORKER] if keys else []
+        return ["--keys", keys, "--key-name", keyfiles.WORKER] if keys else []

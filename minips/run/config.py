@@ -32,8 +32,8 @@ from minips.data.datasets import DATASET_NAMES
 from minips.data.sharding import check_partition
 from minips.errors import ConfigError
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.auth import load_server_keys
 from minips.protocol.group import ROOT_TIMEOUT
+from minips.provision.keyfiles import load_server_keys
 from minips.rules import (
     DEFAULT_MOMENTUM,
     DEFAULT_RULE,
@@ -73,8 +73,8 @@ def _comma_floats(text: str | None) -> list[float]:
 
 
 def _speed_schedule(text: str | None) -> str:
-    """A `--hetero-schedule`, checked (minips.worker.speeds); nothing given: fixed."""
-    from minips.worker.speeds import SpeedSchedule
+    """A `--hetero-schedule`, checked (minips.run.speeds); nothing given: fixed."""
+    from minips.run.speeds import SpeedSchedule
 
     SpeedSchedule.parse(text or "fixed")  # ScheduleError is a ValueError: its one line
     return text or "fixed"
@@ -95,10 +95,10 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
 
 
 def _rate_text(text: str | None) -> str | None:
-    """A link rate as given ("100mbit"), checked by netlimit.parse_rate; None: unset."""
+    """A link rate as given ("100mbit"), checked by plan_costs.parse_rate; None: unset."""
     if text in (None, "", "unlimited"):
         return None
-    from minips.worker.netlimit import parse_rate
+    from minips.transmission.planning.plan_costs import parse_rate
 
     try:
         parse_rate(text)
@@ -112,7 +112,7 @@ def _shaped_rate_text(text: str | None) -> str | None:
     2^64 - 1), checked here so that no run directory is claimed for a link tc refuses."""
     if (text := _rate_text(text)) is None:
         return None
-    from minips.worker.netlimit import parse_rate
+    from minips.transmission.planning.plan_costs import parse_rate
 
     if not 1 <= parse_rate(text) < 2**64:
         raise ValueError(f"bad rate {text!r}: tc shapes 8bit (1 byte/s) to 2^64 - 1 bytes/s")

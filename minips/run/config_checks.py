@@ -25,9 +25,9 @@ def check_hetero(hetero: list[float], workers: int) -> None:
 
 
 def check_speed_schedule(schedule: str, workers: int) -> None:
-    """ConfigError unless --hetero-schedule is a schedule (minips.worker.speeds) whose
+    """ConfigError unless --hetero-schedule is a schedule (minips.run.speeds) whose
     `away` rank, if any, is one of the run's."""
-    from minips.worker.speeds import ScheduleError, SpeedSchedule
+    from minips.run.speeds import ScheduleError, SpeedSchedule
 
     try:
         kind, args = SpeedSchedule.parse(schedule)
@@ -57,8 +57,8 @@ def check_group(servers: int, shard: int, root: str | None, model: str) -> None:
     if root and servers < 2:
         raise ConfigError("--root joins a server group: give its size, --servers K (K >= 2)")
     if servers > 1:
+        from minips.group.partition import partition_of_model
         from minips.nn import build_model
-        from minips.protocol.partition import partition_of_model
 
         params = build_model(model).params
         rows = sum(max(array.shape[0] if array.ndim else 1, 1) for array in params.values())

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import DataError, MinipsError
-from minips.protocol.partition import partition_of_model
+from minips.group.partition import partition_of_model
 from minips.results.metrics import MetricsLog
 from minips.results.rundir import RunDir, final_stats, latest_eval
 from minips.results.versions import Version, newer_version, run_version, same_version, version_text

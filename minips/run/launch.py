@@ -19,7 +19,7 @@ from typing import Any
 
 from minips.classroom.web.slots import SeatWatch
 from minips.errors import MinipsError
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import (
     RunDir,
@@ -377,7 +377,11 @@ class LocalRun(ProcessCommands):
         Short timeouts: the server may exit (sample budget spent) while a stats request is
         in flight, and the launcher must notice that at once rather than after retries.
         """
-        keys = auth.load_client_keys(self.config.keys, auth.OPERATOR) if self.config.keys else None
+        keys = (
+            keyfiles.load_client_keys(self.config.keys, keyfiles.OPERATOR)
+            if self.config.keys
+            else None
+        )
         return PSClient(endpoint, timeout=1.0, retries=0, keys=keys)
 
     def _elapsed(self) -> float:

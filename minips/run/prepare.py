@@ -24,7 +24,7 @@ from pathlib import Path
 import zmq
 
 from minips.errors import ConfigError, MinipsError, RunDirError
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.results.rundir import RUN_FILES, RunDir
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
@@ -92,10 +92,10 @@ def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) 
     if config.trace:
         check_creatable(config.trace, "--trace")
     check_can_shape(config.netem)
-    if config.keys and (Path(config.keys) / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
-        auth.load_server_keys(config.keys)  # no server key yet: the run makes the keys
-        for client in (auth.WORKER, auth.OPERATOR):
-            auth.load_client_keys(config.keys, client)
+    if config.keys and (Path(config.keys) / f"{keyfiles.SERVER}{keyfiles.SECRET_SUFFIX}").exists():
+        keyfiles.load_server_keys(config.keys)  # no server key yet: the run makes the keys
+        for client in (keyfiles.WORKER, keyfiles.OPERATOR):
+            keyfiles.load_client_keys(config.keys, client)
     if config.browser:
         check_can_listen(config.listen, "--listen")
     if dashboard_listen:
@@ -176,8 +176,8 @@ def _run_keys(config: RunConfig, run_dir: RunDir) -> str | None:
     if not (config.auth or config.keys):
         return None
     directory = Path(config.keys or run_dir.path / "keys")
-    if not (directory / f"{auth.SERVER}{auth.SECRET_SUFFIX}").exists():
-        auth.make_keys(directory)
+    if not (directory / f"{keyfiles.SERVER}{keyfiles.SECRET_SUFFIX}").exists():
+        keyfiles.make_keys(directory)
     return str(directory)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from minips.errors import ConfigError, ShapeError
-from minips.protocol.partition import Slice
+from minips.protocol.slices import Slice
 from minips.protocol.wire import ProtocolError
 
 

@@ -49,11 +49,10 @@ import zmq
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.group import ASSEMBLE_TIMEOUT
-from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message
+from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
 from minips.transmission.codecs import Encoder, Gradient, Spec
 from minips.worker.first_contact import hello_root, identified, nothing_answers
 from minips.worker.hooks import LinkLimit
-from minips.worker.netlimit import frames_nbytes
 from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
 from minips.worker.session import (
     NO_PULL,
@@ -114,7 +113,7 @@ class PSClient:
         # Re-entrant: a push may say hello again (re-registration) while holding it.
         self._lock = threading.RLock()
         self.encoder = Encoder()  # one server's codec state; bytes_sent per parameter
-        # --bandwidth: a token bucket per direction (minips.worker.netlimit), None = unlimited.
+        # --bandwidth: a token bucket per direction (the worker's conditions), None = unlimited.
         self.link: LinkLimit | None = None
         self.session: Session = OneServer(self)  # what the worker calls go to (hello chooses)
         self.group: Session | None = None  # the group's session, once hello found a group

@@ -1,6 +1,7 @@
 """What a worker is given rather than imports: the progress callback, the trace and the
-link limit, each a small interface the operations implement (minips.results.trace writes
-a Chrome trace, minips.cli draws a progress bar, netlimit.Link paces a --bandwidth link).
+conditions a run emulates, each a small interface the operations implement
+(minips.results.trace writes a Chrome trace, minips.cli draws a progress bar,
+minips.run.conditions.Emulated paces a --bandwidth link and slows steps by a schedule).
 
 The trace's categories are the worker's words: the step, its compute, what it sends and
 receives. `NullTrace` is tracing switched off, so the step traces unconditionally.
@@ -11,7 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from minips.errors import ConfigError
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 """progress(samples_done, samples_total, latest): called as training goes on (by the trainer
@@ -82,7 +86,51 @@ class Pacer(Protocol):
 
 
 class LinkLimit(Protocol):
-    """A worker's link (netlimit.Link): `up` paces its requests, `down` the replies."""
+    """A worker's link (minips.run.netlimit.Link): `up` paces its requests, `down` the
+    replies."""
 
     up: Pacer
     down: Pacer
+
+
+class Speeds(Protocol):
+    """How slow a worker is: `extra(step, compute)` seconds to sleep after step `step` (from
+    0), whose compute took `compute` s."""
+
+    def extra(self, step: int, compute: float) -> float: ...
+
+
+class Conditions(Protocol):
+    """The conditions a run emulates on a worker, read from hello's config: a slower
+    machine (`speeds`: the schedule and factor of docs/model.md 4.5) and a slower link
+    (`link`: a --bandwidth rate, None for none)."""
+
+    def speeds(self, schedule: str, factor: float, seed: int, rank: int) -> Speeds: ...
+
+    def link(self, rate: str | None) -> LinkLimit | None: ...
+
+
+@dataclass(frozen=True)
+class FixedSlowdown:
+    """Every step lasts `factor` times its compute: the extra is slept."""
+
+    factor: float = 1.0
+
+    def extra(self, step: int, compute: float) -> float:
+        return max(0.0, (self.factor - 1.0) * compute)
+
+
+class AsItIs:
+    """No emulation: this machine's own link, and a fixed slowdown at most. A config that
+    asks for more (a changing schedule, a --bandwidth) is refused, not quietly ignored:
+    give the worker minips.run.conditions.Emulated (what `minips worker` does)."""
+
+    def speeds(self, schedule: str, factor: float, seed: int, rank: int) -> Speeds:
+        if schedule != "fixed":
+            raise ConfigError(f"hetero_schedule {schedule!r} needs the run's emulated conditions")
+        return FixedSlowdown(factor)
+
+    def link(self, rate: str | None) -> LinkLimit | None:
+        if rate in (None, "", "unlimited"):
+            return None
+        raise ConfigError(f"bandwidth {rate!r} needs the run's emulated conditions")

@@ -26,9 +26,17 @@ from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.rules import WorkerSide, worker_side
 from minips.transmission.plan import Plan, plan_from_hello
 from minips.worker.client import PSClient, PullReply, PushReply, ServerError
-from minips.worker.hooks import COMPUTE, RECV, STEP, NullTrace, ProgressFn, Tracer
-from minips.worker.netlimit import Link
-from minips.worker.speeds import SpeedSchedule
+from minips.worker.hooks import (
+    COMPUTE,
+    RECV,
+    STEP,
+    AsItIs,
+    Conditions,
+    FixedSlowdown,
+    NullTrace,
+    ProgressFn,
+    Tracer,
+)
 from minips.worker.transmit import StepSender
 
 # A batch is computed again at most this many times after its push was answered `bad_base`
@@ -79,7 +87,9 @@ class Worker:
     samples done, the shard's samples over all epochs, and {"train_loss", "updates"}.
     bandwidth: this worker's link rate, e.g. "100mbit" (default: the config's; None:
     unlimited). trace: where to record compute and send/receive spans (`--trace FILE`:
-    minips.results.trace; none by default).
+    minips.results.trace; none by default). conditions: what the run emulates, a slowdown
+    schedule and the link (minips.run.conditions.Emulated; by default none: a fixed
+    slowdown at most, hooks.AsItIs).
     The transmission plan (codecs, push intervals, wait-free) comes from hello's config.
     """
 
@@ -94,6 +104,7 @@ class Worker:
         bandwidth: str | None = None,
         trace: Tracer | None = None,
         on_join: Callable[[WorkerReport, int], None] | None = None,
+        conditions: Conditions | None = None,
     ) -> None:
         self.client = client
         self.on_join = on_join
@@ -106,7 +117,8 @@ class Worker:
         self._latest: dict[str, Any] = {}  # what the progress callback shows
         self.data_dir = data_dir
         self.slowdown = slowdown
-        self.speeds = SpeedSchedule()  # the schedule hello gives (_join); none before
+        self.conditions = conditions or AsItIs()
+        self.speeds = FixedSlowdown()  # the schedule hello gives (_join); none before
         self.max_steps = max_steps
         # Set by `run` from the server's hello (what `step` works with):
         self.report = WorkerReport()
@@ -251,12 +263,12 @@ class Worker:
         slowdown = self.slowdown or (float(hetero[rank]) if rank < len(hetero) else 1.0)
         self.report = WorkerReport(rank=rank, slowdown=slowdown)
         schedule = config.get("hetero_schedule", "fixed")  # docs/model.md 4.5
-        self.speeds = SpeedSchedule.for_worker(schedule, slowdown, int(config.get("seed", 0)), rank)
+        seed, partition = int(config.get("seed", 0)), config.get("partition", "iid")
+        self.speeds = self.conditions.speeds(schedule, slowdown, seed, rank)
         self.report.step_delays = None if schedule == "fixed" else []
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
         self._plan_link_trace(config)
-        seed, partition = int(config.get("seed", 0)), config.get("partition", "iid")
         shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size, partition, seed)
         return shard, EpochShuffle(seed, rank)  # docs/model.md 4.3
 
@@ -270,7 +282,7 @@ class Worker:
         self.sender = StepSender(self.client, self.model, self.plan, self.trace)
         self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
-        self.client.link = Link.from_option(self.report.bandwidth)
+        self.client.link = self.conditions.link(self.report.bandwidth)
 
     def _pull(self, since: int | None) -> bool:
         """Fetch the parameters changed since version `since` into the model; the stop flag."""
@@ -295,7 +307,7 @@ class Worker:
         self._marks.append(now)
 
     def _slow_down(self, compute: float) -> None:
-        """Count `compute` seconds; sleep what this step's speed adds (minips.worker.speeds:
+        """Count `compute` seconds; sleep what this step's speed adds (the conditions':
         with a fixed slowdown F, F - 1 times as long)."""
         self.report.compute_s += compute
         extra = self.speeds.extra(self.report.steps, compute)

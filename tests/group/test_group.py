@@ -12,8 +12,8 @@ import pytest
 from group_support import running_group
 
 from minips.group.fanout import GroupVersion
+from minips.group.partition import partition_of_model
 from minips.nn import build_model
-from minips.protocol.partition import partition_of_model
 from minips.transmission.codecs import Factors
 from minips.worker.client import PSClient, ServerError
 from minips.worker.worker import Worker

@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 
+from minips.group.partition import partition_of_model
 from minips.group.shard import shard_params
 from minips.nn import build_model
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.group_checkpoints import assemble
 from minips.ops.telemetry import Counters
-from minips.protocol.partition import partition_of_model
 from minips.state.store import SGD, ParameterStore
 
 MODEL = build_model("mlp")  # fc1.w is split over 2 shards (rows 0:392, 392:784)

@@ -17,9 +17,9 @@ from test_web_support import quiet_env, require_browser
 
 from minips.classroom.dashboard.collector import Collector
 from minips.classroom.web.grouprelay import GroupRelay
+from minips.group.partition import group_gain
 from minips.nn import build_model
 from minips.protocol import wire
-from minips.transmission.planning.plan_costs import group_gain
 from minips.worker.client import PSClient
 
 MLP = build_model("mlp").params
@@ -55,7 +55,7 @@ def test_an_authenticated_group_trains_and_reports_its_shards(tmp_path):
 
 
 def test_a_client_without_a_key_gets_nothing_from_a_shard(tmp_path):
-    from minips.protocol.auth import make_keys
+    from minips.provision.keyfiles import make_keys
 
     make_keys(tmp_path / "keys")
     with running_group(2, workers=1, keys=str(tmp_path / "keys")) as group:

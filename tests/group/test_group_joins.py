@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from group_support import running_group
 
-from minips.protocol.auth import OPERATOR, load_client_keys, make_keys
+from minips.provision.keyfiles import OPERATOR, load_client_keys, make_keys
 from minips.run.build import join_root, make_server
 from minips.worker.client import PSClient, ServerError
 

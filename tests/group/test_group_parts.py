@@ -14,12 +14,13 @@ from test_server_support import InterruptedAfterFirstFrame, running_server
 
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
+from minips.group.partition import partition
 from minips.group.shard import RootTable
-from minips.protocol import auth, wire
+from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
-from minips.protocol.partition import partition
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import Limits, ProtocolError
+from minips.provision import keyfiles
 from minips.worker.session import NO_PULL
 
 
@@ -314,11 +315,11 @@ def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_pus
 
 def _shard_file(tmp_path, shard: int, version: int, keep_previous: bool) -> None:
     """Shard `shard` of a 2-group of the mlp at `version`, saved by its Checkpointer."""
+    from minips.group.partition import partition_of_model
     from minips.group.shard import shard_params
     from minips.nn import build_model
     from minips.ops.checkpoints import Checkpointer
     from minips.ops.telemetry import Counters
-    from minips.protocol.partition import partition_of_model
     from minips.state.store import SGD, ParameterStore
 
     model = build_model("mlp")
@@ -396,19 +397,19 @@ def _root_of_two(keys=None, stop_grace: float = 0.3):
 
 
 def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
-    from minips.protocol import auth
+    from minips.provision import keyfiles
     from minips.worker.client import PSClient, ServerError
 
-    auth.make_keys(tmp_path / "k")
+    keyfiles.make_keys(tmp_path / "k")
     join = {"op": "join", "shard": 1, "servers": 2, "address": "tcp://127.0.0.1:9"}
-    with _root_of_two(keys=auth.load_server_keys(tmp_path / "k")) as root:
-        worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
+    with _root_of_two(keys=keyfiles.load_server_keys(tmp_path / "k")) as root:
+        worker = keyfiles.load_client_keys(tmp_path / "k", keyfiles.WORKER)
         with PSClient(root.endpoint, timeout=10, retries=0, keys=worker) as client:
             with pytest.raises(ServerError) as refused:
                 client._request(join)
             assert refused.value.code == "operator"
         assert root.group.table.missing() == [1]  # the worker key's join changed nothing
-        operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
+        operator = keyfiles.load_client_keys(tmp_path / "k", keyfiles.OPERATOR)
         with PSClient(root.endpoint, timeout=10, retries=0, keys=operator) as client:
             assert client._request(join).header["shard"] == 1
         assert root.group.table.addresses()[1] == "tcp://127.0.0.1:9"
@@ -462,7 +463,7 @@ def test_a_connection_refused_at_the_handshake_never_blocks_in_send(tmp_path):
     """A CURVE shard drops a keyless connection at its handshake; the DEALER then has no
     pipe to send on: send gives up within SEND_TIMEOUT_MS (the request counts as lost and
     its reply's deadline retries it) instead of blocking the group's exchange for ever."""
-    auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
+    keyfiles.make_keys(tmp_path / "run", clients=("worker", "operator"))
     sent: list[int] = []
 
     def send_many(address: str) -> None:
@@ -475,7 +476,7 @@ def test_a_connection_refused_at_the_handshake_never_blocks_in_send(tmp_path):
             connection.abandon()
         context.term()
 
-    keys = auth.load_server_keys(tmp_path / "run")
+    keys = keyfiles.load_server_keys(tmp_path / "run")
     with running_server(bind="tcp://127.0.0.1:*", keys=keys) as server:
         sending = threading.Thread(target=send_many, args=(server.endpoint,), daemon=True)
         sending.start()

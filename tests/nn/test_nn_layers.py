@@ -1,18 +1,18 @@
-"""Each layer against its loop oracle (minips.nn.naive) and against centred differences."""
+"""Each layer against its loop oracle (classroom/exercise/naive.py) and centred differences."""
 
 import numpy as np
 import pytest
 
-from minips.errors import ShapeError
-from minips.nn import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
-from minips.nn.conv import batch_last
-from minips.nn.gradcheck import numerical_gradient, relative_error
-from minips.nn.naive import (
+from minips.classroom.exercise.gradcheck import numerical_gradient, relative_error
+from minips.classroom.exercise.naive import (
     conv2d_backward_naive,
     conv2d_forward_naive,
     maxpool_backward_naive,
     maxpool_forward_naive,
 )
+from minips.errors import ShapeError
+from minips.nn import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU
+from minips.nn.conv import batch_last
 
 # (in_channels, out_channels, kernel, stride, padding, H, W)
 CONV_CASES = [

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from minips.classroom.exercise.gradcheck import numerical_gradient, relative_error
 from minips.errors import ConfigError, DataError, ShapeError
 from minips.nn import (
     MODEL_NAMES,
@@ -18,7 +19,6 @@ from minips.nn import (
     mlp,
     softmax_cross_entropy,
 )
-from minips.nn.gradcheck import numerical_gradient, relative_error
 from minips.nn.model import pool_blocks, run_order
 
 

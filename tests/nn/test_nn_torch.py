@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from minips.classroom.exercise.gradcheck import relative_error
 from minips.nn import Conv2D, MaxPool2D, lenet5, softmax_cross_entropy
-from minips.nn.gradcheck import relative_error
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

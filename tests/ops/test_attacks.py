@@ -11,7 +11,7 @@ import pytest
 from fuzz_messages import deep_info_hello
 from test_server_support import SHAPES, RawPeer, packb, running_server, snapshot
 
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError
 
 
@@ -27,10 +27,10 @@ def registered_victim(server) -> PSClient:
 
 
 def test_a_worker_key_cannot_stop_the_server_an_operator_key_can(tmp_path):
-    auth.make_keys(tmp_path)
-    worker_keys = auth.load_client_keys(tmp_path, auth.WORKER)
-    operator_keys = auth.load_client_keys(tmp_path, auth.OPERATOR)
-    with running_server(keys=auth.load_server_keys(tmp_path)) as server:
+    keyfiles.make_keys(tmp_path)
+    worker_keys = keyfiles.load_client_keys(tmp_path, keyfiles.WORKER)
+    operator_keys = keyfiles.load_client_keys(tmp_path, keyfiles.OPERATOR)
+    with running_server(keys=keyfiles.load_server_keys(tmp_path)) as server:
         with PSClient(server.endpoint, timeout=5, keys=worker_keys) as worker:
             with pytest.raises(ServerError) as refused:
                 worker.stop()
@@ -43,14 +43,14 @@ def test_a_worker_key_cannot_stop_the_server_an_operator_key_can(tmp_path):
         assert server.stopping
 
 
-@pytest.mark.parametrize("attacker_key", [auth.WORKER, "other"])
+@pytest.mark.parametrize("attacker_key", [keyfiles.WORKER, "other"])
 def test_under_curve_a_worker_id_is_bound_to_its_key_and_its_connection(tmp_path, attacker_key):
     """Another client holding the victim's very key (minips run's workers share one), or
     another admitted key, cannot act as the victim."""
-    auth.make_keys(tmp_path, clients=(auth.WORKER, "other", auth.OPERATOR))
-    victim_keys = auth.load_client_keys(tmp_path, auth.WORKER)
-    attacker_keys = auth.load_client_keys(tmp_path, attacker_key)
-    with running_server(keys=auth.load_server_keys(tmp_path)) as server:
+    keyfiles.make_keys(tmp_path, clients=(keyfiles.WORKER, "other", keyfiles.OPERATOR))
+    victim_keys = keyfiles.load_client_keys(tmp_path, keyfiles.WORKER)
+    attacker_keys = keyfiles.load_client_keys(tmp_path, attacker_key)
+    with running_server(keys=keyfiles.load_server_keys(tmp_path)) as server:
         victim = PSClient(server.endpoint, timeout=5, worker_id="victim", keys=victim_keys)
         attacker = PSClient(server.endpoint, timeout=5, worker_id="victim", keys=attacker_keys)
         with victim, attacker:

@@ -10,18 +10,20 @@ what it lets stop or checkpoint the server.
 import pytest
 from test_server_support import running_server
 
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
 
 def _client(server, keys_dir, name, **kw) -> PSClient:
-    return PSClient(server.endpoint, timeout=5, keys=auth.load_client_keys(keys_dir, name), **kw)
+    return PSClient(
+        server.endpoint, timeout=5, keys=keyfiles.load_client_keys(keys_dir, name), **kw
+    )
 
 
 def test_worker_keys_train_only_operator_keys_stop_and_checkpoint(tmp_path):
     keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, clients=("alice", "bob", "teacher"), operators=("teacher",))
-    keys = auth.load_server_keys(keys_dir)
+    keyfiles.make_keys(keys_dir, clients=("alice", "bob", "teacher"), operators=("teacher",))
+    keys = keyfiles.load_server_keys(keys_dir)
     assert len(keys.allowed) == 3 and len(keys.operators) == 1
     with running_server(keys=keys, checkpoint_path=tmp_path / "ckpt.npz") as server:
         for student in ("alice", "bob"):
@@ -40,16 +42,16 @@ def test_worker_keys_train_only_operator_keys_stop_and_checkpoint(tmp_path):
 
 def test_without_operators_nobody_may_stop_and_an_operator_only_key_is_allowed(tmp_path):
     keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, clients=("w",), operators=())
-    with running_server(keys=auth.load_server_keys(keys_dir)) as server:
+    keyfiles.make_keys(keys_dir, clients=("w",), operators=())
+    with running_server(keys=keyfiles.load_server_keys(keys_dir)) as server:
         with _client(server, keys_dir, "w") as ps, pytest.raises(ServerError) as refused:
             ps.stop()
         assert refused.value.code == "operator"
     # A key only in operators/ (its allowed/ copy removed) is still allowed to connect.
     other = tmp_path / "other"
-    auth.make_keys(other, clients=("w", "op"), operators=("op",))
+    keyfiles.make_keys(other, clients=("w", "op"), operators=("op",))
     (other / "allowed" / "op.key").unlink()
-    keys = auth.load_server_keys(other)
+    keys = keyfiles.load_server_keys(other)
     assert keys.operators <= keys.allowed
     with running_server(keys=keys) as server, _client(server, other, "op") as op:
         op.stop()
@@ -57,11 +59,11 @@ def test_without_operators_nobody_may_stop_and_an_operator_only_key_is_allowed(t
 
 def test_a_key_taken_out_of_allowed_cannot_send_at_all(tmp_path):
     keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, clients=("w", "banned"), operators=())
+    keyfiles.make_keys(keys_dir, clients=("w", "banned"), operators=())
     (keys_dir / "allowed" / "banned.key").unlink()
-    with running_server(keys=auth.load_server_keys(keys_dir)) as server:
+    with running_server(keys=keyfiles.load_server_keys(keys_dir)) as server:
         banned = PSClient(server.endpoint, timeout=0.5, retries=0,
-                          keys=auth.load_client_keys(keys_dir, "banned"))  # fmt: skip
+                          keys=keyfiles.load_client_keys(keys_dir, "banned"))  # fmt: skip
         with banned, pytest.raises(ServerUnavailable):
             banned.stats()
         with _client(server, keys_dir, "w") as ps:
@@ -70,26 +72,26 @@ def test_a_key_taken_out_of_allowed_cannot_send_at_all(tmp_path):
 
 def test_damaged_and_incomplete_key_directories_are_one_line_errors(tmp_path):
     keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, clients=("w",), operators=())
-    with pytest.raises(auth.AuthError, match="key files already exist"):
-        auth.make_keys(keys_dir, clients=("w",), operators=())
-    with pytest.raises(auth.AuthError, match=r"operator names \['x'\] are not among"):
-        auth.make_keys(tmp_path / "new", clients=("w",), operators=("x",))
+    keyfiles.make_keys(keys_dir, clients=("w",), operators=())
+    with pytest.raises(keyfiles.AuthError, match="key files already exist"):
+        keyfiles.make_keys(keys_dir, clients=("w",), operators=())
+    with pytest.raises(keyfiles.AuthError, match=r"operator names \['x'\] are not among"):
+        keyfiles.make_keys(tmp_path / "new", clients=("w",), operators=("x",))
     assert not (tmp_path / "new" / "server.key").exists()  # refused before writing
     # A public key cut short: not a Z85 key of 40 characters.
     public = keys_dir / "w.key"
     text = public.read_text()
     key = text.split('public-key = "')[1].split('"')[0]
     public.write_text(text.replace(key, key[:-1]))
-    with pytest.raises(auth.AuthError, match="holds no Z85 public key"):
-        auth.load_pair(public)
+    with pytest.raises(keyfiles.AuthError, match="holds no Z85 public key"):
+        keyfiles.load_pair(public)
     # A public key file where the server's secret one belongs.
     (keys_dir / "server.key_secret").write_text((keys_dir / "server.key").read_text())
-    with pytest.raises(auth.AuthError, match="holds no secret key"):
-        auth.load_server_keys(keys_dir)
+    with pytest.raises(keyfiles.AuthError, match="holds no secret key"):
+        keyfiles.load_server_keys(keys_dir)
     # No allowed key at all: nobody could ever join.
     empty = tmp_path / "empty"
-    auth.make_keys(empty, clients=("w",), operators=())
+    keyfiles.make_keys(empty, clients=("w",), operators=())
     (empty / "allowed" / "w.key").unlink()
-    with pytest.raises(auth.AuthError, match="no allowed client keys"):
-        auth.load_server_keys(empty)
+    with pytest.raises(keyfiles.AuthError, match="no allowed client keys"):
+        keyfiles.load_server_keys(empty)

@@ -1,4 +1,5 @@
-"""`minips keys` and protocol/auth.py: key files, the allow-list, the sender's key on each frame."""
+"""`minips keys` and CURVE: key files (provision/keyfiles.py), the allow-list, the sender's key
+on each frame (protocol/auth.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import pytest
 import zmq
 
 from minips.protocol import auth
+from minips.provision import keyfiles
 
 
 def test_keys_command_writes_a_key_directory(tmp_path):
     result = subprocess.run([sys.executable, "-m", "minips", "keys", str(tmp_path / "k")],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    server = auth.load_server_keys(tmp_path / "k")
-    worker = auth.load_client_keys(tmp_path / "k", "worker")
-    operator = auth.load_client_keys(tmp_path / "k", "operator")
+    server = keyfiles.load_server_keys(tmp_path / "k")
+    worker = keyfiles.load_client_keys(tmp_path / "k", "worker")
+    operator = keyfiles.load_client_keys(tmp_path / "k", "operator")
     assert worker.server_public == server.pair.public
     assert {worker.pair.public, operator.pair.public} == server.allowed
     assert server.operators == {operator.pair.public}
@@ -29,25 +31,25 @@ def test_keys_command_writes_a_key_directory(tmp_path):
 
 
 def test_missing_keys_are_one_line_errors(tmp_path):
-    with pytest.raises(auth.AuthError, match="no secret key file"):
-        auth.load_server_keys(tmp_path)
-    auth.make_keys(tmp_path, clients=("w1",), operators=())
-    with pytest.raises(auth.AuthError, match="no secret key file .*operator.key_secret"):
-        auth.load_client_keys(tmp_path, "operator")
+    with pytest.raises(keyfiles.AuthError, match="no secret key file"):
+        keyfiles.load_server_keys(tmp_path)
+    keyfiles.make_keys(tmp_path, clients=("w1",), operators=())
+    with pytest.raises(keyfiles.AuthError, match="no secret key file .*operator.key_secret"):
+        keyfiles.load_client_keys(tmp_path, "operator")
 
 
 def test_a_client_named_server_is_refused_and_nothing_is_written(tmp_path):
     """A client `server` would overwrite the server's key pair (and be allowed in with it)."""
-    with pytest.raises(auth.AuthError, match="cannot name key files"):
-        auth.make_keys(tmp_path, clients=("worker", "server"), operators=())
+    with pytest.raises(keyfiles.AuthError, match="cannot name key files"):
+        keyfiles.make_keys(tmp_path, clients=("worker", "server"), operators=())
     assert list(tmp_path.iterdir()) == []
-    auth.check_client_names(("worker", "server2", "my.server"))  # only the exact name clashes
+    keyfiles.check_client_names(("worker", "server2", "my.server"))  # only the exact name clashes
 
 
 def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
-    auth.make_keys(tmp_path, clients=("worker", "operator", "banned"))
+    keyfiles.make_keys(tmp_path, clients=("worker", "operator", "banned"))
     (tmp_path / "allowed" / "banned.key").unlink()
-    keys = auth.load_server_keys(tmp_path)
+    keys = keyfiles.load_server_keys(tmp_path)
     context = zmq.Context()
     gatekeeper = auth.start_gatekeeper(context, keys)
     sockets = []
@@ -62,7 +64,7 @@ def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
             sock = context.socket(zmq.DEALER)
             sockets.append(sock)
             if name is not None:
-                auth.make_curve_client(sock, auth.load_client_keys(tmp_path, name))
+                auth.make_curve_client(sock, keyfiles.load_client_keys(tmp_path, name))
             sock.connect(endpoint)
             sock.send(name.encode() if name else b"plain")
             return sock
@@ -70,7 +72,7 @@ def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
         client("banned"), client(None), client("worker")
         frames = server.recv_multipart(copy=False)
         assert frames[-1].bytes == b"worker"  # the only one that got through
-        assert auth.sender_key(frames[-1]) == auth.load_pair(tmp_path / "worker.key").public
+        assert auth.sender_key(frames[-1]) == keyfiles.load_pair(tmp_path / "worker.key").public
         assert not server.poll(300)  # the banned key and the plain client sent nothing
     finally:
         for sock in sockets:
@@ -86,9 +88,9 @@ def test_the_start_line_says_whether_the_server_is_authenticated(tmp_path, caplo
     from minips.server.server import ParameterServer, ServerOptions
     from minips.state.store import SGD
 
-    auth.make_keys(tmp_path, clients=("worker", "operator"))
+    keyfiles.make_keys(tmp_path, clients=("worker", "operator"))
     lines = {}
-    for name, keys in (("open", None), ("keyed", auth.load_server_keys(tmp_path))):
+    for name, keys in (("open", None), ("keyed", keyfiles.load_server_keys(tmp_path))):
         params = {"w": np.zeros((2, 2), np.float32)}
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="minips.server"):

@@ -168,14 +168,14 @@ def test_the_launchers_client_holds_the_operator_key_of_an_authenticated_run(tmp
 
     from test_server_support import running_server
 
-    from minips.protocol import auth
+    from minips.provision import keyfiles
     from minips.run.launch import LocalRun
     from minips.worker.client import ServerError
 
-    auth.make_keys(tmp_path)
+    keyfiles.make_keys(tmp_path)
     launcher = SimpleNamespace(config=SimpleNamespace(keys=str(tmp_path)))
-    with running_server(keys=auth.load_server_keys(tmp_path)) as server:
-        worker_key = auth.load_client_keys(tmp_path, auth.WORKER)
+    with running_server(keys=keyfiles.load_server_keys(tmp_path)) as server:
+        worker_key = keyfiles.load_client_keys(tmp_path, keyfiles.WORKER)
         with PSClient(server.endpoint, timeout=5.0, keys=worker_key) as worker:
             with pytest.raises(ServerError) as refused:
                 worker.stop()

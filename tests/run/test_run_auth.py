@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from minips.cli.ps_cmd import server_command
 from minips.protocol import auth, wire
+from minips.provision import keyfiles
 from minips.run.build import make_server
 from minips.run.config import RunConfig
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
@@ -53,7 +54,7 @@ def _wait_until_training(out: Path, key_name: str, timeout: float = 60) -> str:
     while time.monotonic() < deadline:
         endpoint = (out / "endpoint").read_text().strip() if (out / "endpoint").exists() else ""
         if endpoint:  # written after the keys: the server was started with them
-            keys = auth.load_client_keys(out / "keys", key_name)
+            keys = keyfiles.load_client_keys(out / "keys", key_name)
             with PSClient(endpoint, timeout=5, keys=keys) as operator:
                 if operator.stats()["updates"] > 0:
                     return endpoint
@@ -99,16 +100,16 @@ def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path
     proc = _start_run(out, "--auth", "--epochs", "300")
     try:
         keys_dir = out / "keys"
-        endpoint = _wait_until_training(out, auth.OPERATOR)
-        operator_keys = auth.load_client_keys(keys_dir, auth.OPERATOR)
+        endpoint = _wait_until_training(out, keyfiles.OPERATOR)
+        operator_keys = keyfiles.load_client_keys(keys_dir, keyfiles.OPERATOR)
         # No key at all, then a key pair the server never allowed (it knows the server's key).
         _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder"))
-        auth.make_keys(tmp_path / "other")
-        stranger = auth.load_client_keys(tmp_path / "other", auth.OPERATOR)
+        keyfiles.make_keys(tmp_path / "other")
+        stranger = keyfiles.load_client_keys(tmp_path / "other", keyfiles.OPERATOR)
         wrong = auth.ClientKeys(stranger.pair, operator_keys.server_public)
         _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder", keys=wrong))
         # A worker's key connects, but cannot stop the run.
-        worker_keys = auth.load_client_keys(keys_dir, auth.WORKER)
+        worker_keys = keyfiles.load_client_keys(keys_dir, keyfiles.WORKER)
         with PSClient(endpoint, timeout=5, keys=worker_keys) as worker:
             with pytest.raises(ServerError) as refused:
                 worker.stop()

@@ -11,8 +11,8 @@ import pytest
 from test_server_support import RawPeer, running_server
 
 from minips.ops.request_checks import OverflowCheck
-from minips.protocol import auth
 from minips.protocol.wire import ProtocolError
+from minips.provision import keyfiles
 from minips.state.store import SGD, ParameterStore
 from minips.worker.client import PSClient, ServerError
 
@@ -125,11 +125,11 @@ def test_a_hello_whose_role_is_not_a_string_is_refused():
 
 def test_under_curve_only_an_operator_key_may_stop_or_checkpoint(tmp_path):
     """require_operator: an allowed worker key gets `operator` for both, and nothing changes."""
-    auth.make_keys(tmp_path / "k")
-    worker = auth.load_client_keys(tmp_path / "k", auth.WORKER)
-    operator = auth.load_client_keys(tmp_path / "k", auth.OPERATOR)
+    keyfiles.make_keys(tmp_path / "k")
+    worker = keyfiles.load_client_keys(tmp_path / "k", keyfiles.WORKER)
+    operator = keyfiles.load_client_keys(tmp_path / "k", keyfiles.OPERATOR)
     path = tmp_path / "ckpt.npz"
-    keys = auth.load_server_keys(tmp_path / "k")
+    keys = keyfiles.load_server_keys(tmp_path / "k")
     with running_server(keys=keys, checkpoint_path=path) as server:
         with PSClient(server.endpoint, timeout=5, keys=worker) as ps:
             assert ps.hello()["rank"] == 0  # the worker key is allowed in

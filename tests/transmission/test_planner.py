@@ -16,6 +16,7 @@ from minips.cli.plan_table import format_table
 from minips.errors import ConfigError
 from minips.nn import build_model, lenet5, softmax_cross_entropy
 from minips.run.config import RunConfig
+from minips.run.netlimit import Link
 from minips.transmission.codecs import Encoder, Factors
 from minips.transmission.plan import Plan
 from minips.transmission.planning.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
@@ -33,7 +34,6 @@ from minips.transmission.planning.planner import (
     predict_step,
     push_ladder,
 )
-from minips.worker.netlimit import Link
 
 DENSE_BYTES = 431_080 * 4  # LeNet-5, each way
 LAYERS = [LayerTime("conv1", "conv", 4.4, 4.0), LayerTime("conv2", "conv", 5.5, 9.8),

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from test_server_support import running_server
 
-from minips.protocol import auth
+from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerUnavailable
 
 
@@ -48,9 +48,9 @@ def test_a_worker_to_nothing_says_so_in_one_line_within_10_s_by_default():
 
 
 def test_a_worker_without_keys_or_with_others_is_told_keys_may_be_why(tmp_path):
-    auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
-    auth.make_keys(tmp_path / "other", clients=("worker",), operators=())
-    keys = auth.load_server_keys(tmp_path / "run")
+    keyfiles.make_keys(tmp_path / "run", clients=("worker", "operator"))
+    keyfiles.make_keys(tmp_path / "other", clients=("worker",), operators=())
+    keys = keyfiles.load_server_keys(tmp_path / "run")
     options = [("--wait", "2"), ("--wait", "2", "--keys", str(tmp_path / "other"))]
     with running_server(bind="tcp://127.0.0.1:*", keys=keys) as server:
         with ThreadPoolExecutor(2) as pool:  # both at once: each waits its 2 s alone
@@ -121,8 +121,8 @@ def test_a_client_without_the_key_is_told_no_reply_in_bounded_time_every_time(tm
     """A CURVE server drops a plain client's connection at the handshake: a DEALER then has
     no connection to send on, and its send must time out like the wait for a reply (it
     blocked for ever, now and then: the request never left)."""
-    auth.make_keys(tmp_path / "run", clients=("worker", "operator"))
-    keys = auth.load_server_keys(tmp_path / "run")
+    keyfiles.make_keys(tmp_path / "run", clients=("worker", "operator"))
+    keys = keyfiles.load_server_keys(tmp_path / "run")
     outcomes: list[str] = []
 
     def ask_many_times(address: str) -> None:

@@ -263,7 +263,7 @@ class RunDashboard:
         """Serve the page; its URL (None without a page)."""
         if self.listen is None:
             return None
-        from minips.protocol.auth import OPERATOR, load_client_keys
+        from minips.provision.keyfiles import OPERATOR, load_client_keys
 
         keys = load_client_keys(self.keys_dir, OPERATOR) if self.keys_dir else None
         url, self.collector, self._stop = _serve(

@@ -2,8 +2,8 @@
 
 Each student answer is compared with two references that do not depend on each other:
 minips's own layer (minips.nn, float64) and centred differences of the forward pass
-(minips.nn.gradcheck) at sampled coordinates; the check first confirms that the two agree,
-so a finding is about the student's code, not the reference.
+(gradcheck.py) at sampled coordinates; the check first confirms that the two agree, so a
+finding is about the student's code, not the reference.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from types import ModuleType
 import numpy as np
 
 from minips.classroom.exercise.common import CheckResult, call, compare, student_function
+from minips.classroom.exercise.gradcheck import numerical_gradient, relative_error
+from minips.classroom.exercise.naive import conv2d_forward_naive
 from minips.nn import Conv2D, Dense, softmax_cross_entropy
-from minips.nn.gradcheck import numerical_gradient, relative_error
-from minips.nn.naive import conv2d_forward_naive
 
 RTOL = 1e-5  # float64 throughout: a right answer agrees to ~1e-12
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,6 @@ import numpy as np
 from minips.errors import ConfigError
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.protocol import wire
-from minips.protocol.partition import partition_of_model
 from minips.transmission.codecs import Encoder, Factors, Spec, decode_gradients, parse_spec
 from minips.transmission.plan import ParamPlan, Plan, parse_pull_spec
 
@@ -259,6 +259,36 @@ class Measured:
 # ------------------------------------------------------------------ link and cluster
 
 
+# tc's rate units (tc(8), "RATES"): decimal SI, bits or bytes per second; the IEC ones
+# (kibit = 1024 bit/s) are accepted too, as tc does.
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_BITS.update({"kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40})
+_BYTES = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
+_BYTES.update({"kibps": 2**10, "mibps": 2**20, "gibps": 2**30, "tibps": 2**40})
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+
+
+def parse_rate(text: str) -> float:
+    """A tc-style rate ("100mbit", "1gbit", "12.5mbps") in bytes per second.
+
+    Units as in tc(8): bit, kbit, mbit, gbit, tbit (bits/s, powers of 1000), bps, kbps,
+    mbps, gbps, tbps (BYTES/s, as tc means them), and IEC kibit, mibit, ... kibps, mibps.
+    A bare number is refused: tc reads it as bits, people often mean bytes.
+    """
+    match = _RATE.fullmatch(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _BITS and unit not in _BYTES:
+        raise ConfigError(
+            f"bad rate {text!r}: expected a number and a unit, e.g. 100mbit, 1gbit, 500kbit, "
+            "10mbps (bytes/s)"
+        )
+    value = float(match.group(1))
+    rate = value * _BITS[unit] / 8 if unit in _BITS else value * _BYTES[unit]
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError(f"bad rate {text!r}: it must be positive and finite")
+    return rate
+
+
 @dataclass(frozen=True)
 class Network:
     """The network a plan is for, in bytes/s. bandwidth: each worker's own link, both
@@ -272,8 +302,6 @@ class Network:
     @classmethod
     def parse(cls, bandwidth: str | None = None, netem: str | None = None) -> Network:
         """From the options' text ("100mbit"); ConfigError (one line) for a bad rate."""
-        from minips.worker.netlimit import parse_rate
-
         return cls(
             parse_rate(bandwidth) if bandwidth else None, parse_rate(netem) if netem else None
         )
@@ -320,7 +348,7 @@ class Cluster:
     multiple of this machine's (a browser's is larger, minips.run.build; empty: all 1).
     barrier: the rule waits for the slowest worker every round (ssgd). link_gain: how many
     times a worker's share of a shared link grows when each of the K shards is behind a
-    link of its own (planner.group_gain; 1 for one server)."""
+    link of its own (minips.group.partition.group_gain; 1 for one server)."""
 
     workers: int
     servers: int = 1
@@ -350,14 +378,3 @@ class Cluster:
         cores: max(1, (N + K) / cores) (each busy process gets cores / (N + K) of them)."""
         cores = self.cores or os.cpu_count() or 1
         return max(1.0, (self.workers + self.servers) / cores)
-
-
-def group_gain(model: Sequential, servers: int) -> float:
-    """How many times a worker's share of a server's link grows with a group of `servers`
-    shards, each behind a link of its own: a step's bytes split by the partition, every
-    shard's part crossing its own link at once, so the largest part sets the time. 1 for
-    one server; LeNet-5: 1.98 at 2 shards, 3.87 at 4."""
-    if servers == 1:
-        return 1.0
-    shard_bytes = partition_of_model(model.params, servers).shard_bytes()
-    return sum(shard_bytes) / max(shard_bytes)

@@ -1,5 +1,5 @@
 // How slow a browser worker is at each step (docs/model.md §4.5): the same schedules and
-// draws as minips/worker/speeds.py, so a tab and a NumPy worker of one rank sleep alike.
+// draws as minips/run/speeds.py, so a tab and a NumPy worker of one rank sleep alike.
 const MASK64 = (1n << 64n) - 1n;
 const SPEED_SALT = 0x5350454544n; // "SPEED": never the batch order's stream
 const PARETO_CAP = 100; // the longest heavy-tailed step, in compute times

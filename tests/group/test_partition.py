@@ -1,4 +1,4 @@
-"""The partition of a model over a server group (minips/protocol/partition.py, docs/protocol.md
+"""The partition of a model over a server group (minips/group/partition.py, docs/protocol.md
 16.1): balanced for the zoo's models, exactly the documented rule, and its slices views."""
 
 import re
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from minips.errors import ConfigError
+from minips.group.partition import SLICE_BYTES, partition, partition_of_model
 from minips.nn import build_model
-from minips.protocol.partition import SLICE_BYTES, partition, partition_of_model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

@@ -24,21 +24,11 @@ a sleep that oversleeps is not lost: the next call finds those tokens in the buc
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
 
 from minips.errors import ConfigError
-
-# tc's rate units (tc(8), "RATES"): decimal SI, bits or bytes per second; the IEC ones
-# (kibit = 1024 bit/s) are accepted too, as tc does.
-_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_BITS.update({"kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40})
-_BYTES = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
-_BYTES.update({"kibps": 2**10, "mibps": 2**20, "gibps": 2**30, "tibps": 2**40})
-_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+from minips.transmission.planning.plan_costs import parse_rate
 
 # Default burst: 2 ms of traffic (25 kB at 100 Mbit/s, near minips/run/netem.py's tbf burst of
 # 32 KiB), but at least one Ethernet frame. Small on purpose: a real link never sends faster
@@ -46,27 +36,6 @@ _RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", re.IG
 # once per direction per round trip (10 ms would flatter a 1.7 MB round trip by 7%).
 DEFAULT_BURST_SECONDS = 0.002
 MIN_BURST_BYTES = 1500
-
-
-def parse_rate(text: str) -> float:
-    """A tc-style rate ("100mbit", "1gbit", "12.5mbps") in bytes per second.
-
-    Units as in tc(8): bit, kbit, mbit, gbit, tbit (bits/s, powers of 1000), bps, kbps,
-    mbps, gbps, tbps (BYTES/s, as tc means them), and IEC kibit, mibit, ... kibps, mibps.
-    A bare number is refused: tc reads it as bits, people often mean bytes.
-    """
-    match = _RATE.fullmatch(str(text))
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _BITS and unit not in _BYTES:
-        raise ConfigError(
-            f"bad rate {text!r}: expected a number and a unit, e.g. 100mbit, 1gbit, 500kbit, "
-            "10mbps (bytes/s)"
-        )
-    value = float(match.group(1))
-    rate = value * _BITS[unit] / 8 if unit in _BITS else value * _BYTES[unit]
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ConfigError(f"bad rate {text!r}: it must be positive and finite")
-    return rate
 
 
 class TokenBucket:
@@ -134,19 +103,3 @@ class Link:
 
     def __repr__(self) -> str:
         return f"Link({self.rate * 8 / 1e6:g} Mbit/s each way)"
-
-
-def frames_nbytes(frames: Iterable[Any]) -> int:
-    """Bytes in a multipart message: bytes, memoryviews, NumPy arrays or zmq.Frame objects.
-
-    (`len()` of a memoryview counts items, not bytes, hence `.nbytes` first.)
-    """
-    total = 0
-    for frame in frames:
-        if hasattr(frame, "nbytes"):
-            total += frame.nbytes
-        elif hasattr(frame, "buffer"):  # zmq.Frame
-            total += frame.buffer.nbytes
-        else:
-            total += len(frame)
-    return total

@@ -1,4 +1,4 @@
-"""Speeds that change (minips.worker.speeds, docs/model.md 4.5): each schedule's steps by
+"""Speeds that change (minips.run.speeds, docs/model.md 4.5): each schedule's steps by
 hand, the same draws in Python and in the browser's JavaScript, the option's one-line
 errors, and a real run whose worker goes away and comes back, its sleeps in its report."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from minips.errors import ConfigError
 from minips.run.config import RunConfig
-from minips.worker.speeds import (
+from minips.run.speeds import (
     PARETO_CAP,
     ScheduleError,
     SpeedSchedule,
@@ -151,3 +151,30 @@ def test_a_worker_away_for_a_while_comes_back_and_its_sleeps_are_recorded(tmp_pa
     )
     assert stayed["step_delays"] == [0.0] * len(stayed["step_delays"])
     assert away["slowdown_s"] == pytest.approx(2.0, abs=1e-3)
+
+
+def test_a_worker_emulates_only_what_it_is_given():
+    """`minips worker` hands its Worker the run's conditions (Emulated): the schedule and the
+    link. A Worker given none keeps a fixed slowdown and refuses the rest, never quietly
+    running faster than the run asked."""
+    from minips.errors import ConfigError
+    from minips.run.conditions import Emulated
+    from minips.run.netlimit import Link
+    from minips.worker.hooks import AsItIs, FixedSlowdown
+
+    emulated = Emulated()
+    assert emulated.speeds("pareto:1.5:0.1", 2.0, 7, 1) == SpeedSchedule.for_worker(
+        "pareto:1.5:0.1", 2.0, 7, 1
+    )
+    assert isinstance(emulated.link("100mbit"), Link) and emulated.link(None) is None
+    fixed = AsItIs().speeds("fixed", 3.0, 7, 1)
+    assert fixed == FixedSlowdown(3.0)
+    for step, compute in ((0, 0.25), (5, 0.125)):
+        assert fixed.extra(step, compute) == SpeedSchedule.for_worker("fixed", 3.0, 7, 1).extra(
+            step, compute
+        )
+    assert AsItIs().link(None) is None and AsItIs().link("unlimited") is None
+    with pytest.raises(ConfigError, match="hetero_schedule 'away:1:3:2' needs"):
+        AsItIs().speeds("away:1:3:2", 1.0, 0, 1)
+    with pytest.raises(ConfigError, match="bandwidth '100mbit' needs"):
+        AsItIs().link("100mbit")

@@ -15,9 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.data import IDX_FILES, download, fetch, load_dataset, write_idx
+from minips.data import IDX_FILES, load_dataset, write_idx
 from minips.data.synthetic import make_synthetic
 from minips.errors import ConfigError, DataError
+from minips.provision import fetch
+from minips.provision.fetch import download
 
 FILENAMES = [f"{stem}.gz" for stem in IDX_FILES.values()]
 
@@ -143,7 +145,7 @@ def test_nothing_to_download(name, tmp_path):
 
 
 def test_official_checksums_cover_every_file():
-    from minips.data import BASE_URLS, CHECKSUMS
+    from minips.provision.fetch import BASE_URLS, CHECKSUMS
 
     for name in ("fashion-mnist", "mnist"):
         assert BASE_URLS[name].startswith("http")

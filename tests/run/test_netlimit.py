@@ -8,8 +8,10 @@ import pytest
 import zmq
 
 from minips.errors import ConfigError
-from minips.worker import netlimit
-from minips.worker.netlimit import Link, TokenBucket, frames_nbytes, parse_rate
+from minips.protocol.wire import frames_nbytes
+from minips.run import netlimit
+from minips.run.netlimit import Link, TokenBucket
+from minips.transmission.planning.plan_costs import parse_rate
 
 
 @pytest.mark.parametrize(
