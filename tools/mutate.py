@@ -183,31 +183,36 @@ def main(argv: list[str] | None = None) -> int:
         return check(mutants)
     workdir = Path(tempfile.mkdtemp(prefix="minips-mutate-"))
     stopping = threading.Event()
+    results: list[dict] = []  # in the order they end; kept when interrupted
+    interrupted = False
     try:
         trees = [clean_copy(workdir / f"job{j}") for j in range(max(1, args.jobs))]
         queues = [mutants[j :: len(trees)] for j in range(len(trees))]
 
-        def run_queue(j: int) -> list[dict]:
-            rows = []
+        def run_queue(j: int) -> None:
             for mutant in queues[j]:
                 if stopping.is_set():
                     break
                 row = run_mutant(trees[j], mutant, args.timeout, args.all)
+                if stopping.is_set():
+                    break  # its tests were ended by the interrupt: no verdict
                 print(f"{row['verdict']:9} {row['id']:40} {row.get('seconds', '')}", flush=True)
-                rows.append(row)
-            return rows
+                results.append(row)
 
         with ThreadPoolExecutor(len(trees)) as pool:
             futures = [pool.submit(run_queue, j) for j in range(len(trees))]
             try:
-                results = [row for future in futures for row in future.result()]
+                for future in futures:
+                    future.result()
             except KeyboardInterrupt:
                 stopping.set()
                 for proc in list(RUNNING):
                     end_group(proc)
-                raise
+                interrupted = True
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if interrupted:  # what was decided is kept: --only the rest resumes the list
+        print(f"interrupted after {len(results)} of {len(mutants)} mutants", file=sys.stderr)
     totals = score(results)
     for row in results:
         if row["verdict"] in ("survived", "invalid"):
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(totals))
     if args.out:
         args.out.write_text(json.dumps({"totals": totals, "results": results}, indent=1) + "\n")
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":
