@@ -23,7 +23,7 @@ def _experiment(out: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "tools" / "experiment.py"), "--quick", "--out", str(out),
          "--settings", "homogeneous,noniid-0.1", "--seeds", "0,1", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"},
+        capture_output=True, text=True, timeout=600, env={**os.environ, "MPLBACKEND": "Agg"},
     )  # fmt: skip
 
 
@@ -34,7 +34,8 @@ def _is_png(path: Path) -> bool:
 def test_experiment_quick_grid(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "grid"
-    done = _experiment(out, "--rules", "asgd,dana-gap,no-such-rule", "--lr", "0.02")
+    # One rule (4 real `minips run`s): how rules split into cells is test_cells_of_...'s.
+    done = _experiment(out, "--rules", "asgd,no-such-rule", "--lr", "0.02")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "skipping rule 'no-such-rule'" in done.stdout
     table = (out / "results.md").read_text()
