@@ -18,6 +18,7 @@ import zmq
 
 from minips.protocol import auth, wire
 from minips.protocol.wire import Limits, Message
+from minips.worker.client import new_socket_if_interrupted
 from minips.worker.first_contact import identified
 from minips.worker.replies import ServerUnavailable
 
@@ -64,14 +65,10 @@ class Connection:
         self.rid += 1
         frames = wire.encode_parts({**identified(header), "rid": self.rid}, parts)
         try:
-            self.socket.send_multipart(frames, copy=False)
+            with new_socket_if_interrupted(self.abandon):
+                self.socket.send_multipart(frames, copy=False)
         except zmq.Again:  # lost before it left: its reply's deadline sends it again
             return 0
-        except KeyboardInterrupt:
-            # Between two of pyzmq's per-frame sends: half a message on the socket, which
-            # the next request (the bye on the way out) would complete into garbage.
-            self.abandon()
-            raise
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
 
     def take(self) -> tuple[Message | None, int]:

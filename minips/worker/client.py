@@ -39,7 +39,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -338,7 +338,7 @@ class PSClient:
         if self.link is not None:  # the request crosses the (emulated) link first
             self.link.up.wait(frames_nbytes(frames))
         try:
-            with new_socket_if_interrupted(self):
+            with new_socket_if_interrupted(self._close_socket):
                 sock.send_multipart(frames, copy=False)
         except zmq.Again:
             return False
@@ -378,15 +378,16 @@ def group_side(client: PSClient) -> GroupSide:
 
 
 @contextmanager
-def new_socket_if_interrupted(client: PSClient) -> Iterator[None]:
+def new_socket_if_interrupted(close_socket: Callable[[], None]) -> Iterator[None]:
     """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message on
     the socket, which the next request (the bye on the way out) would complete into
-    garbage: the socket is closed, as Lazy Pirate does, so the next request starts on a
-    new one (the server hands the routing id over to it)."""
+    garbage: `close_socket()` closes it, as Lazy Pirate does, so the next request starts
+    on a new one (the server hands the routing id over to it). Used by PSClient and by a
+    group's shard connections."""
     try:
         yield
     except KeyboardInterrupt:
-        client._close_socket()
+        close_socket()
         raise
 
 
