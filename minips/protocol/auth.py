@@ -16,9 +16,12 @@ The key files that hold the keys (`minips keys DIR`) are minips/provision/keyfil
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ def start_gatekeeper(context: zmq.Context, keys: ServerKeys) -> ThreadAuthentica
 
     It admits exactly the keys in `keys.allowed` (all domains). Start it before binding.
     """
+    # Imported here: it pulls in asyncio (about 40 ms), which a process without CURVE never needs.
+    from zmq.auth.thread import ThreadAuthenticator
+
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
     authenticator.configure_curve_callback("*", credentials_provider=AllowList(keys.allowed))
