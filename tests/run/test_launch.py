@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minips.errors import ConfigError
@@ -117,6 +118,37 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path, whole_group):
     assert all(_gone(pid) for pid in pids)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing at all is left in the run's process group
+
+
+def _processes_of(out: Path) -> list[int]:
+    """The pids of every live process whose command line names the run folder `out`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        if entry.name.isdigit() and str(out) in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launcher_killed_outright_leaves_no_process_behind(tmp_path):
+    """SIGKILL gives the launcher no cleanup: its server, evaluator and workers are told by
+    the kernel instead, and stop as they do on SIGTERM (the server keeps its model)."""
+    proc = _start_run(tmp_path, "--epochs", "500", "--model", "mlp", "--dataset", "synthetic")
+    _wait_for_workers(tmp_path, 2)
+    children = [pid for pid in _processes_of(tmp_path) if pid != proc.pid]
+    assert len(children) == 4, children  # the server, the evaluator, two workers
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while _processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_of(tmp_path) == [], "a child of the killed launcher still runs"
+    with np.load(tmp_path / "checkpoint.npz") as model:
+        assert int(model["version"]) > 0  # the server's stop kept what the run trained
 
 
 def test_options_also_come_from_environment_variables(tmp_path):
