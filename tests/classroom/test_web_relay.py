@@ -89,7 +89,12 @@ def test_a_retried_fused_push_is_answered_with_its_pull_half_afresh():
             assert _reply(relay.handle(_frames({"op": "hello", "rid": 1, "worker": "tab"})))
             push = {"op": "push", "worker": "tab", "seq": 0, "base": 0, "pull_since": None}
             first = _reply(relay.handle(_frames({**push, "rid": 2}, GRADS)))
+            bytes_in = [s.ops.counters.bytes_in for s in group.servers]
             again = _reply(relay.handle(_frames({**push, "rid": 3}, GRADS)))
+            # answered from the relay's memory: only the pull half went on, not the gradient
+            grown = [s.ops.counters.bytes_in - before
+                     for s, before in zip(group.servers, bytes_in, strict=True)]  # fmt: skip
+            assert all(0 < size < 1024 for size in grown), grown  # a header; a slice: ~470 kB
             assert first.header["version"] == again.header["version"] == 1
             assert set(again.arrays) == set(first.arrays) == set(GRADS)  # its pull half
             for name, array in first.arrays.items():
