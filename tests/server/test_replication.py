@@ -1,0 +1,77 @@
+"""Two replicas of one server as real processes (`minips server --replicas 2` and
+`--backup-of LINK`): the backup takes over the primary's address once the primary is
+SIGKILLed, with the primary's registry, so a push retried across the failover is
+answered from memory and applied once (docs/protocol.md 17)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from minips.nn import build_model
+from minips.worker.client import PSClient
+
+SERVE = ("--workers", "1", "--rule", "asgd", "--model", "mlp", "--dataset", "synthetic",
+         "--lr", "0.1", "--seed", "0")  # fmt: skip
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        assert proc.poll() is None, f"the server exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError(f"no {path}")
+
+
+@contextmanager
+def replicas(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
+    """A primary and its backup; yields both processes and the clients' address."""
+    endpoint = tmp_path / "endpoint"
+    server = [sys.executable, "-m", "minips", "server", *SERVE]
+    logs = [open(tmp_path / name, "w") for name in ("primary.log", "backup.log")]  # noqa: SIM115
+    primary = subprocess.Popen([*server, "--replicas", "2", "--bind", "tcp://127.0.0.1:*",
+                                "--endpoint-file", str(endpoint)],
+                               stdout=logs[0], stderr=subprocess.STDOUT)  # fmt: skip
+    backup = None
+    try:
+        address = _wait_file(endpoint, primary)
+        link = _wait_file(Path(f"{endpoint}-link"), primary)
+        backup = subprocess.Popen([*server, "--backup-of", link], stdout=logs[1],
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+        yield primary, backup, address
+    finally:
+        for proc in (primary, backup):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        with PSClient(address, timeout=2.0, retries=10, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            first = client.push(grads, base=base)
+            assert first.version == 1 and first.applied
+            os.kill(primary.pid, signal.SIGKILL)
+            client._seq = 0  # its reply lost with the primary: the same push again
+            again = client.push(grads, base=base)
+            stats = client.stats()
+        assert backup.poll() is None, "the backup serves on"
+    assert (again.version, again.applied) == (first.version, first.applied)
+    assert stats["version"] == 1 and stats["updates"] == 1
+    assert [w["pushes"] for w in stats["workers"] if w["worker"] == "w"] == [1]
+    assert "took over as primary" in (tmp_path / "backup.log").read_text()
