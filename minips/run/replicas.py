@@ -16,9 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from minips.results.metrics import MetricsLog
+from minips.results.metrics import MetricsLog, read_metrics
 from minips.run.config import RunConfig
 from minips.run.processes import MINIPS, ProcessGroup
+from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
 from minips.server.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 
@@ -106,6 +107,14 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _failover_record(log: Path) -> dict[str, Any]:
+    """The `failover` record a backup that took over wrote first in its log ({}: none)."""
+    if not log.exists():
+        return {}
+    records = read_metrics(log)
+    return next((r for r in records if r.get("event") == "failover"), {})
+
+
 class ReplicaWatch:
     """The replicas of a `minips run` (module docstring): the backup's start, and the
     failover the launcher sees when the primary's process dies."""
@@ -146,9 +155,18 @@ class ReplicaWatch:
         return True
 
     def records(self) -> dict[str, Any]:
-        """The summary's replication fields."""
+        """The summary's replication fields; each failover's updates lost: the versions
+        the dead primary logged past the one its backup took over at (its log's
+        `failover` record)."""
+        for number, failover in enumerate(self.failovers, start=1):
+            taken = _failover_record(self.dir.updates_log(number))
+            dead = last_logged_version(self.dir.updates_log(number - 1))
+            failover["version"] = taken.get("version")
+            failover["takeover_s"] = taken and round(taken["silent_s"] + taken["bind_s"], 3)
+            failover["updates_lost"] = max(0, dead - taken["version"]) if taken else None
+        lost = sum(f["updates_lost"] or 0 for f in self.failovers)
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": [], "updates_lost": 0}  # fmt: skip
+                "replacements": [], "updates_lost": lost}  # fmt: skip
 
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 3)

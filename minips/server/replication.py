@@ -110,8 +110,15 @@ class ReplicatedServer(ParameterServer):
         if self.role == PRIMARY and self.sent == 0 and self.link is not None:
             self.await_backup(self.replica.join_wait)
         super().run()
-        if self.backup is not None:
+
+    def finished(self) -> bool:
+        """A primary done serving lets its backup go before its last checkpoint, which may
+        take longer than the failover bound."""
+        done = super().finished()
+        if done and self.role == PRIMARY and self.backup is not None:
             self._send({"r": "end"})
+            self.backup = None
+        return done
 
     def serve(self, frames: list[Any], dropped: int = 0) -> None:
         """One request: on a primary with a backup, acknowledged by the backup first."""
