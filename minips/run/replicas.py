@@ -4,9 +4,9 @@
 a replication link (written beside its endpoint file, `<endpoint file>-link`) for its
 backup, `minips server --backup-of LINK` from the same configuration (minips.server.
 replication). `minips run --replicas 2` starts both; when the primary dies the backup
-takes over on the same address, and `ReplicaWatch` makes it the run's server ("server")
-and records the failover for the summary. A replacement for the dead replica (a state
-transfer to a new backup) is not built yet: the run goes on with one replica.
+takes over on the same address, and `ReplicaWatch` makes it the run's server ("server"),
+records the failover for the summary, and starts a replacement backup, which joins the
+new primary with a snapshot of its state (minips.server.snapshot) while training goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from minips.server.options import ServerOptions
 from minips.server.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 
 PRIVATE_BIND = "tcp://127.0.0.1:*"  # a backup's own socket: no client knows it
+MAX_REPLACEMENTS = 10  # a replica that keeps dying is a bug to report, not to hide
 
 
 def replicated(
@@ -83,15 +84,22 @@ def serve_replica(
 
         ps = make_server(config, on_update=on_update)
         assert isinstance(ps, ReplicatedServer)
-        if backup:
-            ps.on_promote = log.open
-            click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
-        else:
+
+        def listening(record: dict[str, Any] | None = None) -> None:
+            """Serving: the clients' address and the link's, for a launcher and a person."""
+            if record is not None:
+                log.open(record)
             click.echo(f"minips server on {ps.endpoint}, rule {config.rule}, replication "
                        f"link {ps.link_endpoint}")  # fmt: skip
             if endpoint_file:
                 _write_atomically(link_file(endpoint_file), ps.link_endpoint or "")
                 _write_atomically(Path(endpoint_file), ps.endpoint)
+
+        if backup:
+            ps.on_promote = listening
+            click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
+        else:
+            listening()
         ps.serve_forever()
         if ps.role == PRIMARY:  # a backup that never took over leaves no record
             log.write("server", stats=ps.stats(), failovers=ps.failovers)
@@ -116,43 +124,67 @@ def _failover_record(log: Path) -> dict[str, Any]:
 
 
 class ReplicaWatch:
-    """The replicas of a `minips run` (module docstring): the backup's start, and the
-    failover the launcher sees when the primary's process dies."""
+    """The replicas of a `minips run` (module docstring): the backup's start, the failover
+    the launcher sees when the primary's process dies, and a replacement for each replica
+    lost (a new backup, which joins the live one with a snapshot of its state)."""
 
     def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any,
                  t0: float) -> None:  # fmt: skip
         self.processes, self.config_file, self.dir, self.t0 = processes, config_file, run_dir, t0
         self.failovers: list[dict[str, Any]] = []
         self.backup_lost: list[dict[str, Any]] = []
-        self.generation = 0
+        self.replacements: list[dict[str, Any]] = []
+        self.backup: str | None = None  # the live backup's child name
+        self.started = 0  # backups started
+        self._backup_of = ""  # the link of the primary the live backup follows
+        self._dead_link = ""  # the link of the primary that died last (none to join)
 
     def start_backup(self, timeout: float) -> None:
-        """Start the backup once the primary's link is known."""
+        """Start the first backup once the primary's link is known."""
         link = self.processes.wait_for_file(link_file(self.dir.endpoint), "server", timeout)
-        self.generation += 1
-        command = [*MINIPS, "server", "--config", str(self.config_file), "--backup-of", link,
-                   "--updates-log", str(self.dir.updates_log(self.generation)),
-                   "--t0", repr(self.t0)]  # fmt: skip
-        self.processes.start("backup", command)
+        self._start(link)
 
-    def check(self) -> bool:
-        """True when the primary died and the backup lives: the backup is now "server"
-        (the dead one kept as "server-dead-N"), the failover recorded."""
-        server, backup = self.processes["server"], self.processes.children.get("backup")
+    def _start(self, link: str) -> str:
+        """A backup of the primary at `link`; if it ever takes over, it logs its updates
+        to the next generation's log (each failover's is the one after the dead one's)."""
+        self.started += 1
+        name = "backup" if self.started == 1 else f"backup-{self.started}"
+        log = self.dir.updates_log(len(self.failovers) + 1)
+        command = [*MINIPS, "server", "--config", str(self.config_file), "--backup-of", link,
+                   "--endpoint-file", str(self.dir.endpoint), "--updates-log", str(log),
+                   "--t0", repr(self.t0)]  # fmt: skip
+        self.processes.start(name, command)
+        self.backup, self._backup_of = name, link
+        return name
+
+    def check(self) -> None:
+        """One look: a primary that died while its backup lives is replaced by it (the
+        backup becomes "server", the dead one stays as "server-dead-N"); a replica lost
+        is replaced by a new backup once the live one listens for it."""
+        server = self.processes["server"]
+        backup = self.processes[self.backup] if self.backup is not None else None
         if backup is not None and backup.crashed() and not server.exited():
             self.backup_lost.append({"exit_code": backup.code(), "at_s": self._now()})
-            self.processes.children[f"backup-dead-{len(self.backup_lost)}"] = backup
-            del self.processes.children["backup"]
-            return False
-        if not server.crashed() or backup is None or backup.exited():
-            return False
-        dead = f"server-dead-{len(self.failovers) + 1}"
-        self.processes.children[dead] = server
-        self.processes.children["server"] = backup
-        del self.processes.children["backup"]
-        self.failovers.append({"exit_code": server.code(), "at_s": self._now(),
-                               "updates_lost": 0})  # fmt: skip
-        return True
+            self.backup = None
+        elif backup is not None and server.crashed() and not backup.exited():
+            self.processes.children[f"server-dead-{len(self.failovers) + 1}"] = server
+            self.processes.children["server"] = backup
+            del self.processes.children[self.backup]
+            self.failovers.append({"exit_code": server.code(), "at_s": self._now()})
+            self._dead_link = self._backup_of  # until the new primary writes its own
+            self.backup = None
+        if self.backup is None and not self.processes["server"].exited():
+            address = self._link()
+            if address and address != self._dead_link and self.started <= MAX_REPLACEMENTS:
+                name = self._start(address)
+                self.replacements.append({"name": name, "at_s": self._now()})
+
+    def _link(self) -> str:
+        """The live primary's link address as its file says ("" while there is none)."""
+        try:
+            return link_file(self.dir.endpoint).read_text().strip()
+        except FileNotFoundError:
+            return ""
 
     def records(self) -> dict[str, Any]:
         """The summary's replication fields; each failover's updates lost: the versions
@@ -166,7 +198,7 @@ class ReplicaWatch:
             failover["updates_lost"] = max(0, dead - taken["version"]) if taken else None
         lost = sum(f["updates_lost"] or 0 for f in self.failovers)
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": [], "updates_lost": lost}  # fmt: skip
+                "replacements": self.replacements, "updates_lost": lost}  # fmt: skip
 
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 3)

@@ -20,14 +20,17 @@ acknowledge within FAILOVER_AFTER serves on alone.
 
 The link (docs/protocol.md 17.3): the primary binds a ROUTER, the backup connects a
 DEALER; each message is a msgpack map (`r` names it), a forwarded request followed by its
-frames as received. A backup joins only a primary that has handled no input yet (a
-replacement joining later needs a state transfer: not built).
+frames as received. A backup joins at any time: the primary welcomes it with a snapshot
+of its state taken at the first quiet point (minips/server/snapshot.py), then forwards
+the inputs after it; a backup that took over listens for the next one the same way.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +42,7 @@ import zmq
 from minips.errors import MinipsError
 from minips.protocol import address
 from minips.server.server import ParameterServer
+from minips.server.snapshot import quiet, read_snapshot, write_snapshot
 from minips.server.timers import Timers
 
 log = logging.getLogger("minips.server")
@@ -92,11 +96,10 @@ class ReplicatedServer(ParameterServer):
         self.link_endpoint: str | None = None
         self.client_address = ""  # the primary's, which a backup binds when it takes over
         self._last_sent = time.monotonic()
+        self._joining: bytes | None = None  # a backup's join, welcomed at a quiet point
+        self.joins = 0  # backups welcomed
         if self.role == PRIMARY:
-            self.link = self._link_ctx.socket(zmq.ROUTER)
-            self.link.setsockopt(zmq.LINGER, 0)
-            self.link_endpoint = address.bind(self.link, replica.link_bind)
-            log.info("replication link on %s", self.link_endpoint)
+            self._open_link(replica.link_bind)
         else:
             self.registry.grace = math.inf  # the assembly ends by the primary's clock only
 
@@ -179,22 +182,40 @@ class ReplicatedServer(ParameterServer):
             log.warning("no backup joined within %.0f s: serving alone", timeout)
 
     def _take_joins(self) -> None:
-        """Answer every `join` waiting on the link: welcome while nothing was served and no
-        backup joined yet, else refused (a late backup would need a state transfer)."""
+        """Answer the `join`s waiting on the link: one backup at a time, welcomed with a
+        snapshot of the state at the first quiet point (minips.server.snapshot); a second
+        is refused while one is attached."""
         while self.link is not None and self.link.poll(0):
             routing, body = self._receive_link()
             if body.get("r") != "join":
                 continue  # a late ack, or a message of a backup let go
-            if self.backup is None and self.sent == 0 and self.store.version == 0:
-                self.backup = routing
-                self._send({"r": "welcome", "address": self.endpoint,
-                            "version": self.store.version})  # fmt: skip
-                log.info("backup joined")
+            if self.backup is None:
+                self._joining = routing  # welcomed once the state is quiet
             else:
                 self._refuse(routing)
+        if self._joining is not None and self.backup is None and quiet(self):
+            self.backup, self._joining = self._joining, None
+            path = write_snapshot(self, snapshot_path(self.link_endpoint))
+            self._send({"r": "welcome", "address": self.endpoint, "n": self.sent,
+                        "version": self.store.version, "snapshot": str(path)})  # fmt: skip
+            self.joins += 1
+            log.info("backup joined at version %d (input %d)", self.store.version, self.sent)
+
+    def _open_link(self, where: str) -> None:
+        self.link = self._link_ctx.socket(zmq.ROUTER)
+        self.link.setsockopt(zmq.LINGER, 0)
+        self.link_endpoint = address.bind(self.link, where)
+        log.info("replication link on %s", self.link_endpoint)
+
+    def stats(self) -> dict[str, Any]:
+        """`stats` with this replica's part: its role and process, whether a backup is
+        attached, the backups it welcomed and its takeover (docs/protocol.md 17.4)."""
+        replication = {"role": self.role, "pid": os.getpid(), "backup": self.backup is not None,
+                       "joins": self.joins, "failovers": self.failovers}  # fmt: skip
+        return {**super().stats(), "replication": replication}
 
     def _refuse(self, routing: bytes) -> None:
-        why = "this primary has served already (a state transfer is not built)"
+        why = "this primary has a backup already"
         self.link.send_multipart([routing, pack({"r": "refused", "why": why})])
 
     def _receive_link(self) -> tuple[bytes, dict[str, Any]]:
@@ -242,10 +263,12 @@ class ReplicatedServer(ParameterServer):
         body = unpack(link.recv())
         if body["r"] != "welcome":
             raise MinipsError(f"the primary refused this backup: {body.get('why')}")
-        if body["version"] != self.store.version:
-            raise MinipsError(f"the primary is at version {body['version']}, this backup at "
-                              f"{self.store.version}: not the same starting state")  # fmt: skip
-        log.info("backup of %s (clients at %s)", self.replica.backup_of, body["address"])
+        snapshot = Path(body["snapshot"])
+        read_snapshot(self, snapshot)
+        snapshot.unlink(missing_ok=True)
+        self.sent = body["n"]
+        log.info("backup of %s (clients at %s) from version %d", self.replica.backup_of,
+                 body["address"], self.store.version)  # fmt: skip
         return body
 
     def _apply(self, body: dict[str, Any], frames: list[Any]) -> None:
@@ -274,6 +297,7 @@ class ReplicatedServer(ParameterServer):
         ops: Any = self.ops  # the usual operations (minips/ops/server_ops.py) hold both
         ops.options, ops.checkpoints.path = self.options, self.replica.checkpoint_path
         self.endpoint = bind_retrying(self.socket, self.client_address)
+        self._open_link(self.replica.link_bind)  # for the backup that replaces this one
         record = {"silent_s": round(silent, 3), "version": self.store.version,
                   "inputs": self.sent, "bind_s": round(time.monotonic() - started, 3)}  # fmt: skip
         self.failovers.append(record)
@@ -338,6 +362,13 @@ class ReplicatedTimers(Timers):
                 self.registry.assembling = True  # ended by apply_event, on both alike
                 event["assembled"] = True
         return event
+
+
+def snapshot_path(link: str | None) -> Path:
+    """Where a primary writes the snapshot a joining backup reads (one machine: a file in
+    the system's temporary directory, named by the link's address)."""
+    name = "".join(c if c.isalnum() else "-" for c in str(link))
+    return Path(tempfile.gettempdir()) / f"minips-snapshot-{name}.npz"
 
 
 def bind_retrying(socket: zmq.Socket, where: str, timeout: float = 5.0) -> str:

@@ -26,7 +26,7 @@ from minips.ops.checkpoint_file import load_checkpoint
 from minips.worker.client import PSClient, ServerUnavailable
 
 RUN = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
-       "--momentum", "0.5", "--workers", "2", "--epochs", "12", "--seed", "0",
+       "--momentum", "0.5", "--workers", "2", "--epochs", "30", "--seed", "0",
        "--eval-interval", "30")  # fmt: skip
 # A request lost with the killed primary is sent again after 2 s, not the default 10.
 WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "2"}
@@ -43,42 +43,44 @@ def _start(out: Path, *extra: str) -> subprocess.Popen:
     )
 
 
-def _process(out: Path, marker: str) -> int | None:
-    """The pid of the run's server process whose command line holds `marker`."""
+def _stats(out: Path) -> dict | None:
+    """The run's server's `stats` (None while none answers)."""
+    endpoint = out / "endpoint"
+    if not endpoint.exists() or not endpoint.read_text().strip():
+        return None
+    try:
+        with PSClient(endpoint.read_text().strip(), timeout=0.5, retries=0) as client:
+            return client.stats()
+    except ServerUnavailable:
+        return None
+
+
+def _backup_pid(out: Path, primary: int) -> int:
+    """The pid of the run's backup: a replica's process that is not the primary."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == primary:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "server" in argv and marker in argv and str(out / "config.json") in argv:
+        if "--backup-of" in argv and str(out / "config.json") in argv:
             return int(entry.name)
-    return None
+    raise AssertionError("no backup process")
 
 
-def _version(address: str) -> int | None:
-    try:
-        with PSClient(address, timeout=0.5, retries=0) as client:
-            return client.stats()["version"]
-    except ServerUnavailable:
-        return None
-
-
-def _kill_at(out: Path, marker: str, version: int) -> None:
-    """SIGKILL the replica marked `marker` once the run's server is past `version`."""
+def _kill_at(out: Path, which: str, version: int) -> int:
+    """SIGKILL the primary or the backup once the run's server is past `version` with a
+    backup attached; returns the version it was at."""
     deadline = time.monotonic() + 120
-    endpoint = out / "endpoint"
     while time.monotonic() < deadline:
-        if endpoint.exists() and endpoint.read_text().strip():
-            reached = _version(endpoint.read_text().strip())
-            if reached is not None and reached > version:
-                pid = _process(out, marker)
-                assert pid is not None, f"no {marker} process"
-                os.kill(pid, signal.SIGKILL)
-                return
+        stats = _stats(out)
+        if stats and stats["version"] > version and stats["replication"]["backup"]:
+            primary = stats["replication"]["pid"]
+            os.kill(primary if which == "primary" else _backup_pid(out, primary), signal.SIGKILL)
+            return stats["version"]
         time.sleep(0.1)
-    raise AssertionError("the run did not train")
+    raise AssertionError("the run did not train with a backup attached")
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict:
@@ -103,7 +105,7 @@ def calm(tmp_path_factory):
     return out, _start(out, "--replicas", "2")
 
 
-@pytest.mark.parametrize("killed", ["--endpoint-file", "--backup-of"], ids=["primary", "backup"])
+@pytest.mark.parametrize("killed", ["primary", "backup"])
 def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_path, calm, killed):
     calm_out, calm_proc = calm
     out = tmp_path / "killed"
@@ -122,7 +124,8 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
     _same_model(out, calm_out)
     replication = summary["replication"]
     assert summary["updates_lost"] == 0
-    if killed == "--endpoint-file":
+    assert len(replication["replacements"]) == 1  # the lost replica's
+    if killed == "primary":
         assert len(replication["failovers"]) == 1
         failover = replication["failovers"][0]
         assert failover["exit_code"] == -signal.SIGKILL
@@ -131,3 +134,28 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
     else:
         assert replication["failovers"] == []
         assert len(replication["backups_lost"]) == 1
+
+
+def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_path, calm):
+    """Each kill once the replacement of the last one joined and training went on."""
+    calm_out, calm_proc = calm
+    out = tmp_path / "killed"
+    proc = _start(out, "--replicas", "2")
+    try:
+        at = 30
+        for _ in range(3):
+            at = _kill_at(out, "primary", version=at) + 15
+        calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
+    finally:
+        for running in (calm_proc, proc):
+            if running.poll() is None:
+                os.killpg(running.pid, signal.SIGKILL)
+                running.communicate()
+    assert (summary["loss"], summary["accuracy"]) == (
+        calm_summary["loss"],
+        calm_summary["accuracy"],
+    )
+    _same_model(out, calm_out)
+    replication = summary["replication"]
+    assert [f["updates_lost"] for f in replication["failovers"]] == [0, 0, 0]
+    assert len(replication["replacements"]) == 3 and summary["updates_lost"] == 0
