@@ -3,16 +3,16 @@
 The server handles requests to completion in arrival order, so its state is a function of
 the sequence of its inputs: the requests it received, and the few decisions it takes by
 the clock (a worker declared dead, the end of the assembly, a stop by a signal). The
-primary numbers each input, sends it over the replication link to the backup, and handles
-it only once the backup acknowledged it: so a reply (a push's answer above all) leaves only
-when the backup holds the input that produced it. The backup feeds the same inputs, in the
-same order, through the same handlers (`ParameterServer.serve`), its replies going nowhere
-(its own socket listens on a private address no client knows), and it never decides by the
-clock itself: the primary sends its clock's decisions as `event` inputs, which both apply
-the same way (`apply_event`).
+primary numbers each input, sends it over the replication link to the backup and handles
+it, holding its replies until the backup acknowledged it (minips/server/replica_link.py):
+so a reply (a push's answer above all) leaves only once the backup holds the input that
+produced it. The backup feeds the same inputs, in the same order, through the same
+handlers (`ParameterServer.serve`), its replies going nowhere (its own socket listens on a
+private address no client knows), and it never decides by the clock itself: the primary
+sends its clock's decisions as `event` inputs, which both apply alike (`apply_event`).
 
 When the primary's link has been silent for FAILOVER_AFTER seconds (it sends a `beat` at
-least every BEAT seconds), the backup takes over (`take_over`): it binds the primary's
+least every 0.1 s), the backup takes over (`take_over`): it binds the primary's
 client address, and the workers' sockets reconnect to it by themselves; a request lost
 with the primary is retried by the client (Lazy Pirate) and answered exactly once from the
 registry the backup holds (docs/protocol.md 17). A primary whose backup does not
@@ -30,25 +30,22 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 
 from minips.errors import MinipsError
 from minips.protocol import address
+from minips.server.replica_link import FAILOVER_AFTER, HeldReplies, PrimaryLink, pack, unpack
 from minips.server.server import ParameterServer
-from minips.server.snapshot import quiet, read_snapshot, write_snapshot
+from minips.server.snapshot import read_snapshot
 from minips.server.timers import Timers
 
 log = logging.getLogger("minips.server")
 
-BEAT = 0.1  # s: the longest the primary leaves its link silent
-FAILOVER_AFTER = 1.0  # s of link silence after which the backup takes over
 JOIN_WAIT = 60.0  # s a primary waits for its backup before serving alone
 PRIMARY, BACKUP = "primary", "backup"
 
@@ -64,14 +61,6 @@ class ReplicaSettings:
     backup_of: str | None = None
     checkpoint_path: str | Path | None = None
     join_wait: float = JOIN_WAIT
-
-
-def pack(header: dict[str, Any]) -> bytes:
-    return msgpack.packb(header)
-
-
-def unpack(frame: Any) -> dict[str, Any]:
-    return msgpack.unpackb(bytes(frame))
 
 
 class ReplicatedServer(ParameterServer):
@@ -91,15 +80,12 @@ class ReplicatedServer(ParameterServer):
         self.timers = ReplicatedTimers(self)
         self._grace = self.registry.grace
         self._link_ctx = zmq.Context()
-        self.link: zmq.Socket | None = None
-        self.backup: bytes | None = None  # the backup's routing id on the link, once joined
-        self.link_endpoint: str | None = None
+        self.replies = HeldReplies(self.socket)  # the outbox's socket: replies wait for acks
+        self.outbox.socket = self.replies
+        self.link: PrimaryLink | None = None  # a primary's (a backup's once it took over)
         self.client_address = ""  # the primary's, which a backup binds when it takes over
-        self._last_sent = time.monotonic()
-        self._joining: bytes | None = None  # a backup's join, welcomed at a quiet point
-        self.joins = 0  # backups welcomed
         if self.role == PRIMARY:
-            self._open_link(replica.link_bind)
+            self.link = PrimaryLink(self._link_ctx, replica.link_bind, self.replies)
         else:
             self.registry.grace = math.inf  # the assembly ends by the primary's clock only
 
@@ -110,121 +96,69 @@ class ReplicatedServer(ParameterServer):
         serves as primary); a primary waits for its backup, serves, then lets it go."""
         if self.role == BACKUP and not self.follow():
             return
-        if self.role == PRIMARY and self.sent == 0 and self.link is not None:
+        if self.link is not None and self.link.sent == 0:
             self.await_backup(self.replica.join_wait)
         super().run()
+
+    def poller(self) -> zmq.Poller:
+        """The loop also wakes for the link: an acknowledgement releases replies."""
+        poller = super().poller()
+        if self.link is not None:
+            poller.register(self.link.socket, zmq.POLLIN)
+        return poller
 
     def finished(self) -> bool:
         """A primary done serving lets its backup go before its last checkpoint, which may
         take longer than the failover bound."""
         done = super().finished()
-        if done and self.role == PRIMARY and self.backup is not None:
-            self._send({"r": "end"})
-            self.backup = None
+        if done and self.link is not None:
+            self.link.end()
         return done
 
     def serve(self, frames: list[Any], dropped: int = 0) -> None:
-        """One request: on a primary with a backup, acknowledged by the backup first."""
-        if self.role == PRIMARY:
-            assembling = self.registry.assembling
-            self.replicate({"r": "input", "dropped": dropped}, frames)
-            super().serve(frames, dropped)
-            if assembling and not self.registry.assembling:  # ended by the clock, maybe
-                self.replicate_event({"assembled": True})
-        else:
-            super().serve(frames, dropped)
+        """One request: on a primary, sent to the backup first."""
+        if self.link is None:
+            return super().serve(frames, dropped)
+        assembling = self.registry.assembling
+        self.link.forward({"r": "input", "dropped": dropped}, frames)
+        super().serve(frames, dropped)
+        if assembling and not self.registry.assembling:  # ended by the clock, maybe
+            self.replicate_event({"assembled": True})
 
     def begin_stop(self) -> None:
         """A stop begun by the primary (a signal's, say) is an input for the backup too."""
-        if self.role == PRIMARY and not self.stopping:
-            self.replicate({"r": "event", "stop": self.stop.why})
+        if self.link is not None and not self.stopping:
+            self.link.forward({"r": "event", "stop": self.stop.why})
         super().begin_stop()
 
     def replicate_event(self, event: dict[str, Any]) -> None:
         """A decision of the primary's clock: sent to the backup, then applied here."""
-        self.replicate({"r": "event", **event})
+        if self.link is not None:
+            self.link.forward({"r": "event", **event})
         self.apply_event(event)
-
-    def replicate(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
-        """Number an input, send it to the backup and wait for its `ack` (at most
-        FAILOVER_AFTER s: then the backup is taken for dead and the primary serves alone)."""
-        self._take_joins()
-        if self.backup is None:
-            return
-        self.sent += 1
-        self._send({**header, "n": self.sent}, frames)
-        deadline = time.monotonic() + FAILOVER_AFTER
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.link.poll(left * 1000):
-                break
-            routing, body = self._receive_link()
-            if routing == self.backup and body.get("r") == "ack" and body["n"] >= self.sent:
-                return
-            if body.get("r") == "join":
-                self._refuse(routing)
-        log.warning("the backup did not acknowledge input %d within %.1f s: serving alone",
-                    self.sent, FAILOVER_AFTER)  # fmt: skip
-        self.backup = None
-
-    def beat(self, now: float) -> None:
-        """Keep the link from falling silent (the backup would take over); take joins."""
-        self._take_joins()
-        if self.backup is not None and now - self._last_sent >= BEAT:
-            self._send({"r": "beat"})
 
     def await_backup(self, timeout: float) -> None:
         """Wait (at most `timeout` s) for the backup to join before serving anything."""
-        deadline = time.monotonic() + timeout
-        while self.backup is None and time.monotonic() < deadline and not self.stop.requested:
-            if self.link.poll(100):
-                self._take_joins()
-        if self.backup is None:
+        link, deadline = self.link, time.monotonic() + timeout
+        assert link is not None
+        while link.backup is None and time.monotonic() < deadline and not self.stop.requested:
+            if link.socket.poll(100):
+                link.turn(time.monotonic(), self)
+        if link.backup is None:
             log.warning("no backup joined within %.0f s: serving alone", timeout)
 
-    def _take_joins(self) -> None:
-        """Answer the `join`s waiting on the link: one backup at a time, welcomed with a
-        snapshot of the state at the first quiet point (minips.server.snapshot); a second
-        is refused while one is attached."""
-        while self.link is not None and self.link.poll(0):
-            routing, body = self._receive_link()
-            if body.get("r") != "join":
-                continue  # a late ack, or a message of a backup let go
-            if self.backup is None:
-                self._joining = routing  # welcomed once the state is quiet
-            else:
-                self._refuse(routing)
-        if self._joining is not None and self.backup is None and quiet(self):
-            self.backup, self._joining = self._joining, None
-            path = write_snapshot(self, snapshot_path(self.link_endpoint))
-            self._send({"r": "welcome", "address": self.endpoint, "n": self.sent,
-                        "version": self.store.version, "snapshot": str(path)})  # fmt: skip
-            self.joins += 1
-            log.info("backup joined at version %d (input %d)", self.store.version, self.sent)
-
-    def _open_link(self, where: str) -> None:
-        self.link = self._link_ctx.socket(zmq.ROUTER)
-        self.link.setsockopt(zmq.LINGER, 0)
-        self.link_endpoint = address.bind(self.link, where)
-        log.info("replication link on %s", self.link_endpoint)
+    @property
+    def link_endpoint(self) -> str | None:
+        return self.link.endpoint if self.link is not None else None
 
     def stats(self) -> dict[str, Any]:
         """`stats` with this replica's part: its role and process, whether a backup is
         attached, the backups it welcomed and its takeover (docs/protocol.md 17.4)."""
-        replication = {"role": self.role, "pid": os.getpid(), "backup": self.backup is not None,
-                       "joins": self.joins, "failovers": self.failovers}  # fmt: skip
+        link = self.link
+        replication = {"role": self.role, "pid": os.getpid(),
+                       "backup": link is not None and link.backup is not None,
+                       "joins": link.joins if link else 0, "failovers": self.failovers}  # fmt: skip
         return {**super().stats(), "replication": replication}
-
-    def _refuse(self, routing: bytes) -> None:
-        why = "this primary has a backup already"
-        self.link.send_multipart([routing, pack({"r": "refused", "why": why})])
-
-    def _receive_link(self) -> tuple[bytes, dict[str, Any]]:
-        routing, header, *_ = self.link.recv_multipart()
-        return routing, unpack(header)
-
-    def _send(self, header: dict[str, Any], frames: list[Any] = ()) -> None:
-        self.link.send_multipart([self.backup, pack(header), *frames], copy=False)
-        self._last_sent = time.monotonic()
 
     # ------------------------------------------------------------------------- the backup
 
@@ -250,6 +184,8 @@ class ReplicatedServer(ParameterServer):
                     self.sent = body["n"]
                     link.send(pack({"r": "ack", "n": body["n"]}))
                     self._apply(body, frames)
+                elif body["r"] == "beat":  # the primary knows this backup lives
+                    link.send(pack({"r": "ack", "n": self.sent}))
             elif time.monotonic() - heard > FAILOVER_AFTER:
                 link.close()
                 self.take_over(time.monotonic() - heard)
@@ -262,7 +198,7 @@ class ReplicatedServer(ParameterServer):
             raise MinipsError(f"the primary at {self.replica.backup_of} did not answer")
         body = unpack(link.recv())
         if body["r"] != "welcome":
-            raise MinipsError(f"the primary refused this backup: {body.get('why')}")
+            raise MinipsError(f"the primary answered {body['r']!r} to this backup's join")
         snapshot = Path(body["snapshot"])
         read_snapshot(self, snapshot)
         snapshot.unlink(missing_ok=True)
@@ -297,7 +233,8 @@ class ReplicatedServer(ParameterServer):
         ops: Any = self.ops  # the usual operations (minips/ops/server_ops.py) hold both
         ops.options, ops.checkpoints.path = self.options, self.replica.checkpoint_path
         self.endpoint = bind_retrying(self.socket, self.client_address)
-        self._open_link(self.replica.link_bind)  # for the backup that replaces this one
+        # for the backup that replaces this one; inputs numbered on from the last one
+        self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent)
         record = {"silent_s": round(silent, 3), "version": self.store.version,
                   "inputs": self.sent, "bind_s": round(time.monotonic() - started, 3)}  # fmt: skip
         self.failovers.append(record)
@@ -324,6 +261,8 @@ class ReplicatedServer(ParameterServer):
 
     def close(self) -> None:
         super().close()
+        if self.link is not None:
+            self.link.close()
         self._link_ctx.destroy(linger=0)
 
 
@@ -342,8 +281,9 @@ class ReplicatedTimers(Timers):
             self.inflow.check(now)
         with self.contained("checkpoint"):
             self.checkpoints.if_due(now)
-        with self.contained("replication"):
-            self.server.beat(now)
+        if self.server.link is not None:
+            with self.contained("replication"):
+                self.server.link.turn(now, self.server)
         with self.contained("clock"):
             event = self.decide(now)
             if event:
@@ -362,13 +302,6 @@ class ReplicatedTimers(Timers):
                 self.registry.assembling = True  # ended by apply_event, on both alike
                 event["assembled"] = True
         return event
-
-
-def snapshot_path(link: str | None) -> Path:
-    """Where a primary writes the snapshot a joining backup reads (one machine: a file in
-    the system's temporary directory, named by the link's address)."""
-    name = "".join(c if c.isalnum() else "-" for c in str(link))
-    return Path(tempfile.gettempdir()) / f"minips-snapshot-{name}.npz"
 
 
 def bind_retrying(socket: zmq.Socket, where: str, timeout: float = 5.0) -> str:
