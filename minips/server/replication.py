@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,18 @@ class ReplicaSettings:
 class ReplicatedServer(ParameterServer):
     """A ParameterServer that is one replica of two (module docstring).
 
-    replica: its settings. on_promote(): called once a backup took over (its updates log
-    starts then: before, the primary's log has the updates). The rest as ParameterServer.
+    replica: its settings. on_promote(record): called once a backup took over, with its
+    failover record (its updates log starts then: before, the primary's log has the
+    updates). The rest as ParameterServer.
     """
 
-    def __init__(self, *args: Any, replica: ReplicaSettings, on_promote: Any = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        replica: ReplicaSettings,
+        on_promote: Callable[[dict[str, Any]], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.replica, self.on_promote = replica, on_promote
         self.role = replica.role
