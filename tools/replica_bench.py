@@ -89,8 +89,10 @@ def failovers(model: str, kills: int, rng: random.Random) -> None:
                 proc.wait()
     print(f"failover over {kills} kills ({model}, loopback):")
     for name, values in (("takeover", takeovers), ("client gap", gaps)):
-        print(f"  {name:10s} median {statistics.median(values):.3f} s, "
-              f"max {max(values):.3f} s, all {' '.join(f'{v:.2f}' for v in values)}")
+        print(
+            f"  {name:10s} median {statistics.median(values):.3f} s, "
+            f"max {max(values):.3f} s, all {' '.join(f'{v:.2f}' for v in values)}"
+        )
 
 
 def step_time(model: str, steps: int, replicas: int) -> float:
@@ -126,8 +128,10 @@ def main() -> None:
     parser.add_argument("--model", default="mlp")
     args = parser.parse_args()
     one, two = step_time(args.model, args.steps, 1), step_time(args.model, args.steps, 2)
-    print(f"step exchange ({args.model}, push + pull, {args.steps} steps): R=1 {one * 1e3:.2f} "
-          f"ms, R=2 {two * 1e3:.2f} ms, ratio {two / one:.2f}")
+    print(
+        f"step exchange ({args.model}, push + pull, {args.steps} steps): R=1 {one * 1e3:.2f} "
+        f"ms, R=2 {two * 1e3:.2f} ms, ratio {two / one:.2f}"
+    )
     failovers(args.model, args.kills, random.Random(0))
 
 

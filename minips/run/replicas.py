@@ -6,7 +6,7 @@ backup, `minips server --backup-of LINK` from the same configuration (minips.ser
 replication). `minips run --replicas 2` starts both; when the primary dies the backup
 takes over on the same address, and `ReplicaWatch` makes it the run's server ("server"),
 records the failover for the summary, and starts a replacement backup, which joins the
-new primary with a snapshot of its state (minips.server.snapshot) while training goes on.
+new primary with a snapshot of its state (minips.ops.snapshot) while training goes on.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 from minips.results.metrics import MetricsLog, read_metrics
 from minips.run.config import RunConfig
 from minips.run.processes import MINIPS, ProcessGroup
 from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
-from minips.server.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 
 PRIVATE_BIND = "tcp://127.0.0.1:*"  # a backup's own socket: no client knows it
 MAX_REPLACEMENTS = 10  # a replica that keeps dying is a bug to report, not to hide

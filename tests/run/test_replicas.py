@@ -6,7 +6,7 @@ the failover with no update lost.
 Why exactly: the backup has applied every input the primary answered (a reply leaves only
 once the backup holds its request), ssgd sums a round's gradients in rank order, and the
 workers' retries are applied once (the backup holds the registry), so no gradient is lost,
-doubled or reordered by the failover (minips/server/replication.py).
+doubled or reordered by the failover (minips/ops/replication.py).
 """
 
 from __future__ import annotations
@@ -159,3 +159,30 @@ def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_pa
     replication = summary["replication"]
     assert [f["updates_lost"] for f in replication["failovers"]] == [0, 0, 0]
     assert len(replication["replacements"]) == 3 and summary["updates_lost"] == 0
+
+
+@pytest.mark.parametrize("rule", ["asgd", "dana-gap"])
+def test_every_acknowledged_push_is_applied_once_across_a_failover(tmp_path, rule):
+    """asgd and the default rule apply each step's push as one update: the server's
+    updates are exactly the workers' steps (a push lost would make fewer, one applied
+    twice more), with the primary killed mid-training."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", "--rule", rule,
+         "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05", "--workers", "2",
+         "--epochs", "30", "--seed", "0", "--eval-interval", "30", "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, **WORKER_ENV},
+    )  # fmt: skip
+    try:
+        _kill_at(out, "primary", version=100)
+        summary = _finish(proc, out)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    reports = [json.loads(path.read_text()) for path in sorted(out.glob("worker-*.json"))]
+    assert len(reports) == 2 and all(report["finished"] for report in reports)
+    assert summary["updates"] == sum(report["steps"] for report in reports)
+    assert summary["samples"] == sum(report["samples"] for report in reports)
+    assert len(summary["replication"]["failovers"]) == 1 and summary["updates_lost"] == 0

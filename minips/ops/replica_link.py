@@ -6,7 +6,7 @@ backup acknowledged the input that reply came after: the primary's and the backu
 on one input overlap, and no reply leaves before the backup holds what produced it. A
 backup that acknowledges nothing for FAILOVER_AFTER s (it acknowledges beats too) is let
 go (its replies sent: the primary serves alone). A backup's `join` is welcomed at the
-first quiet point with a snapshot of the state (minips.server.snapshot). The wire:
+first quiet point with a snapshot of the state (minips.ops.snapshot). The wire:
 docs/protocol.md 17.3.
 """
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
+from minips.ops.snapshot import quiet, write_snapshot
 from minips.protocol import address
-from minips.server.snapshot import quiet, write_snapshot
 
 if TYPE_CHECKING:
     from minips.server.server import ParameterServer

@@ -4,7 +4,7 @@ The server handles requests to completion in arrival order, so its state is a fu
 the sequence of its inputs: the requests it received, and the few decisions it takes by
 the clock (a worker declared dead, the end of the assembly, a stop by a signal). The
 primary numbers each input, sends it over the replication link to the backup and handles
-it, holding its replies until the backup acknowledged it (minips/server/replica_link.py):
+it, holding its replies until the backup acknowledged it (minips/ops/replica_link.py):
 so a reply (a push's answer above all) leaves only once the backup holds the input that
 produced it. The backup feeds the same inputs, in the same order, through the same
 handlers (`ParameterServer.serve`), its replies going nowhere (its own socket listens on a
@@ -21,7 +21,7 @@ acknowledge within FAILOVER_AFTER serves on alone.
 The link (docs/protocol.md 17.3): the primary binds a ROUTER, the backup connects a
 DEALER; each message is a msgpack map (`r` names it), a forwarded request followed by its
 frames as received. A backup joins at any time: the primary welcomes it with a snapshot
-of its state taken at the first quiet point (minips/server/snapshot.py), then forwards
+of its state taken at the first quiet point (minips/ops/snapshot.py), then forwards
 the inputs after it; a backup that took over listens for the next one the same way.
 """
 
@@ -39,10 +39,10 @@ from typing import Any
 import zmq
 
 from minips.errors import MinipsError
+from minips.ops.replica_link import FAILOVER_AFTER, HeldReplies, PrimaryLink, pack, unpack
+from minips.ops.snapshot import read_snapshot
 from minips.protocol import address
-from minips.server.replica_link import FAILOVER_AFTER, HeldReplies, PrimaryLink, pack, unpack
 from minips.server.server import ParameterServer
-from minips.server.snapshot import read_snapshot
 from minips.server.timers import Timers
 
 log = logging.getLogger("minips.server")

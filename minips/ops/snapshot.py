@@ -10,7 +10,7 @@ It is taken only at a *quiet* point (`quiet`): no push or pull held, no step hal
 no stop begun, dense pulls. There a rule's state is all in `state()` (what a rule keeps
 past one decision it writes for checkpoints; what it holds for a decision still open,
 an ssgd round's pushes, exists only while a push is held), so the file is the whole state
-and the inputs after it bring a new backup along (minips/server/replication.py).
+and the inputs after it bring a new backup along (minips/ops/replication.py).
 """
 
 from __future__ import annotations
