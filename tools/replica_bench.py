@@ -1,7 +1,7 @@
 """Replicated servers on loopback: the failover time over repeated kills, and what R = 2
 costs a step's exchange against R = 1.
 
-    python tools/replica_bench.py [--kills 10] [--steps 300] [--model mlp]
+    python tools/replica_bench.py [--kills 10] [--steps 300] [--rounds 5] [--model mlp]
 
 Failover: a primary and its backup (`minips server --replicas 2`, `--backup-of LINK`),
 one client pushing (asgd, fused push + pull) in a loop; the primary is SIGKILLed at a
@@ -10,7 +10,7 @@ For each kill: `takeover` (the backup's own figure: the primary's last message t
 address bound, its 1 s silence bound included) and `client gap` (the kill to the
 client's next reply; a request lost with the primary waits for the client's 1 s timeout).
 Cost: the same client's mean step (push + pull of the whole model) against a server of
-R = 1 and of R = 2, after a warm-up.
+R = 1 and of R = 2, after a warm-up, measured in turn `--rounds` times (medians).
 """
 
 from __future__ import annotations
@@ -126,12 +126,17 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--model", default="mlp")
+    parser.add_argument("--rounds", type=int, default=5, help="R=1 and R=2 measured in turn")
     args = parser.parse_args()
-    one, two = step_time(args.model, args.steps, 1), step_time(args.model, args.steps, 2)
-    print(
-        f"step exchange ({args.model}, push + pull, {args.steps} steps): R=1 {one * 1e3:.2f} "
-        f"ms, R=2 {two * 1e3:.2f} ms, ratio {two / one:.2f}"
-    )
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(args.rounds):  # in turn: a shared machine's load falls on both alike
+        for replicas in (1, 2):
+            times[replicas].append(step_time(args.model, args.steps, replicas))
+    one, two = statistics.median(times[1]), statistics.median(times[2])
+    ratios = " ".join(f"{b / a:.2f}" for a, b in zip(times[1], times[2], strict=True))
+    print(f"step exchange ({args.model}, push + pull, {args.steps} steps, median of "
+          f"{args.rounds}): R=1 {one * 1e3:.2f} ms, R=2 {two * 1e3:.2f} ms, ratio "
+          f"{two / one:.2f} (each round's: {ratios})")  # fmt: skip
     failovers(args.model, args.kills, random.Random(0))
 
 
