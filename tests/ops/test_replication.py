@@ -75,3 +75,41 @@ def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
     assert stats["version"] == 1 and stats["updates"] == 1
     assert [w["pushes"] for w in stats["workers"] if w["worker"] == "w"] == [1]
     assert "took over as primary" in (tmp_path / "backup.log").read_text()
+
+
+def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_path):
+    """The backup dies; a replacement joins the primary, which has served, from a
+    snapshot of its state; then the primary dies: the replacement answers a retry of a
+    push applied before it joined from the registry it was given, and applies it once."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        link = (tmp_path / "endpoint-link").read_text().strip()
+        with PSClient(address, timeout=2.0, retries=10, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            first = client.push(grads, base=base)
+            backup.kill()
+            backup.wait()
+            log = open(tmp_path / "replacement.log", "w")  # noqa: SIM115
+            replacement = subprocess.Popen(
+                [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + 60
+                while client.stats()["replication"]["joins"] < 2:  # the second welcomed
+                    assert time.monotonic() < deadline, "the replacement never joined"
+                    time.sleep(0.1)
+                second = client.push(grads, base=first.version)  # forwarded to it
+                os.kill(primary.pid, signal.SIGKILL)
+                client._seq = 0  # the first push again, its reply lost
+                again = client.push(grads, base=base)
+                stats = client.stats()
+            finally:
+                replacement.kill()
+                replacement.wait()
+                log.close()
+    assert (first.version, second.version) == (1, 2)
+    assert (again.version, again.applied) == (first.version, first.applied)
+    assert stats["version"] == 2 and stats["updates"] == 2
+    assert stats["replication"]["failovers"], "the replacement took over"
