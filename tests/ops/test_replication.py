@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from minips.nn import build_model
-from minips.worker.client import PSClient
+from minips.worker.client import PSClient, ServerUnavailable
 
 SERVE = ("--workers", "1", "--rule", "asgd", "--model", "mlp", "--dataset", "synthetic",
          "--lr", "0.1", "--seed", "0")  # fmt: skip
@@ -113,3 +114,26 @@ def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_p
     assert (again.version, again.applied) == (first.version, first.applied)
     assert stats["version"] == 2 and stats["updates"] == 2
     assert stats["replication"]["failovers"], "the replacement took over"
+
+
+def test_a_push_is_answered_only_once_the_backup_holds_it(tmp_path):
+    """A backup that cannot acknowledge (stopped) holds the push's reply back: the client
+    gets none while it is stopped; once it goes on, the retry is answered, applied once."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        with PSClient(address, timeout=5.0, retries=3, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            client.timeout, client.retries = 0.3, 0  # well inside the 1 s bound
+            os.kill(backup.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(ServerUnavailable):
+                    client.push(grads, base=base)  # applied by the primary, not answered
+            finally:
+                os.kill(backup.pid, signal.SIGCONT)
+            client.timeout, client.retries = 5.0, 3
+            client._seq = 0  # the same push again
+            again = client.push(grads, base=base)
+            stats = client.stats()
+    assert (again.version, again.applied) == (1, True)
+    assert stats["version"] == 1 and stats["updates"] == 1
