@@ -35,10 +35,12 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
 
 
 @contextmanager
-def replicas(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
+def replicas(
+    tmp_path: Path, *options: str
+) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
     """A primary and its backup; yields both processes and the clients' address."""
     endpoint = tmp_path / "endpoint"
-    server = [sys.executable, "-m", "minips", "server", *SERVE]
+    server = [sys.executable, "-m", "minips", "server", *SERVE, *options]
     logs = [open(tmp_path / name, "w") for name in ("primary.log", "backup.log")]  # noqa: SIM115
     primary = subprocess.Popen([*server, "--replicas", "2", "--bind", "tcp://127.0.0.1:*",
                                 "--endpoint-file", str(endpoint)],
@@ -137,3 +139,30 @@ def test_a_push_is_answered_only_once_the_backup_holds_it(tmp_path):
             stats = client.stats()
     assert (again.version, again.applied) == (1, True)
     assert stats["version"] == 1 and stats["updates"] == 1
+
+
+def test_a_worker_the_primary_declared_dead_is_dead_on_the_backup_that_takes_over(tmp_path):
+    """The backup decides nothing by its own clock: the primary's liveness decision
+    reaches it as an event, so right after the takeover (its own clock has counted the
+    silence afresh) the silent worker is already gone, the other one still live."""
+    with replicas(tmp_path, "--workers", "2", "--heartbeat-timeout", "2") as (primary, _, address):
+        with (
+            PSClient(address, timeout=1.0, retries=10, worker_id="live") as live,
+            PSClient(address, timeout=1.0, retries=10, worker_id="silent") as silent,
+        ):
+            live.hello({"host": "test"})
+            silent.hello({"host": "test"})
+            deadline = time.monotonic() + 30
+            while _alive(live.stats(), "silent"):  # declared dead by the primary's clock
+                assert time.monotonic() < deadline, "the silent worker was never declared dead"
+                live.ping()
+                time.sleep(0.2)
+            os.kill(primary.pid, signal.SIGKILL)
+            live.ping()  # answered by the backup, once it took over
+            stats = live.stats()
+    assert stats["replication"]["failovers"], "the backup took over"
+    assert not _alive(stats, "silent") and _alive(stats, "live")
+
+
+def _alive(stats: dict, worker_id: str) -> bool:
+    return any(w["worker"] == worker_id and w["alive"] for w in stats["workers"])
