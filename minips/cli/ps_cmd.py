@@ -158,7 +158,7 @@ def server_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         config = server_config(config_class, config_file, options)
         # A run directory it writes is its own while it serves; a launcher's server (an
         # endpoint file to write) or a joining shard holds it beside its launcher.
-        launched = endpoint_file is not None or bool(config.root)
+        launched = endpoint_file is not None or bool(config.root or config.backup_of)
         with server_locks([config_file, config.checkpoint], launched):
             serve(config, endpoint_file, updates_log, t0, verbose)
 
@@ -181,6 +181,11 @@ def serve(
         from minips.run.servergroup import serve_group_here
 
         serve_group_here(config, endpoint_file, updates_log, t0, verbose)
+        return
+    if config.replicas > 1 or config.backup_of:  # one of two replicas (docs/protocol.md 17)
+        from minips.run.replicas import serve_replica
+
+        click.echo(server_summary(serve_replica(config, endpoint_file, updates_log, t0)))
         return
     config, joiner = join_root(config, on_wait=lambda line: click.echo(line, err=True))
     if config.servers > 1:  # a launched shard names its files by the index it got

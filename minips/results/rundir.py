@@ -224,6 +224,7 @@ def write_results(
     group: dict[str, Any] | None = None,
     untested_why: str | None = None,
     stopped_why: str | None = None,
+    replication: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -237,7 +238,9 @@ def write_results(
     line that says they do not (GroupCheckpoint.record). untested_why: why the launcher
     could not test the final model (minips.run.final_test), for the summary's accuracy
     fields (minips.results.versions). stopped_why: what stopped the server before the
-    run's end (a signal; None: the run ran to its end).
+    run's end (a signal; None: the run ran to its end). replication: a replicated
+    server's failovers, lost backups and replacements (minips.run.replicas), under
+    `replication`; its updates lost count in `updates_lost`.
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
@@ -292,6 +295,9 @@ def write_results(
         # A round lost on several shards is one update lost, not one per shard: the run
         # lost at least what its worst shard lost (each shard's row says its own).
         summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
+    if replication is not None:
+        summary["replication"] = replication
+        summary["updates_lost"] += replication["updates_lost"]
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it

@@ -59,9 +59,14 @@ def make_server(
         run = _run_for_shards(config, plan) if shard == 0 else None
         group = ShardRole(shard, config.servers, part, run=run, joiner=joiner)
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
-    server = ParameterServer(
-        params, rule, optimizer, config.server_options(), config=hello, on_update=on_update,
-        group=group,
+    server_class, options, replica = ParameterServer, config.server_options(), {}
+    if config.replicas > 1 or config.backup_of:  # one of two replicas (docs/protocol.md 17)
+        from minips.run.replicas import replicated
+
+        server_class, options, replica = replicated(config, options)
+    server = server_class(
+        params, rule, optimizer, options, config=hello, on_update=on_update, group=group,
+        **replica,
     )  # fmt: skip
     server.use_plan(plan)
     return server

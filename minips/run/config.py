@@ -48,6 +48,7 @@ from minips.run.config_checks import (
     check_hetero,
     check_plan_batch,
     check_plan_file,
+    check_replicas,
     check_speed_schedule,
 )
 from minips.run.settings import (
@@ -222,6 +223,10 @@ class RunConfig(ConfigBase):
     servers: int = setting(1, "Server processes the parameters are split over: a server "
                            "group behind one address (docs/protocol.md 16); 1: one server.",
                            minimum=1)
+    replicas: int = setting(1, "Copies of the server, each in its own process: 2 keeps a "
+                            "backup that takes over when the primary dies, no acknowledged "
+                            "update lost (docs/protocol.md 17); 1: one server.",
+                            commands=("run", "server"), minimum=1, maximum=2)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "
@@ -306,6 +311,9 @@ class RunConfig(ConfigBase):
     root: str | None = setting(None, "The group's root address, for --shard J >= 1 (the "
                                "shard takes the run's configuration from it).",
                                commands=("server",))
+    backup_of: str | None = setting(None, "Serve as the backup of the primary whose "
+                                    "replication link is at this address (docs/protocol.md "
+                                    "17.3).", commands=("server",))
     root_timeout: float = setting(ROOT_TIMEOUT, "A shard whose root answers none of its "
                                   "joins for this many seconds stops (the root is gone).",
                                   commands=("server",), minimum=0, min_open=True)
@@ -337,6 +345,7 @@ class RunConfig(ConfigBase):
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
         check_group(self.servers, self.shard, self.root, self.model)
+        check_replicas(self.replicas, self.servers, bool(self.keys or self.auth), self.backup_of)
         check_plan_batch(self.plan, self.batch_size)
         check_plan_file(self.plan, self.model)
         from minips.data import find_dataset, load_dataset

@@ -70,6 +70,16 @@ def check_group(servers: int, shard: int, root: str | None, model: str) -> None:
         partition_of_model(params, servers)  # a shard left empty
 
 
+def check_replicas(replicas: int, servers: int, keys: bool, backup_of: str | None) -> None:
+    """ConfigError for replication this version does not build: of a server group's
+    shards, or under CURVE keys (a forwarded request's key is not carried yet)."""
+    if replicas > 1 or backup_of:
+        if servers > 1:
+            raise ConfigError("--replicas 2 is built for one server: not yet with --servers > 1")
+        if keys:
+            raise ConfigError("--replicas 2 is not built yet with keys (--keys, --auth)")
+
+
 def check_resume(resume: str | None, servers: int, model: str) -> None:
     """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
     before `minips run --force` removes the previous run or any process starts. (A server

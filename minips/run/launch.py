@@ -42,6 +42,7 @@ from minips.run.processes import (
 )
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
+from minips.run.replicas import ReplicaWatch
 from minips.worker.client import PSClient, ServerUnavailable
 
 
@@ -136,6 +137,10 @@ class LocalRun(ProcessCommands):
         self._shown_total = 0  # the progress's length at its last update (0: none yet)
         self.stopped_why: str | None = None  # what stopped the server before the run's end
         self.refusals = Refusals()  # workers that could not follow the run, said once each
+        self.replicas = (  # the server's backup, with --replicas 2 (minips.run.replicas)
+            ReplicaWatch(self.processes, run_dir.config, run_dir, self.t0)
+            if config.replicas > 1 else None
+        )  # fmt: skip
 
     def run(self) -> dict[str, Any]:
         """Start, watch, shut down; write the results and return the summary. A run that
@@ -181,7 +186,8 @@ class LocalRun(ProcessCommands):
         summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
                                 restarts, ended, self._final_crash(),
                                 servers=self.config.servers, group=group,
-                                untested_why=untested, stopped_why=self.stopped_why)  # fmt: skip
+                                untested_why=untested, stopped_why=self.stopped_why,
+                                replication=self.replicas and self.replicas.records())  # fmt: skip
         self._show_final_counts(summary)
         if failure is not None:
             raise failure
@@ -218,6 +224,8 @@ class LocalRun(ProcessCommands):
             command = functools.partial(self._shard_command, shard)
             self.processes.start(f"shard-{shard}", command, self.restarts[shard])
         endpoint = self._wait_for(self.dir.endpoint, "server")
+        if self.replicas is not None:  # the primary serves once its backup joined
+            self.replicas.start_backup(self.startup_timeout)
         # The evaluator first: registered before any worker trains, it sees the first and
         # (the server waits for observers when stopping) the final parameters.
         self.processes.start("evaluator", self._evaluator_command(endpoint))
@@ -259,8 +267,10 @@ class LocalRun(ProcessCommands):
         worker is done; shutdown is not training.
         """
         total = self._progress_total()
-        server = self.processes["server"]
         while self._training():
+            if self.replicas is not None:  # the backup took over: it is the server now
+                self.replicas.check()
+            server = self.processes["server"]
             if self.training_ended is None:
                 self._restart_crashed_shards()
             if server.exited():
@@ -269,6 +279,7 @@ class LocalRun(ProcessCommands):
             elif self.training_ended is None:
                 self._follow_counters(operator, total)
             time.sleep(0.2 if self.training_ended is None else 0.1)
+        server = self.processes["server"]
         if self.training_ended is None:
             # The last figures, by the seats the run ended with. A server that does not
             # answer may be exiting by itself: why, then, from its last stats.

@@ -130,8 +130,7 @@ class ParameterServer:
 
     def run(self) -> None:
         """Serve until a `stop` (request or `request_stop()`) has drained; then checkpoint."""
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
+        poller = self.poller()
         while not self.finished():
             if self.stop.due():
                 self.begin_stop()
@@ -149,6 +148,12 @@ class ParameterServer:
         if self.options.checkpoint_path:
             self.ops.checkpoint()
         log.info("stopped at version %d", self.store.version)
+
+    def poller(self) -> zmq.Poller:
+        """What the loop waits on between turns: the clients' socket."""
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        return poller
 
     def serve(self, frames: list[Any], dropped: int = 0) -> None:
         """One request: decode, dispatch to its handler; a refusal or a failure is answered

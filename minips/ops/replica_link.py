@@ -1,0 +1,163 @@
+"""The primary's side of the replication link: inputs out, acknowledgements in, replies held.
+
+The primary numbers each input and sends it to its backup (`forward`), handles it at once,
+and holds every reply it sends meanwhile (`HeldReplies`, the outbox's socket) until the
+backup acknowledged the input that reply came after: the primary's and the backup's work
+on one input overlap, and no reply leaves before the backup holds what produced it. A
+backup that acknowledges nothing for FAILOVER_AFTER s (it acknowledges beats too) is let
+go (its replies sent: the primary serves alone). A backup's `join` is welcomed at the
+first quiet point with a snapshot of the state (minips.ops.snapshot). The wire:
+docs/protocol.md 17.3.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import zmq
+
+from minips.ops.snapshot import quiet, write_snapshot
+from minips.protocol import address
+
+if TYPE_CHECKING:
+    from minips.server.server import ParameterServer
+
+log = logging.getLogger("minips.server")
+
+BEAT = 0.1  # s: the longest the primary leaves its link silent
+FAILOVER_AFTER = 1.0  # s of link silence after which the backup takes over
+
+
+def pack(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header)
+
+
+def unpack(frame: Any) -> dict[str, Any]:
+    return msgpack.unpackb(bytes(frame))
+
+
+class HeldReplies:
+    """Stands for the server's socket in its outbox: a reply sent while input `current` is
+    not acknowledged waits, in order, until it is (`release`)."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self.socket = socket
+        self.current = 0  # the last input numbered: what a reply sent now comes after
+        self.acked = 0  # the last input the backup acknowledged
+        self.held: deque[tuple[int, list[Any]]] = deque()
+
+    def send_multipart(self, frames: list[Any], copy: bool = False) -> None:
+        if self.current <= self.acked:
+            self.socket.send_multipart(frames, copy=copy)
+        else:  # the arrays are never modified once handed over (store.py): no copy
+            self.held.append((self.current, frames))
+
+    def release(self, acked: int) -> None:
+        """Inputs up to `acked` are held by the backup: their replies go."""
+        self.acked = max(self.acked, acked)
+        while self.held and self.held[0][0] <= self.acked:
+            self.socket.send_multipart(self.held.popleft()[1], copy=False)
+
+
+class PrimaryLink:
+    """The link's ROUTER socket bound at `where`, the backup attached to it (None: the
+    primary serves alone), the inputs numbered so far (`sent`, from `first`)."""
+
+    def __init__(self, context: zmq.Context, where: str, replies: HeldReplies, first: int = 0):
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.endpoint = address.bind(self.socket, where)
+        self.replies, self.sent = replies, first
+        replies.current = replies.acked = first
+        self.backup: bytes | None = None  # its routing id on the link
+        self.joining: bytes | None = None  # a join waiting for a quiet point
+        self.waiting_since: float | None = None  # an input unacknowledged since
+        self.heard = time.monotonic()  # the backup's last acknowledgement (of a beat too)
+        self.last_sent = time.monotonic()
+        self.joins = 0  # backups welcomed
+        log.info("replication link on %s", self.endpoint)
+
+    def forward(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
+        """Number an input and send it to the backup (nothing without one)."""
+        if self.backup is None:
+            return
+        self.sent += 1
+        self.replies.current = self.sent
+        self._send({**header, "n": self.sent}, frames)
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def turn(self, now: float, server: ParameterServer) -> None:
+        """Each turn of the loop: acknowledgements and joins read, a silent backup let go,
+        a waiting one welcomed at a quiet point, a beat when the link was quiet."""
+        self.read()
+        waited = now - min(self.waiting_since or now, self.heard)
+        if self.backup is not None and waited > FAILOVER_AFTER:
+            self.lose(f"acknowledged nothing for {FAILOVER_AFTER:g} s")
+        if self.joining is not None and self.backup is None and quiet(server):
+            self.welcome(server)
+        if self.backup is not None and now - self.last_sent >= BEAT:
+            self._send({"r": "beat"})
+
+    def read(self) -> None:
+        """Every message waiting: acknowledgements release replies; a join waits for a
+        quiet point with no backup attached (the last one to come is welcomed: a backup
+        replacing one that died comes before the primary saw it silent)."""
+        while self.socket.poll(0):
+            routing, header, *_ = self.socket.recv_multipart()
+            body = unpack(header)
+            if body.get("r") == "ack" and routing == self.backup:
+                self.heard = time.monotonic()
+                self.replies.release(body["n"])
+                self.waiting_since = None if body["n"] >= self.sent else self.heard
+            elif body.get("r") == "join":
+                self.joining = routing
+
+    def welcome(self, server: ParameterServer) -> None:
+        """Attach the waiting backup: the state's snapshot, then every input after it."""
+        self.backup, self.joining, self.heard = self.joining, None, time.monotonic()
+        path = write_snapshot(server, snapshot_path(self.endpoint))
+        self._send({"r": "welcome", "address": server.endpoint, "n": self.sent,
+                    "version": server.store.version, "snapshot": str(path)})  # fmt: skip
+        self.joins += 1
+        log.info("backup joined at version %d (input %d)", server.store.version, self.sent)
+
+    def lose(self, why: str) -> None:
+        """Serve alone: the held replies go."""
+        log.warning("the backup %s: serving alone", why)
+        self.backup = self.waiting_since = None
+        self.replies.release(self.sent)
+
+    def end(self) -> None:
+        """The primary is done: once the backup acknowledged everything (at most
+        FAILOVER_AFTER s), the last replies go and the backup is told to exit."""
+        deadline = time.monotonic() + FAILOVER_AFTER
+        while self.waiting_since is not None and time.monotonic() < deadline:
+            if self.socket.poll(50):
+                self.read()
+        if self.backup is not None:
+            if self.waiting_since is not None:
+                self.lose("did not acknowledge the last inputs")
+                return
+            self._send({"r": "end"})
+            self.backup = None
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def _send(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
+        self.socket.send_multipart([self.backup, pack(header), *frames], copy=False)
+        self.last_sent = time.monotonic()
+
+
+def snapshot_path(link: str) -> Path:
+    """Where a primary writes the snapshot a joining backup reads (one machine: a file in
+    the system's temporary directory, named by the link's address)."""
+    name = "".join(c if c.isalnum() else "-" for c in link)
+    return Path(tempfile.gettempdir()) / f"minips-snapshot-{name}.npz"

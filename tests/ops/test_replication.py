@@ -1,0 +1,168 @@
+"""Two replicas of one server as real processes (`minips server --replicas 2` and
+`--backup-of LINK`): the backup takes over the primary's address once the primary is
+SIGKILLed, with the primary's registry, so a push retried across the failover is
+answered from memory and applied once (docs/protocol.md 17)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minips.nn import build_model
+from minips.worker.client import PSClient, ServerUnavailable
+
+SERVE = ("--workers", "1", "--rule", "asgd", "--model", "mlp", "--dataset", "synthetic",
+         "--lr", "0.1", "--seed", "0")  # fmt: skip
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        assert proc.poll() is None, f"the server exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError(f"no {path}")
+
+
+@contextmanager
+def replicas(
+    tmp_path: Path, *options: str
+) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
+    """A primary and its backup; yields both processes and the clients' address."""
+    endpoint = tmp_path / "endpoint"
+    server = [sys.executable, "-m", "minips", "server", *SERVE, *options]
+    logs = [open(tmp_path / name, "w") for name in ("primary.log", "backup.log")]  # noqa: SIM115
+    primary = subprocess.Popen([*server, "--replicas", "2", "--bind", "tcp://127.0.0.1:*",
+                                "--endpoint-file", str(endpoint)],
+                               stdout=logs[0], stderr=subprocess.STDOUT)  # fmt: skip
+    backup = None
+    try:
+        address = _wait_file(endpoint, primary)
+        link = _wait_file(Path(f"{endpoint}-link"), primary)
+        backup = subprocess.Popen([*server, "--backup-of", link], stdout=logs[1],
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+        yield primary, backup, address
+    finally:
+        for proc in (primary, backup):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        with PSClient(address, timeout=2.0, retries=10, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            first = client.push(grads, base=base)
+            assert first.version == 1 and first.applied
+            os.kill(primary.pid, signal.SIGKILL)
+            client._seq = 0  # its reply lost with the primary: the same push again
+            again = client.push(grads, base=base)
+            stats = client.stats()
+        assert backup.poll() is None, "the backup serves on"
+    assert (again.version, again.applied) == (first.version, first.applied)
+    assert stats["version"] == 1 and stats["updates"] == 1
+    assert [w["pushes"] for w in stats["workers"] if w["worker"] == "w"] == [1]
+    assert "took over as primary" in (tmp_path / "backup.log").read_text()
+
+
+def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_path):
+    """The backup dies; a replacement joins the primary, which has served, from a
+    snapshot of its state; then the primary dies: the replacement answers a retry of a
+    push applied before it joined from the registry it was given, and applies it once."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        link = (tmp_path / "endpoint-link").read_text().strip()
+        with PSClient(address, timeout=2.0, retries=10, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            first = client.push(grads, base=base)
+            backup.kill()
+            backup.wait()
+            log = open(tmp_path / "replacement.log", "w")  # noqa: SIM115
+            replacement = subprocess.Popen(
+                [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + 60
+                while client.stats()["replication"]["joins"] < 2:  # the second welcomed
+                    assert time.monotonic() < deadline, "the replacement never joined"
+                    time.sleep(0.1)
+                second = client.push(grads, base=first.version)  # forwarded to it
+                os.kill(primary.pid, signal.SIGKILL)
+                client._seq = 0  # the first push again, its reply lost
+                again = client.push(grads, base=base)
+                stats = client.stats()
+            finally:
+                replacement.kill()
+                replacement.wait()
+                log.close()
+    assert (first.version, second.version) == (1, 2)
+    assert (again.version, again.applied) == (first.version, first.applied)
+    assert stats["version"] == 2 and stats["updates"] == 2
+    assert stats["replication"]["failovers"], "the replacement took over"
+
+
+def test_a_push_is_answered_only_once_the_backup_holds_it(tmp_path):
+    """A backup that cannot acknowledge (stopped) holds the push's reply back: the client
+    gets none while it is stopped; once it goes on, the retry is answered, applied once."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        with PSClient(address, timeout=5.0, retries=3, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            client.timeout, client.retries = 0.3, 0  # well inside the 1 s bound
+            os.kill(backup.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(ServerUnavailable):
+                    client.push(grads, base=base)  # applied by the primary, not answered
+            finally:
+                os.kill(backup.pid, signal.SIGCONT)
+            client.timeout, client.retries = 5.0, 3
+            client._seq = 0  # the same push again
+            again = client.push(grads, base=base)
+            stats = client.stats()
+    assert (again.version, again.applied) == (1, True)
+    assert stats["version"] == 1 and stats["updates"] == 1
+
+
+def test_a_worker_the_primary_declared_dead_is_dead_on_the_backup_that_takes_over(tmp_path):
+    """The backup decides nothing by its own clock: the primary's liveness decision
+    reaches it as an event, so right after the takeover (its own clock has counted the
+    silence afresh) the silent worker is already gone, the other one still live."""
+    with replicas(tmp_path, "--workers", "2", "--heartbeat-timeout", "2") as (primary, _, address):
+        with (
+            PSClient(address, timeout=1.0, retries=10, worker_id="live") as live,
+            PSClient(address, timeout=1.0, retries=10, worker_id="silent") as silent,
+        ):
+            live.hello({"host": "test"})
+            silent.hello({"host": "test"})
+            deadline = time.monotonic() + 30
+            while _alive(live.stats(), "silent"):  # declared dead by the primary's clock
+                assert time.monotonic() < deadline, "the silent worker was never declared dead"
+                live.ping()
+                time.sleep(0.2)
+            os.kill(primary.pid, signal.SIGKILL)
+            live.ping()  # answered by the backup, once it took over
+            stats = live.stats()
+    assert stats["replication"]["failovers"], "the backup took over"
+    assert not _alive(stats, "silent") and _alive(stats, "live")
+
+
+def _alive(stats: dict, worker_id: str) -> bool:
+    return any(w["worker"] == worker_id and w["alive"] for w in stats["workers"])
