@@ -166,3 +166,44 @@ def test_a_worker_the_primary_declared_dead_is_dead_on_the_backup_that_takes_ove
 
 def _alive(stats: dict, worker_id: str) -> bool:
     return any(w["worker"] == worker_id and w["alive"] for w in stats["workers"])
+
+
+def test_a_stalled_primary_keeps_its_ipc_address_and_the_backup_does_not_serve_beside_it(
+    tmp_path,
+):
+    """The primary stopped (SIGSTOP) past the failover bound: the backup takes it for dead,
+    but its ipc path still answers, so the backup does not bind it (ZeroMQ would replace
+    the socket file: two primaries, the workers on the old one) and exits in one line; the
+    primary, continued, serves on with every update, for old and new connections alike."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    endpoint, where = tmp_path / "endpoint", f"ipc://{tmp_path}/s.sock"
+    server = [sys.executable, "-m", "minips", "server", *SERVE]
+    with open(tmp_path / "primary.log", "w") as log, open(tmp_path / "backup.log", "w") as log2:
+        primary = subprocess.Popen([*server, "--replicas", "2", "--bind", where,
+                                    "--endpoint-file", str(endpoint)],
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        backup = None
+        try:
+            link = _wait_file(Path(f"{endpoint}-link"), primary)
+            backup = subprocess.Popen([*server, "--backup-of", link], stdout=log2,
+                                      stderr=subprocess.STDOUT)  # fmt: skip
+            with PSClient(where, timeout=5.0, retries=3, worker_id="w") as client:
+                client.hello({"host": "test"})
+                first = client.push(grads, base=client.pull().version)
+                os.kill(primary.pid, signal.SIGSTOP)
+                try:
+                    assert backup.wait(30) != 0, "the backup ended without an error"
+                finally:
+                    os.kill(primary.pid, signal.SIGCONT)
+                second = client.push(grads, base=first.version)
+            with PSClient(where, timeout=5.0, retries=3) as fresh:  # a new connection
+                stats = fresh.stats()
+        finally:
+            for proc in (primary, backup):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert (first.version, second.version) == (1, 2) and second.applied
+    assert stats["version"] == 2 and stats["replication"]["role"] == "primary"
+    said = (tmp_path / "backup.log").read_text()
+    assert "still answers" in said and "Traceback" not in said, said
