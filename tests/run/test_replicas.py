@@ -124,7 +124,7 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
     _same_model(out, calm_out)
     replication = summary["replication"]
     assert summary["updates_lost"] == 0
-    assert len(replication["replacements"]) == 1  # the lost replica's
+    _each_lost_replica_replaced(replication)
     if killed == "primary":
         assert len(replication["failovers"]) == 1
         failover = replication["failovers"][0]
@@ -133,7 +133,20 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
         assert failover["takeover_s"] < 3  # the 1 s bound, its bind, a busy machine
     else:
         assert replication["failovers"] == []
-        assert len(replication["backups_lost"]) == 1
+        assert [b["exit_code"] for b in _killed(replication["backups_lost"])] == [-9]
+
+
+def _killed(records: list[dict]) -> list[dict]:
+    """The replicas lost to this test's SIGKILLs. On a loaded machine a primary may also
+    stall past the failover bound: its backup then finds the address still answered and
+    exits with its `error:` line (exit status 2), and is replaced too (docs/protocol.md 17.2)."""
+    assert all(r["exit_code"] in (-signal.SIGKILL, 2) for r in records), records
+    return [r for r in records if r["exit_code"] == -signal.SIGKILL]
+
+
+def _each_lost_replica_replaced(replication: dict) -> None:
+    lost = len(replication["failovers"]) + len(replication["backups_lost"])
+    assert len(replication["replacements"]) == lost, replication
 
 
 def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_path, calm):
@@ -158,7 +171,9 @@ def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_pa
     _same_model(out, calm_out)
     replication = summary["replication"]
     assert [f["updates_lost"] for f in replication["failovers"]] == [0, 0, 0]
-    assert len(replication["replacements"]) == 3 and summary["updates_lost"] == 0
+    assert summary["updates_lost"] == 0
+    _each_lost_replica_replaced(replication)
+    _killed(replication["backups_lost"])  # none killed; a stalled primary's backup may be
 
 
 @pytest.mark.parametrize("rule", ["asgd", "dana-gap"])
