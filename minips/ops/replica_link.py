@@ -110,12 +110,15 @@ class PrimaryLink:
         quiet point with no backup attached (the last one to come is welcomed: a backup
         replacing one that died comes before the primary saw it silent)."""
         while self.socket.poll(0):
-            routing, header, *_ = self.socket.recv_multipart()
-            body = unpack(header)
+            routing, body = link_message(self.socket.recv_multipart())
             if body.get("r") == "ack" and routing == self.backup:
+                acked = body.get("n")
+                if not isinstance(acked, int) or isinstance(acked, bool):
+                    continue  # not an acknowledgement: nothing is taken as held
                 self.heard = time.monotonic()
-                self.replies.release(body["n"])
-                self.waiting_since = None if body["n"] >= self.sent else self.heard
+                # never past what was sent: an `n` ahead would let later replies go unheld
+                self.replies.release(min(acked, self.sent))
+                self.waiting_since = None if acked >= self.sent else self.heard
             elif body.get("r") == "join":
                 self.joining = routing
 
@@ -154,6 +157,18 @@ class PrimaryLink:
     def _send(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
         self.socket.send_multipart([self.backup, pack(header), *frames], copy=False)
         self.last_sent = time.monotonic()
+
+
+def link_message(frames: list[bytes]) -> tuple[bytes | None, dict[str, Any]]:
+    """A message the link received: its sender and its map; ({}: nothing) for frames that
+    are not one (garbage costs the sender its message, never the primary its loop)."""
+    if len(frames) < 2:
+        return None, {}
+    try:
+        body = unpack(frames[1])
+    except (ValueError, TypeError):  # msgpack's errors are ValueErrors; a map's bad key
+        return None, {}
+    return frames[0], body if isinstance(body, dict) else {}
 
 
 def snapshot_path(link: str) -> Path:

@@ -104,8 +104,8 @@ class ReplicatedServer(ParameterServer):
         serves as primary); a primary waits for its backup, serves, then lets it go."""
         if self.role == BACKUP and not self.follow():
             return
-        if self.link is not None and self.link.sent == 0:
-            self.await_backup(self.replica.join_wait)
+        if self.link is not None and self.link.sent == 0 and not self.failovers:
+            self.await_backup(self.replica.join_wait)  # a backup that took over serves at once
         super().run()
 
     def poller(self) -> zmq.Poller:

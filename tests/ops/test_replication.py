@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from minips.nn import build_model
 from minips.worker.client import PSClient, ServerUnavailable
@@ -207,3 +209,70 @@ def test_a_stalled_primary_keeps_its_ipc_address_and_the_backup_does_not_serve_b
     assert stats["version"] == 2 and stats["replication"]["role"] == "primary"
     said = (tmp_path / "backup.log").read_text()
     assert "still answers" in said and "Traceback" not in said, said
+
+
+def _link_peer(link: str) -> zmq.Socket:
+    """A DEALER on the primary's replication link, as a (hostile) backup would connect."""
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(link)
+    return peer
+
+
+def test_garbage_on_the_link_and_a_false_acknowledgement_leave_replies_held(tmp_path):
+    """Frames that are no message cost the sender, not the primary (it waits on for its
+    backup); a fake backup acknowledging inputs never sent (n = 2**63) does not let later
+    replies go unheld once the real backup is attached and stopped."""
+    with replicas(tmp_path) as (primary, backup, address):
+        link = (tmp_path / "endpoint-link").read_text().strip()
+        with PSClient(address, timeout=5.0, retries=3, worker_id="w") as client:
+            client.hello({"host": "test"})  # the real backup is attached: kill it
+            backup.kill()
+            backup.wait()
+            fake = _link_peer(link)
+            try:
+                for garbage in ([b""], [b"\xc1"], [b"\x01\x02"], [msgpack.packb([1])]):
+                    fake.send_multipart(garbage)
+                fake.send(msgpack.packb({"r": "join"}))
+                assert fake.poll(30_000), "the primary never welcomed the fake backup"
+                assert msgpack.unpackb(fake.recv())["r"] == "welcome"
+                for _ in range(5):
+                    fake.send(msgpack.packb({"r": "ack", "n": 2**63}))
+                    time.sleep(0.1)
+            finally:
+                fake.close()  # silent from now: let go after 1 s
+            stats = client.stats()
+            assert primary.poll() is None and stats["replication"]["role"] == "primary"
+            with open(tmp_path / "real.log", "w") as log:
+                real = subprocess.Popen([sys.executable, "-m", "minips", "server", *SERVE,
+                                         "--backup-of", link],
+                                        stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                try:
+                    deadline = time.monotonic() + 60
+                    while not client.stats()["replication"]["backup"]:
+                        assert time.monotonic() < deadline, "the real backup never joined"
+                        time.sleep(0.1)
+                    os.kill(real.pid, signal.SIGSTOP)
+                    client.timeout, client.retries = 0.5, 0  # within the 1 s bound
+                    with pytest.raises(ServerUnavailable):
+                        client.stats()  # held: the stopped backup acknowledged nothing
+                finally:
+                    real.kill()
+                    real.wait()
+
+
+def test_a_backup_that_took_over_before_any_request_serves_at_once(tmp_path):
+    """The primary killed before any client spoke: the backup that took over answers within
+    the failover bound, not after a wait for a backup of its own."""
+    with replicas(tmp_path) as (primary, backup, address):
+        deadline = time.monotonic() + 30
+        while "backup joined" not in (tmp_path / "primary.log").read_text():
+            assert time.monotonic() < deadline, "the backup never joined"
+            time.sleep(0.05)
+        primary.kill()
+        primary.wait()
+        started = time.monotonic()
+        with PSClient(address, timeout=10.0, retries=0) as client:
+            stats = client.stats()
+        assert time.monotonic() - started < 10
+    assert stats["replication"]["role"] == "primary" and stats["replication"]["failovers"]
