@@ -240,7 +240,7 @@ def write_results(
     fields (minips.results.versions). stopped_why: what stopped the server before the
     run's end (a signal; None: the run ran to its end). replication: a replicated
     server's failovers, lost backups and replacements (minips.run.replicas), under
-    `replication`; its updates lost count in `updates_lost`.
+    `replication` (a failover loses no update: `updates_lost` counts restarts only).
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
@@ -297,7 +297,6 @@ def write_results(
         summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
     if replication is not None:
         summary["replication"] = replication
-        summary["updates_lost"] += replication["updates_lost"]
     with MetricsLog(run_dir.metrics) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it

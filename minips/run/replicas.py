@@ -187,18 +187,19 @@ class ReplicaWatch:
             return ""
 
     def records(self) -> dict[str, Any]:
-        """The summary's replication fields; each failover's updates lost: the versions
-        the dead primary logged past the one its backup took over at (its log's
-        `failover` record)."""
+        """The summary's replication fields. Each failover's `redone`: the updates the dead
+        primary applied past the last input its backup held (its log's `failover`
+        record's version). Their replies were held, never sent, so their workers sent
+        them again to the new primary: done twice on the way, once in the model. None
+        are lost: a reply leaves only once the backup holds its input (protocol.md 17)."""
         for number, failover in enumerate(self.failovers, start=1):
             taken = _failover_record(self.dir.updates_log(number))
             dead = last_logged_version(self.dir.updates_log(number - 1))
             failover["version"] = taken.get("version")
             failover["takeover_s"] = taken and round(taken["silent_s"] + taken["bind_s"], 3)
-            failover["updates_lost"] = max(0, dead - taken["version"]) if taken else None
-        lost = sum(f["updates_lost"] or 0 for f in self.failovers)
+            failover["redone"] = max(0, dead - taken["version"]) if taken else None
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": self.replacements, "updates_lost": lost}  # fmt: skip
+                "replacements": self.replacements}  # fmt: skip
 
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 3)
