@@ -526,3 +526,29 @@ def test_the_snapshot_before_the_first_poll_says_it_is_not_connected():
     collector = Collector("tcp://127.0.0.1:9", interval=0.01)  # never started: no poll yet
     snapshot = collector.snapshot()
     assert snapshot["connected"] is False and snapshot["phase"] == "connecting"
+
+
+def test_the_page_holds_a_notice_before_the_terminal_says_it(tmp_path):
+    """Nothing answers, then a server does: each line the terminal is told, the snapshot
+    the page reads already holds (the page and the terminal never disagree)."""
+    from test_server_support import running_server
+
+    where = f"ipc://{tmp_path}/s.sock"
+    seen: list[tuple[str, str | None]] = []
+    collector = Collector(where, interval=0.05, on_notice=lambda line: seen.append(
+        (line, collector.snapshot().get("notice", "absent"))))  # fmt: skip
+    collector.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not seen:
+            assert time.monotonic() < deadline, "nothing answers was never said"
+            time.sleep(0.02)
+        with running_server(bind=where):
+            while len(seen) < 2:
+                assert time.monotonic() < deadline + 30, "the server was never said to answer"
+                time.sleep(0.02)
+    finally:
+        collector.stop()
+    (nothing, page_then), (answers, page_now) = seen[:2]
+    assert nothing.startswith("nothing answers at") and page_then == nothing
+    assert answers.endswith("answers: live") and page_now is None

@@ -221,13 +221,15 @@ class Collector:
                 self.evals.poll()
                 self.updates.poll()
                 if not self._polling.is_set():  # finish() may have published the end
-                    self._tell(stats, self._next_phase(stats))
-                    self._publish(stats)
+                    line = self._notice(stats, self._next_phase(stats))
+                    self._publish(stats)  # the page holds the notice before the terminal says it
+                    if line is not None and self.on_notice is not None:
+                        self.on_notice(line)
                 self._polling.wait(self.interval)
 
-    def _tell(self, stats: dict[str, Any] | None, phase: str) -> None:
-        """One line when what the server does changes (phase: the one this poll leads to):
-        nothing answers (yet, or any more), or it answers again."""
+    def _notice(self, stats: dict[str, Any] | None, phase: str) -> str | None:
+        """The one line to say when what the server does changes (phase: the one this poll
+        leads to): nothing answers (yet, or any more), or it answers again; else None."""
         if stats is not None and self.notice is not None:
             self.notice = None
             line = f"{self.connect} answers: {phase}"
@@ -239,9 +241,8 @@ class Collector:
                 else f"the server at {self.connect} stopped answering (still trying)"
             )
         else:
-            return
-        if self.on_notice is not None:
-            self.on_notice(line)
+            return None
+        return line
 
     def _next_phase(self, stats: dict[str, Any] | None) -> str:
         if self.phase == "finished":
