@@ -249,8 +249,11 @@ class ProcessGroup:
         their reports (worker-R.json); a killed one was seen in `stats` (it registered
         before it trained)."""
         for path in reports:
-            report = json.loads(path.read_text())
-            self.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
+            try:
+                report = json.loads(path.read_text())
+                self.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
+            except (OSError, ValueError, KeyError, TypeError):  # damaged: it names no rank
+                continue
 
 
 @contextlib.contextmanager

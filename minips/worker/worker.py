@@ -355,5 +355,10 @@ def summary_line(report: dict[str, Any]) -> str:
 
 
 def write_report(report: WorkerReport, path: str | Path) -> None:
-    """Write a worker's report as one JSON object (the launcher merges them)."""
-    Path(path).write_text(json.dumps(report.summary()) + "\n", encoding="utf-8")
+    """Write a worker's report as one JSON object (the launcher merges them), whole or not at
+    all: written beside its place, then renamed, so a launcher reading it as the run stops
+    never finds it half written."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(report.summary()) + "\n", encoding="utf-8")
+    os.replace(partial, path)

@@ -147,3 +147,15 @@ def test_sigterm_and_sigint_interrupt_the_launcher_once_and_spare_its_cleanup():
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n")[:3] == ["interrupted", "cleaned up", "handlers True"]
+
+
+def test_a_report_being_written_as_the_run_stops_names_no_rank_and_stops_nothing(tmp_path):
+    """The launcher reads the workers' reports as the run stops; one found empty (its
+    worker still writing it) or damaged is passed over, not a traceback that leaves the
+    run's processes running."""
+    (tmp_path / "worker-0.json").write_text("")
+    (tmp_path / "worker-1.json").write_text('{"rank": 1, "pid": 4242}\n')
+    (tmp_path / "worker-2.json").write_text('["not a report"]\n')
+    processes = ProcessGroup(tmp_path, {})
+    processes.learn_ranks_from_reports(sorted(tmp_path.glob("worker-*.json")))
+    assert processes._rank_names == {4242: "worker-1"}
