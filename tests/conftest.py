@@ -34,3 +34,17 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return 2 * (cores or 1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Start the slowest tests first (the list in tests/slowest.txt, as `--durations` prints
+    it). With pyproject's `--maxschedchunk 1` xdist hands each test process one test at a
+    time, so the long ones (a run with kills, a browser class) run side by side from the start
+    instead of one of them starting last and holding the suite's end while the other test
+    processes sit idle. A test the list does not name keeps its place after them."""
+    seconds = {}
+    for line in (TESTS / "slowest.txt").read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] == "call" and fields[0].endswith("s"):
+            seconds[fields[2]] = float(fields[0].removesuffix("s"))
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
