@@ -365,7 +365,7 @@ def test_protocol_md_states_the_gateways_numbers():
     assert f'"rid": {seats.GATEWAY_RID}' in flat and "(rid 2^62)" in flat
     assert seats.GATEWAY_RID == 2**62
     assert f"waits up to {gateway.BYE_TIMEOUT:g} s" in flat
-    assert f"every {gateway.PING_INTERVAL:g} s" in flat
-    assert f"answered within {gateway.PING_TIMEOUT:g} s" in flat
+    assert f"every {Admission.ping_interval:g} s" in flat
+    assert f"nothing, neither the pong nor any other byte, for {Admission.ping_timeout:g} s" in flat
     assert f"(default {Admission.max_browsers})" in flat
     assert f"(default {Admission.max_memory >> 20})" in flat

@@ -52,6 +52,12 @@ class Admission:
     max_browsers: int = 256
     max_memory: int = 512 << 20  # bytes: two whole-size messages (protocol.md §10) fit
     allow_origins: list[str] = field(default_factory=list)
+    # Keepalive: a browser whose network went away (Wi-Fi lost, laptop asleep) sends
+    # nothing, no pong and no other byte, for ping_timeout seconds after a ping: it is seen
+    # gone within ping_interval + ping_timeout seconds, and its seat given back then
+    # (minips.classroom.web.keepalive).
+    ping_interval: float = 5.0
+    ping_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_browsers < 1:

@@ -25,15 +25,15 @@ from typing import Any
 
 from minips.classroom.web.admission import CLOSE_MEMORY, MemoryBudget
 from minips.classroom.web.framing import MAX_FRAMES
+from minips.classroom.web.keepalive import PatientKeepalive
 from minips.classroom.web.seats import peek_header
 from minips.protocol.wire import DEFAULT_LIMITS
 
 try:  # the optional extra: pip install 'minips[web]'
-    from websockets.asyncio.server import ServerConnection
     from websockets.exceptions import PayloadTooBig
     from websockets.protocol import State
 except ImportError:  # pragma: no cover - reported by gateway.check_installed()
-    ServerConnection = object  # never instantiated then
+    pass
 
 log = logging.getLogger("minips.classroom.web")
 
@@ -85,7 +85,7 @@ class MessageBounds:
         return self._known[key]
 
 
-class BoundedConnection(ServerConnection):
+class BoundedConnection(PatientKeepalive):
     """A WebSocket within the gateway's bounds: each message within the model's bound
     (`bound_to`, once a hello reply named the model), and its received bytes counted
     against the gateway's MemoryBudget: what arrives is taken from it, a relayed message

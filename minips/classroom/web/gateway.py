@@ -67,9 +67,6 @@ _PARTED = re.compile(
 )
 _TEST = re.compile(r"^/data/([a-z0-9-]+)/test/(images|labels)$")
 _INFO = re.compile(r"^/data/([a-z0-9-]+)/info$")
-# Keepalive pings: a browser whose network went away (Wi-Fi lost, laptop asleep) is seen
-# gone within PING_INTERVAL + PING_TIMEOUT seconds, and its seat given back then.
-PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0
 BYE_TIMEOUT = 2.0  # seconds the gateway waits for the server to answer its bye for a tab
 
 
@@ -152,8 +149,8 @@ class Gateway:
             create_connection=Connection,
             max_size=HEADER_ROOM,  # until the server's hello reply names the model
             compression=None,  # gradients do not compress; deflate would only cost CPU
-            ping_interval=PING_INTERVAL,
-            ping_timeout=PING_TIMEOUT,
+            ping_interval=self.admission.ping_interval,
+            ping_timeout=self.admission.ping_timeout,
         ) as server:
             self.port = server.sockets[0].getsockname()[1]
             log.info("minips web gateway on %s, relaying to %s", self.url, self.connect)
