@@ -8,7 +8,19 @@ WebSocket messages to a parameter server (docs/protocol.md §14, docs/model.md).
 Needs the optional extra: pip install 'minips[web]'.
 """
 
-from minips.classroom.web.gateway import Gateway, check_installed
-from minips.classroom.web.running import RunningGateway, start_gateway
-
 __all__ = ["Gateway", "RunningGateway", "check_installed", "start_gateway"]
+
+
+def __getattr__(name: str) -> object:
+    """The gateway's names, imported when first used: `minips run` imports this package for
+    its browser slots (slots.py), and every run would otherwise import websockets and
+    asyncio too, browsers or not (PEP 562)."""
+    if name in ("Gateway", "check_installed"):
+        from minips.classroom.web import gateway
+
+        return getattr(gateway, name)
+    if name in ("RunningGateway", "start_gateway"):
+        from minips.classroom.web import running
+
+        return getattr(running, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
