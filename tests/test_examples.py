@@ -16,7 +16,9 @@ from minips.cli import cli
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run_example(name: str, *args: str, timeout: float = 120) -> str:
+def run_example(name: str, *args: str, timeout: float = 600) -> str:
+    # The timeout only catches a hang: an example trains for real, and on 2 loaded cores
+    # the longest took over 3 minutes.
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
@@ -140,7 +142,7 @@ def test_hetero_experiment_shows_the_slow_worker_stale_and_damped_by_dasgd(tmp_p
 
 
 def test_layer_plans_print_the_table_and_auto_sends_fewer_bytes_than_dense():
-    out = run_example("06_layer_plans.py", "--fast", timeout=180)
+    out = run_example("06_layer_plans.py", "--fast")
     # Which codec fc1 gets depends on the compute measured here (tests/transmission/test_planner.py
     # checks the choice with fixed times); on this slow link it is compressed both ways.
     assert re.search(r"^fc1\.w +800x500 .* (topk|sf) .* delta ", out, flags=re.M), out
