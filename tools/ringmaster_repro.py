@@ -266,7 +266,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=100)
     p.add_argument("--delay", choices=DELAYS, default="sqrt-noise")
     p.add_argument("--methods", default="ringmaster,delay-adaptive,rennala")
-    p.add_argument("--lrs", default="0.2,0.1,0.05,0.025,0.0125,0.00625", help="the step grid")
+    p.add_argument("--lrs", default=",".join(f"{0.4 / 2**j:g}" for j in range(9)), help="steps")
     p.add_argument("--Rs", default="5,10,20,40", help="Ringmaster's delay thresholds R (tuned)")
     p.add_argument("--Bs", default="5,10,20,40", help="Rennala's batches B (tuned)")
     p.add_argument("--stops", action="store_true", help="Ringmaster with stops (Alg. 5)")
