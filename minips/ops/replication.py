@@ -180,6 +180,8 @@ class ReplicatedServer(ParameterServer):
         link.send(pack({"r": "join"}))
         welcome = self._welcome(link)
         self.client_address = welcome["address"]
+        if self.group is not None:  # a shard's: the group knows it by the clients' address
+            self.group.rebind(self.client_address)
         heard = time.monotonic()
         while True:
             if link.poll(100):
@@ -239,7 +241,9 @@ class ReplicatedServer(ParameterServer):
             self.stop.deadline = started + self.options.stop_grace
         self.options = replace(self.options, checkpoint_path=self.replica.checkpoint_path)
         ops: Any = self.ops  # the usual operations (minips/ops/server_ops.py) hold both
-        ops.options, ops.checkpoints.path = self.options, self.replica.checkpoint_path
+        ops.options = self.options
+        ops.checkpoints.write_to(self.replica.checkpoint_path, self.options.checkpoint_every,
+                                 self.options.checkpoint_interval)  # fmt: skip
         self.endpoint = bind_retrying(self.socket, self.client_address)
         # for the backup that replaces this one; inputs numbered on from the last one
         self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent)
@@ -281,7 +285,8 @@ class ReplicatedTimers(Timers):
     def __init__(self, server: ReplicatedServer) -> None:
         ops = server.ops
         super().__init__(ops.inflow, ops.checkpoints, server.membership, server.pulls,
-                         server.rule, server.carry_out, server.after_leaving)  # fmt: skip
+                         server.rule, server.carry_out, server.after_leaving,
+                         server.group)  # fmt: skip
         self.server = server
 
     def tick(self, now: float) -> None:
@@ -296,6 +301,9 @@ class ReplicatedTimers(Timers):
             event = self.decide(now)
             if event:
                 self.server.replicate_event(event)
+        if self.group is not None:  # a shard's joins: a stop with its root is a stop event
+            with self.contained("group"):
+                self.group.tick(now)
 
     def decide(self, now: float) -> dict[str, Any]:
         """What the clock decided this turn ({}: nothing): the workers silent past the
