@@ -136,6 +136,10 @@ class RootTable:
         """The root's own address is `own_address` (a backup replica's: its primary's)."""
         self._addresses[0] = own_address
 
+    def restore(self, addresses: list[str | None]) -> None:
+        """The shards' addresses a replica's snapshot gives (minips/ops/snapshot.py)."""
+        self._addresses = list(addresses)
+
     def missing(self) -> list[int]:
         """The shards that have not joined with an address since the root started."""
         return [j for j, address in enumerate(self.addresses()) if address is None]
