@@ -82,6 +82,7 @@ class ReplicatedServer(ParameterServer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.replica, self.on_promote = replica, on_promote
+        self.on_welcome: Callable[[], None] | None = None  # a backup holds the state now
         self.role = replica.role
         self.sent = 0  # inputs numbered so far (the primary's) or received (the backup's)
         self.failovers: list[dict[str, Any]] = []  # this process's takeover, if it took over
@@ -215,6 +216,8 @@ class ReplicatedServer(ParameterServer):
         self.sent = body["n"]
         log.info("backup of %s (clients at %s) from version %d", self.replica.backup_of,
                  body["address"], self.store.version)  # fmt: skip
+        if self.on_welcome is not None:
+            self.on_welcome()
         return body
 
     def _apply(self, body: dict[str, Any], frames: list[Any]) -> None:

@@ -11,6 +11,7 @@ new primary with a snapshot of its state (minips.ops.snapshot) while training go
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from minips.group.shard import Joiner
 from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 from minips.results.metrics import MetricsLog, read_metrics
 from minips.run.config import RunConfig
-from minips.run.processes import MINIPS, ProcessGroup
+from minips.run.processes import MINIPS, Child, ProcessGroup
 from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
 
@@ -44,6 +45,12 @@ def replicated(
 def link_file(endpoint_file: str | Path) -> Path:
     """Where a primary started with an endpoint file writes its replication link's address."""
     return Path(f"{endpoint_file}-link")
+
+
+def welcomed_file(endpoint_file: str | Path) -> Path:
+    """Where a backup started with an endpoint file writes its pid once its primary
+    welcomed it (it holds the state: it can take over)."""
+    return Path(f"{endpoint_file}-backup")
 
 
 class PromotedLog:
@@ -106,6 +113,9 @@ def serve_replica(
 
         if backup:
             ps.on_promote = listening
+            if endpoint_file:  # the launcher's: this backup holds the state from now on
+                ps.on_welcome = lambda: _write_atomically(welcomed_file(endpoint_file),
+                                                          str(os.getpid()))  # fmt: skip
             click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
         else:
             listening()
@@ -157,7 +167,10 @@ class ReplicaWatch:
         self.failovers: list[dict[str, Any]] = []
         self.backup_lost: list[dict[str, Any]] = []
         self.replacements: list[dict[str, Any]] = []
+        self.unjoined: list[dict[str, Any]] = []
         self.backup: str | None = None  # the live backup's child name
+        self._backup_log = 1  # the generation of the live backup's updates log
+        self._logs: list[tuple[int, int]] = []  # each failover's: (the dead's, the new's)
         self.started = 0  # backups started
         self._backup_of = ""  # the link of the primary the live backup follows
         self._dead_link = ""  # the link of the primary that died last (none to join)
@@ -169,11 +182,12 @@ class ReplicaWatch:
 
     def _start(self, link: str) -> str:
         """A backup of the primary at `link`; if it ever takes over, it logs its updates
-        to the next generation's log (each failover's is the one after the dead one's)."""
+        to the next generation's log (the one after the live primary's)."""
         self.started += 1
         base = "backup" if self.shard == 0 else f"{self.name}-backup"
         name = base if self.started == 1 else f"{base}-{self.started}"
-        log = self.dir.updates_log(len(self.failovers) + 1, self.shard)
+        self._backup_log = self.processes[self.name].generation + 1
+        log = self.dir.updates_log(self._backup_log, self.shard)
         command = [*MINIPS, "server", "--config", str(self.config_file), *self._group_options(),
                    "--backup-of", link, "--endpoint-file", str(self.endpoint),
                    "--updates-log", str(log), "--t0", repr(self.t0)]  # fmt: skip
@@ -191,19 +205,23 @@ class ReplicaWatch:
 
     def check(self) -> None:
         """One look: a primary that died while its backup lives is replaced by it (the
-        backup becomes the primary's child, the dead one stays as "...-dead-N"); a
-        replica lost is replaced by a new backup once the live one listens for it."""
+        backup becomes the primary's child, with its restart policy; the dead one stays
+        as "...-dead-N"), or, when that backup was not welcomed yet (it holds no state),
+        the backup is stopped and the primary's child left crashed: the caller restarts
+        it from its checkpoint (minips.run.recovery). A replica lost is replaced by a new
+        backup once the live one listens for it."""
         server = self.processes[self.name]
         backup = self.processes[self.backup] if self.backup is not None else None
         if backup is not None and backup.crashed() and not server.exited():
             self.backup_lost.append(self._record(exit_code=backup.code()))
             self.backup = None
         elif backup is not None and server.crashed() and not backup.exited():
-            self.processes.children[f"{self.name}-dead-{len(self.failovers) + 1}"] = server
-            self.processes.children[self.name] = backup
-            del self.processes.children[self.backup]
-            self.failovers.append(self._record(exit_code=server.code()))
-            self._dead_link = self._backup_of  # until the new primary writes its own
+            if self._welcomed(backup):
+                self._promote(server, backup)
+            else:
+                backup.kill()
+                self.unjoined.append(self._record(name=self.backup, exit_code=server.code()))
+            self._dead_link = self._backup_of  # until the next primary writes its own
             self.backup = None
         if self.backup is None and not self.processes[self.name].exited():
             address = _read(link_file(self.endpoint))
@@ -211,20 +229,38 @@ class ReplicaWatch:
                 name = self._start(address)
                 self.replacements.append(self._record(name=name))
 
+    def _welcomed(self, backup: Child) -> bool:
+        """Whether `backup` holds its primary's state (its primary welcomed it)."""
+        return _read(welcomed_file(self.endpoint)) == str(backup.pid)
+
+    def _promote(self, server: Child, backup: Child) -> None:
+        """The backup took over: it is the primary's child now, which a crash restarts
+        from its checkpoint (its log the generation it wrote)."""
+        self.processes.children[f"{self.name}-dead-{len(self.failovers) + 1}"] = server
+        self.processes.children[self.name] = backup
+        del self.processes.children[backup.name]
+        self._logs.append((server.generation, self._backup_log))
+        backup.log_as, backup.name = backup.log_name, self.name
+        backup.command, backup.policy, server.policy = server.command, server.policy, None
+        backup.generation = self._backup_log
+        self.failovers.append(self._record(exit_code=server.code()))
+
     def records(self) -> dict[str, Any]:
         """The summary's replication fields. Each failover's `redone`: the updates the dead
         primary applied past the last input its backup held (its log's `failover`
         record's version). Their replies were held, never sent, so their workers sent
         them again to the new primary: done twice on the way, once in the model. None
-        are lost: a reply leaves only once the backup holds its input (protocol.md 17)."""
-        for number, failover in enumerate(self.failovers, start=1):
-            taken = _failover_record(self.dir.updates_log(number, self.shard))
-            dead = last_logged_version(self.dir.updates_log(number - 1, self.shard))
+        are lost: a reply leaves only once the backup holds its input (protocol.md 17).
+        `unjoined`: the backups stopped because their primary died before it welcomed
+        them (the server then restarted from its checkpoint, as without replicas)."""
+        for failover, (dead_log, own_log) in zip(self.failovers, self._logs, strict=True):
+            taken = _failover_record(self.dir.updates_log(own_log, self.shard))
+            dead = last_logged_version(self.dir.updates_log(dead_log, self.shard))
             failover["version"] = taken.get("version")
             failover["takeover_s"] = taken and round(taken["silent_s"] + taken["bind_s"], 3)
             failover["redone"] = max(0, dead - taken["version"]) if taken else None
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": self.replacements}  # fmt: skip
+                "replacements": self.replacements, "unjoined": self.unjoined}  # fmt: skip
 
     def _record(self, **fields: Any) -> dict[str, Any]:
         """A record of this pair's: when, and a group's shard."""
@@ -253,7 +289,7 @@ class ReplicaSet:
 
     def records(self) -> dict[str, Any]:
         merged: dict[str, Any] = {"replicas": 2, "failovers": [], "backups_lost": [],
-                                  "replacements": []}  # fmt: skip
+                                  "replacements": [], "unjoined": []}  # fmt: skip
         for watch in self.watches:
             for key, records in watch.records().items():
                 if isinstance(records, list):
