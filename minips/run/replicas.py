@@ -7,6 +7,9 @@ replication). `minips run --replicas 2` starts both; when the primary dies the b
 takes over on the same address, and `ReplicaWatch` makes it the run's server ("server"),
 records the failover for the summary, and starts a replacement backup, which joins the
 new primary with a snapshot of its state (minips.ops.snapshot) while training goes on.
+A primary lost before its replacement joined (no replica holds the state) is restarted
+from its checkpoint instead, as without replicas. With `--servers K` every shard, the
+root too, is such a pair (`ReplicaSet`: one watch per shard, docs/protocol.md 17.5).
 """
 
 from __future__ import annotations
@@ -284,10 +287,12 @@ class ReplicaSet:
             watch.start_backup(timeout)
 
     def check(self) -> None:
+        """One look at every pair (ReplicaWatch.check)."""
         for watch in self.watches:
             watch.check()
 
     def records(self) -> dict[str, Any]:
+        """The summary's `replication`: every pair's records, in the order they happened."""
         merged: dict[str, Any] = {"replicas": 2, "failovers": [], "backups_lost": [],
                                   "replacements": [], "unjoined": []}  # fmt: skip
         for watch in self.watches:
