@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from minips.cli.click_options import config_options
 from minips.cli.numbers import FiniteFloatRange
 from minips.cli.progress import ProgressBar
+from minips.errors import ConfigError
 from minips.results.report_text import plural
 from minips.results.versions import accuracy_line, stopped_line, untested_line
 from minips.run.config import RunConfig
@@ -179,6 +180,12 @@ def serve(
 
     if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
         from minips.run.servergroup import serve_group_here
+
+        if config.replicas > 1 or config.backup_of:
+            raise ConfigError(
+                "--replicas 2 with --servers K: serve each shard's pair with --shard J "
+                "(`minips run --servers K --replicas 2` starts them all)"
+            )
 
         serve_group_here(config, endpoint_file, updates_log, t0, verbose)
         return

@@ -170,3 +170,18 @@ def test_every_acknowledged_push_is_applied_once_on_every_shard(tmp_path, rule, 
     replication = summary["replication"]
     assert [f["shard"] for f in replication["failovers"]] == [shard]
     assert summary["updates_lost"] == 0 and summary["restarts"] == 0
+
+
+def test_a_whole_group_served_here_is_refused_replicas(tmp_path):
+    """`minips server --servers K --replicas 2` (every shard in this one command) would
+    start primaries no backup ever joins: one line says how to serve the pairs."""
+    done = subprocess.run(
+        [sys.executable, "-m", "minips", "server", "--servers", "2", "--replicas", "2",
+         "--model", "mlp", "--dataset", "synthetic"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --replicas 2 with --servers K: serve each shard's pair with --shard J "
+        "(`minips run --servers K --replicas 2` starts them all)"
+    ]
