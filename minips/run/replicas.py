@@ -29,6 +29,9 @@ from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
 
 PRIVATE_BIND = "tcp://127.0.0.1:*"  # a backup's own socket: no client knows it
+# s a backup whose primary died has to say it was welcomed (it loads the snapshot it was
+# sent at once; one still starting was not welcomed and never will be)
+WELCOME_GRACE = 3.0
 MAX_REPLACEMENTS = 10  # a replica that keeps dying is a bug to report, not to hide
 
 
@@ -174,6 +177,10 @@ class ReplicaWatch:
         self.backup: str | None = None  # the live backup's child name
         self._backup_log = 1  # the generation of the live backup's updates log
         self._logs: list[tuple[int, int]] = []  # each failover's: (the dead's, the new's)
+        self._dead = 0  # primaries lost
+        # a promoted backup not known to hold the state yet: until when, the dead primary's
+        # log generation, its failover record
+        self._pending: tuple[float, int, dict[str, Any]] | None = None
         self.started = 0  # backups started
         self._backup_of = ""  # the link of the primary the live backup follows
         self._dead_link = ""  # the link of the primary that died last (none to join)
@@ -209,44 +216,57 @@ class ReplicaWatch:
     def check(self) -> None:
         """One look: a primary that died while its backup lives is replaced by it (the
         backup becomes the primary's child, with its restart policy; the dead one stays
-        as "...-dead-N"), or, when that backup was not welcomed yet (it holds no state),
-        the backup is stopped and the primary's child left crashed: the caller restarts
-        it from its checkpoint (minips.run.recovery). A replica lost is replaced by a new
-        backup once the live one listens for it."""
+        as "...-dead-N"); that backup is a failover once it says it was welcomed (it
+        holds the state), else it is stopped after WELCOME_GRACE s and the caller
+        restarts the server from its checkpoint (minips.run.recovery), as without
+        replicas. A replica lost is replaced by a new backup once the live one listens."""
         server = self.processes[self.name]
         backup = self.processes[self.backup] if self.backup is not None else None
-        if backup is not None and backup.crashed() and not server.exited():
+        if self._pending is not None:
+            self._confirm(server)
+        elif backup is not None and backup.crashed() and not server.exited():
             self.backup_lost.append(self._record(exit_code=backup.code()))
             self.backup = None
         elif backup is not None and server.crashed() and not backup.exited():
-            if self._welcomed(backup):
-                self._promote(server, backup)
-            else:
-                backup.kill()
-                self.unjoined.append(self._record(name=self.backup, exit_code=server.code()))
+            self._promote(server, backup)
             self._dead_link = self._backup_of  # until the next primary writes its own
             self.backup = None
-        if self.backup is None and not self.processes[self.name].exited():
+        if self.backup is None and self._pending is None and not server.exited():
             address = _read(link_file(self.endpoint))
             if address and address != self._dead_link and self.started <= MAX_REPLACEMENTS:
                 name = self._start(address)
                 self.replacements.append(self._record(name=name))
 
-    def _welcomed(self, backup: Child) -> bool:
-        """Whether `backup` holds its primary's state (its primary welcomed it)."""
-        return _read(welcomed_file(self.endpoint)) == str(backup.pid)
-
     def _promote(self, server: Child, backup: Child) -> None:
-        """The backup took over: it is the primary's child now, which a crash restarts
-        from its checkpoint (its log the generation it wrote)."""
-        self.processes.children[f"{self.name}-dead-{len(self.failovers) + 1}"] = server
+        """The backup is the primary's child now, pending its welcome (`_confirm`): a
+        crash of it restarts it from its checkpoint, its log the generation it writes."""
+        self._dead += 1
+        self.processes.children[f"{self.name}-dead-{self._dead}"] = server
         self.processes.children[self.name] = backup
         del self.processes.children[backup.name]
-        self._logs.append((server.generation, self._backup_log))
+        failover = self._record(exit_code=server.code())
+        self._pending = (time.monotonic() + WELCOME_GRACE, server.generation, failover)
         backup.log_as, backup.name = backup.log_name, self.name
         backup.command, backup.policy, server.policy = server.command, server.policy, None
         backup.generation = self._backup_log
-        self.failovers.append(self._record(exit_code=server.code()))
+
+    def _confirm(self, promoted: Child, final: bool = False) -> None:
+        """The promoted backup's failover counts once it was welcomed. One that was not
+        within WELCOME_GRACE s holds no state: it is killed, as the dead primary's next
+        generation (its restart's log follows the dead one's). final: the run is over,
+        nothing is killed: the failover is one or it is not."""
+        assert self._pending is not None
+        deadline, dead_generation, failover = self._pending
+        if _read(welcomed_file(self.endpoint)) == str(promoted.pid):
+            self._logs.append((dead_generation, promoted.generation))
+            self.failovers.append(failover)
+            self._pending = None
+        elif final or promoted.exited() or time.monotonic() > deadline:
+            if not (final or promoted.exited()):
+                promoted.kill()
+            self.unjoined.append({**failover, "name": promoted.log_name})
+            promoted.generation = dead_generation
+            self._pending = None
 
     def records(self) -> dict[str, Any]:
         """The summary's replication fields. Each failover's `redone`: the updates the dead
@@ -256,6 +276,8 @@ class ReplicaWatch:
         are lost: a reply leaves only once the backup holds its input (protocol.md 17).
         `unjoined`: the backups stopped because their primary died before it welcomed
         them (the server then restarted from its checkpoint, as without replicas)."""
+        if self._pending is not None:  # the run ended within a failover's grace
+            self._confirm(self.processes[self.name], final=True)
         for failover, (dead_log, own_log) in zip(self.failovers, self._logs, strict=True):
             taken = _failover_record(self.dir.updates_log(own_log, self.shard))
             dead = last_logged_version(self.dir.updates_log(dead_log, self.shard))
