@@ -32,14 +32,14 @@ RUN = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.
 WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "2"}
 
 
-def _start(out: Path, *extra: str) -> subprocess.Popen:
+def _start(out: Path, *extra: str, worker_env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", *RUN, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, **WORKER_ENV},
+        env={**os.environ, **(worker_env or WORKER_ENV)},
     )
 
 
@@ -236,7 +236,10 @@ def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoin
     stops it and restarts the server from its checkpoint, as without replicas; the run
     ends, its summary records the failover whole, the unjoined backup and the restart."""
     out = tmp_path / "killed"
-    proc = _start(out, "--replicas", "2", "--checkpoint-every", "20")
+    # the workers wait out the failover, the welcome's grace and the restart (4 attempts
+    # of 6 s each, below the server's 30 s heartbeat timeout)
+    slower = {"MINIPS_WORKER_TIMEOUT": "6"}
+    proc = _start(out, "--replicas", "2", "--checkpoint-every", "20", worker_env=slower)
     try:
         _kill_at(out, "primary", version=30)
         promoted = _serving_primary(out, time.monotonic() + 60)  # the backup took over
