@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from minips.cli.click_options import config_options
 from minips.cli.numbers import FiniteFloatRange
 from minips.cli.progress import ProgressBar
+from minips.errors import ConfigError
 from minips.results.report_text import plural
 from minips.results.versions import accuracy_line, stopped_line, untested_line
 from minips.run.config import RunConfig
@@ -180,17 +181,27 @@ def serve(
     if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
         from minips.run.servergroup import serve_group_here
 
+        if config.replicas > 1 or config.backup_of:
+            raise ConfigError(
+                "--replicas 2 with --servers K: serve each shard's pair with --shard J "
+                "(`minips run --servers K --replicas 2` starts them all)"
+            )
+
         serve_group_here(config, endpoint_file, updates_log, t0, verbose)
         return
-    if config.replicas > 1 or config.backup_of:  # one of two replicas (docs/protocol.md 17)
-        from minips.run.replicas import serve_replica
+    from minips.run.replicas import serve_replica
 
+    if config.backup_of:  # a backup replica (docs/protocol.md 17): its primary joined the root
         click.echo(server_summary(serve_replica(config, endpoint_file, updates_log, t0)))
         return
     config, joiner = join_root(config, on_wait=lambda line: click.echo(line, err=True))
     if config.servers > 1:  # a launched shard names its files by the index it got
         updates_log = updates_log and updates_log.replace("{shard}", str(config.shard))
         endpoint_file = endpoint_file and endpoint_file.replace("{shard}", str(config.shard))
+    if config.replicas > 1:  # a primary replica (a shard's: --replicas from its root's run)
+        ps = serve_replica(config, endpoint_file, updates_log, t0, joiner)
+        click.echo(server_summary(ps))
+        return
     with MetricsLog(updates_log, start_time=t0) as updates:
 
         def on_update(record: dict[str, Any]) -> None:

@@ -132,6 +132,14 @@ class RootTable:
     def addresses(self) -> list[str | None]:
         return list(self._addresses)
 
+    def rebind(self, own_address: str) -> None:
+        """The root's own address is `own_address` (a backup replica's: its primary's)."""
+        self._addresses[0] = own_address
+
+    def restore(self, addresses: list[str | None]) -> None:
+        """The shards' addresses a replica's snapshot gives (minips/ops/snapshot.py)."""
+        self._addresses = list(addresses)
+
     def missing(self) -> list[int]:
         """The shards that have not joined with an address since the root started."""
         return [j for j, address in enumerate(self.addresses()) if address is None]
@@ -220,7 +228,14 @@ class Joiner:
         if self._heard is None:  # serving begins: the root's silence counts from here
             self._heard = now
         while self.socket.poll(0):
-            self._read()
+            try:
+                self._read()
+            except Refused as exc:
+                if exc.code != "full":
+                    raise
+                # a backup replica that took this shard over joins as a new client: the
+                # root frees the index once the dead primary's joins stopped (16.3)
+                log.info("%s; joining again", exc)
         if now - self._sent >= JOIN_INTERVAL:
             self._send(address)
             self._sent = now
@@ -302,6 +317,16 @@ class ShardRole:
         if self.is_root:
             self.endpoint = endpoint
             self.table = RootTable(self.servers, endpoint)
+        else:
+            self.endpoint = advertised(endpoint, self.joiner.root)
+
+    def rebind(self, endpoint: str) -> None:
+        """A backup replica of this shard (docs/protocol.md 17) serves, once it took over,
+        the primary's address `endpoint`, not the private one it bound: the group's
+        addresses are the primary's."""
+        if self.table is not None:
+            self.table.rebind(endpoint)
+            self.endpoint = endpoint
         else:
             self.endpoint = advertised(endpoint, self.joiner.root)
 

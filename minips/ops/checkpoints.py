@@ -75,14 +75,21 @@ class Checkpointer:
     ) -> None:
         self.store, self.counters, self.rule_state = store, counters, rule_state
         self.shard, self.keep_all = shard, keep_all
-        if shard is not None and path:
-            path = shard_path(path, shard[0])
-            if rule == "ssgd":  # one consistent point for the group (group_checkpoints.py)
-                every, interval = every or GROUP_SSGD_EVERY, 0.0
-        self.path, self.every, self.interval = path, every, interval
         self.rule, self.spec = rule, spec
+        self.write_to(path, every, interval)
         self._last = (time.monotonic(), store.version)  # when, at which version
         self.said: str | None = None  # what `start` did about a checkpoint at the path
+
+    def write_to(self, path: str | Path | None, every: int, interval: float) -> None:
+        """Checkpoint to `path` (None: never) every `every` updates and `interval` seconds;
+        a shard to its own file beside the group's `path`, an ssgd group's shards all at
+        the same versions (group_checkpoints.py). A backup replica that took over calls
+        it with the path it had none of until then (minips/ops/replication.py)."""
+        if self.shard is not None and path:
+            path = shard_path(path, self.shard[0])
+            if self.rule == "ssgd":  # one consistent point for the group
+                every, interval = every or GROUP_SSGD_EVERY, 0.0
+        self.path, self.every, self.interval = path, every, interval
 
     def start(self, resume: str | Path | None = None) -> str | None:
         """Resume from `resume` (None: from nothing), then keep the model already at the

@@ -82,6 +82,7 @@ class ReplicatedServer(ParameterServer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.replica, self.on_promote = replica, on_promote
+        self.on_welcome: Callable[[], None] | None = None  # a backup holds the state now
         self.role = replica.role
         self.sent = 0  # inputs numbered so far (the primary's) or received (the backup's)
         self.failovers: list[dict[str, Any]] = []  # this process's takeover, if it took over
@@ -180,6 +181,8 @@ class ReplicatedServer(ParameterServer):
         link.send(pack({"r": "join"}))
         welcome = self._welcome(link)
         self.client_address = welcome["address"]
+        if self.group is not None:  # a shard's: the group knows it by the clients' address
+            self.group.rebind(self.client_address)
         heard = time.monotonic()
         while True:
             if link.poll(100):
@@ -213,6 +216,8 @@ class ReplicatedServer(ParameterServer):
         self.sent = body["n"]
         log.info("backup of %s (clients at %s) from version %d", self.replica.backup_of,
                  body["address"], self.store.version)  # fmt: skip
+        if self.on_welcome is not None:
+            self.on_welcome()
         return body
 
     def _apply(self, body: dict[str, Any], frames: list[Any]) -> None:
@@ -239,7 +244,9 @@ class ReplicatedServer(ParameterServer):
             self.stop.deadline = started + self.options.stop_grace
         self.options = replace(self.options, checkpoint_path=self.replica.checkpoint_path)
         ops: Any = self.ops  # the usual operations (minips/ops/server_ops.py) hold both
-        ops.options, ops.checkpoints.path = self.options, self.replica.checkpoint_path
+        ops.options = self.options
+        ops.checkpoints.write_to(self.replica.checkpoint_path, self.options.checkpoint_every,
+                                 self.options.checkpoint_interval)  # fmt: skip
         self.endpoint = bind_retrying(self.socket, self.client_address)
         # for the backup that replaces this one; inputs numbered on from the last one
         self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent)
@@ -281,7 +288,8 @@ class ReplicatedTimers(Timers):
     def __init__(self, server: ReplicatedServer) -> None:
         ops = server.ops
         super().__init__(ops.inflow, ops.checkpoints, server.membership, server.pulls,
-                         server.rule, server.carry_out, server.after_leaving)  # fmt: skip
+                         server.rule, server.carry_out, server.after_leaving,
+                         server.group)  # fmt: skip
         self.server = server
 
     def tick(self, now: float) -> None:
@@ -296,6 +304,9 @@ class ReplicatedTimers(Timers):
             event = self.decide(now)
             if event:
                 self.server.replicate_event(event)
+        if self.group is not None:  # a shard's joins: a stop with its root is a stop event
+            with self.contained("group"):
+                self.group.tick(now)
 
     def decide(self, now: float) -> dict[str, Any]:
         """What the clock decided this turn ({}: nothing): the workers silent past the

@@ -4,7 +4,8 @@ The file is a checkpoint (minips.ops.checkpoint_file: the parameters, their vers
 optimizer's state, the rule's `state()` as "rule/..." arrays), its meta holding what a
 checkpoint leaves out and a replica needs (`replica`): the worker registry (ranks,
 clocks, counts, each worker's `seq` bookkeeping and answered pushes, its owner), whether
-the assembly goes on, the observers seen, the server's counters.
+the assembly goes on, the observers seen, the server's counters, and a group's root's
+shard addresses (the shards' joins after it hold them too, within a second).
 
 It is taken only at a *quiet* point (`quiet`): no push or pull held, no step half sent,
 no stop begun, dense pulls. There a rule's state is all in `state()` (what a rule keeps
@@ -53,6 +54,8 @@ def write_snapshot(server: ParameterServer, path: Path) -> Path:
         "observers_seen": server.membership.observers_seen,
         "counters": counters,
     }
+    if (table := root_table(server)) is not None:  # a group's root: where its shards are
+        replica["group"] = table.addresses()
     meta = {"rule": server.rule.name, "updates": counters["updates"],
             "samples": counters["samples"], "time": time.time(), "replica": replica}  # fmt: skip
     extra = {f"rule/{key}": array for key, array in server.rule.state().items()}
@@ -73,6 +76,13 @@ def read_snapshot(server: ParameterServer, path: Path) -> None:
     server.membership.observers_seen = replica["observers_seen"]
     for name, value in replica["counters"].items():
         setattr(server.ops.counters, name, value)
+    if (table := root_table(server)) is not None and "group" in replica:
+        table.restore(replica["group"])
+
+
+def root_table(server: ParameterServer) -> Any:
+    """A group's root's table of its shards (group/shard.py RootTable; None elsewhere)."""
+    return getattr(server.group, "table", None)
 
 
 def worker_record(worker: WorkerState) -> dict[str, Any]:

@@ -62,7 +62,7 @@ RUN_OUTPUTS = (
     "summary.json",
     "plan.json",
     "updates-*.jsonl",
-    "endpoint-shard*",
+    "endpoint-*",  # a shard's address, a replica's link and welcomed backup
 )
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what

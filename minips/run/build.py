@@ -82,6 +82,7 @@ def _run_for_shards(config: RunConfig, plan: Plan) -> dict[str, Any]:
     """The root's configuration as joining shards receive it: the plan itself (its file is
     on the root's machine), not its path."""
     run = asdict(config)
+    run["backup_of"] = None  # a backup root's own part: its shards are primaries
     if not plan.is_dense():
         run["plan"] = plan.to_dict()
     if (

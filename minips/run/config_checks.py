@@ -70,12 +70,11 @@ def check_group(servers: int, shard: int, root: str | None, model: str) -> None:
         partition_of_model(params, servers)  # a shard left empty
 
 
-def check_replicas(replicas: int, servers: int, keys: bool, backup_of: str | None) -> None:
-    """ConfigError for replication this version does not build: of a server group's
-    shards, or under CURVE keys (a forwarded request's key is not carried yet)."""
+def check_replicas(replicas: int, keys: bool, backup_of: str | None) -> None:
+    """ConfigError for replication this version does not build: under CURVE keys (a
+    forwarded request's key is not carried yet). A server group's shards each have their
+    own pair (minips.run.replicas)."""
     if replicas > 1 or backup_of:
-        if servers > 1:
-            raise ConfigError("--replicas 2 is built for one server: not yet with --servers > 1")
         if keys:
             raise ConfigError("--replicas 2 is not built yet with keys (--keys, --auth)")
 

@@ -42,7 +42,7 @@ from minips.run.processes import (
 )
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
-from minips.run.replicas import ReplicaWatch
+from minips.run.replicas import ReplicaSet
 from minips.worker.client import PSClient, ServerUnavailable
 
 
@@ -126,7 +126,9 @@ class LocalRun(ProcessCommands):
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
-        self.rollback = GroupRollback.of(config.rule, self.processes, self._server_names(),
+        # Replicated shards fail over instead (a rollback's kills would be failovers too).
+        rollback_rule = config.rule if config.replicas == 1 else ""
+        self.rollback = GroupRollback.of(rollback_rule, self.processes, self._server_names(),
                                          self.restarts, self.announce)  # fmt: skip
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
@@ -137,8 +139,8 @@ class LocalRun(ProcessCommands):
         self._shown_total = 0  # the progress's length at its last update (0: none yet)
         self.stopped_why: str | None = None  # what stopped the server before the run's end
         self.refusals = Refusals()  # workers that could not follow the run, said once each
-        self.replicas = (  # the server's backup, with --replicas 2 (minips.run.replicas)
-            ReplicaWatch(self.processes, run_dir.config, run_dir, self.t0)
+        self.replicas = (  # each server's backup, with --replicas 2 (minips.run.replicas)
+            ReplicaSet(self.processes, run_dir.config, run_dir, self.t0, config.servers)
             if config.replicas > 1 else None
         )  # fmt: skip
 
@@ -224,8 +226,8 @@ class LocalRun(ProcessCommands):
             command = functools.partial(self._shard_command, shard)
             self.processes.start(f"shard-{shard}", command, self.restarts[shard])
         endpoint = self._wait_for(self.dir.endpoint, "server")
-        if self.replicas is not None:  # the primary serves once its backup joined
-            self.replicas.start_backup(self.startup_timeout)
+        if self.replicas is not None:  # each primary serves once its backup joined
+            self.replicas.start_backups(self.startup_timeout)
         # The evaluator first: registered before any worker trains, it sees the first and
         # (the server waits for observers when stopping) the final parameters.
         self.processes.start("evaluator", self._evaluator_command(endpoint))

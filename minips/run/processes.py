@@ -81,14 +81,18 @@ class Child:
         self.policy = policy
         self.generation = -1  # not started yet
         self.proc: subprocess.Popen | None = None
+        self.log_as: str | None = None  # its log's name when another child started it
 
     @property
     def log_name(self) -> str:
+        if self.log_as is not None:
+            return self.log_as
         return self.name if self.generation <= 0 else f"{self.name}-{self.generation}"
 
     def start(self, logs: Path, env: dict[str, str]) -> None:
         """Start the next generation (the first, or a restart after the last one exited)."""
         self.generation += 1
+        self.log_as = None
         with open(logs / f"{self.log_name}.log", "w") as log:
             self.proc = subprocess.Popen(
                 self.command(self.generation),
@@ -106,6 +110,17 @@ class Child:
 
     def exited(self) -> bool:
         return self.code() is not None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL it (stopped by SIGSTOP too) and reap it."""
+        assert self.proc is not None, f"{self.name} was never started"
+        self.proc.kill()
+        self.proc.wait()
 
     def wait_exit(self, timeout: float) -> bool:
         """Whether it exits within `timeout` seconds (it keeps running otherwise)."""

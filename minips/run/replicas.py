@@ -7,23 +7,31 @@ replication). `minips run --replicas 2` starts both; when the primary dies the b
 takes over on the same address, and `ReplicaWatch` makes it the run's server ("server"),
 records the failover for the summary, and starts a replacement backup, which joins the
 new primary with a snapshot of its state (minips.ops.snapshot) while training goes on.
+A primary lost before its replacement joined (no replica holds the state) is restarted
+from its checkpoint instead, as without replicas. With `--servers K` every shard, the
+root too, is such a pair (`ReplicaSet`: one watch per shard, docs/protocol.md 17.5).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from minips.group.shard import Joiner
 from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 from minips.results.metrics import MetricsLog, read_metrics
 from minips.run.config import RunConfig
-from minips.run.processes import MINIPS, ProcessGroup
+from minips.run.processes import MINIPS, Child, ProcessGroup
 from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
 
 PRIVATE_BIND = "tcp://127.0.0.1:*"  # a backup's own socket: no client knows it
+# s a backup whose primary died has to say it was welcomed (it loads the snapshot it was
+# sent at once; one still starting was not welcomed and never will be)
+WELCOME_GRACE = 3.0
 MAX_REPLACEMENTS = 10  # a replica that keeps dying is a bug to report, not to hide
 
 
@@ -43,6 +51,12 @@ def replicated(
 def link_file(endpoint_file: str | Path) -> Path:
     """Where a primary started with an endpoint file writes its replication link's address."""
     return Path(f"{endpoint_file}-link")
+
+
+def welcomed_file(endpoint_file: str | Path) -> Path:
+    """Where a backup started with an endpoint file writes its pid once its primary
+    welcomed it (it holds the state: it can take over)."""
+    return Path(f"{endpoint_file}-backup")
 
 
 class PromotedLog:
@@ -66,23 +80,31 @@ class PromotedLog:
 
 
 def serve_replica(
-    config: RunConfig, endpoint_file: str | None, updates_log: str | None, t0: float | None
+    config: RunConfig,
+    endpoint_file: str | None,
+    updates_log: str | None,
+    t0: float | None,
+    joiner: Joiner | None = None,
 ) -> ReplicatedServer:
     """`minips server --replicas 2` (the primary) or `--backup-of LINK` (the backup): serve
     until stopped; returns the stopped server. The primary writes its link's address
-    beside its endpoint file; the backup logs updates only once it took over."""
+    beside its endpoint file; the backup logs updates only once it took over. joiner: a
+    group's shard 1..K-1 primary's link to its root (its Joiner, asked already); a
+    backup of such a shard has one that joins only once it took over."""
     import click
 
     from minips.run.build import make_server
 
     backup = bool(config.backup_of)
+    if backup and config.servers > 1 and config.shard >= 1:
+        joiner = standby_joiner(config)
     log = PromotedLog(updates_log, t0) if backup else MetricsLog(updates_log, start_time=t0)
     try:
 
         def on_update(record: dict[str, Any]) -> None:
             log.write("update", **{key: value for key, value in record.items() if key != "time"})
 
-        ps = make_server(config, on_update=on_update)
+        ps = make_server(config, on_update=on_update, joiner=joiner)
         assert isinstance(ps, ReplicatedServer)
 
         def listening(record: dict[str, Any] | None = None) -> None:
@@ -97,6 +119,9 @@ def serve_replica(
 
         if backup:
             ps.on_promote = listening
+            if endpoint_file:  # the launcher's: this backup holds the state from now on
+                ps.on_welcome = lambda: _write_atomically(welcomed_file(endpoint_file),
+                                                          str(os.getpid()))  # fmt: skip
             click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
         else:
             listening()
@@ -106,6 +131,14 @@ def serve_replica(
         return ps
     finally:
         log.close()
+
+
+def standby_joiner(config: RunConfig) -> Joiner:
+    """The root link of a backup of shard `config.shard`: it asks nothing (the primary is
+    the shard the root knows) and joins only when its server ticks, once it took over;
+    the root gives the index to it once the dead primary's joins stopped (16.3)."""
+    assert config.root is not None  # check_group: a shard >= 1 names its root
+    return Joiner(config.root, config.shard, config.servers, root_timeout=config.root_timeout)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -124,82 +157,179 @@ def _failover_record(log: Path) -> dict[str, Any]:
 
 
 class ReplicaWatch:
-    """The replicas of a `minips run` (module docstring): the backup's start, the failover
-    the launcher sees when the primary's process dies, and a replacement for each replica
-    lost (a new backup, which joins the live one with a snapshot of its state)."""
+    """The replicas of a `minips run`'s server, or of one shard of its group (module
+    docstring): the backup's start, the failover the launcher sees when the primary's
+    process dies, and a replacement for each replica lost (a new backup, which joins the
+    live one with a snapshot of its state). shard / servers: which shard of a group of
+    `servers` (a group's shard j's processes are "shard-j", its backups "shard-j-backup..."
+    and its files the shard's; the root's and a lone server's "server" and "backup...")."""
 
-    def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any,
-                 t0: float) -> None:  # fmt: skip
+    def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any, t0: float,
+                 shard: int = 0, servers: int = 1) -> None:  # fmt: skip
         self.processes, self.config_file, self.dir, self.t0 = processes, config_file, run_dir, t0
+        self.shard, self.servers = shard, servers
+        self.name = "server" if shard == 0 else f"shard-{shard}"  # the primary's child
+        self.endpoint = run_dir.shard_endpoint(shard)
         self.failovers: list[dict[str, Any]] = []
         self.backup_lost: list[dict[str, Any]] = []
         self.replacements: list[dict[str, Any]] = []
+        self.unjoined: list[dict[str, Any]] = []
         self.backup: str | None = None  # the live backup's child name
+        self._backup_log = 1  # the generation of the live backup's updates log
+        self._logs: list[tuple[int, int]] = []  # each failover's: (the dead's, the new's)
+        self._dead = 0  # primaries lost
+        # a promoted backup not known to hold the state yet: until when, the dead primary's
+        # log generation, its failover record
+        self._pending: tuple[float, int, dict[str, Any]] | None = None
         self.started = 0  # backups started
         self._backup_of = ""  # the link of the primary the live backup follows
         self._dead_link = ""  # the link of the primary that died last (none to join)
 
     def start_backup(self, timeout: float) -> None:
         """Start the first backup once the primary's link is known."""
-        link = self.processes.wait_for_file(link_file(self.dir.endpoint), "server", timeout)
+        link = self.processes.wait_for_file(link_file(self.endpoint), self.name, timeout)
         self._start(link)
 
     def _start(self, link: str) -> str:
         """A backup of the primary at `link`; if it ever takes over, it logs its updates
-        to the next generation's log (each failover's is the one after the dead one's)."""
+        to the next generation's log (the one after the live primary's)."""
         self.started += 1
-        name = "backup" if self.started == 1 else f"backup-{self.started}"
-        log = self.dir.updates_log(len(self.failovers) + 1)
-        command = [*MINIPS, "server", "--config", str(self.config_file), "--backup-of", link,
-                   "--endpoint-file", str(self.dir.endpoint), "--updates-log", str(log),
-                   "--t0", repr(self.t0)]  # fmt: skip
+        base = "backup" if self.shard == 0 else f"{self.name}-backup"
+        name = base if self.started == 1 else f"{base}-{self.started}"
+        self._backup_log = self.processes[self.name].generation + 1
+        log = self.dir.updates_log(self._backup_log, self.shard)
+        command = [*MINIPS, "server", "--config", str(self.config_file), *self._group_options(),
+                   "--backup-of", link, "--endpoint-file", str(self.endpoint),
+                   "--updates-log", str(log), "--t0", repr(self.t0)]  # fmt: skip
         self.processes.start(name, command)
         self.backup, self._backup_of = name, link
         return name
 
+    def _group_options(self) -> list[str]:
+        """A group's shard: its index, and (1..K-1) its root's address, which it joins once
+        it took over (the root's backup binds the same one)."""
+        if self.servers == 1:
+            return []
+        root = [] if self.shard == 0 else ["--root", _read(self.dir.endpoint)]
+        return ["--servers", str(self.servers), "--shard", str(self.shard), *root]
+
     def check(self) -> None:
         """One look: a primary that died while its backup lives is replaced by it (the
-        backup becomes "server", the dead one stays as "server-dead-N"); a replica lost
-        is replaced by a new backup once the live one listens for it."""
-        server = self.processes["server"]
+        backup becomes the primary's child, with its restart policy; the dead one stays
+        as "...-dead-N"); that backup is a failover once it says it was welcomed (it
+        holds the state), else it is stopped after WELCOME_GRACE s and the caller
+        restarts the server from its checkpoint (minips.run.recovery), as without
+        replicas. A replica lost is replaced by a new backup once the live one listens."""
+        server = self.processes[self.name]
         backup = self.processes[self.backup] if self.backup is not None else None
-        if backup is not None and backup.crashed() and not server.exited():
-            self.backup_lost.append({"exit_code": backup.code(), "at_s": self._now()})
+        if self._pending is not None:
+            self._confirm(server)
+        elif backup is not None and backup.crashed() and not server.exited():
+            self.backup_lost.append(self._record(exit_code=backup.code()))
             self.backup = None
         elif backup is not None and server.crashed() and not backup.exited():
-            self.processes.children[f"server-dead-{len(self.failovers) + 1}"] = server
-            self.processes.children["server"] = backup
-            del self.processes.children[self.backup]
-            self.failovers.append({"exit_code": server.code(), "at_s": self._now()})
-            self._dead_link = self._backup_of  # until the new primary writes its own
+            self._promote(server, backup)
+            self._dead_link = self._backup_of  # until the next primary writes its own
             self.backup = None
-        if self.backup is None and not self.processes["server"].exited():
-            address = self._link()
+        if self.backup is None and self._pending is None and not server.exited():
+            address = _read(link_file(self.endpoint))
             if address and address != self._dead_link and self.started <= MAX_REPLACEMENTS:
                 name = self._start(address)
-                self.replacements.append({"name": name, "at_s": self._now()})
+                self.replacements.append(self._record(name=name))
 
-    def _link(self) -> str:
-        """The live primary's link address as its file says ("" while there is none)."""
-        try:
-            return link_file(self.dir.endpoint).read_text().strip()
-        except FileNotFoundError:
-            return ""
+    def _promote(self, server: Child, backup: Child) -> None:
+        """The backup is the primary's child now, pending its welcome (`_confirm`): a
+        crash of it restarts it from its checkpoint, its log the generation it writes."""
+        self._dead += 1
+        self.processes.children[f"{self.name}-dead-{self._dead}"] = server
+        self.processes.children[self.name] = backup
+        del self.processes.children[backup.name]
+        failover = self._record(exit_code=server.code())
+        self._pending = (time.monotonic() + WELCOME_GRACE, server.generation, failover)
+        backup.log_as, backup.name = backup.log_name, self.name
+        backup.command, backup.policy, server.policy = server.command, server.policy, None
+        backup.generation = self._backup_log
+
+    def _confirm(self, promoted: Child, final: bool = False) -> None:
+        """The promoted backup's failover counts once it was welcomed. One that was not
+        within WELCOME_GRACE s holds no state: it is killed, as the dead primary's next
+        generation (its restart's log follows the dead one's). final: the run is over,
+        nothing is killed: the failover is one or it is not."""
+        assert self._pending is not None
+        deadline, dead_generation, failover = self._pending
+        if _read(welcomed_file(self.endpoint)) == str(promoted.pid):
+            self._logs.append((dead_generation, promoted.generation))
+            self.failovers.append(failover)
+            self._pending = None
+        elif final or promoted.exited() or time.monotonic() > deadline:
+            if not (final or promoted.exited()):
+                promoted.kill()
+            self.unjoined.append({**failover, "name": promoted.log_name})
+            promoted.generation = dead_generation
+            self._pending = None
 
     def records(self) -> dict[str, Any]:
         """The summary's replication fields. Each failover's `redone`: the updates the dead
         primary applied past the last input its backup held (its log's `failover`
         record's version). Their replies were held, never sent, so their workers sent
         them again to the new primary: done twice on the way, once in the model. None
-        are lost: a reply leaves only once the backup holds its input (protocol.md 17)."""
-        for number, failover in enumerate(self.failovers, start=1):
-            taken = _failover_record(self.dir.updates_log(number))
-            dead = last_logged_version(self.dir.updates_log(number - 1))
+        are lost: a reply leaves only once the backup holds its input (protocol.md 17).
+        `unjoined`: the backups stopped because their primary died before it welcomed
+        them (the server then restarted from its checkpoint, as without replicas)."""
+        if self._pending is not None:  # the run ended within a failover's grace
+            self._confirm(self.processes[self.name], final=True)
+        for failover, (dead_log, own_log) in zip(self.failovers, self._logs, strict=True):
+            taken = _failover_record(self.dir.updates_log(own_log, self.shard))
+            dead = last_logged_version(self.dir.updates_log(dead_log, self.shard))
             failover["version"] = taken.get("version")
             failover["takeover_s"] = taken and round(taken["silent_s"] + taken["bind_s"], 3)
             failover["redone"] = max(0, dead - taken["version"]) if taken else None
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": self.replacements}  # fmt: skip
+                "replacements": self.replacements, "unjoined": self.unjoined}  # fmt: skip
 
-    def _now(self) -> float:
-        return round(time.monotonic() - self.t0, 3)
+    def _record(self, **fields: Any) -> dict[str, Any]:
+        """A record of this pair's: when, and a group's shard."""
+        shard = {"shard": self.shard} if self.servers > 1 else {}
+        return {**shard, **fields, "at_s": round(time.monotonic() - self.t0, 3)}
+
+
+class ReplicaSet:
+    """Every replicated server of a run: one ReplicaWatch for a lone server, one per shard
+    for a group (the root's first). Its records merge theirs (each names its `shard`)."""
+
+    def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any, t0: float,
+                 servers: int) -> None:  # fmt: skip
+        self.watches = [ReplicaWatch(processes, config_file, run_dir, t0, shard, servers)
+                        for shard in range(servers)]  # fmt: skip
+
+    def start_backups(self, timeout: float) -> None:
+        """Each primary's first backup, in shard order (a shard's primary listens once the
+        root, which waits for its own backup, gave it its configuration)."""
+        for watch in self.watches:
+            watch.start_backup(timeout)
+
+    def check(self) -> None:
+        """One look at every pair (ReplicaWatch.check)."""
+        for watch in self.watches:
+            watch.check()
+
+    def records(self) -> dict[str, Any]:
+        """The summary's `replication`: every pair's records, in the order they happened."""
+        merged: dict[str, Any] = {"replicas": 2, "failovers": [], "backups_lost": [],
+                                  "replacements": [], "unjoined": []}  # fmt: skip
+        for watch in self.watches:
+            for key, records in watch.records().items():
+                if isinstance(records, list):
+                    merged[key] += records
+        for records in merged.values():  # in the order they happened
+            if isinstance(records, list):
+                records.sort(key=lambda record: record["at_s"])
+        return merged
+
+
+def _read(path: Path) -> str:
+    """The address a process wrote to `path` ("" while there is none)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""

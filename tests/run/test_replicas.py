@@ -32,14 +32,14 @@ RUN = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.
 WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "2"}
 
 
-def _start(out: Path, *extra: str) -> subprocess.Popen:
+def _start(out: Path, *extra: str, worker_env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", *RUN, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, **WORKER_ENV},
+        env={**os.environ, **(worker_env or WORKER_ENV)},
     )
 
 
@@ -201,3 +201,59 @@ def test_every_acknowledged_push_is_applied_once_across_a_failover(tmp_path, rul
     assert summary["updates"] == sum(report["steps"] for report in reports)
     assert summary["samples"] == sum(report["samples"] for report in reports)
     assert len(summary["replication"]["failovers"]) == 1 and summary["updates_lost"] == 0
+
+
+def _new_backup(out: Path, known: set[int], timeout: float = 60) -> int:
+    """The pid of the run's first backup process not in `known`, as soon as it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in known:
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if "--backup-of" in argv and str(out / "config.json") in argv:
+                return int(entry.name)
+        time.sleep(0.01)
+    raise AssertionError("no replacement backup")
+
+
+def _serving_primary(out: Path, deadline: float) -> int:
+    """The pid of the replica that answers the run's `stats` once it is a primary."""
+    while time.monotonic() < deadline:
+        stats = _stats(out)
+        if stats is not None and stats["replication"]["role"] == "primary":
+            return stats["replication"]["pid"]
+        time.sleep(0.05)
+    raise AssertionError("no primary serves")
+
+
+def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoint(tmp_path):
+    """The primary killed, then the backup that took over killed while its replacement
+    (held by SIGSTOP) has not joined: that replacement holds no state, so the launcher
+    stops it and restarts the server from its checkpoint, as without replicas; the run
+    ends, its summary records the failover whole, the unjoined backup and the restart."""
+    out = tmp_path / "killed"
+    # the workers wait out the failover, the welcome's grace and the restart (4 attempts
+    # of 6 s each, below the server's 30 s heartbeat timeout)
+    slower = {"MINIPS_WORKER_TIMEOUT": "6"}
+    proc = _start(out, "--replicas", "2", "--checkpoint-every", "20", worker_env=slower)
+    try:
+        _kill_at(out, "primary", version=30)
+        promoted = _serving_primary(out, time.monotonic() + 60)  # the backup took over
+        replacement = _new_backup(out, {promoted})
+        os.kill(replacement, signal.SIGSTOP)  # it never joins
+        os.kill(promoted, signal.SIGKILL)
+        summary = _finish(proc, out)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    replication = summary["replication"]
+    assert len(replication["failovers"]) == 1
+    assert replication["failovers"][0]["takeover_s"] > 0  # the record is whole
+    assert [u["exit_code"] for u in replication["unjoined"]] == [-signal.SIGKILL]
+    assert summary["restarts"] == 1 and summary["restart_log"][0]["exit_code"] == -9
+    assert summary["ended"] == "finished" and summary["accuracy"] is not None

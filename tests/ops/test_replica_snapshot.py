@@ -1,0 +1,84 @@
+"""A replicated group's root as real processes: a replacement backup that joined with a
+snapshot knows where the shards are when it takes over, even when no shard joined since
+(docs/protocol.md 17.2, 17.5)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from minips.worker.client import PSClient, ServerUnavailable
+
+SERVE = ("--workers", "1", "--rule", "asgd", "--model", "mlp", "--dataset", "synthetic",
+         "--lr", "0.1", "--seed", "0", "--servers", "2")  # fmt: skip
+TCP = ("--bind", "tcp://127.0.0.1:*")
+
+
+def _wait_file(path: Path, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.05)
+    raise AssertionError(f"no {path}")
+
+
+def _until(address: str, ready, timeout: float = 60) -> dict:
+    """The server's first `stats` at `address` for which ready(stats) holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with PSClient(address, timeout=0.5, retries=0) as client:
+                stats = client.stats()
+            if ready(stats):
+                return stats
+        except ServerUnavailable:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{address} never got there")
+
+
+def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tmp_path):
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def start(name: str, *argv: str) -> subprocess.Popen:
+        logs.append(open(tmp_path / f"{name}.log", "w"))  # noqa: SIM115
+        command = [sys.executable, "-m", "minips", "server", *argv]
+        procs.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
+    try:
+        primary = start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
+                        "--endpoint-file", str(endpoint))  # fmt: skip
+        root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
+        first_backup = start("root-backup", *SERVE, "--shard", "0", "--backup-of", link)
+        shard = start("shard", "--servers", "2", "--shard", "1", "--root", root, *TCP,
+                      "--endpoint-file", str(shard_endpoint))  # fmt: skip
+        shard_link = _wait_file(Path(f"{shard_endpoint}-link"))
+        shard_backup = start("shard-backup", *SERVE, "--shard", "1", "--root", root,
+                             "--backup-of", shard_link)  # fmt: skip
+        shard_address = _wait_file(shard_endpoint)
+        _until(root, lambda stats: stats["group"]["addresses"][1] == shard_address)
+        for proc in (shard, shard_backup):  # no join from now on
+            proc.send_signal(signal.SIGSTOP)
+        first_backup.kill()
+        # the primary lets the dead backup go, then welcomes this one with a snapshot
+        replacement = start("root-backup-2", *SERVE, "--shard", "0", "--backup-of", link)
+        _until(root, lambda stats: stats["replication"]["joins"] == 2
+               and stats["replication"]["backup"])  # fmt: skip
+        os.kill(primary.pid, signal.SIGKILL)
+        stats = _until(root, lambda stats: stats["replication"]["pid"] == replacement.pid)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for log in logs:
+            log.close()
+    assert stats["replication"]["role"] == "primary"
+    assert stats["group"]["addresses"] == [root, shard_address]
