@@ -63,13 +63,22 @@ def _server(out: Path) -> tuple[int, list[str]] | None:
     return None
 
 
+def _address(endpoint: Path) -> str | None:
+    """The address in a server's endpoint file (None while there is none: the launcher
+    removes the file when it restarts the server, at any moment between two reads)."""
+    try:
+        return endpoint.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
 def _version(out: Path) -> int | None:
     """The running server's version (None while it is down or starting)."""
-    endpoint = out / "endpoint"
-    if not endpoint.exists() or not endpoint.read_text().strip():
+    address = _address(out / "endpoint")
+    if address is None:
         return None
     try:
-        with PSClient(endpoint.read_text().strip(), timeout=0.5, retries=0) as client:
+        with PSClient(address, timeout=0.5, retries=0) as client:
             return client.stats()["version"]
     except ServerUnavailable:
         return None

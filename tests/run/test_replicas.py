@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_recovery import _address
 
 from minips.ops.checkpoint_file import load_checkpoint
 from minips.worker.client import PSClient, ServerUnavailable
@@ -45,28 +46,44 @@ def _start(out: Path, *extra: str, worker_env: dict | None = None) -> subprocess
 
 def _stats(out: Path) -> dict | None:
     """The run's server's `stats` (None while none answers)."""
-    endpoint = out / "endpoint"
-    if not endpoint.exists() or not endpoint.read_text().strip():
+    return _stats_at(out / "endpoint")
+
+
+def _stats_at(endpoint: Path) -> dict | None:
+    """The `stats` of the server whose endpoint file is `endpoint` (None while none answers)."""
+    address = _address(endpoint)
+    if address is None:
         return None
     try:
-        with PSClient(endpoint.read_text().strip(), timeout=0.5, retries=0) as client:
+        with PSClient(address, timeout=0.5, retries=0) as client:
             return client.stats()
     except ServerUnavailable:
         return None
 
 
-def _backup_pid(out: Path, primary: int) -> int:
-    """The pid of the run's backup: a replica's process that is not the primary."""
+def _backups(out: Path, shard: int | None = None) -> dict[int, list[str]]:
+    """The run's backup processes (of shard `shard` when given): pid -> command line."""
+    found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == primary:
+        if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "--backup-of" in argv and str(out / "config.json") in argv:
-            return int(entry.name)
-    raise AssertionError("no backup process")
+        if "--backup-of" not in argv or str(out / "config.json") not in argv:
+            continue
+        if shard is None or ("--shard" in argv and argv[argv.index("--shard") + 1] == str(shard)):
+            found[int(entry.name)] = argv
+    return found
+
+
+def _backup_pid(out: Path, primary: int, shard: int | None = None) -> int:
+    """The pid of the run's (or shard `shard`'s) backup: a replica's process that is not
+    the primary."""
+    pids = [pid for pid in _backups(out, shard) if pid != primary]
+    assert pids, "no backup process"
+    return pids[0]
 
 
 def _kill_at(out: Path, which: str, version: int) -> int:
@@ -208,15 +225,9 @@ def _new_backup(out: Path, known: set[int], timeout: float = 60) -> int:
     """The pid of the run's first backup process not in `known`, as soon as it exists."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in known:
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().decode().split("\0")
-            except OSError:
-                continue
-            if "--backup-of" in argv and str(out / "config.json") in argv:
-                return int(entry.name)
+        for pid in _backups(out):
+            if pid not in known:
+                return pid
         time.sleep(0.01)
     raise AssertionError("no replacement backup")
 

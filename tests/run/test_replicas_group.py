@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_replicas import _backup_pid, _stats_at
 
 from minips.ops.checkpoint_file import load_checkpoint
-from minips.worker.client import PSClient, ServerUnavailable
 
 # lr 0.02: asgd's momentum 0.9 at 0.05 diverged (the run stopped as collapsed) under load.
 MODEL = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.02", "--workers", "2",
@@ -49,29 +49,7 @@ def _endpoint(out: Path, shard: int) -> Path:
 
 def _stats(out: Path, shard: int) -> dict | None:
     """Shard `shard`'s `stats` (None while none answers)."""
-    endpoint = _endpoint(out, shard)
-    if not endpoint.exists() or not endpoint.read_text().strip():
-        return None
-    try:
-        with PSClient(endpoint.read_text().strip(), timeout=0.5, retries=0) as client:
-            return client.stats()
-    except ServerUnavailable:
-        return None
-
-
-def _backup_pid(out: Path, shard: int, primary: int) -> int:
-    """The pid of shard `shard`'s backup: its replica's process that is not the primary."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == primary:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        mine = "--shard" in argv and argv[argv.index("--shard") + 1] == str(shard)
-        if mine and "--backup-of" in argv and str(out / "config.json") in argv:
-            return int(entry.name)
-    raise AssertionError(f"no backup process of shard {shard}")
+    return _stats_at(_endpoint(out, shard))
 
 
 def _kill_at(out: Path, shard: int, which: str, version: int) -> int:
@@ -82,7 +60,7 @@ def _kill_at(out: Path, shard: int, which: str, version: int) -> int:
         stats = _stats(out, shard)
         if stats and stats["version"] > version and stats["replication"]["backup"]:
             primary = stats["replication"]["pid"]
-            pid = primary if which == "primary" else _backup_pid(out, shard, primary)
+            pid = primary if which == "primary" else _backup_pid(out, primary, shard)
             os.kill(pid, signal.SIGKILL)
             return stats["version"]
         time.sleep(0.1)
