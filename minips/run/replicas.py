@@ -29,8 +29,8 @@ from minips.run.recovery import last_logged_version
 from minips.server.options import ServerOptions
 
 PRIVATE_BIND = "tcp://127.0.0.1:*"  # a backup's own socket: no client knows it
-# s a backup whose primary died has to say it was welcomed (it loads the snapshot it was
-# sent at once; one still starting was not welcomed and never will be)
+# Seconds a backup whose primary died has to say it was welcomed (it loads the snapshot it
+# was sent at once; one still starting was not welcomed and never will be).
 WELCOME_GRACE = 3.0
 MAX_REPLACEMENTS = 10  # a replica that keeps dying is a bug to report, not to hide
 
