@@ -130,14 +130,23 @@ def test_hetero_experiment_shows_the_slow_worker_stale_and_damped_by_dasgd(tmp_p
     runs = dict(re.findall(r"^(asgd|dasgd): (.*?)(?=^\w+:|\Z)", out, flags=re.M | re.S))
     assert set(runs) == {"asgd", "dasgd"}, out
 
-    def workers(text: str) -> dict[float, tuple[float, float]]:
+    def workers(text: str) -> dict[float, list[tuple[float, float]]]:
+        """(staleness mean, scale mean) of each worker, by slowdown (two workers are 1x)."""
         rows = re.findall(r"\((\S+)x slower\): .*staleness mean (\S+) .*mean scale (\S+)", text)
-        return {float(slow): (float(tau), float(scale)) for slow, tau, scale in rows}
+        by_slowdown: dict[float, list[tuple[float, float]]] = {}
+        for slow, tau, scale in rows:
+            by_slowdown.setdefault(float(slow), []).append((float(tau), float(scale)))
+        return by_slowdown
 
+    # With 4 workers on 2 cores the scheduler may starve one 1x worker for a while, and its
+    # pushes then arrive as stale as a slow worker's: compare the 8x worker with the 1x worker
+    # the scheduler served best, whose staleness is the slowdowns' alone.
     asgd, dasgd = workers(runs["asgd"]), workers(runs["dasgd"])
-    assert asgd[8.0][0] > asgd[1.0][0], out  # the 8x slower worker's pushes are the stalest
-    assert {scale for _, scale in asgd.values()} == {1.0}  # asgd applies everything at 1
-    assert dasgd[8.0][1] < 1.0 and dasgd[8.0][1] < dasgd[1.0][1], out  # dasgd damps it most
+    assert len(asgd[1.0]) == 2 and len(asgd[8.0]) == 1, out
+    assert asgd[8.0][0][0] > min(tau for tau, _ in asgd[1.0]), out  # the 8x worker is stalest
+    assert {scale for rows in asgd.values() for _, scale in rows} == {1.0}  # asgd applies all at 1
+    slow_scale = dasgd[8.0][0][1]
+    assert slow_scale < 1.0 and slow_scale < max(scale for _, scale in dasgd[1.0]), out  # damped
     assert f"plot: {png}" in out and png.stat().st_size > 10_000
 
 
