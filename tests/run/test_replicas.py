@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 from test_recovery import _address
 
 from minips.ops.checkpoint_file import load_checkpoint
-from minips.worker.client import PSClient, ServerUnavailable
+from minips.protocol import wire
 
 RUN = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
        "--momentum", "0.5", "--workers", "2", "--epochs", "30", "--seed", "0",
@@ -50,15 +51,19 @@ def _stats(out: Path) -> dict | None:
 
 
 def _stats_at(endpoint: Path) -> dict | None:
-    """The `stats` of the server whose endpoint file is `endpoint` (None while none answers)."""
+    """The `stats` of the one server whose endpoint file is `endpoint` (None while none
+    answers). Asked of that server alone, on a socket of its own: a group root's
+    `PSClient.stats` would also ask every shard, and fail while one of them is failing over."""
     address = _address(endpoint)
     if address is None:
         return None
-    try:
-        with PSClient(address, timeout=0.5, retries=0) as client:
-            return client.stats()
-    except ServerUnavailable:
-        return None
+    with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
+        socket.linger = 0
+        socket.connect(address)
+        socket.send_multipart(wire.encode({"op": "stats", "rid": 1}))
+        if not socket.poll(2000):
+            return None
+        return wire.decode_reply(socket.recv_multipart()).header["stats"]
 
 
 def _backups(out: Path, shard: int | None = None) -> dict[int, list[str]]:

@@ -26,9 +26,11 @@ from test_replicas import _backup_pid, _stats_at
 from minips.ops.checkpoint_file import load_checkpoint
 
 # lr 0.02: asgd's momentum 0.9 at 0.05 diverged (the run stopped as collapsed) under load.
+# Each worker's step is stretched 3x by sleeping (--hetero): the run lasts long enough for
+# three kills on a loaded machine, at no more CPU, and ssgd's sums do not depend on time.
 MODEL = ("--model", "mlp", "--dataset", "synthetic", "--lr", "0.02", "--workers", "2",
          "--epochs", "10", "--seed", "0", "--eval-interval", "30", "--servers", "2",
-         "--replicas", "2")  # fmt: skip
+         "--replicas", "2", "--hetero", "3,3")  # fmt: skip
 # A request lost with a killed primary is sent again after 2 s, not the default 10.
 WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "2"}
 FIRST_CHECKPOINT = 50  # an ssgd group's shards checkpoint every 50 rounds (group_checkpoints.py)
