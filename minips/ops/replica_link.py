@@ -8,11 +8,20 @@ backup that acknowledges nothing for FAILOVER_AFTER s (it acknowledges beats too
 go (its replies sent: the primary serves alone). A backup's `join` is welcomed at the
 first quiet point with a snapshot of the state (minips.ops.snapshot). The wire:
 docs/protocol.md 17.3.
+
+Under CURVE keys the link is CURVE too, and admits one client key: the server's own. A
+backup proves it holds the server's secret key by completing the handshake with that pair
+(`link_client`), so a process without it never joins and never sees an input; and since
+a forwarded request no longer carries its sender's key (the link's connection is the
+primary's), the primary names it in the input (`input_header`) and the backup's handlers
+read it from there (`KeyedFrame`): a worker's owner and an operator's `stop` are checked on
+the backup against the key the client really used.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections import deque
@@ -23,7 +32,7 @@ import msgpack
 import zmq
 
 from minips.ops.snapshot import quiet, write_snapshot
-from minips.protocol import address
+from minips.protocol import address, auth
 
 if TYPE_CHECKING:
     from minips.server.server import ParameterServer
@@ -69,10 +78,18 @@ class PrimaryLink:
     """The link's ROUTER socket bound at `where`, the backup attached to it (None: the
     primary serves alone), the inputs numbered so far (`sent`, from `first`)."""
 
-    def __init__(self, context: zmq.Context, where: str, replies: HeldReplies, first: int = 0):
+    def __init__(self, context: zmq.Context, where: str, replies: HeldReplies, first: int = 0,
+                 keys: auth.ServerKeys | None = None) -> None:  # fmt: skip
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self._gatekeeper = None
+        if keys is not None:  # before the bind: no connection ever skips the check
+            self._gatekeeper = auth.start_gatekeeper(context, link_keys(keys))
+            auth.make_curve_server(self.socket, keys)
         self.endpoint = address.bind(self.socket, where)
+        # the snapshots' directory, the owner's alone (mkdtemp: mode 0700): the state in a
+        # file nobody else reads
+        self._snapshots = Path(tempfile.mkdtemp(prefix="minips-snapshot-"))
         self.replies, self.sent = replies, first
         replies.current = replies.acked = first
         self.backup: bytes | None = None  # its routing id on the link
@@ -125,7 +142,7 @@ class PrimaryLink:
     def welcome(self, server: ParameterServer) -> None:
         """Attach the waiting backup: the state's snapshot, then every input after it."""
         self.backup, self.joining, self.heard = self.joining, None, time.monotonic()
-        path = write_snapshot(server, snapshot_path(self.endpoint))
+        path = write_snapshot(server, self._snapshots / "snapshot.npz")
         self._send({"r": "welcome", "address": server.endpoint, "n": self.sent,
                     "version": server.store.version, "snapshot": str(path)})  # fmt: skip
         self.joins += 1
@@ -153,6 +170,9 @@ class PrimaryLink:
 
     def close(self) -> None:
         self.socket.close()
+        if self._gatekeeper is not None:
+            self._gatekeeper.stop()
+        shutil.rmtree(self._snapshots, ignore_errors=True)
 
     def _send(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
         self.socket.send_multipart([self.backup, pack(header), *frames], copy=False)
@@ -171,8 +191,44 @@ def link_message(frames: list[bytes]) -> tuple[bytes | None, dict[str, Any]]:
     return frames[0], body if isinstance(body, dict) else {}
 
 
-def snapshot_path(link: str) -> Path:
-    """Where a primary writes the snapshot a joining backup reads (one machine: a file in
-    the system's temporary directory, named by the link's address)."""
-    name = "".join(c if c.isalnum() else "-" for c in link)
-    return Path(tempfile.gettempdir()) / f"minips-snapshot-{name}.npz"
+def link_keys(keys: auth.ServerKeys) -> auth.ServerKeys:
+    """The link's admission: the server's own public key alone (a backup is a replica of
+    this server, so it holds the server's pair; the clients' keys admit no one here)."""
+    return auth.ServerKeys(keys.pair, frozenset({keys.pair.public}), frozenset())
+
+
+def link_client(socket: zmq.Socket, keys: auth.ServerKeys | None) -> None:
+    """A backup's link socket: under keys a CURVE client with the server's own pair, which
+    the primary admits and no one without the server's secret key can present."""
+    if keys is not None:
+        auth.make_curve_client(socket, auth.ClientKeys(keys.pair, keys.pair.public))
+
+
+def input_header(frames: list[Any], dropped: int) -> dict[str, Any]:
+    """The header of a forwarded request: `key` is its sender's (the Z85 text, under CURVE
+    only: a run without keys forwards what it always did)."""
+    header: dict[str, Any] = {"r": "input", "dropped": dropped}
+    key = auth.sender_key(frames[0]) if frames and isinstance(frames[0], zmq.Frame) else None
+    if key is not None:
+        header["key"] = key.decode("ascii")
+    return header
+
+
+class KeyedFrame(zmq.Frame):
+    """A forwarded request's routing-id frame as the backup's handlers read it: with the
+    key the primary received the request with (auth.sender_key reads `User-Id`)."""
+
+    sender: str | None = None
+
+    def get(self, option: Any) -> Any:
+        return self.sender if option == "User-Id" else super().get(option)
+
+
+def with_sender(frames: list[Any], body: dict[str, Any]) -> list[Any]:
+    """The forwarded `frames` with their sender's key (`body["key"]`), as the primary had them."""
+    key = body.get("key")
+    if not isinstance(key, str) or not frames:
+        return frames
+    first = KeyedFrame(bytes(frames[0]))
+    first.sender = key
+    return [first, *frames[1:]]

@@ -40,7 +40,16 @@ from typing import Any
 import zmq
 
 from minips.errors import MinipsError
-from minips.ops.replica_link import FAILOVER_AFTER, HeldReplies, PrimaryLink, pack, unpack
+from minips.ops.replica_link import (
+    FAILOVER_AFTER,
+    HeldReplies,
+    PrimaryLink,
+    input_header,
+    link_client,
+    pack,
+    unpack,
+    with_sender,
+)
 from minips.ops.snapshot import read_snapshot
 from minips.protocol import address
 from minips.server.server import ParameterServer
@@ -94,7 +103,8 @@ class ReplicatedServer(ParameterServer):
         self.link: PrimaryLink | None = None  # a primary's (a backup's once it took over)
         self.client_address = ""  # the primary's, which a backup binds when it takes over
         if self.role == PRIMARY:
-            self.link = PrimaryLink(self._link_ctx, replica.link_bind, self.replies)
+            self.link = PrimaryLink(self._link_ctx, replica.link_bind, self.replies,
+                                    keys=self.options.keys)  # fmt: skip
         else:
             self.registry.grace = math.inf  # the assembly ends by the primary's clock only
 
@@ -129,7 +139,7 @@ class ReplicatedServer(ParameterServer):
         if self.link is None:
             return super().serve(frames, dropped)
         assembling = self.registry.assembling
-        self.link.forward({"r": "input", "dropped": dropped}, frames)
+        self.link.forward(input_header(frames, dropped), frames)
         super().serve(frames, dropped)
         if assembling and not self.registry.assembling:  # ended by the clock, maybe
             self.replicate_event({"assembled": True})
@@ -177,6 +187,7 @@ class ReplicatedServer(ParameterServer):
         was silent FAILOVER_AFTER s and this replica took over."""
         link = self._link_ctx.socket(zmq.DEALER)
         link.setsockopt(zmq.LINGER, 0)
+        link_client(link, self.options.keys)
         link.connect(address.normalize_connect(self.replica.backup_of))
         link.send(pack({"r": "join"}))
         welcome = self._welcome(link)
@@ -223,6 +234,7 @@ class ReplicatedServer(ParameterServer):
     def _apply(self, body: dict[str, Any], frames: list[Any]) -> None:
         """One input of the primary's, through the same code path the primary took."""
         if body["r"] == "input":
+            frames = with_sender(frames, body)
             self.ops.delivered(frames, body["dropped"], 0)
             self.serve(frames, body["dropped"])
         elif "stop" in body:
@@ -249,7 +261,8 @@ class ReplicatedServer(ParameterServer):
                                  self.options.checkpoint_interval)  # fmt: skip
         self.endpoint = bind_retrying(self.socket, self.client_address)
         # for the backup that replaces this one; inputs numbered on from the last one
-        self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent)
+        self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent,
+                                self.options.keys)  # fmt: skip
         record = {"silent_s": round(silent, 3), "version": self.store.version,
                   "inputs": self.sent, "bind_s": round(time.monotonic() - started, 3)}  # fmt: skip
         self.failovers.append(record)

@@ -48,7 +48,6 @@ from minips.run.config_checks import (
     check_hetero,
     check_plan_batch,
     check_plan_file,
-    check_replicas,
     check_speed_schedule,
 )
 from minips.run.settings import (
@@ -345,7 +344,6 @@ class RunConfig(ConfigBase):
         rule.check_server_momentum(self.momentum)  # here, not later in the server process
         check_browser_slots(self.browser, self.workers, self.browser_headless, self.listen)
         check_group(self.servers, self.shard, self.root, self.model)
-        check_replicas(self.replicas, bool(self.keys or self.auth), self.backup_of)
         check_plan_batch(self.plan, self.batch_size)
         check_plan_file(self.plan, self.model)
         from minips.data import find_dataset, load_dataset

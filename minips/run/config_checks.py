@@ -70,15 +70,6 @@ def check_group(servers: int, shard: int, root: str | None, model: str) -> None:
         partition_of_model(params, servers)  # a shard left empty
 
 
-def check_replicas(replicas: int, keys: bool, backup_of: str | None) -> None:
-    """ConfigError for replication this version does not build: under CURVE keys (a
-    forwarded request's key is not carried yet). A server group's shards each have their
-    own pair (minips.run.replicas)."""
-    if replicas > 1 or backup_of:
-        if keys:
-            raise ConfigError("--replicas 2 is not built yet with keys (--keys, --auth)")
-
-
 def check_resume(resume: str | None, servers: int, model: str) -> None:
     """DataError/ShapeError when --resume is not a checkpoint of the run's model, said
     before `minips run --force` removes the previous run or any process starts. (A server

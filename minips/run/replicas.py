@@ -137,8 +137,12 @@ def standby_joiner(config: RunConfig) -> Joiner:
     """The root link of a backup of shard `config.shard`: it asks nothing (the primary is
     the shard the root knows) and joins only when its server ticks, once it took over;
     the root gives the index to it once the dead primary's joins stopped (16.3)."""
+    from minips.provision.keyfiles import OPERATOR, load_client_keys
+
     assert config.root is not None  # check_group: a shard >= 1 names its root
-    return Joiner(config.root, config.shard, config.servers, root_timeout=config.root_timeout)
+    keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # as join_root's
+    return Joiner(config.root, config.shard, config.servers, keys,
+                  root_timeout=config.root_timeout)  # fmt: skip
 
 
 def _write_atomically(path: Path, text: str) -> None:

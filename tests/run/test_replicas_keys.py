@@ -1,0 +1,159 @@
+"""A replicated server under CURVE keys (`minips run --auth --replicas 2`): the primary
+SIGKILLed, the backup takes over with the same server key and the same owners, and the run
+ends as the calm one; a client without a valid key gets nothing from it, a worker key
+neither stops it nor acts as another worker. And the replication link admits only a
+process that holds the server's secret key (docs/protocol.md 17.3).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.utils.monitor
+from test_replicas import _each_lost_replica_replaced, _finish, _killed, _same_model, _start
+from test_run_auth import _refused_as, _unanswered
+
+from minips.protocol import auth
+from minips.provision import keyfiles
+from minips.worker.client import PSClient, ServerError, ServerUnavailable
+
+KEYED = ("--auth", "--replicas", "2")
+
+
+def _stats(out: Path) -> dict | None:
+    """The run's server's `stats`, asked with the run's operator key (None while none
+    answers)."""
+    try:
+        endpoint = (out / "endpoint").read_text().strip()
+        keys = keyfiles.load_client_keys(out / "keys", keyfiles.OPERATOR)
+    except (FileNotFoundError, ValueError):  # not written yet, or being replaced
+        return None
+    if not endpoint:
+        return None
+    try:
+        with PSClient(endpoint, timeout=2, retries=0, keys=keys) as operator:
+            return operator.stats()
+    except ServerUnavailable:
+        return None
+
+
+def _wait_for(out: Path, ready, what: str, timeout: float = 120) -> dict:
+    """The run's stats once `ready(stats)` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = _stats(out)
+        if stats is not None and ready(stats):
+            return stats
+        time.sleep(0.1)
+    raise AssertionError(f"the run never {what}")
+
+
+def _stop_all(*procs) -> None:
+    for running in procs:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.communicate()
+
+
+def _strangers(tmp_path: Path, out: Path) -> tuple[auth.ClientKeys, auth.ClientKeys]:
+    """The run's operator keys, and a pair the run never allowed (it knows the server's key)."""
+    operator = keyfiles.load_client_keys(out / "keys", keyfiles.OPERATOR)
+    keyfiles.make_keys(tmp_path / "other")
+    stranger = keyfiles.load_client_keys(tmp_path / "other", keyfiles.OPERATOR)
+    return operator, auth.ClientKeys(stranger.pair, operator.server_public)
+
+
+def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(tmp_path):
+    calm_out, out = tmp_path / "calm", tmp_path / "killed"
+    calm_proc, proc = _start(calm_out, *KEYED), _start(out, *KEYED)
+    try:
+        stats = _wait_for(out, lambda s: s["version"] > 40 and s["replication"]["backup"],
+                          "trained with a backup attached")  # fmt: skip
+        os.kill(stats["replication"]["pid"], signal.SIGKILL)
+        _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
+        endpoint = (out / "endpoint").read_text().strip()
+        operator, wrong = _strangers(tmp_path, out)
+        # the backup serves with the server's key and its allow-list: no key, or a key
+        # it never allowed, gets nothing at all
+        _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder"))
+        _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder", keys=wrong))
+        # the keys the primary's clients used came with their requests: a worker key is no
+        # operator, and cannot act as the workers that said hello with it
+        worker_keys = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
+        with PSClient(endpoint, timeout=5, keys=worker_keys) as worker:
+            with pytest.raises(ServerError) as refused:
+                worker.stop()
+            assert refused.value.code == "operator"
+            victims = [row["worker"] for row in worker.stats()["workers"] if row["alive"]]
+        assert victims
+        for victim in victims:
+            assert _refused_as(endpoint, worker_keys, victim) == ["not_owner"] * 5
+        calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
+    finally:
+        _stop_all(calm_proc, proc)
+    assert (summary["loss"], summary["accuracy"], summary["updates"]) == (
+        calm_summary["loss"],
+        calm_summary["accuracy"],
+        calm_summary["updates"],
+    )
+    _same_model(out, calm_out)
+    replication = summary["replication"]
+    assert len(replication["failovers"]) == 1 and summary["updates_lost"] == 0
+    assert replication["failovers"][0]["exit_code"] == -signal.SIGKILL
+    _each_lost_replica_replaced(replication)  # keyed replacements joined the new primary
+    assert _killed(replication["backups_lost"]) == []  # a stalled primary's backup may be lost
+
+
+def _join(link: str, keys: auth.ClientKeys | None, join: bool = True) -> tuple[bool, bool]:
+    """A socket with `keys` (None: no CURVE) connected to the link, sending a `join` if
+    `join`: whether its CURVE handshake succeeded, and whether anything answered in 3 s."""
+    with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
+        socket.linger = 0
+        if keys is not None:
+            auth.make_curve_client(socket, keys)
+        monitor = socket.get_monitor_socket()
+        socket.connect(link)
+        if join:
+            socket.send(b"\x81\xa1r\xa4join")  # msgpack {"r": "join"}
+        answered = bool(socket.poll(3000))
+        handshook = False
+        while monitor.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+            handshook |= event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        socket.disable_monitor()
+        monitor.close()
+        return handshook, answered
+
+
+def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, *KEYED)
+    try:
+        _wait_for(out, lambda s: s["version"] > 20 and s["replication"]["backup"],
+                  "trained with a backup attached")  # fmt: skip
+        link = (out / "endpoint-link").read_text().strip()
+        operator, wrong = _strangers(tmp_path, out)
+        worker = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
+        # no CURVE; the run's own client keys (admitted by the server, not by its link);
+        # a pair nobody allowed: none completes the handshake, none is welcomed
+        for keys in (None, worker, operator, wrong):
+            assert _join(link, keys) == (False, False), keys
+        # the server's own pair does (it asks nothing: a join would be welcomed were the
+        # live backup let go meanwhile, as a replacement is)
+        server = keyfiles.load_server_keys(out / "keys").pair
+        assert _join(link, auth.ClientKeys(server, server.public), join=False) == (True, False)
+        stats = _stats(out)
+        assert stats is not None
+        assert stats["replication"]["backup"] and stats["replication"]["joins"] == 1
+        summary = _finish(proc, out)
+    finally:
+        _stop_all(proc)
+    assert summary["ended"] == "finished" and summary["updates_lost"] == 0
+    replication = summary["replication"]
+    assert replication["failovers"] == [] and _killed(replication["backups_lost"]) == []
+    _each_lost_replica_replaced(replication)
