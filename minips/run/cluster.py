@@ -17,6 +17,13 @@ or workers: its root stops by itself once every worker said bye. Nothing waits w
 bound: a shard that gets no answer from the root, a worker that cannot say hello, and a
 coordinator whose group or workers do not all arrive within the startup timeout each stop
 with a one-line error naming who is missing.
+
+With `--replicas 2` (one server, `--servers 1`) rank 0 runs the server's backup beside its
+primary, both its child processes, watched and replaced as `minips run` does
+(minips.run.replicas): a launcher such as mpirun ends the whole job when one of its ranks
+dies, but a rank's child may die and be replaced without the launcher knowing, and the
+backup takes the primary's address over, which only a process on the same machine can
+(docs/running.md says what a backup on its own host would need).
 """
 
 from __future__ import annotations
@@ -89,6 +96,16 @@ def own_bind(env: LaunchEnv) -> str:
     return root_bind(env).rsplit(":", 1)[0] + ":*"
 
 
+def check_launch_replicas(config: RunConfig) -> None:
+    """ConfigError for replication `minips launch` does not build: a group's shards are
+    ranks of their own, which the launcher kills the job for losing (module docstring)."""
+    if config.replicas > 1 and config.servers > 1:
+        raise ConfigError(
+            f"minips launch --replicas 2 replicates one server, not --servers {config.servers}: "
+            "a shard is a rank of its own, and the launcher ends the job when a rank dies"
+        )
+
+
 def launch(
     config: RunConfig,
     env: LaunchEnv,
@@ -101,6 +118,7 @@ def launch(
     returns the run's summary (progress: told the samples trained, as `minips run`'s)."""
     role = role_of(env, config.servers)
     config = replace(config, servers=role.servers, workers=role.workers)
+    check_launch_replicas(config)
     run_dir = RunDir(out)
     if role.kind == SHARD:
         _become(shard_argv(config, env, role, run_dir))
@@ -168,6 +186,8 @@ class LaunchedRun(LocalRun):
     def start(self) -> str:
         self.processes.start("server", self._server_command, self.server_restarts)
         endpoint = self._wait_for(self.dir.endpoint, "server")
+        if self.replicas is not None:  # the primary serves once its backup joined
+            self.replicas.start_backups(self.startup_timeout)
         self.processes.start("evaluator", self._evaluator_command(endpoint))
         self._assembled = False
         try:  # its hello waits until every shard joined
@@ -185,6 +205,10 @@ class LaunchedRun(LocalRun):
         """Not ours to restart (the job's launcher owns them); a missing one is reported."""
 
     def _training(self) -> bool:
+        """While the server serves: a dead primary's backup is the server from its takeover
+        (looked at first, or the primary's death would end the training)."""
+        if self.replicas is not None:
+            self.replicas.check()
         return not self.processes["server"].exited()
 
     def _follow_counters(self, operator: Any, total: int) -> bool:

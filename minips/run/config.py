@@ -225,7 +225,7 @@ class RunConfig(ConfigBase):
     replicas: int = setting(1, "Copies of the server, each in its own process: 2 keeps a "
                             "backup that takes over when the primary dies, no acknowledged "
                             "update lost (docs/protocol.md 17); 1: one server.",
-                            commands=("run", "server"), minimum=1, maximum=2)
+                            commands=("run", "server", "launch"), minimum=1, maximum=2)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "
