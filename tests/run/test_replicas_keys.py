@@ -7,6 +7,7 @@ process that holds the server's secret key (docs/protocol.md 17.3).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,37 +17,41 @@ import pytest
 import zmq
 import zmq.utils.monitor
 from test_replicas import _each_lost_replica_replaced, _finish, _killed, _same_model, _start
+from test_replicas_group import _start as _start_group
 from test_run_auth import _refused_as, _unanswered
 
-from minips.protocol import auth
+from minips.protocol import auth, wire
 from minips.provision import keyfiles
-from minips.worker.client import PSClient, ServerError, ServerUnavailable
+from minips.worker.client import PSClient, ServerError
 
 KEYED = ("--auth", "--replicas", "2")
 
 
-def _stats(out: Path) -> dict | None:
-    """The run's server's `stats`, asked with the run's operator key (None while none
-    answers)."""
+def _stats(out: Path, endpoint_file: str = "endpoint") -> dict | None:
+    """The `stats` of the one server whose endpoint file is `out/endpoint_file`, asked with
+    the run's operator key on a socket of its own (None while none answers)."""
     try:
-        endpoint = (out / "endpoint").read_text().strip()
+        endpoint = (out / endpoint_file).read_text().strip()
         keys = keyfiles.load_client_keys(out / "keys", keyfiles.OPERATOR)
     except (FileNotFoundError, ValueError):  # not written yet, or being replaced
         return None
     if not endpoint:
         return None
-    try:
-        with PSClient(endpoint, timeout=2, retries=0, keys=keys) as operator:
-            return operator.stats()
-    except ServerUnavailable:
-        return None
+    with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
+        socket.linger = 0
+        auth.make_curve_client(socket, keys)
+        socket.connect(endpoint)
+        socket.send_multipart(wire.encode({"op": "stats", "rid": 1}))
+        if not socket.poll(2000):
+            return None
+        return wire.decode_reply(socket.recv_multipart()).header["stats"]
 
 
-def _wait_for(out: Path, ready, what: str, timeout: float = 120) -> dict:
-    """The run's stats once `ready(stats)` holds."""
-    deadline = time.monotonic() + timeout
+def _wait_for(out: Path, ready, what: str, endpoint_file: str = "endpoint") -> dict:
+    """The stats of the server at `out/endpoint_file` once `ready(stats)` holds."""
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        stats = _stats(out)
+        stats = _stats(out, endpoint_file)
         if stats is not None and ready(stats):
             return stats
         time.sleep(0.1)
@@ -157,3 +162,25 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
     replication = summary["replication"]
     assert replication["failovers"] == [] and _killed(replication["backups_lost"]) == []
     _each_lost_replica_replaced(replication)
+
+
+def test_a_keyed_group_shard_fails_over_and_its_backup_joins_the_root_with_a_key(tmp_path):
+    """`--servers 2 --replicas 2 --auth`, asgd: shard 1's primary killed; its backup takes
+    over and joins the root (an operator's request under keys, 16.3), and every push is
+    applied once on both shards."""
+    out = tmp_path / "group"
+    proc = _start_group(out, "asgd", "--auth")
+    try:
+        stats = _wait_for(out, lambda s: s["version"] > 40 and s["replication"]["backup"],
+                          "trained with shard 1's backup attached", "endpoint-shard1")  # fmt: skip
+        os.kill(stats["replication"]["pid"], signal.SIGKILL)
+        summary = _finish(proc, out)
+    finally:
+        _stop_all(proc)
+    reports = [json.loads(path.read_text()) for path in sorted(out.glob("worker-*.json"))]
+    assert len(reports) == 2 and all(report["finished"] for report in reports)
+    steps = sum(report["steps"] for report in reports)
+    assert [row["updates"] for row in summary["shards"]] == [steps, steps]
+    replication = summary["replication"]
+    assert [f["shard"] for f in replication["failovers"]] == [1]
+    assert summary["updates_lost"] == 0 and summary["restarts"] == 0
