@@ -47,7 +47,8 @@ def launch(
     With N processes and --servers K, ranks 0..K-1 serve the parameters (a server group
     behind rank 0's address) and ranks K..N-1 train; rank 0 also writes the run directory,
     evaluates and prints the summary, as `minips run` does. E.g.
-    `mpirun -n 4 minips launch --servers 2 --out runs/mpi`.
+    `mpirun -n 4 minips launch --servers 2 --out runs/mpi`. With --replicas 2 (one
+    server) rank 0 also runs the server's backup, a child process beside the primary.
     """
     from minips.results.versions import accuracy_line, stopped_line, untested_line
     from minips.run.cluster import COORDINATOR, role_of
