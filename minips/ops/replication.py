@@ -42,9 +42,9 @@ import zmq
 from minips.errors import MinipsError
 from minips.ops.replica_link import FAILOVER_AFTER, HeldReplies, PrimaryLink, pack, unpack
 from minips.ops.snapshot import read_snapshot
+from minips.ops.timers import Timers
 from minips.protocol import address
 from minips.server.server import ParameterServer
-from minips.server.timers import Timers
 
 log = logging.getLogger("minips.server")
 

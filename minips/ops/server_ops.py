@@ -3,9 +3,9 @@
 The server (minips/server/server.py) asks its `Operations` (minips/server/seams.py) at one
 named point each; `ServerOps` answers from the modules beside the path, each with its own
 tests: request_checks.py (clipping), overflow.py, inflow.py, failures.py, collapse.py,
-telemetry.py, checkpoints.py, and the sample budget here. Built before the server's socket
-(a resume happens first, as the checkpoints say), attached once the socket, the outbox and
-the pulls exist.
+telemetry.py, checkpoints.py, timers.py (the jobs of every turn), and the sample budget
+here. Built before the server's socket (a resume happens first, as the checkpoints say),
+attached once the socket, the outbox and the pulls exist.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures
-from minips.ops.inflow import InflowGuard, InflowLimits
+from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
 from minips.ops.overflow import OverflowCheck, refusal
 from minips.ops.request_checks import clip_gradients
 from minips.ops.telemetry import Telemetry, UpdateRecord
+from minips.ops.timers import Timers
 from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import ProtocolError
 
@@ -167,13 +168,21 @@ class ServerOps:
 
     # --------------------------------------------------------------------- the loop
 
+    def timers(self, server: Any) -> Timers:
+        """The jobs of each turn of `server`'s loop (timers.py), once it is built."""
+        return Timers(self.inflow, self.checkpoints, server.membership, server.pulls,
+                      self.rule, server.carry_out, server.after_leaving, server.group)  # fmt: skip
+
     def wait(self, poll_interval: float) -> float:
         """How long the loop may wait for a request: shorter while a big message arrives."""
         return self.inflow.wait(poll_interval)
 
     def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None:
-        """A whole message read off a connection (the inflow guard's count)."""
+        """A whole message read off a connection (the inflow guard's count); the memory
+        freed by the frames past the limit, which `receive` read and let go, given back."""
         self.inflow.delivered(frames, dropped, dropped_bytes)
+        if dropped:
+            give_back_freed_memory()  # an attack leaves no peak behind
 
     def checkpoint(self) -> Path:
         """A checkpoint now (an operator's, or at shutdown): `no_checkpoint` without a path."""

@@ -21,6 +21,9 @@ checkpoints, the sample budget), and a test may hand it others.
                                  checkpoint when one is due
     dropped(push)                a push the rule dropped, recorded
     pulled(parts)                a worker's pull reply, counted
+    timers(server)               the jobs of every turn of the loop (liveness, the inflow
+                                 guard, the timed checkpoint, the assembly's end, the
+                                 rule's own timers), each contained: a `Turn`
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ if TYPE_CHECKING:
     from minips.rules import Outcome, Update
     from minips.server.router import Counting, Envelope
     from minips.state.registry import Push
+
+
+class Turn(Protocol):
+    """What the loop does on each turn besides answering requests (ops/timers.py)."""
+
+    def tick(self, now: float) -> None: ...
 
 
 class Operations(Protocol):
@@ -51,6 +60,7 @@ class Operations(Protocol):
     def updated(self, update: Update, version: int) -> None: ...
     def dropped(self, push: Push) -> None: ...
     def pulled(self, parts: list[WirePart]) -> None: ...
+    def timers(self, server: Any) -> Turn: ...
     def wait(self, poll_interval: float) -> float: ...
     def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None: ...
     def checkpoint(self) -> Any: ...

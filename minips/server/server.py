@@ -9,8 +9,8 @@ their versions (state/store.py), the worker registry (state/registry.py) and the
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
 keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-the jobs of every turn server/timers.py, a retried push server/retries.py; they hand what
-the rule decided back to the loop. The path of one push:
+a retried push server/retries.py, the jobs of every turn the operations' (ops/timers.py);
+they hand what the rule decided back to the loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -43,14 +43,12 @@ from minips.server.retries import answer_retry
 from minips.server.router import (
     Envelope,
     Outbox,
-    give_back_freed_memory,
     open_router,
     receive,
     split_envelope,
 )
 from minips.server.seams import GroupRole, Operations, operator_fields
 from minips.server.stop import Stop, stop_on_signals
-from minips.server.timers import Timers
 from minips.state.registry import Push, WorkerRegistry, WorkerState
 from minips.state.requests import HeldPull, require_operator
 from minips.state.store import SGD, ParameterStore
@@ -117,8 +115,7 @@ class ParameterServer:
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
-        self.timers = Timers(ops.inflow, ops.checkpoints, members, self.pulls, rule,
-                             self.carry_out, self.after_leaving, group)  # fmt: skip
+        self.timers = ops.timers(self)  # each turn's jobs: liveness, checkpoints, the rule's
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
@@ -142,9 +139,7 @@ class ParameterServer:
                         break
                     self.ops.delivered(received.frames, received.dropped, received.dropped_bytes)
                     self.serve(received.frames, received.dropped)
-                    if received.dropped:
-                        give_back_freed_memory()  # an attack leaves no peak behind
-            self.timers.tick(time.monotonic())  # timers.py
+            self.timers.tick(time.monotonic())  # the operations' timers (ops/timers.py)
         if self.options.checkpoint_path:
             self.ops.checkpoint()
         log.info("stopped at version %d", self.store.version)
