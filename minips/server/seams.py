@@ -3,9 +3,10 @@
 The server's path reads as the idea (decode, tau = t - base, the rule's decision, the
 update, the reply); what it checks, limits, survives and records beside that idea it asks
 of an `Operations` object at one named point each, in the spirit of ps-lite's
-`if (resender_) ...`. The server never builds the real ones: minips/ops/server_ops.py
-does (the checks, the overflow check, the inflow guard, failures, collapse, telemetry,
-checkpoints, the sample budget), and a test may hand it others.
+`if (resender_) ...`. The server never builds the real ones, nor imports them: whoever
+builds a server hands it a factory, minips/run/build.py the usual one (ops/server_ops.py's
+`ServerOps`: the checks, the overflow check, the inflow guard, failures, collapse,
+telemetry, checkpoints, the timers, the sample budget), and a test may hand it others.
 
     received(body, dropped)      a request counted; frames past the limit refused
     answering(envelope, body)    around a request: a refusal answered with its code, a

@@ -68,9 +68,10 @@ class ParameterServer:
     `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called after
     every applied update and dropped push. group: a shard's role in a server group.
     operations(store, registry, rule, options, config, on_update, group): builds what the
-    path asks at its named points (minips/server/seams.py); default the usual ones
-    (minips/ops/server_ops.py). `endpoint` is the bound address; `run()` serves until `stop`
-    or `request_stop()`, then `close()`.
+    path asks at its named points (minips/server/seams.py), given by whoever builds the
+    server (the core names none): the usual ones are `ServerOps` (minips/ops/server_ops.py),
+    as minips/run/build.py gives them. `endpoint` is the bound address; `run()` serves
+    until `stop` or `request_stop()`, then `close()`.
     """
 
     def __init__(
@@ -83,7 +84,7 @@ class ParameterServer:
         config: dict[str, Any] | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
         group: GroupRole | None = None,
-        operations: Callable[..., Operations] | None = None,
+        operations: Callable[..., Operations],
     ) -> None:
         self.options = options = options or ServerOptions()
         config = hello_config(config)
@@ -91,8 +92,8 @@ class ParameterServer:
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
-        self.ops = ops = (operations or usual_operations)(self.store, self.registry, rule, options,
-                                                          config, on_update, group)  # fmt: skip
+        self.ops = ops = operations(self.store, self.registry, rule, options, config,
+                                    on_update, group)  # fmt: skip
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
@@ -317,11 +318,3 @@ def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: 
 def refuse_join(envelope: Envelope, request: Message) -> None:
     """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
     raise ProtocolError("op 'join' is not a request", "unknown_op")
-
-
-def usual_operations(*args: Any) -> Operations:
-    """The usual operations (checks, limits, failures, collapse, telemetry, checkpoints),
-    assembled beside the core: imported here, when a server is built without its own."""
-    from minips.ops.server_ops import ServerOps
-
-    return ServerOps(*args)
