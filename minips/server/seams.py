@@ -9,8 +9,14 @@ builds a server hands it a factory, minips/run/build.py the usual one (ops/serve
 telemetry, checkpoints, the timers, the sample budget), and a test may hand it others.
 
     received(body, dropped)      a request counted; frames past the limit refused
+    check_hello(header, origin)  before a hello registers anyone: its connection is the
+                                 client's own, its `info` small and shallow
+    check_operator(origin)       before a `stop` or a `checkpoint`: an operator's key
     answering(envelope, body)    around a request: a refusal answered with its code, a
                                  failure (a bug) answered `internal`, nobody left waiting
+    answer_retry(worker, envelope, header)
+                                 a push whose `seq` is not new: answered from memory as
+                                 its first attempt was (or will be), never applied again
     check_push(push, request)    before a push is accepted: its base and shapes against the
                                  model, clipping, the overflow check, the rule's own check
     accepted(push, request)      a push accepted: counted, its loss watched, the sample budget
@@ -36,7 +42,8 @@ if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
     from minips.rules import Outcome, Update
     from minips.server.router import Counting, Envelope
-    from minips.state.registry import Push
+    from minips.state.registry import Push, WorkerState
+    from minips.state.requests import Origin
 
 
 class Turn(Protocol):
@@ -54,6 +61,11 @@ class Operations(Protocol):
     def attach(self, server: Any) -> None: ...
     def received(self, body: list[Any], dropped: int) -> None: ...
     def answering(self, envelope: Envelope, body: list[Any]) -> AbstractContextManager[None]: ...
+    def check_hello(self, header: dict[str, Any], origin: Origin) -> None: ...
+    def check_operator(self, origin: Origin) -> None: ...
+    def answer_retry(
+        self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]
+    ) -> None: ...
     def check_push(self, push: Push, request: Message) -> None: ...
     def accepted(self, push: Push, request: Message) -> None: ...
     def carrying_out(self, outcome: Outcome) -> AbstractContextManager[None]: ...

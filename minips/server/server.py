@@ -8,9 +8,9 @@ The state the loop guards lives in objects that never send anything: the paramet
 their versions (state/store.py), the worker registry (state/registry.py) and the update rule
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
-keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-a retried push server/retries.py, the jobs of every turn the operations' (ops/timers.py);
-they hand what the rule decided back to the loop. The path of one push:
+keeps its routing envelope and answers later. Who joins and leaves is server/membership.py;
+a retried push (ops/retries.py) and the jobs of every turn (ops/timers.py) are the
+operations'; they hand what the rule decided back to the loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -39,7 +39,6 @@ from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
 from minips.server.pulls import Pulls
-from minips.server.retries import answer_retry
 from minips.server.router import (
     Envelope,
     Outbox,
@@ -50,7 +49,7 @@ from minips.server.router import (
 from minips.server.seams import GroupRole, Operations, operator_fields
 from minips.server.stop import Stop, stop_on_signals
 from minips.state.registry import Push, WorkerRegistry, WorkerState
-from minips.state.requests import HeldPull, require_operator
+from minips.state.requests import HeldPull
 from minips.state.store import SGD, ParameterStore
 from minips.transmission.codecs import decode_gradients
 from minips.transmission.plan import Plan
@@ -103,7 +102,7 @@ class ParameterServer:
         self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, ops, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
-            options.heartbeat_timeout, stop, options.observers_awaited)  # fmt: skip
+            options.heartbeat_timeout, stop, ops, options.observers_awaited)  # fmt: skip
         # op -> handler(envelope, request) -> the rule's decision on a worker who left, or None
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
@@ -211,8 +210,8 @@ class ParameterServer:
     def handle_push(self, envelope: Envelope, request: Message) -> None:
         """Accept a push once (a retry is answered from memory), then let the rule decide."""
         worker = self.registry.pusher(request, envelope.origin)  # its owner, never an observer
-        if worker.seen_push(request.header["seq"]) != "new":  # exactly once (retries.py)
-            return answer_retry(worker, envelope, request.header, self.pulls, self.outbox)
+        if worker.seen_push(request.header["seq"]) != "new":  # exactly once: from memory
+            return self.ops.answer_retry(worker, envelope, request.header)
         push = push_of(worker, request, envelope, self.store.version)  # tau = t - base
         self.ops.check_push(push, request)  # base, shapes, clipping, overflow, the rule's
         worker.accept(push)  # accepted: from here on answered exactly once, whatever happens
@@ -233,13 +232,13 @@ class ParameterServer:
         self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
 
     def handle_stop(self, envelope: Envelope, request: Message) -> None:
-        require_operator(envelope.origin, self.options.keys)
+        self.ops.check_operator(envelope.origin)  # an operator's key
         self.stop.request("an operator asked")
         self.begin_stop()
         self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
 
     def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
-        require_operator(envelope.origin, self.options.keys)
+        self.ops.check_operator(envelope.origin)  # an operator's key
         path, version = self.ops.checkpoint(), self.store.version
         self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
                                      **operator_fields(self.group)})  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 import zmq
 from test_server_support import filled, make_params
 
+from minips.ops.retries import check_retry
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
@@ -118,12 +119,12 @@ def test_pusher_refuses_an_observer_and_check_retry_a_failed_or_stale_seq():
         4, {"op": "error", "reason": "internal server error", "code": "internal"}
     )
     worker.remember_answer(5, {"op": "push", "applied": True})
-    assert worker.check_retry(5) == "answered"
+    assert check_retry(worker, 5) == "answered"
     with pytest.raises(ProtocolError) as failed:
-        worker.check_retry(4)
+        check_retry(worker, 4)
     assert failed.value.code == "internal"
     with pytest.raises(ProtocolError) as stale:
-        worker.check_retry(1)
+        check_retry(worker, 1)
     assert stale.value.code == "stale_seq"
 
 
