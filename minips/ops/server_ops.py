@@ -29,6 +29,7 @@ from minips.ops.request_checks import (
     require_operator,
 )
 from minips.ops.retries import answer_retry
+from minips.ops.rule_state import KeptRuleState
 from minips.ops.telemetry import Telemetry, UpdateRecord
 from minips.ops.timers import Timers
 from minips.protocol.checks import too_many_frames
@@ -77,8 +78,8 @@ class ServerOps:
         )  # fmt: skip
         self.checkpoints = Checkpointer(
             store, self.counters, options.checkpoint_path, options.checkpoint_every,
-            options.checkpoint_interval, rule.name, config.get("model"), rule_state=rule,
-            keep_all=options.keep_checkpoints,
+            options.checkpoint_interval, rule.name, config.get("model"),
+            rule_state=KeptRuleState(rule), keep_all=options.keep_checkpoints,
             shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
         self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
