@@ -19,10 +19,7 @@ CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "w
 OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli", "provision")
 
 # The core's imports of an operation, (importer, imported), each at one assembly point.
-# The server's: its default operations (ops/server_ops.py), imported where a server is built
-# without its own, so `ParameterServer(params, rule, optimizer)` stays whole.
 KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
-    ("minips.server.server", "minips.ops.server_ops"),
     # The group's side, imported once a server turns out to be a group: the one place a
     # plain PSClient(address) learns how to reach one (client.group_side).
     ("minips.worker.client", "minips.group.root"),
@@ -32,7 +29,6 @@ KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
 # above (an operation imports the core it serves, which imports it back).
 KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
     ("minips.group", "minips.worker"),
-    ("minips.ops", "minips.server"),
 }
 
 # Module file names held by more than one package (base.py and __init__.py aside).

@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
@@ -48,7 +49,7 @@ def running_server(
     on_update = kw.pop("on_update", None)
     options = ServerOptions(**kw)
     server = ParameterServer(params, rule, optimizer, options, config=config or {"model": "test"},
-                             on_update=on_update)  # fmt: skip
+                             on_update=on_update, operations=ServerOps)  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from minips.nn import lenet5  # noqa: E402
+from minips.ops.server_ops import ServerOps  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
@@ -50,7 +51,8 @@ def raise_fd_limit() -> None:
 def serve(endpoint_queue: mp.Queue) -> None:
     raise_fd_limit()
     params = lenet5(seed=0).params
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.01), ServerOptions())
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.01), ServerOptions(),
+                             operations=ServerOps)  # fmt: skip
     endpoint_queue.put(server.endpoint)
     server.serve_forever()
 

@@ -42,6 +42,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from minips.nn import lenet5  # noqa: E402
+from minips.ops.server_ops import ServerOps  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
 from minips.state.store import SGD  # noqa: E402
@@ -69,7 +70,8 @@ def serve(endpoint_queue: mp.Queue, bind: str) -> None:
     """
     params = lenet5(seed=0).params
     optimizer = SGD(params, lr=0.01, momentum=0.9)
-    server = ParameterServer(params, make_rule("asgd"), optimizer, ServerOptions(bind=bind))
+    server = ParameterServer(params, make_rule("asgd"), optimizer, ServerOptions(bind=bind),
+                             operations=ServerOps)  # fmt: skip
     endpoint_queue.put(server.endpoint)
     server.serve_forever()
 

@@ -51,6 +51,7 @@ from raw_ps import MomentumStore, RawClient, RawGroupClient, chunk_plan, serve
 
 from minips.group.partition import partition_of_model
 from minips.group.shard import shard_params
+from minips.ops.server_ops import ServerOps  # noqa: E402
 
 LENET5 = {
     "conv1.w": (20, 1, 5, 5),
@@ -86,7 +87,8 @@ def _minips_server(queue, transport: str = "tcp") -> None:
 
     params = _tensors()
     options = ServerOptions(bind=_address(transport))
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), options)
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=1e-6), options,
+                             operations=ServerOps)  # fmt: skip
     queue.put(server.endpoint)
     server.run()
     server.close()

@@ -24,6 +24,7 @@ def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
     from minips.group.partition import partition_of_model
     from minips.group.shard import Joiner, ShardRole, shard_params
     from minips.nn import lenet5
+    from minips.ops.server_ops import ServerOps
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
     from minips.state.store import SGD
@@ -38,7 +39,7 @@ def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
     group = ShardRole(shard, servers, part, run={}, joiner=joiner)
     server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=lr, momentum=momentum),
                              ServerOptions(bind=bind), config={"model": LENET5_SPEC},
-                             group=group)  # fmt: skip
+                             group=group, operations=ServerOps)  # fmt: skip
     queue.put(server.endpoint)
     server.serve_forever()
 

@@ -9,7 +9,7 @@ A checkpoint is one .npz archive (NumPy's zip of .npy arrays, no pickle) of thes
     param/<name>              the parameter: float32, finite
     param_version/<name>      0-d integer: the version it last changed at, 0 <= . <= version
     optim/velocity/<name>     the optimizer's momentum buffer of <name> (when it has one)
-    rule/...                  the update rule's own state (minips.rules: Rule.state)
+    rule/...                  the update rule's own state (minips/ops/rule_state.py)
 
 `read_checkpoint` turns every way a file can be damaged (missing, empty, truncated, a
 flipped bit, not a zip, pickled objects) into a one-line DataError (a file that is no

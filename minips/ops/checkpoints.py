@@ -2,7 +2,7 @@
 
 A checkpoint is the store's (parameters, their versions, the optimizer's state:
 checkpoint_file.save_store, written atomically), the update rule's own state (DANA's momentum per
-worker, DC-ASGD's and Gap-Aware's copies of what each worker pulled: `Rule.state`) and the
+worker, DC-ASGD's and Gap-Aware's copies of what each worker pulled: rule_state.py) and the
 counters a resumed run goes on from (updates, samples). The server asks for one every
 `checkpoint_every` updates (`after_update`), every `checkpoint_interval` seconds when the
 version moved (`if_due`), on an operator's request and at shutdown (`save`). Each one keeps
@@ -42,8 +42,8 @@ from minips.ops.group_checkpoints import (
 )
 
 if TYPE_CHECKING:
+    from minips.ops.rule_state import KeptRuleState
     from minips.ops.telemetry import Counters
-    from minips.rules import Rule
     from minips.state.store import ParameterStore
 
 log = logging.getLogger("minips.server")
@@ -55,7 +55,8 @@ class Checkpointer:
     path: where they go (None: nowhere; `save` is then a ConfigError). every: every this
     many updates (0: never). interval: every this many seconds (0: never). rule, spec:
     recorded in each checkpoint's meta (the rule's name, the model's spec). rule_state:
-    the rule whose own state goes into each checkpoint and comes back on resume. keep_all:
+    the rule's own state (rule_state.py's KeptRuleState, or anything with a name, state()
+    and load_state()), which goes into each checkpoint and comes back on resume. keep_all:
     each checkpoint also stays as `versioned_path(path, version)`. shard: (this shard, the
     group's size) for a shard of a server group (None: one server).
     """
@@ -69,7 +70,7 @@ class Checkpointer:
         interval: float = 0.0,
         rule: str = "",
         spec: Any = None,
-        rule_state: Rule | None = None,
+        rule_state: KeptRuleState | None = None,
         keep_all: bool = False,
         shard: tuple[int, int] | None = None,
     ) -> None:

@@ -51,9 +51,9 @@ from minips.ops.replica_link import (
     with_sender,
 )
 from minips.ops.snapshot import read_snapshot
+from minips.ops.timers import Timers
 from minips.protocol import address
 from minips.server.server import ParameterServer
-from minips.server.timers import Timers
 
 log = logging.getLogger("minips.server")
 

@@ -1,10 +1,15 @@
 """What the server refuses from a client it cannot trust, and the optional clipping.
 
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
-    check_info(info), require_operator(origin, keys)
-                                     hello's `info` small and shallow; `stop` and
-                                     `checkpoint` need an operator key: the checks of
-                                     who sent a request, minips.state.requests
+    check_hello_connection(header, origin), check_info(info)
+                                     a hello's connection is the client's own (not one
+                                     it abandoned), its `info` small and shallow (so
+                                     `stats` always encodes): the named point
+                                     `check_hello`
+    require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (under
+                                     CURVE): the named point `check_operator` (kept
+                                     beside Origin, minips.state.requests, where a
+                                     group's root asks it of a `join` too)
     OverflowCheck, step_stays_finite  no update writes a non-finite value: its own module,
                                      minips.ops.overflow (all re-exported here)
 
@@ -15,19 +20,21 @@ that registered it is the registry's check (WorkerState.check_owner).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import msgpack
 import numpy as np
 
 from minips.ops.overflow import OverflowCheck, step_stays_finite
-from minips.state.requests import (
-    MAX_INFO_BYTES,
-    MAX_INFO_DEPTH,
-    check_info,
-    depth,
-    require_operator,
-)
+from minips.protocol.wire import ProtocolError
+from minips.state.requests import require_operator
 
-__all__ = ["MAX_INFO_BYTES", "MAX_INFO_DEPTH", "OverflowCheck", "check_info", "clip_gradients",
-           "depth", "require_operator", "step_stays_finite"]  # fmt: skip
+if TYPE_CHECKING:
+    from minips.state.requests import Origin
+
+__all__ = ["MAX_INFO_BYTES", "MAX_INFO_DEPTH", "OverflowCheck", "check_hello_connection",
+           "check_info", "clip_gradients", "depth", "require_operator",
+           "step_stays_finite"]  # fmt: skip
 
 
 def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:
@@ -43,3 +50,57 @@ def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, n
         return grads
     factor = np.float32(max_norm / norm)
     return {name: g * factor for name, g in grads.items()}
+
+
+def check_hello_connection(header: dict[str, Any], origin: Origin) -> None:
+    """`not_owner` for a hello that says its client sets its own routing id on every socket
+    (`own_routing_id`) but came on one ZeroMQ generated (a first byte of zero, which ZeroMQ
+    keeps for itself): a connection the client abandoned (Lazy Pirate), renamed by the
+    ROUTER's handover when the client's retry took its id over. Refused, it registers
+    nothing, so it never owns the id its retry is asking for (docs/protocol.md 15)."""
+    claim = header.get("own_routing_id")
+    if claim is None:
+        return
+    if not isinstance(claim, bool):
+        raise ProtocolError("hello field 'own_routing_id' must be a bool", "bad_field")
+    if claim and origin.routing_id[:1] in (b"", b"\x00"):
+        raise ProtocolError(
+            "a hello from a connection this client abandoned (its retry owns the id)",
+            "not_owner",
+        )
+
+
+MAX_INFO_BYTES = 1024  # a hello's `info`, packed (docs/protocol.md 10)
+MAX_INFO_DEPTH = 4  # maps and lists inside `info`, counting `info` itself
+
+
+def depth(value: Any, limit: int) -> int:
+    """Nesting depth of maps and lists (a scalar is 0), counted no further than limit + 1.
+
+    Iterative, so a hostile 1,000-level value cannot exhaust Python's recursion limit.
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if not isinstance(item, (dict, list)):
+            continue
+        deepest = max(deepest, level)
+        if level > limit:
+            return level
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def check_info(info: dict[str, Any]) -> None:
+    """hello's `info` must be small and shallow (`too_large` otherwise)."""
+    if depth(info, MAX_INFO_DEPTH) > MAX_INFO_DEPTH:
+        raise ProtocolError(f"hello info nests deeper than {MAX_INFO_DEPTH} levels", "too_large")
+    size = len(msgpack.packb(info))
+    if size > MAX_INFO_BYTES:
+        raise ProtocolError(
+            f"hello info of {size} bytes exceeds the limit of {MAX_INFO_BYTES}", "too_large"
+        )
+    role = info.get("role")
+    if role is not None and not isinstance(role, str):
+        raise ProtocolError("hello info field 'role' must be a string", "bad_field")

@@ -2,9 +2,10 @@
 
 The server (minips/server/server.py) asks its `Operations` (minips/server/seams.py) at one
 named point each; `ServerOps` answers from the modules beside the path, each with its own
-tests: request_checks.py (clipping), overflow.py, inflow.py, failures.py, collapse.py,
-telemetry.py, checkpoints.py, and the sample budget here. Built before the server's socket
-(a resume happens first, as the checkpoints say), attached once the socket, the outbox and
+tests: request_checks.py (who sent a request, clipping), retries.py (exactly once),
+overflow.py, inflow.py, failures.py, collapse.py, telemetry.py, checkpoints.py, timers.py
+(the jobs of every turn), and the sample budget here. Built before the server's socket (a
+resume happens first, as the checkpoints say), attached once the socket, the outbox and
 the pulls exist.
 """
 
@@ -19,10 +20,18 @@ from typing import TYPE_CHECKING, Any
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures
-from minips.ops.inflow import InflowGuard, InflowLimits
+from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
 from minips.ops.overflow import OverflowCheck, refusal
-from minips.ops.request_checks import clip_gradients
+from minips.ops.request_checks import (
+    check_hello_connection,
+    check_info,
+    clip_gradients,
+    require_operator,
+)
+from minips.ops.retries import answer_retry
+from minips.ops.rule_state import KeptRuleState
 from minips.ops.telemetry import Telemetry, UpdateRecord
+from minips.ops.timers import Timers
 from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import ProtocolError
 
@@ -33,7 +42,8 @@ if TYPE_CHECKING:
     from minips.server.router import Envelope
     from minips.server.seams import GroupRole
     from minips.server.stop import Stop
-    from minips.state.registry import Push, WorkerRegistry
+    from minips.state.registry import Push, WorkerRegistry, WorkerState
+    from minips.state.requests import Origin
     from minips.state.store import ParameterStore
 
 log = logging.getLogger("minips.server")
@@ -68,8 +78,8 @@ class ServerOps:
         )  # fmt: skip
         self.checkpoints = Checkpointer(
             store, self.counters, options.checkpoint_path, options.checkpoint_every,
-            options.checkpoint_interval, rule.name, config.get("model"), rule_state=rule,
-            keep_all=options.keep_checkpoints,
+            options.checkpoint_interval, rule.name, config.get("model"),
+            rule_state=KeptRuleState(rule), keep_all=options.keep_checkpoints,
             shard=None if group is None else (group.shard, group.servers),
         )  # fmt: skip
         self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
@@ -79,7 +89,7 @@ class ServerOps:
         """The server's socket exists: the inflow guard watches it; failures are answered
         through its outbox; the sample budget asks its stop."""
         self.stop: Stop = server.stop
-        self.outbox = server.outbox
+        self.outbox, self.pulls = server.outbox, server.pulls
         self.inflow = InflowGuard(server.socket, InflowLimits.for_limits(self.options.limits))
         self.failures = Failures(self.registry, server.outbox)
 
@@ -106,7 +116,21 @@ class ServerOps:
         except Exception as exc:  # a bug: say so, answer `internal`, keep serving
             self.failures.request_failed(envelope, exc, body)
 
+    def check_hello(self, header: dict[str, Any], origin: Origin) -> None:
+        """Refuse a hello before it registers anyone: its `info` small and shallow, its
+        connection not one its client abandoned (request_checks.py)."""
+        check_info(header.get("info", {}))
+        check_hello_connection(header, origin)
+
+    def check_operator(self, origin: Origin) -> None:
+        """Refuse a `stop` or a `checkpoint` without an operator key (under CURVE)."""
+        require_operator(origin, self.options.keys)
+
     # ---------------------------------------------------------------------- a push
+
+    def answer_retry(self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]) -> None:
+        """A retried push answered from memory (retries.py), never applied again."""
+        answer_retry(worker, envelope, header, self.pulls, self.outbox)
 
     def check_push(self, push: Push, request: Message) -> None:
         """Refuse a push before it is accepted (nothing booked): its base and gradients
@@ -167,13 +191,21 @@ class ServerOps:
 
     # --------------------------------------------------------------------- the loop
 
+    def timers(self, server: Any) -> Timers:
+        """The jobs of each turn of `server`'s loop (timers.py), once it is built."""
+        return Timers(self.inflow, self.checkpoints, server.membership, server.pulls,
+                      self.rule, server.carry_out, server.after_leaving, server.group)  # fmt: skip
+
     def wait(self, poll_interval: float) -> float:
         """How long the loop may wait for a request: shorter while a big message arrives."""
         return self.inflow.wait(poll_interval)
 
     def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None:
-        """A whole message read off a connection (the inflow guard's count)."""
+        """A whole message read off a connection (the inflow guard's count); the memory
+        freed by the frames past the limit, which `receive` read and let go, given back."""
         self.inflow.delivered(frames, dropped, dropped_bytes)
+        if dropped:
+            give_back_freed_memory()  # an attack leaves no peak behind
 
     def checkpoint(self) -> Path:
         """A checkpoint now (an operator's, or at shutdown): `no_checkpoint` without a path."""

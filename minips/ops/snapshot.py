@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minips.ops.checkpoint_file import load_checkpoint, restore_store, save_store
+from minips.ops.rule_state import load_rule_state, rule_state
 from minips.state.registry import WorkerState
 from minips.state.requests import Origin
 
@@ -58,7 +59,7 @@ def write_snapshot(server: ParameterServer, path: Path) -> Path:
         replica["group"] = table.addresses()
     meta = {"rule": server.rule.name, "updates": counters["updates"],
             "samples": counters["samples"], "time": time.time(), "replica": replica}  # fmt: skip
-    extra = {f"rule/{key}": array for key, array in server.rule.state().items()}
+    extra = {f"rule/{key}": array for key, array in rule_state(server.rule).items()}
     return save_store(server.store, path, meta, extra)
 
 
@@ -66,7 +67,7 @@ def read_snapshot(server: ParameterServer, path: Path) -> None:
     """Take the state of `write_snapshot`'s file: the server becomes the one that wrote it."""
     checkpoint = load_checkpoint(path)
     restore_store(server.store, checkpoint)
-    server.rule.load_state(checkpoint.section("rule/"))
+    load_rule_state(server.rule, checkpoint.section("rule/"))
     server.rule.restored = None  # its workers are live: none is forgotten for not saying hello
     replica = checkpoint.meta["replica"]
     now = time.monotonic()

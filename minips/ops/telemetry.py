@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
     from minips.rules import Rule, Update
-    from minips.state.registry import Push, WorkerRegistry
+    from minips.state.registry import Push, WorkerRegistry, WorkerState
     from minips.state.store import ParameterStore
 
 log = logging.getLogger("minips.server")
@@ -163,5 +163,28 @@ class Telemetry:
             "live_workers": len(registry.live()),
             "stopping": stopping,
             **self.counters.summary(),
-            "workers": [w.row(now) for w in registry.by_id.values()],
+            "workers": [worker_row(w, now) for w in registry.by_id.values()],
         }
+
+
+def worker_row(worker: WorkerState, now: float) -> dict[str, Any]:
+    """A worker's line in the `stats` reply (docs/protocol.md 5.5)."""
+    return {
+        "worker": worker.worker_id,
+        "rank": worker.rank,
+        "alive": worker.alive,
+        "finished": worker.finished,
+        "observer": worker.observer,
+        "clock": worker.clock,
+        "steps": worker.steps,
+        "pushes": worker.pushes,
+        "samples": worker.samples,
+        "dropped": worker.dropped,
+        "extra_bytes_in": worker.extra_bytes_in,
+        "pulls": worker.pulls,
+        "last_seen_ago": now - worker.last_seen,
+        "bytes_in": worker.bytes_in,
+        "bytes_out": worker.bytes_out,
+        "info": worker.info,
+        **({"refused": worker.refused} if worker.refused is not None else {}),
+    }

@@ -11,13 +11,13 @@ rules read the server's state, and neither the registry nor the store imports a 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.rules.state import RestoredWorkers, StateReader, StateWriter
 from minips.state.registry import Push, WorkerRegistry, WorkerState
 from minips.state.store import ParameterStore
 
@@ -62,6 +62,37 @@ class Outcome:
             for name, grad in grads.items()
         ]
         return cls(updates=[Update([push], steps)], answers=[(push, True)])
+
+
+class StateWriter(Protocol):
+    """Where a rule puts its own state for a checkpoint (minips/ops/rule_state.py keeps the
+    keys: per worker, per parameter, shared, a count)."""
+
+    def worker_arrays(
+        self, what: str, worker_id: str, arrays: Mapping[str, np.ndarray]
+    ) -> None: ...
+    def worker_number(self, what: str, worker_id: str, value: float) -> None: ...
+    def shared(self, what: str, values: Mapping[str, np.ndarray | float]) -> None: ...
+    def count(self, what: str, value: int) -> None: ...
+
+
+class StateReader(Protocol):
+    """What a rule takes back of its own state from a checkpoint, checked against the
+    model (minips/ops/rule_state.py)."""
+
+    workers: list[str]
+
+    def worker_arrays(self, what: str) -> dict[str, dict[str, np.ndarray]]: ...
+    def worker_numbers(self, what: str) -> dict[str, int]: ...
+    def shared_arrays(self, what: str) -> dict[str, np.ndarray]: ...
+    def shared_numbers(self, what: str) -> dict[str, float]: ...
+    def count(self, what: str) -> int: ...
+
+
+class Restored(Protocol):
+    """The workers a rule's state was resumed for, until each says hello again."""
+
+    def absent(self, now: float, registry: WorkerRegistry) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +144,7 @@ class Rule:
         on_worker_left(worker)   -> Outcome: bye or declared dead; leave any barrier
         on_tick(now)             -> Outcome: every turn of the server loop (timers)
         on_stop()                -> Outcome: the server stops: answer everything held
-        write_state(writer)      its own state into a checkpoint (minips/rules/state.py)
+        write_state(writer)      its own state into a checkpoint (minips/ops/rule_state.py)
         read_state(reader)       ... and back from one, on resume
 
     `self.store` (parameters, versions) and `self.registry` (live workers, clocks, whether
@@ -136,7 +167,7 @@ class Rule:
     max_move: ClassVar[float] = math.inf
     store: ParameterStore
     registry: WorkerRegistry
-    restored: RestoredWorkers | None = None  # resumed per-worker state (load_state)
+    restored: Restored | None = None  # resumed per-worker state (ops/rule_state.py)
 
     @classmethod
     def check_server_momentum(cls, momentum: float) -> None:
@@ -193,26 +224,13 @@ class Rule:
         return Outcome()
 
     def write_state(self, writer: StateWriter) -> None:
-        """Put the rule's own state (per worker, per parameter) into a checkpoint."""
+        """Put the rule's own state (per worker, per parameter) into a checkpoint (its
+        `rule/` arrays, written by minips/ops/rule_state.py)."""
 
     def read_state(self, reader: StateReader) -> None:
-        """Take back what `write_state` put (checked first: DataError, nothing changed)."""
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The rule's own state as a checkpoint's `rule/` arrays ({} when it has none).
-
-        The arrays are the live state, not copies (a checkpoint writes them at once): the
-        rules update some in place, so the next push changes them."""
-        writer = StateWriter()
-        self.write_state(writer)
-        return writer.done()
-
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Resume from `state()` of a checkpoint; the workers it names that do not say
-        hello again within a heartbeat timeout are forgotten (`forget_absent`)."""
-        reader = StateReader(state, self.store.params)
-        self.read_state(reader)
-        self.restored = RestoredWorkers(reader.workers, self.registry.grace)
+        """Take back what `write_state` put (checked first: DataError, nothing changed); the
+        workers it names that do not say hello again within a heartbeat timeout are
+        forgotten (`forget_absent`)."""
 
     def forget_absent(self, now: float) -> list[str]:
         """The ids of resumed workers that did not come back in time, once each (a rule

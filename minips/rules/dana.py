@@ -30,7 +30,7 @@ from minips.rules.gap import GapAware, GapPenalty, PulledValues
 from minips.state.finite import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 
 if TYPE_CHECKING:
-    from minips.rules.state import StateReader, StateWriter
+    from minips.rules.base import StateReader, StateWriter
     from minips.state.registry import WorkerRegistry, WorkerState
     from minips.state.store import ParameterStore
 
@@ -179,7 +179,7 @@ class DANA(ASGD):
         return Outcome()
 
     def write_state(self, writer: StateWriter) -> None:
-        """Each worker's v_i and their running sum (a checkpoint: minips/rules/state.py)."""
+        """Each worker's v_i and their running sum (a checkpoint: minips/ops/rule_state.py)."""
         for worker_id, velocity in self._velocity.items():
             writer.worker_arrays("velocity", worker_id, velocity)
         writer.shared("velocity_sum", self._sum)

@@ -25,7 +25,7 @@ from minips.rules.classic import ASGD
 from minips.state.finite import step_stays_finite
 
 if TYPE_CHECKING:
-    from minips.rules.state import StateReader, StateWriter
+    from minips.rules.base import StateReader, StateWriter
     from minips.state.registry import WorkerState
 
 
@@ -249,7 +249,7 @@ class VSGD(ASGD):
             )
 
     def write_state(self, writer: StateWriter) -> None:
-        """step_p of every parameter (a checkpoint: minips/rules/state.py)."""
+        """step_p of every parameter (a checkpoint: minips/ops/rule_state.py)."""
         writer.shared("step", self._step)
 
     def read_state(self, reader: StateReader) -> None:
@@ -324,7 +324,7 @@ class DCASGD(ASGD):
         return Outcome()
 
     def write_state(self, writer: StateWriter) -> None:
-        """Each worker's w_bak and its version (a checkpoint: minips/rules/state.py)."""
+        """Each worker's w_bak and its version (a checkpoint: minips/ops/rule_state.py)."""
         for worker_id, (version, copies, _) in self._bak.items():
             writer.worker_number("pulled_version", worker_id, version)
             writer.worker_arrays("pulled", worker_id, copies)

@@ -12,7 +12,7 @@ from minips.errors import DataError
 from minips.rules.base import Outcome, Push, Rule, RuleOption, Update, _option, option_default
 
 if TYPE_CHECKING:
-    from minips.rules.state import StateReader, StateWriter
+    from minips.rules.base import StateReader, StateWriter
 
 
 class FedBuff(Rule):
@@ -95,7 +95,7 @@ class FedBuff(Rule):
         return Outcome(updates=[Update(pushes, steps)], answers=[(last, True)])
 
     def write_state(self, writer: StateWriter) -> None:
-        """D and the number of pushes in it (a checkpoint: minips/rules/state.py)."""
+        """D and the number of pushes in it (a checkpoint: minips/ops/rule_state.py)."""
         if self._count:
             writer.shared("buffer", self._sum)
             writer.count("buffered", self._count)

@@ -27,7 +27,7 @@ from minips.rules.classic import ASGD
 from minips.state.finite import SQUARE_SAFE_MOVE
 
 if TYPE_CHECKING:
-    from minips.rules.state import StateReader, StateWriter
+    from minips.rules.base import StateReader, StateWriter
     from minips.state.registry import WorkerState
 
 
@@ -60,7 +60,7 @@ class PulledValues:
         self._held.pop(worker_id, None)
 
     def write_state(self, writer: StateWriter) -> None:
-        """Each worker's pull version and values (a checkpoint: minips/rules/state.py)."""
+        """Each worker's pull version and values (a checkpoint: minips/ops/rule_state.py)."""
         for worker_id, (version, values) in self._held.items():
             writer.worker_number("pulled_version", worker_id, version)
             writer.worker_arrays("pulled", worker_id, values)
@@ -144,7 +144,7 @@ class GapPenalty:
         self._count[name] = self._count.get(name, 0) + 1
 
     def write_state(self, writer: StateWriter) -> None:
-        """A_p and k_p of every parameter (a checkpoint: minips/rules/state.py)."""
+        """A_p and k_p of every parameter (a checkpoint: minips/ops/rule_state.py)."""
         writer.shared("mean_sq", self._mean_sq)
         writer.shared("moves", self._count)
 

@@ -18,6 +18,7 @@ from minips.group.partition import group_gain, partition_of_model
 from minips.group.shard import Joiner, ShardRole, shard_params
 from minips.nn import build_model
 from minips.ops.checkpoints import shard_path
+from minips.ops.server_ops import ServerOps
 from minips.provision.keyfiles import OPERATOR, load_client_keys
 from minips.results.report_text import plural
 from minips.results.rundir import check_writable
@@ -66,7 +67,7 @@ def make_server(
         server_class, options, replica = replicated(config, options)
     server = server_class(
         params, rule, optimizer, options, config=hello, on_update=on_update, group=group,
-        **replica,
+        operations=ServerOps, **replica,
     )  # fmt: skip
     server.use_plan(plan)
     return server

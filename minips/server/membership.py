@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from minips.protocol.wire import ProtocolError
 from minips.rules import Outcome, Rule
-from minips.state.requests import check_hello_connection, check_info
 
 if TYPE_CHECKING:
     from minips.protocol.wire import Message
     from minips.server.router import Envelope, Outbox
-    from minips.server.seams import GroupRole
+    from minips.server.seams import GroupRole, Operations
     from minips.server.stop import Stop
     from minips.state.registry import WorkerRegistry, WorkerState
     from minips.state.store import ParameterStore
@@ -35,7 +34,8 @@ class Membership:
     config: the run's config map, sent in every hello reply with the worker's rank, the
     world size and the rule added. heartbeat_timeout: seconds of silence before a worker
     is declared dead (also in the hello reply). stop: the server's stop state (hellos are
-    refused once it began; replies carry it). observers_awaited: the stop by the workers'
+    refused once it began; replies carry it). checks: the server's operations, asked
+    `check_hello` before a hello registers anyone. observers_awaited: the stop by the workers'
     byes waits until this many observers have said hello (an evaluator started beside a
     launched job, which the workers need not wait for, still tests the final model).
     """
@@ -49,10 +49,12 @@ class Membership:
         config: dict[str, Any],
         heartbeat_timeout: float,
         stop: Stop,
+        checks: Operations,
         observers_awaited: int = 0,
     ) -> None:
         self.registry, self.store, self.rule, self.outbox = registry, store, rule, outbox
         self.config, self.heartbeat_timeout, self.stop = config, heartbeat_timeout, stop
+        self.checks = checks
         self.observers_awaited, self.observers_seen = observers_awaited, 0
         self.group: GroupRole | None = None  # set on a shard of a server group
 
@@ -64,8 +66,7 @@ class Membership:
         if self.group is not None:
             self.group.check_hello()  # a root answers once every shard joined (16.3)
         worker_id, info = request.header["worker"], request.header.get("info", {})
-        check_info(info)
-        check_hello_connection(request.header, envelope.origin)  # not an abandoned socket's
+        self.checks.check_hello(request.header, envelope.origin)  # its info, its connection
         old = self.registry.by_id.get(worker_id)
         if old is not None and old.alive:
             old.check_owner(envelope.origin)

@@ -10,12 +10,9 @@ and counts their bytes. Nothing here knows what a request means.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,25 +66,6 @@ def receive(socket: zmq.Socket, keep: int) -> Received:
         dropped += 1
         dropped_bytes += len(frame)
     return Received(frames, dropped, dropped_bytes)
-
-
-def give_back_freed_memory() -> None:
-    """Hand the memory freed by a message of many frames back to the system (glibc).
-
-    ZeroMQ holds 64 bytes per frame until the frame is read; once read, glibc keeps the
-    freed blocks for reuse and the server's resident size would stay at its peak. Nothing
-    happens where malloc_trim does not exist."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
 
 
 def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:

@@ -3,13 +3,20 @@
 The server's path reads as the idea (decode, tau = t - base, the rule's decision, the
 update, the reply); what it checks, limits, survives and records beside that idea it asks
 of an `Operations` object at one named point each, in the spirit of ps-lite's
-`if (resender_) ...`. The server never builds the real ones: minips/ops/server_ops.py
-does (the checks, the overflow check, the inflow guard, failures, collapse, telemetry,
-checkpoints, the sample budget), and a test may hand it others.
+`if (resender_) ...`. The server never builds the real ones, nor imports them: whoever
+builds a server hands it a factory, minips/run/build.py the usual one (ops/server_ops.py's
+`ServerOps`: the checks, the overflow check, the inflow guard, failures, collapse,
+telemetry, checkpoints, the timers, the sample budget), and a test may hand it others.
 
     received(body, dropped)      a request counted; frames past the limit refused
+    check_hello(header, origin)  before a hello registers anyone: its connection is the
+                                 client's own, its `info` small and shallow
+    check_operator(origin)       before a `stop` or a `checkpoint`: an operator's key
     answering(envelope, body)    around a request: a refusal answered with its code, a
                                  failure (a bug) answered `internal`, nobody left waiting
+    answer_retry(worker, envelope, header)
+                                 a push whose `seq` is not new: answered from memory as
+                                 its first attempt was (or will be), never applied again
     check_push(push, request)    before a push is accepted: its base and shapes against the
                                  model, clipping, the overflow check, the rule's own check
     accepted(push, request)      a push accepted: counted, its loss watched, the sample budget
@@ -21,6 +28,9 @@ checkpoints, the sample budget), and a test may hand it others.
                                  checkpoint when one is due
     dropped(push)                a push the rule dropped, recorded
     pulled(parts)                a worker's pull reply, counted
+    timers(server)               the jobs of every turn of the loop (liveness, the inflow
+                                 guard, the timed checkpoint, the assembly's end, the
+                                 rule's own timers), each contained: a `Turn`
 """
 
 from __future__ import annotations
@@ -32,7 +42,14 @@ if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
     from minips.rules import Outcome, Update
     from minips.server.router import Counting, Envelope
-    from minips.state.registry import Push
+    from minips.state.registry import Push, WorkerState
+    from minips.state.requests import Origin
+
+
+class Turn(Protocol):
+    """What the loop does on each turn besides answering requests (ops/timers.py)."""
+
+    def tick(self, now: float) -> None: ...
 
 
 class Operations(Protocol):
@@ -44,6 +61,11 @@ class Operations(Protocol):
     def attach(self, server: Any) -> None: ...
     def received(self, body: list[Any], dropped: int) -> None: ...
     def answering(self, envelope: Envelope, body: list[Any]) -> AbstractContextManager[None]: ...
+    def check_hello(self, header: dict[str, Any], origin: Origin) -> None: ...
+    def check_operator(self, origin: Origin) -> None: ...
+    def answer_retry(
+        self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]
+    ) -> None: ...
     def check_push(self, push: Push, request: Message) -> None: ...
     def accepted(self, push: Push, request: Message) -> None: ...
     def carrying_out(self, outcome: Outcome) -> AbstractContextManager[None]: ...
@@ -51,6 +73,7 @@ class Operations(Protocol):
     def updated(self, update: Update, version: int) -> None: ...
     def dropped(self, push: Push) -> None: ...
     def pulled(self, parts: list[WirePart]) -> None: ...
+    def timers(self, server: Any) -> Turn: ...
     def wait(self, poll_interval: float) -> float: ...
     def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None: ...
     def checkpoint(self) -> Any: ...

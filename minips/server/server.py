@@ -8,9 +8,9 @@ The state the loop guards lives in objects that never send anything: the paramet
 their versions (state/store.py), the worker registry (state/registry.py) and the update rule
 (minips.rules), which reads both and returns an `Outcome` that the loop carries out. A
 rule that must wait (a barrier, a staleness bound) leaves a push or pull *held*: the loop
-keeps its routing envelope and answers later. Who joins and leaves is server/membership.py,
-the jobs of every turn server/timers.py, a retried push server/retries.py; they hand what
-the rule decided back to the loop. The path of one push:
+keeps its routing envelope and answers later. Who joins and leaves is server/membership.py;
+a retried push (ops/retries.py) and the jobs of every turn (ops/timers.py) are the
+operations'; they hand what the rule decided back to the loop. The path of one push:
 
     serve -> handle_push -> rule.on_push -> carry_out (store.write) -> answer_push
 
@@ -39,20 +39,17 @@ from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
 from minips.server.pulls import Pulls
-from minips.server.retries import answer_retry
 from minips.server.router import (
     Envelope,
     Outbox,
-    give_back_freed_memory,
     open_router,
     receive,
     split_envelope,
 )
 from minips.server.seams import GroupRole, Operations, operator_fields
 from minips.server.stop import Stop, stop_on_signals
-from minips.server.timers import Timers
 from minips.state.registry import Push, WorkerRegistry, WorkerState
-from minips.state.requests import HeldPull, require_operator
+from minips.state.requests import HeldPull
 from minips.state.store import SGD, ParameterStore
 from minips.transmission.codecs import decode_gradients
 from minips.transmission.plan import Plan
@@ -70,9 +67,10 @@ class ParameterServer:
     `hello`, with `rank`, `world_size` and `rule` added. on_update(record: dict): called after
     every applied update and dropped push. group: a shard's role in a server group.
     operations(store, registry, rule, options, config, on_update, group): builds what the
-    path asks at its named points (minips/server/seams.py); default the usual ones
-    (minips/ops/server_ops.py). `endpoint` is the bound address; `run()` serves until `stop`
-    or `request_stop()`, then `close()`.
+    path asks at its named points (minips/server/seams.py), given by whoever builds the
+    server (the core names none): the usual ones are `ServerOps` (minips/ops/server_ops.py),
+    as minips/run/build.py gives them. `endpoint` is the bound address; `run()` serves
+    until `stop` or `request_stop()`, then `close()`.
     """
 
     def __init__(
@@ -85,7 +83,7 @@ class ParameterServer:
         config: dict[str, Any] | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
         group: GroupRole | None = None,
-        operations: Callable[..., Operations] | None = None,
+        operations: Callable[..., Operations],
     ) -> None:
         self.options = options = options or ServerOptions()
         config = hello_config(config)
@@ -93,8 +91,8 @@ class ParameterServer:
         self.registry = WorkerRegistry(options.world_size, grace=options.heartbeat_timeout)
         self.rule = rule
         rule.attach(self.store, self.registry)
-        self.ops = ops = (operations or usual_operations)(self.store, self.registry, rule, options,
-                                                          config, on_update, group)  # fmt: skip
+        self.ops = ops = operations(self.store, self.registry, rule, options, config,
+                                    on_update, group)  # fmt: skip
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
         self.socket, self._gatekeeper = open_router(self._context, options.limits,
@@ -104,7 +102,7 @@ class ParameterServer:
         self._keep_frames = 3 + options.limits.max_arrays + 1
         self.pulls = Pulls(self.store, self.registry, rule, outbox, ops, stop)
         self.membership = members = Membership(self.registry, self.store, rule, outbox, config,
-            options.heartbeat_timeout, stop, options.observers_awaited)  # fmt: skip
+            options.heartbeat_timeout, stop, ops, options.observers_awaited)  # fmt: skip
         # op -> handler(envelope, request) -> the rule's decision on a worker who left, or None
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
@@ -117,8 +115,7 @@ class ParameterServer:
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
-        self.timers = Timers(ops.inflow, ops.checkpoints, members, self.pulls, rule,
-                             self.carry_out, self.after_leaving, group)  # fmt: skip
+        self.timers = ops.timers(self)  # each turn's jobs: liveness, checkpoints, the rule's
         if options.keys is None and not address.is_loopback(self.endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
@@ -142,9 +139,7 @@ class ParameterServer:
                         break
                     self.ops.delivered(received.frames, received.dropped, received.dropped_bytes)
                     self.serve(received.frames, received.dropped)
-                    if received.dropped:
-                        give_back_freed_memory()  # an attack leaves no peak behind
-            self.timers.tick(time.monotonic())  # timers.py
+            self.timers.tick(time.monotonic())  # the operations' timers (ops/timers.py)
         if self.options.checkpoint_path:
             self.ops.checkpoint()
         log.info("stopped at version %d", self.store.version)
@@ -215,8 +210,8 @@ class ParameterServer:
     def handle_push(self, envelope: Envelope, request: Message) -> None:
         """Accept a push once (a retry is answered from memory), then let the rule decide."""
         worker = self.registry.pusher(request, envelope.origin)  # its owner, never an observer
-        if worker.seen_push(request.header["seq"]) != "new":  # exactly once (retries.py)
-            return answer_retry(worker, envelope, request.header, self.pulls, self.outbox)
+        if worker.seen_push(request.header["seq"]) != "new":  # exactly once: from memory
+            return self.ops.answer_retry(worker, envelope, request.header)
         push = push_of(worker, request, envelope, self.store.version)  # tau = t - base
         self.ops.check_push(push, request)  # base, shapes, clipping, overflow, the rule's
         worker.accept(push)  # accepted: from here on answered exactly once, whatever happens
@@ -237,13 +232,13 @@ class ParameterServer:
         self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
 
     def handle_stop(self, envelope: Envelope, request: Message) -> None:
-        require_operator(envelope.origin, self.options.keys)
+        self.ops.check_operator(envelope.origin)  # an operator's key
         self.stop.request("an operator asked")
         self.begin_stop()
         self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
 
     def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
-        require_operator(envelope.origin, self.options.keys)
+        self.ops.check_operator(envelope.origin)  # an operator's key
         path, version = self.ops.checkpoint(), self.store.version
         self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
                                      **operator_fields(self.group)})  # fmt: skip
@@ -322,11 +317,3 @@ def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: 
 def refuse_join(envelope: Envelope, request: Message) -> None:
     """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
     raise ProtocolError("op 'join' is not a request", "unknown_op")
-
-
-def usual_operations(*args: Any) -> Operations:
-    """The usual operations (checks, limits, failures, collapse, telemetry, checkpoints),
-    assembled beside the core: imported here, when a server is built without its own."""
-    from minips.ops.server_ops import ServerOps
-
-    return ServerOps(*args)

@@ -136,19 +136,6 @@ class WorkerState:
             return "failed" if self.answered[seq]["op"] == "error" else "answered"
         return "new" if seq > self.highest_seq else "stale"
 
-    def check_retry(self, seq: int) -> str:
-        """What a retried `seq` is, "held" or "answered"; one whose first attempt failed is
-        refused with that error again, one neither held nor answered with `stale_seq`."""
-        seen = self.seen_push(seq)
-        if seen == "failed":
-            raise ProtocolError(self.answered[seq]["reason"], self.answered[seq]["code"])
-        if seen == "stale":
-            raise ProtocolError(
-                f"push seq {seq} is older than this worker's last push ({self.highest_seq})",
-                "stale_seq",
-            )
-        return seen
-
     def accept(self, push: Push) -> None:
         """Book an accepted push: held until answered, its extra bytes counted."""
         self.held_pushes[push.seq] = push
@@ -186,28 +173,6 @@ class WorkerState:
         self.answered[seq] = header
         while len(self.answered) > SEQ_WINDOW:
             self.answered.popitem(last=False)
-
-    def row(self, now: float) -> dict[str, Any]:
-        """This worker's line in the `stats` reply."""
-        return {
-            "worker": self.worker_id,
-            "rank": self.rank,
-            "alive": self.alive,
-            "finished": self.finished,
-            "observer": self.observer,
-            "clock": self.clock,
-            "steps": self.steps,
-            "pushes": self.pushes,
-            "samples": self.samples,
-            "dropped": self.dropped,
-            "extra_bytes_in": self.extra_bytes_in,
-            "pulls": self.pulls,
-            "last_seen_ago": now - self.last_seen,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "info": self.info,
-            **({"refused": self.refused} if self.refused is not None else {}),
-        }
 
 
 class WorkerRegistry:

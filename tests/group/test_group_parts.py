@@ -16,6 +16,7 @@ from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
 from minips.group.partition import partition
 from minips.group.shard import RootTable
+from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
@@ -384,7 +385,7 @@ def _root_of_two(keys=None, stop_grace: float = 0.3):
     params = shard_params(model, part, 0)
     options = ServerOptions(keys=keys, stop_grace=stop_grace, poll_interval=0.02)
     root = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
-                           group=ShardRole(0, 2, part))  # fmt: skip
+                           group=ShardRole(0, 2, part), operations=ServerOps)  # fmt: skip
     thread = threading.Thread(target=root.run, daemon=True)
     thread.start()
     try:

@@ -27,6 +27,7 @@ from minips.ops.checkpoint_file import (
     restore_store,
     save_store,
 )
+from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
 from minips.state.store import SGD, ParameterStore
@@ -139,7 +140,8 @@ def test_no_server_is_built_from_a_damaged_checkpoint(tmp_path):
         params = make_params()
         options = ServerOptions(resume=path, stop_grace=0.1)
         with pytest.raises(DataError, match="checkpoint"):
-            ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options)
+            ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
+                            operations=ServerOps)  # fmt: skip
 
 
 def test_every_flipped_byte_is_refused_or_changes_nothing(tmp_path):

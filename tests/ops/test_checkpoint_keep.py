@@ -15,6 +15,7 @@ import numpy as np
 from test_server_support import SHAPES, make_params
 
 from minips.ops.checkpoint_file import file_version, previous_path, save_store, write_checkpoint
+from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.server.server import ParameterServer, ServerOptions
@@ -34,7 +35,8 @@ def _serve_and_stop(path: Path, params=None, **options) -> ParameterServer:
     """A server with checkpoint path `path`, stopped at once (its final checkpoint written)."""
     params = make_params() if params is None else params
     options = ServerOptions(checkpoint_path=path, stop_grace=0.1, **options)
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options)
+    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
+                             operations=ServerOps)  # fmt: skip
     try:
         server.request_stop()
         server.run()

@@ -12,6 +12,7 @@ from test_server_support import RawPeer, running_server
 
 from minips.nn.zoo import build_model
 from minips.ops.overflow import OverflowCheck
+from minips.ops.rule_state import rule_state
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
 from minips.state.store import SGD, ParameterStore
@@ -50,7 +51,7 @@ def written(server) -> dict[str, np.ndarray]:
     """Every array the server's updates write: weights, velocity, the rule's own state."""
     arrays = {f"param/{n}": a for n, a in server.store.params.items()}
     arrays.update({f"velocity/{n}": a for n, a in server.store.optimizer.velocity.items()})
-    arrays.update({f"rule/{k}": np.asarray(a) for k, a in server.rule.state().items()})
+    arrays.update({f"rule/{k}": np.asarray(a) for k, a in rule_state(server.rule).items()})
     return arrays
 
 

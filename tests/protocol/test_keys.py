@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+from minips.ops.server_ops import ServerOps
 from minips.protocol import auth
 from minips.provision import keyfiles
 
@@ -95,7 +96,8 @@ def test_the_start_line_says_whether_the_server_is_authenticated(tmp_path, caplo
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="minips.server"):
             options = ServerOptions(bind="tcp://127.0.0.1:*", keys=keys)
-            server = ParameterServer(params, make_rule("asgd"), SGD(params), options)
+            server = ParameterServer(params, make_rule("asgd"), SGD(params), options,
+                                     operations=ServerOps)  # fmt: skip
             server.close()
         lines[name] = next(r.getMessage() for r in caplog.records if "serving" in r.getMessage())
     assert "authenticated" not in lines["open"]

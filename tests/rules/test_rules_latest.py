@@ -20,8 +20,8 @@ from test_web_support import require_browser
 from minips.cli import main
 from minips.cli.ps_cmd import run_command
 from minips.errors import DataError
+from minips.ops.rule_state import StateReader, rule_state
 from minips.rules import make_rule
-from minips.rules.state import StateReader
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.state.registry import WorkerRegistry
@@ -187,18 +187,18 @@ def test_fedbuff_buffer_survives_a_checkpoint_and_a_resume(tmp_path):
             for g in grads[:2]:
                 assert not ps.push(g, base=0).applied
             ps.checkpoint()
-        saved = {key: np.array(array) for key, array in first.rule.state().items()}
+        saved = {key: np.array(array) for key, array in rule_state(first.rule).items()}
     assert sorted(saved) == ["buffer/fc.b", "buffer/fc.w", "buffered", "workers"]
     assert int(saved["buffered"]) == 2
     with running_server(params=make_params(seed=5), resume=path, **settings) as resumed:
-        state = resumed.rule.state()
+        state = rule_state(resumed.rule)
         assert all(state[key].tobytes() == saved[key].tobytes() for key in saved)
         with PSClient(resumed.endpoint, worker_id="w0") as ps:
             ps.hello()
             reply = ps.push(grads[2], base=0)
         assert reply.applied and reply.version == 1
         assert snapshot(resumed) == expected
-        assert resumed.rule.state() == {}  # the buffer was emptied by the update
+        assert rule_state(resumed.rule) == {}  # the buffer was emptied by the update
 
 
 def test_fedbuff_state_with_a_buffer_and_no_count_is_a_data_error():

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 from test_server_support import make_params, running_server
 
+from minips.ops.rule_state import load_rule_state, rule_state
 from minips.rules import make_rule
 from minips.worker.client import PSClient
 
@@ -95,15 +96,15 @@ def test_dana_forgets_the_momentum_of_a_resumed_worker_that_never_came_back():
     for i, v in enumerate((v0, v1)):
         state.update({f"velocity/{i}/{name}": v[name] for name in v})
     state.update({f"velocity_sum/{name}": total[name] for name in total})
-    rule.load_state(state)
+    load_rule_state(rule, state)
     registry.by_id["w1"] = object()  # w1 said hello again; w0 did not
     rule.on_tick(100.0)  # the first look: the grace starts
     ahead = rule.pull_values(None, ["fc.w"])["fc.w"]
     np.testing.assert_allclose(ahead, params["fc.w"] - F32(lr * gamma) * total["fc.w"])
     rule.on_tick(100.5)  # within the grace: still waiting for w0
-    assert list(rule.state()["workers"]) == ["w0", "w1"]
+    assert list(rule_state(rule)["workers"]) == ["w0", "w1"]
     rule.on_tick(101.0)
     for name in params:
         expected = params[name] - F32(lr * gamma) * v1[name]
         np.testing.assert_allclose(rule.pull_values(None, [name])[name], expected, rtol=1e-6)
-    assert list(rule.state()["workers"]) == ["w1"]
+    assert list(rule_state(rule)["workers"]) == ["w1"]

@@ -19,6 +19,7 @@ import time
 import numpy as np
 from test_server_support import RawPeer, make_params, running_server
 
+from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
@@ -39,7 +40,8 @@ def test_a_hello_queued_on_an_abandoned_connection_registers_nothing():
     # connection the retry took the id from, comes first, from a generated routing id.
     params = make_params()
     server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1),
-                             ServerOptions(stop_grace=0.2, poll_interval=0.02))  # fmt: skip
+                             ServerOptions(stop_grace=0.2, poll_interval=0.02),
+                             operations=ServerOps)  # fmt: skip
     routing_id = b"\x01" + os.urandom(15)
     hello = {"op": "hello", "worker": "w", "own_routing_id": True}
     first = RawPeer(server.endpoint, routing_id=routing_id)

@@ -12,6 +12,7 @@ from test_server_support import SHAPES, RawPeer, make_params, packb, running_ser
 
 from minips.errors import ConfigError, ShapeError
 from minips.ops.checkpoint_file import read_checkpoint
+from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
@@ -237,7 +238,8 @@ def test_checkpoint_and_resume(tmp_path):
     velocity = {k: v.copy() for k, v in server.store.optimizer.velocity.items()}
     fresh = make_params(seed=1)
     optimizer = SGD(fresh, lr=0.5, momentum=0.9)
-    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, ServerOptions(resume=path))
+    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, ServerOptions(resume=path),
+                              operations=ServerOps)  # fmt: skip
     try:
         assert resumed.store.version == 3
         assert resumed.store.param_versions == {"fc.w": 3, "fc.b": 3}
@@ -258,7 +260,8 @@ def test_resume_rejects_a_different_model(tmp_path):
     assert path.exists()
     other = {"fc.w": np.zeros((4, 3), np.float32), "fc.b": np.zeros(4, np.float32)}
     with pytest.raises(ShapeError):
-        ParameterServer(other, make_rule("asgd"), SGD(other), ServerOptions(resume=path))
+        ParameterServer(other, make_rule("asgd"), SGD(other), ServerOptions(resume=path),
+                        operations=ServerOps)  # fmt: skip
 
 
 def test_periodic_checkpoints(tmp_path):
@@ -306,7 +309,11 @@ def test_stop_flags_replies_and_ends_the_loop():
     params = make_params()
     optimizer = SGD(params, lr=0.1)
     server = ParameterServer(
-        params, make_rule("asgd"), optimizer, ServerOptions(stop_grace=10.0, poll_interval=0.02)
+        params,
+        make_rule("asgd"),
+        optimizer,
+        ServerOptions(stop_grace=10.0, poll_interval=0.02),
+        operations=ServerOps,
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -332,9 +339,10 @@ def test_stop_flags_replies_and_ends_the_loop():
 def test_constructor_validates():
     params = make_params()
     with pytest.raises(ConfigError):
-        ParameterServer(params, make_rule("asgd"), SGD(dict(params)))  # not the same dict
+        ParameterServer(params, make_rule("asgd"), SGD(dict(params)), operations=ServerOps)
     with pytest.raises(ConfigError):
-        ParameterServer(params, make_rule("asgd"), SGD(params), config={"bad": object()})
+        ParameterServer(params, make_rule("asgd"), SGD(params), config={"bad": object()},
+                        operations=ServerOps)  # fmt: skip
     with pytest.raises(ConfigError):
         make_rule("nope")
     with pytest.raises(ConfigError):
@@ -345,11 +353,12 @@ SERVE_FOREVER = """
 import sys
 import numpy as np
 from minips.state.store import SGD
+from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
 params = {"fc.b": np.zeros(4, np.float32)}
 options = ServerOptions(checkpoint_path=sys.argv[1])
-server = ParameterServer(params, make_rule("asgd"), SGD(params), options)
+server = ParameterServer(params, make_rule("asgd"), SGD(params), options, operations=ServerOps)
 print(server.endpoint, flush=True)
 server.serve_forever()
 print("clean exit", flush=True)

@@ -1,8 +1,9 @@
 """The server's push path asks its operations at named points (minips/server/seams.py), in
 the order of the idea: a request received, the push checked, accepted, the rule's update
-refused or written, the pull counted. The usual operations (minips/ops/server_ops.py) are
-the default; a server takes others (`operations=`). Each named point's own checks (who
-pushes, a retried seq, the sample budget) are tested here at the point."""
+refused or written, the pull counted. A server takes the operations it is given
+(`operations=`); a run's are the usual ones (minips/ops/server_ops.py). Each named
+point's own checks (who pushes, a retried seq, the sample budget) are tested here at the
+point."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import pytest
 import zmq
 from test_server_support import filled, make_params
 
+from minips.ops.retries import check_retry
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
 from minips.rules import make_rule
+from minips.run.build import make_server
+from minips.run.config import RunConfig
 from minips.server.options import ServerOptions
 from minips.server.server import ParameterServer
 from minips.state.registry import WorkerRegistry
@@ -115,18 +119,22 @@ def test_pusher_refuses_an_observer_and_check_retry_a_failed_or_stale_seq():
         4, {"op": "error", "reason": "internal server error", "code": "internal"}
     )
     worker.remember_answer(5, {"op": "push", "applied": True})
-    assert worker.check_retry(5) == "answered"
+    assert check_retry(worker, 5) == "answered"
     with pytest.raises(ProtocolError) as failed:
-        worker.check_retry(4)
+        check_retry(worker, 4)
     assert failed.value.code == "internal"
     with pytest.raises(ProtocolError) as stale:
-        worker.check_retry(1)
+        check_retry(worker, 1)
     assert stale.value.code == "stale_seq"
 
 
-def test_the_default_operations_are_the_usual_ones():
+def test_the_core_names_no_operations_a_run_builds_the_usual_ones():
+    """The server imports no operation: it is built with the operations it is given, and
+    a run's server (minips/run/build.py) is given the usual ones."""
     params = make_params()
-    server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1))
+    with pytest.raises(TypeError, match="operations"):
+        ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1))  # type: ignore[call-arg]
+    server = make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*"))
     try:
         assert isinstance(server.ops, ServerOps) and server.ops.inflow is not None
     finally:

@@ -5,6 +5,7 @@ import threading
 import numpy as np
 from test_server_support import SHAPES, RawPeer, make_params, running_server
 
+from minips.ops.server_ops import ServerOps
 from minips.worker.client import PSClient
 
 
@@ -98,7 +99,8 @@ def test_a_worker_step_under_the_default_plan_is_one_fused_push_of_every_gradien
     params = build_model("mlp", seed=0).params
     config = {"model": {"name": "mlp"}, "dataset": "synthetic", "epochs": 1, "batch_size": 32}
     server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.05),
-                             ServerOptions(world_size=1), config=config)  # fmt: skip
+                             ServerOptions(world_size=1), config=config,
+                             operations=ServerOps)  # fmt: skip
     loop = threading.Thread(target=server.run, daemon=True)
     loop.start()
     try:

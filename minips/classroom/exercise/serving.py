@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
 from minips.state.store import SGD
@@ -39,6 +40,7 @@ def serving(
             max_samples=max_samples,
         ),
         config=config,
+        operations=ServerOps,
     )
     thread = threading.Thread(target=server.run, name="exercise-server", daemon=True)
     thread.start()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 
 from minips.classroom.web.admission import MemoryBudget
-from minips.server.router import give_back_freed_memory
+from minips.ops.inflow import give_back_freed_memory
 
 QUIET = 1.0  # seconds without a byte from any browser: the burst is over
 BURST = 16 << 20  # bytes received since the last return worth giving back

@@ -5,12 +5,15 @@ A client that lost a reply sends the same push again, from a new socket (Lazy Pi
 worker's registry entry tells what that `seq` is (`WorkerState.seen_push`): still held, the
 answer goes to the retry when it comes; answered, the same answer is sent again (a fused
 push's pull half answered afresh); failed or older than the last answers kept, refused.
+The server asks it at its named point `answer_retry` (minips/server/seams.py); what a
+`seq` is stays the registry's, which holds the pushes and remembers their answers.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from minips.protocol.wire import ProtocolError
 from minips.state.requests import HeldPull
 
 if TYPE_CHECKING:
@@ -24,12 +27,26 @@ def answer_retry(
 ) -> None:
     """Answer the retried push `header` of `worker` at `envelope` as its first attempt was or
     will be. One whose handling failed gets its error again; an older one is `stale_seq`
-    (`WorkerState.check_retry`)."""
+    (`check_retry`)."""
     seq = header["seq"]
-    seen = worker.check_retry(seq)
+    seen = check_retry(worker, seq)
     if seen == "held":  # still waiting (at a barrier, say): the answer goes to the retry
         worker.held_pushes[seq].reply_to = envelope
     elif "pull_since" in header:  # the same answer, the pull afresh
         pulls.hold(worker, HeldPull(envelope, header["pull_since"], worker.answered[seq]))
     else:
         outbox.reply(envelope, worker.answered[seq], worker=worker)
+
+
+def check_retry(worker: WorkerState, seq: int) -> str:
+    """What a retried `seq` of `worker` is, "held" or "answered"; one whose first attempt
+    failed is refused with that error again, one neither held nor answered with `stale_seq`."""
+    seen = worker.seen_push(seq)
+    if seen == "failed":
+        raise ProtocolError(worker.answered[seq]["reason"], worker.answered[seq]["code"])
+    if seen == "stale":
+        raise ProtocolError(
+            f"push seq {seq} is older than this worker's last push ({worker.highest_seq})",
+            "stale_seq",
+        )
+    return seen

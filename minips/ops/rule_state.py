@@ -3,9 +3,11 @@
 Some rules keep state of their own beside the parameters: DANA a momentum vector per
 worker, DC-ASGD and Gap-Aware a copy of what each worker last pulled, Gap-Aware and VSGD
 their running step sizes, FedBuff the gradients it holds until its buffer is full.
-`Rule.state()` gives it as arrays by key and `Rule.load_state` takes it back, so a server
-restarted from a checkpoint goes on with it (the checkpoint's "rule/" section,
-minips/ops/checkpoint_file.py). The keys:
+`rule_state(rule)` gives it as arrays by key (the rule writes it into a `StateWriter`) and
+`load_rule_state(rule, state)` takes it back (through a `StateReader`, checked against the
+model), so a server restarted from a checkpoint goes on with it (the checkpoint's "rule/"
+section, minips/ops/checkpoint_file.py). The rules see the writer and the reader as the
+small interfaces of minips/rules/base.py and import nothing of this. The keys:
 
     workers               1-d str: the worker ids; a worker's number i is its place here
     WHAT/i/PARAM          an array of worker i for parameter PARAM (DANA's velocity)
@@ -28,6 +30,7 @@ import numpy as np
 from minips.errors import DataError
 
 if TYPE_CHECKING:
+    from minips.rules import Rule
     from minips.state.registry import WorkerRegistry
 
 
@@ -159,3 +162,34 @@ class RestoredWorkers:
             return []
         gone, self.waiting = sorted(self.waiting), set()
         return gone
+
+
+def rule_state(rule: Rule) -> dict[str, np.ndarray]:
+    """The rule's own state as a checkpoint's `rule/` arrays ({} when it has none).
+
+    The arrays are the live state, not copies (a checkpoint writes them at once): the
+    rules update some in place, so the next push changes them."""
+    writer = StateWriter()
+    rule.write_state(writer)
+    return writer.done()
+
+
+def load_rule_state(rule: Rule, state: Mapping[str, np.ndarray]) -> None:
+    """Resume `rule` from `rule_state` of a checkpoint; the workers it names that do not
+    say hello again within a heartbeat timeout are forgotten (`Rule.forget_absent`)."""
+    reader = StateReader(state, rule.store.params)
+    rule.read_state(reader)
+    rule.restored = RestoredWorkers(reader.workers, rule.registry.grace)
+
+
+class KeptRuleState:
+    """A rule's own state as the checkpoints see it: its name, `state()`, `load_state()`."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule, self.name = rule, rule.name
+
+    def state(self) -> dict[str, np.ndarray]:
+        return rule_state(self.rule)
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        load_rule_state(self.rule, state)

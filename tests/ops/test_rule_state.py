@@ -1,4 +1,4 @@
-"""A rule's own state survives a checkpoint and a resume (minips/rules/state.py).
+"""A rule's own state survives a checkpoint and a resume (minips/ops/rule_state.py).
 
 DANA keeps a momentum vector per worker, DC-ASGD a copy of what each worker last pulled,
 Gap-Aware (and DANA-Gap) that copy and a running step size, VSGD a running step size. A
@@ -16,8 +16,8 @@ import pytest
 from test_server_support import SHAPES, make_params, running_server, snapshot
 
 from minips.errors import DataError
+from minips.ops.rule_state import StateReader, rule_state
 from minips.protocol.sampling import Sampler
-from minips.rules.state import StateReader
 from minips.worker.client import PSClient
 
 RULES = {  # rule -> (its options, the server's momentum)
@@ -66,7 +66,7 @@ def test_a_resumed_server_goes_on_with_the_rules_own_state(tmp_path, rule):
         _push(w1, rule, 9, base=held.version, at=held.params)
         kept = tmp_path / "kept.npz"  # the server checkpoints again when it stops
         kept.write_bytes(Path(w0.checkpoint()).read_bytes())
-        saved = {key: array.copy() for key, array in first.rule.state().items()}  # live arrays
+        saved = {key: array.copy() for key, array in rule_state(first.rule).items()}  # live arrays
         assert saved, "the rule has state to save"
         # After the checkpoint the first server takes one more push from w0...
         _push(w0, rule, 10, base=held.version, at=held.params)
@@ -76,7 +76,7 @@ def test_a_resumed_server_goes_on_with_the_rules_own_state(tmp_path, rule):
     # ... and a server resumed from the checkpoint, given the same push, ends the same.
     fresh = make_params(seed=5)
     with running_server(params=fresh, resume=kept, **settings) as resumed:
-        _same_state(resumed.rule.state(), saved)
+        _same_state(rule_state(resumed.rule), saved)
         with PSClient(resumed.endpoint, worker_id="w0") as again:
             again.hello()
             _push(again, rule, 10, base=held.version, at=held.params)
@@ -100,15 +100,15 @@ def test_a_resumed_workers_state_is_forgotten_when_it_does_not_come_back(tmp_pat
             w0.checkpoint()
     settings["heartbeat_timeout"] = 0.5
     with running_server(params=make_params(), resume=path, **settings) as resumed:
-        assert list(resumed.rule.state()["workers"]) == ["w0", "w1"]
+        assert list(rule_state(resumed.rule)["workers"]) == ["w0", "w1"]
         with PSClient(resumed.endpoint, worker_id="w1") as back:
             back.hello()  # w1 comes back; w0 does not
             deadline = time.monotonic() + 10
-            while "w0" in resumed.rule.state()["workers"]:
+            while "w0" in rule_state(resumed.rule)["workers"]:
                 assert time.monotonic() < deadline, "w0's state was never forgotten"
                 back.ping()
                 time.sleep(0.05)
-            assert list(resumed.rule.state()["workers"]) == ["w1"]
+            assert list(rule_state(resumed.rule)["workers"]) == ["w1"]
 
 
 def test_a_rule_state_naming_a_worker_index_past_the_list_is_a_data_error():

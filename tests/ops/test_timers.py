@@ -1,6 +1,6 @@
 """A timer of the server that fails (a bug in a rule's on_tick, on every turn of the loop):
 the server logs it once with its traceback, then only counts it, and goes on answering
-ping, pull and push (minips/server/timers.py).
+ping, pull and push (minips/ops/timers.py).
 
 The rules below have a bug on purpose (no real rule fails so).
 """
@@ -27,8 +27,8 @@ from test_server_support import (
 from minips.errors import MinipsError
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.telemetry import Counters
+from minips.ops.timers import Timers
 from minips.rules import ASGD, SSGD, Outcome, Update
-from minips.server.timers import Timers
 from minips.state.store import SGD, ParameterStore
 
 
