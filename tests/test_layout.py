@@ -23,15 +23,11 @@ OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli", "provision")
 # without its own, so `ParameterServer(params, rule, optimizer)` stays whole.
 KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
     ("minips.server.server", "minips.ops.server_ops"),
-    # The group's side, imported once a server turns out to be a group: the one place a
-    # plain PSClient(address) learns how to reach one (client.group_side).
-    ("minips.worker.client", "minips.group.root"),
 }
 
 # Pairs of packages that import each other (sorted pairs): each the return of an import
 # above (an operation imports the core it serves, which imports it back).
 KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
-    ("minips.group", "minips.worker"),
     ("minips.ops", "minips.server"),
 }
 

@@ -31,8 +31,8 @@ import click
 from minips.data.datasets import DATASET_NAMES
 from minips.data.sharding import check_partition
 from minips.errors import ConfigError
+from minips.group.agreements import ROOT_TIMEOUT
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.group import ROOT_TIMEOUT
 from minips.provision.keyfiles import load_server_keys
 from minips.rules import (
     DEFAULT_MOMENTUM,
