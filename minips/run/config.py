@@ -348,7 +348,8 @@ class RunConfig(ConfigBase):
         check_replicas(self.replicas, bool(self.keys or self.auth), self.backup_of)
         check_plan_batch(self.plan, self.batch_size)
         check_plan_file(self.plan, self.model)
-        from minips.data import find_dataset, load_dataset
+        from minips.data import load_dataset
+        from minips.provision.locations import find_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
             load_dataset(self.dataset, self.data_dir)  # it words the error: where it looked
