@@ -18,9 +18,10 @@ import sys
 
 import numpy as np
 
+from minips import PSClient
 from minips.data import load_dataset
 from minips.nn import build_model, softmax_cross_entropy
-from minips.worker.client import PSClient, ServerUnavailable
+from minips.worker.client import ServerUnavailable
 
 
 def train(ps: PSClient, max_steps: int) -> None:

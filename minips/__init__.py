@@ -28,9 +28,9 @@ logging.getLogger("minips").addHandler(logging.NullHandler())
 
 # public name -> the module that defines it
 _PUBLIC = {
-    "PSClient": "minips.worker.client",
+    "PSClient": "minips.run.assembly",
     "Worker": "minips.worker.worker",
-    "ParameterServer": "minips.server.server",
+    "ParameterServer": "minips.run.assembly",
     "ServerOptions": "minips.server.server",
     "SGD": "minips.state.store",
     "Rule": "minips.rules",

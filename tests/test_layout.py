@@ -18,18 +18,12 @@ DOC = ROOT / "docs" / "architecture.md"
 CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
 OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli", "provision")
 
-# The core's imports of an operation, (importer, imported), each at one assembly point.
-KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = {
-    # The group's side, imported once a server turns out to be a group: the one place a
-    # plain PSClient(address) learns how to reach one (client.group_side).
-    ("minips.worker.client", "minips.group.root"),
-}
+# The core's imports of an operation, (importer, imported): none. What the core is not
+# (a server's operations, a client's way to a group) it is given by whoever builds it.
+KNOWN_CORE_TO_OPERATIONS: set[tuple[str, str]] = set()
 
-# Pairs of packages that import each other (sorted pairs): each the return of an import
-# above (an operation imports the core it serves, which imports it back).
-KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = {
-    ("minips.group", "minips.worker"),
-}
+# Pairs of packages that import each other (sorted pairs): none.
+KNOWN_PACKAGE_CYCLES: set[tuple[str, str]] = set()
 
 # Module file names held by more than one package (base.py and __init__.py aside).
 KNOWN_SHARED_NAMES: set[str] = set()

@@ -35,8 +35,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from minips.data import find_dataset, load_dataset
+from minips.data import load_dataset
 from minips.errors import MinipsError
+from minips.provision.locations import find_dataset
 from minips.results.experiment_settings import FULL, Setting, settings_table
 from minips.results.experiment_table import (
     cells_of,

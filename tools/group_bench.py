@@ -3,7 +3,7 @@ its slices (asgd, plain SGD), no fixed world size (clients come and go between
 measurements), shards 1..K-1 joined to the root before `start_group` returns.
 
     procs, root = start_group(2, "tcp://127.0.0.1:*")    # one process per shard
-    ... PSClient(root) ...                               # the group, behind one address
+    ... PSClient(root, groups=GROUPS) ...                # the group, behind one address
     stop_group(procs, root)
 """
 
@@ -54,6 +54,7 @@ def shard_bind(bind: str, shard: int) -> str:
 def start_group(servers: int, bind: str, lr: float = 1e-6, momentum: float = 0.0):
     """Start the K shard processes; return (processes, the root's endpoint) once every
     shard has joined."""
+    from minips.group.root import GROUPS
     from minips.worker.client import PSClient
 
     ctx = mp.get_context("spawn")
@@ -67,7 +68,7 @@ def start_group(servers: int, bind: str, lr: float = 1e-6, momentum: float = 0.0
         procs.append(ctx.Process(target=serve_shard, args=args, daemon=True))
         procs[-1].start()
         queue.get(timeout=60)
-    with PSClient(root, timeout=10) as operator:
+    with PSClient(root, groups=GROUPS, timeout=10) as operator:
         deadline = time.monotonic() + 60
         while not all(operator.stats().get("group", {}).get("addresses", [root])):
             if time.monotonic() > deadline:
@@ -78,9 +79,10 @@ def start_group(servers: int, bind: str, lr: float = 1e-6, momentum: float = 0.0
 
 def stop_group(procs, root: str) -> None:
     """`stop` to every shard (the operator's fan-out), then wait for the processes."""
+    from minips.group.root import GROUPS
     from minips.worker.client import PSClient
 
-    with PSClient(root, timeout=10) as operator:
+    with PSClient(root, groups=GROUPS, timeout=10) as operator:
         operator.stats()
         operator.stop()
     for proc in procs:

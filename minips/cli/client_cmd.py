@@ -98,14 +98,15 @@ def worker(
     key_name: str,
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
+    from minips.group.root import GROUPS
     from minips.worker.client import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from minips.results.trace import open_trace
+    from minips.results.worker_summary import summary_line, write_report
     from minips.run.conditions import Emulated
     from minips.transmission.planning.plan_costs import parse_rate
-    from minips.worker.worker import summary_line, write_report
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting
@@ -115,6 +116,7 @@ def worker(
         worker_id=worker_id,
         keys=client_keys(keys, key_name),
         first_wait=wait,
+        groups=GROUPS,
     ) as client:
         click.echo(f"worker on {socket.gethostname()}: joining {connect} ...")
 
@@ -215,6 +217,7 @@ def evaluate(
     tested) to --metrics, the last one (`final: true`) on the final parameters when the
     server stops.
     """
+    from minips.group.root import GROUPS
     from minips.worker.client import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
@@ -223,7 +226,9 @@ def evaluate(
     from minips.results.metrics import MetricsLog
 
     with (
-        PSClient(connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name)) as client,
+        PSClient(
+            connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name), groups=GROUPS
+        ) as client,
         MetricsLog(metrics_path, start_time=t0) as metrics,
     ):
         click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")

@@ -21,7 +21,8 @@ def data() -> None:
 )
 def list_datasets(data_dir: Path | None) -> None:
     """Show each dataset and where it would be loaded from (or "not found")."""
-    from minips.data import DATASET_NAMES, find_dataset
+    from minips.data import DATASET_NAMES
+    from minips.provision.locations import find_dataset
 
     width = max(len(name) for name in DATASET_NAMES)
     for name in DATASET_NAMES:

@@ -8,7 +8,7 @@ the official files is minips.provision.fetch's).
         ...
 
 Names: ``sample`` (a class-balanced Fashion-MNIST subset shipped in the package),
-``fashion-mnist``, ``mnist`` (IDX files found on disk, see ``find_dataset``) and
+``fashion-mnist``, ``mnist`` (IDX files found on disk, see ``candidate_dirs``) and
 ``synthetic`` (generated from the seed, for tests).
 """
 
@@ -22,7 +22,6 @@ from minips.data.datasets import (
     candidate_dirs,
     default_cache_dir,
     default_system_dir,
-    find_dataset,
     iterate_batches,
     load_dataset,
     normalize,
@@ -39,7 +38,6 @@ __all__ = [
     "candidate_dirs",
     "default_cache_dir",
     "default_system_dir",
-    "find_dataset",
     "idx_bytes",
     "iterate_batches",
     "load_dataset",

@@ -9,6 +9,8 @@ Look-up order for the IDX files of a dataset called NAME (first complete set win
 4. for ``sample`` only, the Fashion-MNIST subset bundled in ``minips/sample/``.
 
 ``synthetic`` has no files: it is generated from the seed (see minips.data.synthetic).
+Where a dataset would load from, and the check of its files before a run starts, are
+minips.provision.locations's.
 """
 
 from __future__ import annotations
@@ -202,26 +204,6 @@ def candidate_dirs(
     return dirs
 
 
-def find_dataset(
-    name: str,
-    data_dir: str | Path | None = None,
-    *,
-    system_dir: str | Path | None = None,
-    cache_dir: str | Path | None = None,
-) -> str | None:
-    """Where ``load_dataset(name, data_dir)`` would load from: a directory, or None if absent.
-
-    ``synthetic`` needs no files and gives the string ``"generated from the seed"``.
-    """
-    check_name(name)
-    if name == "synthetic":
-        return "generated from the seed"
-    for directory in candidate_dirs(name, data_dir, system_dir, cache_dir):
-        if idx_paths(directory) is not None:
-            return str(directory)
-    return None
-
-
 def normalize(images: np.ndarray, name: str) -> np.ndarray:
     """uint8 images (N, 28, 28) -> float32 (N, 1, 28, 28): (pixel / 255 - mean) / std."""
     mean, std = NORMALIZATION[name]
@@ -233,7 +215,7 @@ def normalize(images: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _check_pair(images: np.ndarray, labels: np.ndarray, split: str, source: str) -> None:
+def check_pair(images: np.ndarray, labels: np.ndarray, split: str, source: str) -> None:
     """Validate one split's raw arrays: (N, 28, 28) uint8 images and (N,) labels < 10,
     N >= 1 (no run can train on, or test on, no example)."""
     if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or images.dtype != np.uint8:
@@ -254,8 +236,8 @@ def _check_pair(images: np.ndarray, labels: np.ndarray, split: str, source: str)
 def _assemble(name: str, raw: tuple, seed: int, source: str) -> Dataset:
     """Validate, normalise and seed-shuffle raw uint8 arrays into a Dataset."""
     x_train, y_train, x_test, y_test = raw
-    _check_pair(x_train, y_train, "training", source)
-    _check_pair(x_test, y_test, "test", source)
+    check_pair(x_train, y_train, "training", source)
+    check_pair(x_test, y_test, "test", source)
     # Shuffling the training set once, by seed, makes the contiguous shards random subsets
     # (the bundled sample and synthetic labels would otherwise have structure in their order);
     # the portable shuffle, so a worker in any language can cut the same shards (model.md 4.2).
@@ -298,24 +280,6 @@ def load_dataset(
     if data_dir is not None:
         hint = f"--data-dir {data_dir} is the only place looked in; fix it or leave it out"
     raise DataError(f"dataset {name!r} not found (looked in {looked}); {hint}")
-
-
-def check_dataset_files(name: str, data_dir: str | Path | None = None) -> None:
-    """Read and check every file ``load_dataset(name, data_dir)`` would train and test on,
-    without normalising: a one-line DataError naming the file by its full path when one is
-    missing, truncated or corrupt (what `minips run` asks before any process starts)."""
-    check_name(name)
-    if name == "synthetic":
-        return
-    found = find_dataset(name, data_dir)
-    if found is None:
-        load_dataset(name, data_dir)  # it words the error: where it looked
-        return
-    paths = idx_paths(Path(found))
-    assert paths is not None  # find_dataset found all four
-    raw = {role: read_idx(path.absolute()) for role, path in paths.items()}
-    _check_pair(raw["train_images"], raw["train_labels"], "training", found)
-    _check_pair(raw["test_images"], raw["test_labels"], "test", found)
 
 
 def iterate_batches(

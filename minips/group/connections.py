@@ -19,8 +19,8 @@ import zmq
 from minips.protocol import auth, wire
 from minips.protocol.wire import Limits, Message
 from minips.worker.client import new_socket_if_interrupted
-from minips.worker.first_contact import identified
 from minips.worker.replies import ServerUnavailable
+from minips.worker.session import identified
 
 log = logging.getLogger("minips.client")
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from minips.group.agreements import GROUP_ERROR, HELLO_RETRY, check_shard_hello, reach
 from minips.group.connections import Connection, Request, exchange
 from minips.group.partition import Partition, partition
 from minips.protocol import wire
-from minips.protocol.group import GROUP_ERROR, HELLO_RETRY, check_shard_hello, reach
 from minips.protocol.sampling import Sampler, sample_rows
 from minips.protocol.wire import Message, ProtocolError
 from minips.transmission.codecs import Encoder, Factors, Gradient, Spec

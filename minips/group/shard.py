@@ -24,9 +24,7 @@ import numpy as np
 import zmq
 
 from minips.errors import MinipsError
-from minips.group.partition import Partition
-from minips.protocol import address, auth, wire
-from minips.protocol.group import (
+from minips.group.agreements import (
     ASSEMBLE_TIMEOUT,
     GROUP_ERROR,
     JOIN_INTERVAL,
@@ -36,6 +34,8 @@ from minips.protocol.group import (
     ROOT_TIMEOUT,
     group_map,
 )
+from minips.group.partition import Partition
+from minips.protocol import address, auth, wire
 from minips.protocol.wire import Message, ProtocolError
 from minips.state.requests import require_operator
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minips.data.datasets import find_dataset, idx_paths, load_dataset
+from minips.data.datasets import idx_paths, load_dataset
 from minips.data.idx import read_idx
 from minips.data.sharding import label_histograms
 from minips.data.shuffle import shuffle
 from minips.data.synthetic import make_synthetic
+from minips.provision.locations import find_dataset
 
 
 def training_labels(name: str, data_dir: str | Path | None = None) -> np.ndarray:

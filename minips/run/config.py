@@ -31,8 +31,8 @@ import click
 from minips.data.datasets import DATASET_NAMES
 from minips.data.sharding import check_partition
 from minips.errors import ConfigError
+from minips.group.agreements import ROOT_TIMEOUT
 from minips.nn.zoo import MODEL_NAMES
-from minips.protocol.group import ROOT_TIMEOUT
 from minips.provision.keyfiles import load_server_keys
 from minips.rules import (
     DEFAULT_MOMENTUM,
@@ -346,7 +346,8 @@ class RunConfig(ConfigBase):
         check_group(self.servers, self.shard, self.root, self.model)
         check_plan_batch(self.plan, self.batch_size)
         check_plan_file(self.plan, self.model)
-        from minips.data import find_dataset, load_dataset
+        from minips.data import load_dataset
+        from minips.provision.locations import find_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
             load_dataset(self.dataset, self.data_dir)  # it words the error: where it looked

@@ -85,7 +85,7 @@ def check_run_can_start(config: RunConfig, dashboard_listen: str | None = None) 
     load, an address the browser page (--listen) or the dashboard cannot listen on, and a
     --trace file that cannot be written (it is written when the run ends), and a dataset
     file that is missing, truncated or corrupt (named by its full path)."""
-    from minips.data.datasets import check_dataset_files
+    from minips.provision.locations import check_dataset_files
 
     check_dataset_files(config.dataset, config.data_dir)
     check_resume(config.resume, config.servers, config.model)

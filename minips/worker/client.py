@@ -46,24 +46,33 @@ from typing import Any
 import numpy as np
 import zmq
 
+from minips.errors import ConfigError
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
-from minips.protocol.group import ASSEMBLE_TIMEOUT
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
 from minips.transmission.codecs import Encoder, Gradient, Spec
-from minips.worker.first_contact import hello_root, identified, nothing_answers
 from minips.worker.hooks import LinkLimit
-from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
+from minips.worker.replies import (
+    PullReply,
+    PushReply,
+    ServerError,
+    ServerUnavailable,
+    nothing_answers,
+    warn_if_not_below_heartbeat,
+)
 from minips.worker.session import (
     NO_PULL,
     GroupSide,
     OneServer,
     Session,
-    Shards,
+    hello_and_choose,
+    identified,
     operator_request,
 )
 
 log = logging.getLogger("minips.client")
+
+ASSEMBLE_TIMEOUT = 60.0  # s the first hello waits for a server group to assemble (16.3)
 
 
 class PSClient:
@@ -77,7 +86,8 @@ class PSClient:
     the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
     A server group (docs/protocol.md 16), found at hello, is used through the same calls:
     hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
-    group's (`groups`, by default minips.group's). Thread-safe: calls are serialised by a lock.
+    group's, through `groups` (minips.group.root.GROUPS; None: a group is refused).
+    Thread-safe: calls are serialised by a lock.
     """
 
     def __init__(
@@ -117,8 +127,8 @@ class PSClient:
         self.link: LinkLimit | None = None
         self.session: Session = OneServer(self)  # what the worker calls go to (hello chooses)
         self.group: Session | None = None  # the group's session, once hello found a group
-        self.groups = groups  # how to reach a server group (None: minips.group's, when needed)
-        self._shards: Shards | None = None  # the shards an operator's requests reach
+        self.groups = groups  # how to reach a server group (None: one is refused)
+        self._shards: Any = None  # the group's shards an operator's requests reached
         self.assemble_timeout = assemble_timeout
         self.first_wait = first_wait
         self._answered = False  # any reply at all from the server yet
@@ -135,10 +145,7 @@ class PSClient:
         header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
         if info is not None:
             header["info"] = info
-        reply = hello_root(self, identified(header))  # our own routing id (protocol.md 15)
-        if "group" in reply:
-            self._close_socket()  # the group's own connection to the root takes our id over
-            self.session = self.group = group_side(self).join(self, reply, dict(info or {}))
+        reply = hello_and_choose(self, identified(header), dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
         warn_if_not_below_heartbeat(self.timeout, reply["heartbeat_timeout"])
         self._hello_info = dict(info or {})
@@ -368,12 +375,14 @@ class PSClient:
 
 
 def group_side(client: PSClient) -> GroupSide:
-    """The client's `groups`, or minips.group's own, imported only once a server turns out
-    to be a group's: a client of one server needs none of it."""
+    """The client's `groups`: how it reaches a server group, given by whoever builds a
+    client that may meet one (`minips worker`, the launcher, the dashboard); a client of
+    one server needs none of it, and one given none says so when it meets a group."""
     if client.groups is None:
-        from minips.group.root import GROUPS
-
-        client.groups = GROUPS
+        raise ConfigError(
+            f"the server at {client.address} belongs to a server group (docs/protocol.md 16): "
+            "build the client with groups=minips.group.root.GROUPS to reach it"
+        )
     return client.groups
 
 
@@ -389,11 +398,3 @@ def new_socket_if_interrupted(close_socket: Callable[[], None]) -> Iterator[None
     except KeyboardInterrupt:
         close_socket()
         raise
-
-
-def warn_if_not_below_heartbeat(timeout: float, heartbeat_timeout: float) -> None:
-    """A reply timeout not below the server's heartbeat timeout (docs/protocol.md 7)."""
-    if timeout >= heartbeat_timeout:
-        log.warning("reply timeout %g s is not below the server's heartbeat timeout %g s: "
-                    "a lost reply gets this worker declared dead before it retries",
-                    timeout, heartbeat_timeout)  # fmt: skip

@@ -20,7 +20,7 @@ import numpy as np
 from minips.protocol import wire
 from minips.protocol.wire import Message
 from minips.transmission.codecs import Gradient, Spec
-from minips.worker.replies import PullReply, PushReply, pull_reply
+from minips.worker.replies import PullReply, PushReply, ServerError, pull_reply
 
 # `client` below is the PSClient whose calls these are (not imported: it imports this).
 PSClient = Any
@@ -32,6 +32,13 @@ def fused_pull(pull_since: Any) -> tuple[Any, bool]:
     """push()'s pull_since as (the version to pull since or None, whether to pull at all)."""
     fused = pull_since is not NO_PULL
     return (pull_since if fused else None), fused
+
+
+def identified(header: dict[str, Any]) -> dict[str, Any]:
+    """A hello says that this client sets its own routing id on every socket: the server
+    then refuses a hello that an abandoned socket left queued (docs/protocol.md 15), so a
+    retry and the socket it gave up on are never two owners of the worker id."""
+    return {**header, "own_routing_id": True} if header.get("op") == "hello" else header
 
 
 def push_header(
@@ -85,28 +92,45 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-class Shards(Protocol):
-    """A server group's shards as an operator (who never says hello) reaches them."""
-
-    addresses: list[str]
-
-    def others(self, header: dict[str, Any]) -> dict[int, Message]:
-        """`header` to every shard but the root that has joined; one that does not answer
-        is left out (it may have stopped)."""
-
-    def close(self) -> None: ...
-
-
 class GroupSide(Protocol):
     """How a PSClient reaches a server group (minips.group.root.GROUPS)."""
+
+    def root_hello(
+        self, client: Any, header: dict[str, Any], reply: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The group root's reply to `header` (the client's hello), whose first `reply` named
+        a group (None: the root answered `group`, still assembling; 16.3-16.4)."""
 
     def join(self, client: Any, root_reply: dict[str, Any], info: dict[str, Any]) -> Session:
         """The group's session for `client`, whose hello the root answered `root_reply`:
         hello to every other shard (docs/protocol.md 16.4)."""
 
-    def shards(self, client: Any, known: Shards | None, group: Mapping[str, Any]) -> Shards:
-        """The shards a root's reply lists in `group` (`known` again while they are the
-        same), for an operator's request (16.7)."""
+    def others(
+        self, client: Any, header: dict[str, Any], group: Mapping[str, Any]
+    ) -> dict[int, Message]:
+        """An operator's `header` to every shard but the root that has joined, where the
+        root's reply lists them in `group` (16.7); one that does not answer is left out."""
+
+
+def hello_and_choose(client: PSClient, header: dict[str, Any], info: dict[str, Any]) -> Any:
+    """The reply to the client's hello `header`, which chooses its session: a plain
+    server's reply keeps OneServer; one naming a group (or the root's `group` error, its
+    shards not all joined: 16.3) is the group's side's to finish, which gives the group's
+    session (16.4)."""
+    try:
+        reply: dict[str, Any] | None = client._request(header).header
+    except ServerError as exc:
+        if exc.code != "group":
+            raise
+        reply = None
+    if reply is None or "group" in reply:
+        from minips.worker.client import group_side  # the client's module imports this one
+
+        groups = group_side(client)
+        reply = groups.root_hello(client, header, reply)  # the group's root, assembled
+        client._close_socket()  # the group's own connection to the root takes our id over
+        client.session = client.group = groups.join(client, reply, info)
+    return reply
 
 
 def operator_request(
@@ -125,8 +149,7 @@ def operator_request(
         if len(replies) < group["servers"]:  # the root alone: on to its shards
             from minips.worker.client import group_side  # the client's module imports this one
 
-            client._shards = group_side(client).shards(client, client._shards, group)
-            replies.update(client._shards.others(header))
+            replies.update(group_side(client).others(client, header, group))
         return answer, replies
 
 

@@ -9,13 +9,11 @@ cluster can be reproduced on one laptop.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -337,28 +335,3 @@ def model_from_hello(config: dict[str, Any]) -> Sequential:
 def dataset_from_hello(config: dict[str, Any], data_dir: str | None = None) -> Dataset:
     """The dataset hello's config names, from `data_dir` if given (this machine's copy)."""
     return load_dataset(config["dataset"], data_dir or config.get("data_dir"))
-
-
-def summary_line(report: dict[str, Any]) -> str:
-    """A worker's report (WorkerReport.summary()) in one line of words, for a person."""
-    if report["rank"] < 0:
-        return "the run had already ended: nothing to do"
-    busy = report["compute_s"] + report["comm_s"] + report["slowdown_s"]
-    rate = f" ({report['samples'] / busy:.0f} samples/s)" if busy > 0 else ""
-    end = "finished its shard" if report["finished"] else "stopped before its shard was done"
-    if report["stopped_by_server"] and not report["finished"]:
-        end = "stopped: the run ended"
-    steps = f"{report['steps']} step{'s' * (report['steps'] != 1)}"
-    staleness = f"staleness mean {report['staleness_mean']:.2f} max {report['staleness_max']}"
-    took = f"{report['samples']} samples in {report['wall_s']:.1f} s{rate}"
-    return f"rank {report['rank']}: {steps}, {took}, {staleness}; {end}"
-
-
-def write_report(report: WorkerReport, path: str | Path) -> None:
-    """Write a worker's report as one JSON object (the launcher merges them), whole or not at
-    all: written beside its place, then renamed, so a launcher reading it as the run stops
-    never finds it half written."""
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(report.summary()) + "\n", encoding="utf-8")
-    os.replace(partial, path)

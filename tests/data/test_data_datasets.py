@@ -12,13 +12,13 @@ from minips.data import (
     NORMALIZATION,
     SAMPLE_DIR,
     Dataset,
-    find_dataset,
     iterate_batches,
     load_dataset,
     write_idx,
 )
 from minips.data.synthetic import make_synthetic
 from minips.errors import ConfigError, DataError, ShapeError
+from minips.provision.locations import find_dataset
 
 
 def write_fake_dataset(directory: Path, n_train: int = 40, n_test: int = 20, seed: int = 0):

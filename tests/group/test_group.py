@@ -13,6 +13,7 @@ from group_support import running_group
 
 from minips.group.fanout import GroupVersion
 from minips.group.partition import partition_of_model
+from minips.group.root import GROUPS
 from minips.nn import build_model
 from minips.transmission.codecs import Factors
 from minips.worker.client import PSClient, ServerError
@@ -30,7 +31,7 @@ def _grads(value: float = 1e-3) -> dict[str, np.ndarray]:
 
 def test_hello_finds_the_group_and_each_shard_holds_its_slices():
     with running_group(3, workers=1) as group:
-        with PSClient(group.root.endpoint) as ps:
+        with PSClient(group.root.endpoint, groups=GROUPS) as ps:
             hello = ps.hello()
             assert hello["rank"] == 0 and hello["world_size"] == 1
             assert ps.group is not None and ps.group.servers == 3
@@ -48,7 +49,7 @@ def test_hello_finds_the_group_and_each_shard_holds_its_slices():
 
 def test_a_client_given_a_shards_address_is_sent_on_to_the_root():
     with running_group(2, workers=1) as group:
-        with PSClient(group.servers[1].endpoint) as ps:
+        with PSClient(group.servers[1].endpoint, groups=GROUPS) as ps:
             assert ps.hello()["rank"] == 0
             assert ps.address == group.root.endpoint
 
@@ -58,7 +59,7 @@ def test_a_push_is_one_push_per_shard_and_the_same_update_as_one_server():
     with running_group(1, workers=1) as one, running_group(2, workers=1) as two:
         results = []
         for group in (one, two):
-            with PSClient(group.root.endpoint) as ps:
+            with PSClient(group.root.endpoint, groups=GROUPS) as ps:
                 ps.hello()
                 version = ps.pull().version
                 for _ in range(3):
@@ -73,7 +74,7 @@ def test_a_push_is_one_push_per_shard_and_the_same_update_as_one_server():
 def test_a_pull_since_sends_only_what_changed_and_fills_in_the_rest():
     """A split parameter whose slices did not all change comes back whole: the rows of the
     shards that sent nothing are those of the whole array the client last handed out."""
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(2, workers=1) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         first = ps.pull()
         assert ps.pull(since=first.version).params == {}  # nothing changed anywhere
@@ -90,21 +91,21 @@ def test_a_rank_the_root_gave_is_the_workers_rank_on_every_shard():
     """The root's rank goes with the hello to the other shards (docs/protocol.md 16.4): a
     worker asking the root for rank 1 holds rank 1 everywhere, though a shard left to
     choose would give it the lowest free one, 0."""
-    with running_group(2, workers=2) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(2, workers=2) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         assert ps.hello({"rank": 1})["rank"] == 1
         assert [s.registry.by_id[ps.worker_id].rank for s in group.servers] == [1, 1]
 
 
 def test_hello_waits_for_a_group_still_assembling_and_names_who_is_missing():
     with running_group(2, workers=1, started=1) as group:  # only the root started
-        with PSClient(group.root.endpoint, assemble_timeout=1.0) as ps:
+        with PSClient(group.root.endpoint, groups=GROUPS, assemble_timeout=1.0) as ps:
             with pytest.raises(ServerError, match=r"shard\(s\) 1 of 2 have not joined") as err:
                 ps.hello()
             assert err.value.code == "group"
         done = {}
 
         def late_hello() -> None:
-            with PSClient(group.root.endpoint, assemble_timeout=20) as late:
+            with PSClient(group.root.endpoint, groups=GROUPS, assemble_timeout=20) as late:
                 done["rank"] = late.hello()["rank"]
 
         waiting = threading.Thread(target=late_hello)
@@ -118,24 +119,24 @@ def test_join_is_answered_only_by_a_groups_root():
     with running_group(2, workers=1) as group:
         header = {"op": "join", "shard": 1, "servers": 3, "address": "tcp://x:1"}
         for server, code in ((group.root, "bad_field"), (group.servers[1], "unknown_op")):
-            with PSClient(server.endpoint) as ps, pytest.raises(ServerError) as err:
+            with PSClient(server.endpoint, groups=GROUPS) as ps, pytest.raises(ServerError) as err:
                 ps._request(header)
             assert err.value.code == code
-    with running_group(1, workers=1) as plain, PSClient(plain.root.endpoint) as ps:
+    with running_group(1, workers=1) as plain, PSClient(plain.root.endpoint, groups=GROUPS) as ps:
         with pytest.raises(ServerError) as err:
             ps._request({"op": "join", "servers": 2})
         assert err.value.code == "unknown_op"
 
 
 def test_plain_replies_have_no_group_key():
-    with running_group(1, workers=1) as plain, PSClient(plain.root.endpoint) as ps:
+    with running_group(1, workers=1) as plain, PSClient(plain.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         assert ps.group is None and "group" not in ps.stats() and "shards" not in ps.stats()
 
 
 def test_operators_see_every_shard_and_stop_them_all():
     with running_group(3, workers=1) as group:
-        with PSClient(group.root.endpoint, timeout=30) as operator:
+        with PSClient(group.root.endpoint, groups=GROUPS, timeout=30) as operator:
             stats = operator.stats()
             assert [s["group"]["shard"] for s in stats["shards"]] == [0, 1, 2]
             addresses = stats["group"]["addresses"]
@@ -147,7 +148,10 @@ def test_operators_see_every_shard_and_stop_them_all():
 
 
 def test_an_observer_registers_with_every_shard_and_reads_the_whole_model():
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as observer:
+    with (
+        running_group(2, workers=1) as group,
+        PSClient(group.root.endpoint, groups=GROUPS) as observer,
+    ):
         hello = observer.hello({"role": "observer"})
         assert hello["rank"] == hello["world_size"] == 1
         assert all(s.registry.by_id[observer.worker_id].observer for s in group.servers)
@@ -170,7 +174,7 @@ def test_codecs_travel_per_slice(codec, exact):
     with running_group(1, workers=1) as one, running_group(3, workers=1) as three:
         got = []
         for group in (one, three):
-            with PSClient(group.root.endpoint) as ps:
+            with PSClient(group.root.endpoint, groups=GROUPS) as ps:
                 ps.hello()
                 version = ps.pull().version
                 reply = ps.push(grads, base=version, codecs={"fc1.w": codec}, pull_since=version)
@@ -187,7 +191,7 @@ def test_sufficient_factors_per_slice_are_the_rows_of_the_whole_product():
     with running_group(1, workers=1) as one, running_group(2, workers=1) as two:
         got = []
         for group in (one, two):
-            with PSClient(group.root.endpoint) as ps:
+            with PSClient(group.root.endpoint, groups=GROUPS) as ps:
                 ps.hello()
                 ps.pull()
                 reply = ps.push({"fc1.w": Factors(x, dy)}, base=0, codecs={"fc1.w": "sf"},
@@ -200,7 +204,7 @@ def test_a_step_sent_layer_by_layer_is_closed_on_every_shard():
     """fc3 (shard 0 only) goes first with last false, fc1 (both shards) last: shard 0
     assembles its step, shard 1 gets fc1 alone; both advance once."""
     grads = _grads()
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(2, workers=1) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         ps.pull()
         early = {n: g for n, g in grads.items() if n.startswith("fc2")}  # on both shards
@@ -216,7 +220,10 @@ def test_a_step_sent_layer_by_layer_is_closed_on_every_shard():
 
 
 def test_vsgd_samples_are_split_by_coordinates_and_checked_per_shard():
-    with running_group(2, workers=1, rule="vsgd") as group, PSClient(group.root.endpoint) as ps:
+    with (
+        running_group(2, workers=1, rule="vsgd") as group,
+        PSClient(group.root.endpoint, groups=GROUPS) as ps,
+    ):
         hello = ps.hello()
         model = build_model("mlp")
         from minips.rules import worker_side
@@ -237,7 +244,7 @@ def test_workers_train_a_group_through_the_unchanged_worker_loop():
         reports = {}
 
         def train(index: int) -> None:
-            with PSClient(group.root.endpoint, timeout=4) as ps:
+            with PSClient(group.root.endpoint, groups=GROUPS, timeout=4) as ps:
                 reports[index] = Worker(ps, max_steps=6).run()
 
         threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
@@ -254,7 +261,10 @@ def test_a_restarted_shard_is_rejoined_by_its_workers():
     """Shard 1 goes away and comes back on its address at version 0: the worker says hello
     to it again (same rank) and pulls everything when its push is based on a future; the
     shards that still know the base applied their part of that push."""
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint, timeout=4) as ps:
+    with (
+        running_group(2, workers=1) as group,
+        PSClient(group.root.endpoint, groups=GROUPS, timeout=4) as ps,
+    ):
         ps.hello()
         version = ps.pull().version
         for _ in range(2):
@@ -271,7 +281,7 @@ def test_a_restarted_shard_is_rejoined_by_its_workers():
 
 
 def test_bad_input_to_a_shard_is_refused_and_changes_nothing():
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(2, workers=1) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         before = {n: a.copy() for n, a in group.servers[1].store.params.items()}
         bad = _grads()

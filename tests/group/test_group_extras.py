@@ -18,6 +18,7 @@ from test_web_support import quiet_env, require_browser
 from minips.classroom.dashboard.collector import Collector
 from minips.classroom.web.grouprelay import GroupRelay
 from minips.group.partition import group_gain
+from minips.group.root import GROUPS
 from minips.nn import build_model
 from minips.protocol import wire
 from minips.worker.client import PSClient
@@ -59,14 +60,14 @@ def test_a_client_without_a_key_gets_nothing_from_a_shard(tmp_path):
 
     make_keys(tmp_path / "keys")
     with running_group(2, workers=1, keys=str(tmp_path / "keys")) as group:
-        with PSClient(group.servers[1].endpoint, timeout=0.5, retries=0) as stranger:
+        with PSClient(group.servers[1].endpoint, groups=GROUPS, timeout=0.5, retries=0) as stranger:
             with pytest.raises(Exception, match="no reply"):
                 stranger.stats()
 
 
 def test_the_dashboard_shows_one_row_per_shard(tmp_path):
     require_browser()
-    with running_group(3, workers=1) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(3, workers=1) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         version = ps.pull().version
         grads = {
@@ -94,7 +95,7 @@ def test_the_dashboard_shows_one_row_per_shard(tmp_path):
 
 
 def collector_stats(address: str) -> dict:
-    with PSClient(address, timeout=30) as operator:
+    with PSClient(address, groups=GROUPS, timeout=30) as operator:
         return operator.stats()
 
 
@@ -179,7 +180,7 @@ def test_a_headless_browser_trains_in_a_group_through_the_gateway(tmp_path):
 def test_every_shard_watches_the_training_loss_for_a_collapse():
     """A step's loss goes to every shard with its samples: a diverging loss is a collapse
     every shard finds (its `stats` say so), as a lone server does."""
-    with running_group(2, workers=1) as group, PSClient(group.root.endpoint) as ps:
+    with running_group(2, workers=1) as group, PSClient(group.root.endpoint, groups=GROUPS) as ps:
         ps.hello()
         version = ps.pull().version
         grads = {n: np.zeros(a.shape, np.float32) for n, a in build_model("mlp").params.items()}

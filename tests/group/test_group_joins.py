@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 from group_support import running_group
 
+from minips.group.root import GROUPS
 from minips.provision.keyfiles import OPERATOR, load_client_keys, make_keys
 from minips.run.build import join_root, make_server
 from minips.worker.client import PSClient, ServerError
@@ -20,7 +21,7 @@ from minips.worker.client import PSClient, ServerError
 def _join(endpoint: str, shard: int | None, address: str | None, servers: int = 2, **kw):
     """One `join` from a new client (a stranger: its own routing id); the reply's header."""
     header = {"op": "join", "shard": shard, "servers": servers, "address": address}
-    with PSClient(endpoint, timeout=2.0, retries=0, **kw) as stranger:
+    with PSClient(endpoint, groups=GROUPS, timeout=2.0, retries=0, **kw) as stranger:
         return stranger._request(header).header
 
 
@@ -37,7 +38,7 @@ def test_a_stranger_cannot_take_a_live_shards_index_whatever_address_it_names():
         time.sleep(2.5)  # the real shard's joins go on being answered
         assert group.root.group.table.addresses()[1] == real
         assert not group.servers[1].stop.requested and group.threads[1].is_alive()
-        with PSClient(group.root.endpoint) as client:
+        with PSClient(group.root.endpoint, groups=GROUPS) as client:
             client.hello()  # the clients are sent to the real shard
             assert client.group.addresses == [group.root.endpoint, real]
 
@@ -104,7 +105,7 @@ def test_under_curve_a_worker_key_may_not_join_stop_or_checkpoint(keys, op, shar
         header = {"op": op}
         if op == "join":
             header.update(shard=1, servers=2, address=group.servers[1].endpoint)
-        with PSClient(endpoint, timeout=2.0, retries=0, keys=worker) as client:
+        with PSClient(endpoint, groups=GROUPS, timeout=2.0, retries=0, keys=worker) as client:
             with pytest.raises(ServerError) as err:
                 client._request(header)
         assert err.value.code == "operator"

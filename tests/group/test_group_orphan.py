@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from minips.group.root import GROUPS
 from minips.worker.client import PSClient, ServerUnavailable
 
 MINIPS = [sys.executable, "-m", "minips", "server", "--model", "mlp", "--dataset", "synthetic",
@@ -36,7 +37,7 @@ def _joined(root: str, timeout: float = 60) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with PSClient(root, timeout=1.0, retries=0) as ops:
+            with PSClient(root, groups=GROUPS, timeout=1.0, retries=0) as ops:
                 addresses = ops.stats()["group"]["addresses"]
             if all(addresses):
                 return addresses
@@ -91,7 +92,7 @@ def test_a_root_restarted_within_the_bound_keeps_its_shards(tmp_path):
         assert _joined(root_addr)[1] == address  # the shard joined the new root
         time.sleep(max(0.0, killed + 12 - time.monotonic()))  # past the bound since the kill
         assert shard.poll() is None, (tmp_path / "shard.log").read_text()[-1500:]
-        with PSClient(address, timeout=2.0, retries=1) as ops:
+        with PSClient(address, groups=GROUPS, timeout=2.0, retries=1) as ops:
             assert ops.stats()["group"]["shard"] == 1
     finally:
         _stop(*(p for p in (root, again, shard) if p is not None))

@@ -12,13 +12,13 @@ import pytest
 import zmq
 from test_server_support import InterruptedAfterFirstFrame, running_server
 
+from minips.group.agreements import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
 from minips.group.partition import partition
 from minips.group.shard import RootTable
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
-from minips.protocol.group import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
 from minips.protocol.wire import Limits, ProtocolError
 from minips.provision import keyfiles
@@ -363,7 +363,7 @@ def test_an_async_group_checkpoint_is_each_shards_latest_and_says_so(tmp_path):
 def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank():
     """Without a fixed world size each shard counts the workers it has seen so far, and
     workers saying hello at once reach the shards in different orders (protocol.md 16.4)."""
-    from minips.protocol.group import check_shard_hello
+    from minips.group.agreements import check_shard_hello
 
     root = {"rank": 1, "world_size": 2, "group": {"shard": 0, "servers": 2}}
     reply = {"rank": 1, "world_size": 3, "group": {"shard": 1, "servers": 2}}
@@ -398,6 +398,7 @@ def _root_of_two(keys=None, stop_grace: float = 0.3):
 
 
 def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
+    from minips.group.root import GROUPS
     from minips.provision import keyfiles
     from minips.worker.client import PSClient, ServerError
 
@@ -405,13 +406,13 @@ def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
     join = {"op": "join", "shard": 1, "servers": 2, "address": "tcp://127.0.0.1:9"}
     with _root_of_two(keys=keyfiles.load_server_keys(tmp_path / "k")) as root:
         worker = keyfiles.load_client_keys(tmp_path / "k", keyfiles.WORKER)
-        with PSClient(root.endpoint, timeout=10, retries=0, keys=worker) as client:
+        with PSClient(root.endpoint, groups=GROUPS, timeout=10, retries=0, keys=worker) as client:
             with pytest.raises(ServerError) as refused:
                 client._request(join)
             assert refused.value.code == "operator"
         assert root.group.table.missing() == [1]  # the worker key's join changed nothing
         operator = keyfiles.load_client_keys(tmp_path / "k", keyfiles.OPERATOR)
-        with PSClient(root.endpoint, timeout=10, retries=0, keys=operator) as client:
+        with PSClient(root.endpoint, groups=GROUPS, timeout=10, retries=0, keys=operator) as client:
             assert client._request(join).header["shard"] == 1
         assert root.group.table.addresses()[1] == "tcp://127.0.0.1:9"
 

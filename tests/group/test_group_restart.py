@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minips.group.root import GROUPS
 from minips.worker.client import PSClient
 
 SERVER = [sys.executable, "-m", "minips", "server", "--servers", "2"]
@@ -89,7 +90,7 @@ def group(tmp_path):
 def test_an_observer_pings_a_restarted_shard_that_forgot_it(group):
     """The evaluator pings between its evaluations: a restarted shard answers the ping
     `unknown_worker`, and the observer says hello there again instead of ending."""
-    with PSClient(group.root_address, timeout=10, retries=3) as observer:
+    with PSClient(group.root_address, groups=GROUPS, timeout=10, retries=3) as observer:
         observer.hello({"role": "observer"})
         assert observer.ping() is False
         group.kill("shard")
@@ -102,7 +103,9 @@ def test_a_worker_waits_for_a_restarted_root_whose_shard_has_not_joined_it_yet(g
     """The worker's push reaches the new root before shard 1 joined it (shard 1 is stopped
     meanwhile): the root refuses the worker's new hello `group`; the worker asks again
     until the group re-formed (shard 1 resumed), then its push is served."""
-    with PSClient(group.root_address, timeout=10, retries=3, assemble_timeout=60) as worker:
+    with PSClient(
+        group.root_address, groups=GROUPS, timeout=10, retries=3, assemble_timeout=60
+    ) as worker:
         worker.hello({"host": "test"})
         worker.pull()
         group.signal("shard", signal.SIGSTOP)  # it cannot join the new root meanwhile

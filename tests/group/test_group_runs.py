@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minips.group.root import GROUPS
 from minips.nn import load_model
 from minips.ops.checkpoints import shard_path
 from minips.run.config import RunConfig
@@ -105,7 +106,7 @@ def test_a_shard_killed_twice_is_restarted_and_the_summary_says_so(tmp_path):
         restarted = out / "updates-shard1-1.jsonl"
         _wait("shard 1's restart", lambda: restarted.exists() and restarted.stat().st_size > 0)
         endpoint = (out / "endpoint-shard1").read_text().strip()
-        with PSClient(endpoint, timeout=10, retries=5) as operator:
+        with PSClient(endpoint, groups=GROUPS, timeout=10, retries=5) as operator:
             assert Path(operator.checkpoint()) == own_file
         time.sleep(0.5)
         os.kill(_wait("shard 1 again", lambda: _shard_pid(out, 1)), signal.SIGKILL)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from minips.group.root import GROUPS
 from minips.worker.client import PSClient, ServerUnavailable
 
 SERVE = ("--workers", "1", "--rule", "asgd", "--model", "mlp", "--dataset", "synthetic",
@@ -32,7 +33,7 @@ def _until(address: str, ready, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with PSClient(address, timeout=0.5, retries=0) as client:
+            with PSClient(address, timeout=0.5, retries=0, groups=GROUPS) as client:
                 stats = client.stats()
             if ready(stats):
                 return stats

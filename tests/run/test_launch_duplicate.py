@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from minips.group.root import GROUPS
 from minips.results.rundir import RunDir, write_results
 from minips.worker.client import PSClient
 
@@ -63,7 +64,7 @@ def test_a_second_process_with_a_live_shards_rank_is_refused_and_clobbers_nothin
             )
         ), stderr[-1500:]
         assert "Traceback" not in stderr
-        with PSClient(f"tcp://127.0.0.1:{port}", timeout=5.0) as operator:
+        with PSClient(f"tcp://127.0.0.1:{port}", groups=GROUPS, timeout=5.0) as operator:
             operator.stop()  # every shard of the group
         results = [proc.communicate(timeout=120) + (proc.returncode,) for proc in job]
     finally:

@@ -1,6 +1,6 @@
 """PSClient chooses its session once, at hello: one server (OneServer) or a server group
-(the `groups` it was given, by default minips.group's), and a client of one server never
-loads the group's side."""
+(through the `groups` it was given: minips.group.root.GROUPS), a client of one server
+never loads the group's side, and one given no `groups` says so when it meets a group."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from group_support import running_group
 
+from minips.errors import ConfigError
 from minips.group.root import GROUPS
 from minips.worker.client import OneServer, PSClient
 
@@ -23,13 +25,16 @@ class RecordingGroups:
     def __init__(self) -> None:
         self.joined = self.reached = 0
 
+    def root_hello(self, client, header, reply):
+        return GROUPS.root_hello(client, header, reply)
+
     def join(self, client, root_reply, info):
         self.joined += 1
         return GROUPS.join(client, root_reply, info)
 
-    def shards(self, client, known, group):
+    def others(self, client, header, group):
         self.reached += 1
-        return GROUPS.shards(client, known, group)
+        return GROUPS.others(client, header, group)
 
 
 def test_a_client_of_one_server_never_loads_the_groups_side():
@@ -69,3 +74,15 @@ def test_hello_hands_every_call_to_the_group_side_it_was_given():
                 assert [s is not None for s in shards] == [True, True] and groups.reached == 1
                 assert isinstance(operator.session, OneServer) and operator.group is None
             ps.bye()
+
+
+def test_a_client_given_no_groups_says_so_when_it_meets_a_group():
+    """Whoever builds a client that may meet a group gives it the group's side; a plain
+    PSClient(address) refuses a group's root (a worker's call or an operator's) in one
+    line."""
+    with running_group(2, workers=1) as group:
+        for call in ("hello", "stats"):
+            with PSClient(group.root.endpoint) as ps, pytest.raises(ConfigError) as err:
+                getattr(ps, call)()
+            assert "groups=minips.group.root.GROUPS" in str(err.value)
+            assert ps.group is None

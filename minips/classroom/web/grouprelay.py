@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from minips.group.fanout import GroupVersion
+from minips.group.root import GROUPS
 from minips.protocol import wire
 from minips.protocol.wire import Message, ProtocolError
 from minips.transmission.codecs import decode_gradients
@@ -128,7 +129,9 @@ class GroupRelay:
     def _hello(self, header: dict[str, Any]) -> dict[str, Any]:
         if self.client is None or self.client.worker_id != header["worker"]:
             self.close()
-            self.client = RelayedClient(self.root, worker_id=header["worker"], keys=self.keys)
+            self.client = RelayedClient(
+                self.root, worker_id=header["worker"], keys=self.keys, groups=GROUPS
+            )
         info = header.get("info")
         hello = self.client.hello(info)
         self.seated = not (isinstance(info, dict) and info.get("role") == "observer")

@@ -10,13 +10,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from minips.worker import client as _client
+
 JOIN_INTERVAL = 1.0  # seconds between a shard's joins (its heartbeat to the root)
 JOIN_TAKEOVER = 3.0  # a shard that joined with an address holds its index this long after
 JOIN_RESERVE = 10.0  # an address-less join holds its index this long (the asker builds)
 JOIN_PATIENCE = JOIN_RESERVE + 2 * JOIN_INTERVAL  # a shard refused `full` asks this long
 ROOT_TIMEOUT = 15.0  # a shard whose root answers no join this long stops (16.7)
 HELLO_RETRY = 0.5  # seconds between a client's hellos while the group is incomplete
-ASSEMBLE_TIMEOUT = 60.0  # how long the reference client and shard wait for a group
+ASSEMBLE_TIMEOUT = _client.ASSEMBLE_TIMEOUT  # the reference client waits for a group, a shard too
 GROUP_ERROR = "group"  # the root's error code for a hello before the group is complete
 
 _WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")

@@ -1,0 +1,47 @@
+"""What a user imports is whole: `from minips import ParameterServer, PSClient` builds a
+server with its usual operations and a client that reaches a server group, while the
+core's own classes (minips/server/server.py, minips/worker/client.py) are given both."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from group_support import running_group
+from test_server_support import make_params
+
+import minips
+from minips.ops.server_ops import ServerOps
+from minips.rules import make_rule
+from minips.server.options import ServerOptions
+from minips.server.server import ParameterServer as CoreServer
+from minips.state.store import SGD
+from minips.worker.client import PSClient as CoreClient
+
+
+def test_the_public_server_is_the_core_one_with_the_usual_operations_and_serves():
+    params = make_params()
+    server = minips.ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1),
+                                    ServerOptions(bind="tcp://127.0.0.1:*"))  # fmt: skip
+    assert isinstance(server, CoreServer) and isinstance(server.ops, ServerOps)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with minips.PSClient(server.endpoint, timeout=5.0) as ps:
+            ps.hello()
+            before = {name: array.copy() for name, array in ps.pull().params.items()}
+            ps.push({name: np.ones_like(array) for name, array in before.items()}, base=0)
+            after = ps.pull().params
+        assert all(np.allclose(after[name], before[name] - 0.1) for name in before)
+    finally:
+        server.request_stop()
+        thread.join(10)
+        server.close()
+
+
+def test_the_public_client_reaches_a_group_where_the_core_one_is_given_none():
+    with running_group(2, workers=1) as group:
+        with minips.PSClient(group.root.endpoint) as ps:
+            stats = ps.stats()
+        assert isinstance(ps, CoreClient) and len(stats["shards"]) == 2
+        assert all(shard is not None for shard in stats["shards"])
