@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,7 @@ class PrimaryLink:
         self.heard = time.monotonic()  # the backup's last acknowledgement (of a beat too)
         self.last_sent = time.monotonic()
         self.joins = 0  # backups welcomed
+        self.before_alone: Callable[[], None] | None = None  # the fence (replication.py)
         log.info("replication link on %s", self.endpoint)
 
     def forward(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
@@ -151,6 +153,8 @@ class PrimaryLink:
     def lose(self, why: str) -> None:
         """Serve alone: the held replies go."""
         log.warning("the backup %s: serving alone", why)
+        if self.before_alone is not None:  # before any reply the backup lacks leaves
+            self.before_alone()
         self.backup = self.waiting_since = None
         self.replies.release(self.sent)
 

@@ -92,6 +92,11 @@ class ReplicatedServer(ParameterServer):
         super().__init__(*args, **kwargs)
         self.replica, self.on_promote = replica, on_promote
         self.on_welcome: Callable[[], None] | None = None  # a backup holds the state now
+        # The fence (docs/protocol.md 17.2): a primary about to serve alone says its backup
+        # no longer holds the state (`on_alone`), and a backup takes over only while it
+        # still does (`holds_state`): one the primary let go is behind what it acknowledged.
+        self.on_alone: Callable[[], None] | None = None
+        self.holds_state: Callable[[], bool] | None = None
         self.role = replica.role
         self.sent = 0  # inputs numbered so far (the primary's) or received (the backup's)
         self.failovers: list[dict[str, Any]] = []  # this process's takeover, if it took over
@@ -105,6 +110,7 @@ class ReplicatedServer(ParameterServer):
         if self.role == PRIMARY:
             self.link = PrimaryLink(self._link_ctx, replica.link_bind, self.replies,
                                     keys=self.options.keys)  # fmt: skip
+            self.link.before_alone = self._before_alone
         else:
             self.registry.grace = math.inf  # the assembly ends by the primary's clock only
 
@@ -244,9 +250,19 @@ class ReplicatedServer(ParameterServer):
         else:
             self.apply_event(body)
 
+    def _before_alone(self) -> None:
+        """The fence's primary half: said before a reply leaves that the backup lacks."""
+        if self.on_alone is not None:
+            self.on_alone()
+
     def take_over(self, silent: float) -> None:
         """Become the primary: the clients' address bound here, the clock's decisions
         this replica's own from now on, checkpoints written, replies sent."""
+        if self.holds_state is not None and not self.holds_state():
+            raise MinipsError(
+                "the primary let this backup go and served alone: its state is "
+                "behind what the primary acknowledged, so it does not take over"
+            )
         started = time.monotonic()
         self.role = PRIMARY
         self.registry.grace = self._grace
@@ -263,6 +279,7 @@ class ReplicatedServer(ParameterServer):
         # for the backup that replaces this one; inputs numbered on from the last one
         self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent,
                                 self.options.keys)  # fmt: skip
+        self.link.before_alone = self._before_alone
         record = {"silent_s": round(silent, 3), "version": self.store.version,
                   "inputs": self.sent, "bind_s": round(time.monotonic() - started, 3)}  # fmt: skip
         self.failovers.append(record)

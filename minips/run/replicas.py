@@ -117,11 +117,14 @@ def serve_replica(
                 _write_atomically(link_file(endpoint_file), ps.link_endpoint or "")
                 _write_atomically(Path(endpoint_file), ps.endpoint)
 
+        if endpoint_file:  # the fence: the welcomed file names the backup holding the state
+            welcomed, pid = welcomed_file(endpoint_file), str(os.getpid())
+            ps.on_alone = lambda: welcomed.unlink(missing_ok=True)
+            ps.holds_state = lambda: _read(welcomed) == pid
         if backup:
             ps.on_promote = listening
             if endpoint_file:  # the launcher's: this backup holds the state from now on
-                ps.on_welcome = lambda: _write_atomically(welcomed_file(endpoint_file),
-                                                          str(os.getpid()))  # fmt: skip
+                ps.on_welcome = lambda: _write_atomically(welcomed, pid)
             click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
         else:
             listening()

@@ -51,8 +51,9 @@ def replicas(
     try:
         address = _wait_file(endpoint, primary)
         link = _wait_file(Path(f"{endpoint}-link"), primary)
-        backup = subprocess.Popen([*server, "--backup-of", link], stdout=logs[1],
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        # the same endpoint file, as a launcher starts it: the fence's (protocol.md 17.2)
+        backup = subprocess.Popen([*server, "--backup-of", link, "--endpoint-file", str(endpoint)],
+                                  stdout=logs[1], stderr=subprocess.STDOUT)  # fmt: skip
         yield primary, backup, address
     finally:
         for proc in (primary, backup):
@@ -61,6 +62,29 @@ def replicas(
                 proc.wait()
         for log in logs:
             log.close()
+
+
+def test_a_backup_the_primary_let_go_never_takes_over(tmp_path):
+    """The fence: the backup stalls past the bound, the primary lets it go and acknowledges
+    a push alone, then dies. The backup, behind that push, exits rather than serve without
+    it (an acknowledged update lost)."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        welcomed = tmp_path / "endpoint-backup"
+        _wait_file(welcomed, primary)
+        with PSClient(address, timeout=5.0, retries=0, worker_id="w") as client:
+            client.hello({"host": "test"})
+            base = client.pull().version
+            assert client.push(grads, base=base).version == 1  # held until the backup had it
+            os.kill(backup.pid, signal.SIGSTOP)
+            alone = client.push(grads, base=1)  # answered once the primary let the backup go
+            assert alone.version == 2 and not welcomed.exists()
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait()
+        os.kill(backup.pid, signal.SIGCONT)
+        assert backup.wait(timeout=30) == 2
+    said = (tmp_path / "backup.log").read_text()
+    assert "served alone" in said and "took over" not in said, said
 
 
 def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
@@ -97,7 +121,8 @@ def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_p
             backup.wait()
             log = open(tmp_path / "replacement.log", "w")  # noqa: SIM115
             replacement = subprocess.Popen(
-                [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link],
+                [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link,
+                 "--endpoint-file", str(tmp_path / "endpoint")],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
