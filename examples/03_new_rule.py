@@ -45,7 +45,8 @@ class Damped(Rule):
 def run(out: Path, gamma: float, max_samples: int) -> dict:
     """`minips run` with this file's Damped as the rule; returns the run's summary.json."""
     argv = [sys.executable, "-m", "minips", "run", "--model", "mlp", "--dataset", "synthetic",
-            "--workers", "3", "--max-samples", str(max_samples), "--eval-interval", "0.5",
+            "--workers", "3", "--hetero", "1,1,4",  # the 4x slower worker's pushes are stale
+            "--max-samples", str(max_samples), "--eval-interval", "0.5",
             "--rule", f"{Path(__file__).resolve()}:Damped", "--rule-option", f"gamma={gamma}",
             "--out", str(out), "--quiet"]  # fmt: skip
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
