@@ -12,7 +12,7 @@ docs/protocol.md 17.3.
 Under CURVE keys the link is CURVE too, and admits one client key: the server's own. A
 backup proves it holds the server's secret key by completing the handshake with that pair
 (`link_client`), so a process without it never joins and never sees an input; and since
-a forwarded request no longer carries its sender's key (the link's connection is the
+a forwarded request does not carry its sender's key (the link's connection is the
 primary's), the primary names it in the input (`input_header`) and the backup's handlers
 read it from there (`KeyedFrame`): a worker's owner and an operator's `stop` are checked on
 the backup against the key the client really used.

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 from test_recovery import _address
+from test_server_support import RawPeer
 
 from minips.ops.checkpoint_file import load_checkpoint
 from minips.protocol import wire
@@ -57,13 +57,12 @@ def _stats_at(endpoint: Path) -> dict | None:
     address = _address(endpoint)
     if address is None:
         return None
-    with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
-        socket.linger = 0
-        socket.connect(address)
-        socket.send_multipart(wire.encode({"op": "stats", "rid": 1}))
-        if not socket.poll(2000):
-            return None
-        return wire.decode_reply(socket.recv_multipart()).header["stats"]
+    peer = RawPeer(address)
+    try:
+        peer.send(wire.encode({"op": "stats", "rid": 1}))
+        return peer.recv().header["stats"] if peer.has_reply(2.0) else None
+    finally:
+        peer.close()
 
 
 def _backups(out: Path, shard: int | None = None) -> dict[int, list[str]]:
