@@ -193,10 +193,20 @@ class LaunchedRun(LocalRun):
         try:  # its hello waits until every shard joined
             self._wait_for(self.dir.eval_log, "evaluator")
         except MinipsError:
+            if self._finished_without_evaluator():
+                return endpoint  # watch() sees the server gone; the launcher tests the model
             with self._operator(endpoint) as operator:
                 self._check_assembly(operator.stats())  # raises, naming who is missing
             raise
         return endpoint
+
+    def _finished_without_evaluator(self) -> bool:
+        """The job ended before the evaluator wrote its first record (on a loaded machine
+        the workers can train their whole budget first, and another observer may have been
+        the one the root awaited): the root stopped by itself, which is no assembly failure.
+        The final model is then tested from the checkpoint (minips.run.final_test)."""
+        server = self.processes["server"]
+        return server.wait_exit(2.0) and not server.crashed()
 
     def _server_names(self) -> list[str]:
         return ["server"]  # the other shards are not this process's children

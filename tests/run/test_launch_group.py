@@ -4,15 +4,21 @@ training to a summary; a job that cannot assemble says who is missing, in bounde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from minips import PSClient
+from minips.group.root import GROUPS
 
 # One epoch, half a second of training: on a loaded machine the workers may finish before
 # the root's evaluator, started beside it, says hello; the root awaits it (--await-observers)
@@ -108,6 +114,52 @@ def test_the_variables_srun_sets_start_a_group(tmp_path):
     assert _all_exited_0(results)
     assert "test accuracy" in results[0][1]
     _check_summary(out)
+
+
+def _child_running(argv_part: str, inside: str, timeout: float = 60) -> int:
+    """The pid of the process whose command line has `argv_part` and `inside`, once it runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # not a process, or gone
+                continue
+            text = [a.decode(errors="replace") for a in argv]
+            if argv_part in text and any(inside in a for a in text):
+                return int(proc.name)
+        time.sleep(0.01)
+    raise AssertionError(f"no {argv_part} process of {inside} within {timeout} s")
+
+
+def test_a_job_that_ends_before_its_evaluator_wrote_a_record_still_ends_with_its_summary(tmp_path):
+    """The root awaits one observer before it stops; here the test is that observer and the
+    root's own evaluator is frozen before its first record, as a starved one is on a loaded
+    machine. The job ends by itself, which is no failure to assemble: rank 0 writes the
+    summary, the final model tested by the launcher from the checkpoint."""
+    out, port = tmp_path / "early", _free_port()
+    common = {"SLURM_JOB_ID": "78", "SLURM_NTASKS": "4", "SLURM_NNODES": "4",
+              "SLURM_STEP_NODELIST": "localhost,node[2-4]", "SLURM_STEP_ID": "0"}  # fmt: skip
+    envs = [{**common, "SLURM_PROCID": str(r), "SLURM_LOCALID": "0", "SLURM_NODEID": str(r)}
+            for r in range(4)]  # fmt: skip
+    procs = _start_all(envs, out, "--servers", "2", "--port", str(port))
+    evaluator = _child_running("evaluate", str(out))
+    os.kill(evaluator, signal.SIGSTOP)
+    try:
+        observer = PSClient(f"tcp://127.0.0.1:{port}", timeout=2.0, groups=GROUPS)
+        with observer:
+            observer.hello({"role": "observer"})
+            observer.bye()
+        results = _finish(procs)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(evaluator, signal.SIGCONT)
+    assert _all_exited_0(results)
+    assert "test accuracy" in results[0][1]
+    summary = _check_summary(out)
+    final = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()][-1]
+    assert final["by"] == "launcher" and final["final"] is True
+    assert summary["accuracy"] == final["accuracy"]
 
 
 def _dmlc(role: str, port: int, **more: str) -> dict[str, str]:
