@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -106,10 +107,28 @@ def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
     assert "took over as primary" in (tmp_path / "backup.log").read_text()
 
 
+def _replacement(tmp_path: Path, link: str) -> tuple[subprocess.Popen, Any]:
+    log = open(tmp_path / "replacement.log", "a")  # noqa: SIM115
+    command = [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link,
+               "--endpoint-file", str(tmp_path / "endpoint")]  # fmt: skip
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def _holds_the_state(tmp_path: Path, replica: subprocess.Popen) -> bool:
+    """Whether the fence's file names `replica` (protocol.md 17.2): it holds every
+    acknowledged input while its primary is stopped and cannot let it go."""
+    welcomed = tmp_path / "endpoint-backup"
+    return welcomed.exists() and welcomed.read_text().strip() == str(replica.pid)
+
+
 def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_path):
     """The backup dies; a replacement joins the primary, which has served, from a
     snapshot of its state; then the primary dies: the replacement answers a retry of a
-    push applied before it joined from the registry it was given, and applies it once."""
+    push applied before it joined from the registry it was given, and applies it once.
+
+    On a loaded machine a joiner can stay silent past the bound and be let go (then the
+    fence stops it from taking over); the kill comes only once the primary, stopped, has
+    not let the replacement go, and a replacement let go is replaced again."""
     grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
     with replicas(tmp_path) as (primary, backup, address):
         link = (tmp_path / "endpoint-link").read_text().strip()
@@ -119,29 +138,37 @@ def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_p
             first = client.push(grads, base=base)
             backup.kill()
             backup.wait()
-            log = open(tmp_path / "replacement.log", "w")  # noqa: SIM115
-            replacement = subprocess.Popen(
-                [sys.executable, "-m", "minips", "server", *SERVE, "--backup-of", link,
-                 "--endpoint-file", str(tmp_path / "endpoint")],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            latest, replacement, log = first, None, None
             try:
-                deadline = time.monotonic() + 60
-                while client.stats()["replication"]["joins"] < 2:  # the second welcomed
-                    assert time.monotonic() < deadline, "the replacement never joined"
-                    time.sleep(0.1)
-                second = client.push(grads, base=first.version)  # forwarded to it
+                for joins in range(2, 7):
+                    replacement, log = _replacement(tmp_path, link)
+                    deadline = time.monotonic() + 60
+                    while client.stats()["replication"]["joins"] < joins:
+                        assert time.monotonic() < deadline, "the replacement never joined"
+                        time.sleep(0.1)
+                    latest = client.push(grads, base=latest.version)  # forwarded to it
+                    os.kill(primary.pid, signal.SIGSTOP)
+                    if _holds_the_state(tmp_path, replacement):
+                        break
+                    os.kill(primary.pid, signal.SIGCONT)  # it was let go: another one
+                    replacement.kill()
+                    replacement.wait()
+                    log.close()
+                else:
+                    raise AssertionError("five replacements were all let go")
                 os.kill(primary.pid, signal.SIGKILL)
                 client._seq = 0  # the first push again, its reply lost
                 again = client.push(grads, base=base)
                 stats = client.stats()
             finally:
-                replacement.kill()
-                replacement.wait()
-                log.close()
-    assert (first.version, second.version) == (1, 2)
+                if replacement is not None:
+                    replacement.kill()
+                    replacement.wait()
+                    log.close()
+    pushes = latest.version  # the first, then one per replacement started
+    assert first.version == 1 and pushes >= 2
     assert (again.version, again.applied) == (first.version, first.applied)
-    assert stats["version"] == 2 and stats["updates"] == 2
+    assert stats["version"] == pushes and stats["updates"] == pushes
     assert stats["replication"]["failovers"], "the replacement took over"
 
 
