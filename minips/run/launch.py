@@ -255,9 +255,14 @@ class LocalRun(ProcessCommands):
             self.processes.start("chromium", headless_argv(url, config.browser, profile))
 
     def _wait_for(self, path: Path, name: str) -> str:
-        """The file `name` writes once it started; an error if it or a server exits first."""
+        """The file `name` writes once it started; an error if it or a server exits first.
+        Once the backups started, a replica lost meanwhile is replaced (a primary serves
+        only once a backup joined it)."""
         servers = [s for s in self._server_names() if s != name]
-        return self.processes.wait_for_file(path, name, self.startup_timeout, needed=servers)
+        replicas = self.replicas.check if self.replicas and self.replicas.started() else None
+        return self.processes.wait_for_file(
+            path, name, self.startup_timeout, needed=servers, meanwhile=replicas
+        )
 
     # --- watching -------------------------------------------------------------------
 

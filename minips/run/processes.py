@@ -192,15 +192,23 @@ class ProcessGroup:
             raise MinipsError(f"{name} exited with code {code}: {last}")
 
     def wait_for_file(
-        self, path: Path, name: str, timeout: float, needed: Iterable[str] = ()
+        self,
+        path: Path,
+        name: str,
+        timeout: float,
+        needed: Iterable[str] = (),
+        meanwhile: Callable[[], None] | None = None,
     ) -> str:
         """The text of `path` once child `name` wrote it; MinipsError if it exits first, if a
         child it `needed` (the server its clients start against) exits meanwhile, or if the
-        timeout passes."""
+        timeout passes. `meanwhile` is called at each look (a server's replicas looked
+        after: one lost while the others start is replaced)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if path.exists() and path.read_text().strip():
                 return path.read_text().strip()
+            if meanwhile is not None:
+                meanwhile()
             for child in (name, *needed):
                 self.check_alive(child)
             time.sleep(0.05)

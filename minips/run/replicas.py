@@ -315,6 +315,10 @@ class ReplicaSet:
         for watch in self.watches:
             watch.start_backup(timeout)
 
+    def started(self) -> bool:
+        """Whether the first backups were started (`start_backups`)."""
+        return all(watch.started for watch in self.watches)
+
     def check(self) -> None:
         """One look at every pair (ReplicaWatch.check)."""
         for watch in self.watches:

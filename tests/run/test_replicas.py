@@ -273,3 +273,24 @@ def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoin
     assert [u["exit_code"] for u in replication["unjoined"]] == [-signal.SIGKILL]
     assert summary["restarts"] == 1 and summary["restart_log"][0]["exit_code"] == -9
     assert summary["ended"] == "finished" and summary["accuracy"] is not None
+
+
+def test_a_backup_lost_before_it_joined_at_start_up_is_replaced_and_the_run_trains(tmp_path):
+    """The first backup SIGKILLed as soon as it exists, before its primary welcomed it (a
+    primary serves only once a backup joined): the launcher replaces it while it waits
+    for the evaluator, and the run trains to its end, the loss and replacement recorded."""
+    out = tmp_path / "startup"
+    proc = _start(out, "--replicas", "2", "--epochs", "3")
+    try:
+        first = _new_backup(out, set())
+        os.kill(first, signal.SIGKILL)
+        summary = _finish(proc, out)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    replication = summary["replication"]
+    assert [b["exit_code"] for b in _killed(replication["backups_lost"])] == [-signal.SIGKILL]
+    assert replication["failovers"] == [] and summary["updates_lost"] == 0
+    _each_lost_replica_replaced(replication)
+    assert summary["ended"] == "finished" and summary["samples"] == 3 * 2000
