@@ -18,9 +18,10 @@ from test_server_support import make_params, running_server
 
 from minips.ops.rule_state import rule_state
 from minips.ops.server_ops import ServerOps
-from minips.ops.snapshot import PLAIN, quiet, read_snapshot, write_snapshot
+from minips.ops.snapshot import quiet, read_snapshot, write_snapshot
 from minips.rules import make_rule
 from minips.server.server import ParameterServer, ServerOptions
+from minips.state.registry import WorkerState
 from minips.state.requests import Origin
 from minips.state.store import SGD
 from minips.worker.client import PSClient
@@ -68,12 +69,16 @@ def _train(server: ParameterServer) -> tuple[PSClient, PSClient]:
     return first, second
 
 
+# What a snapshot need not keep of a worker: when it was last heard and answered (its
+# silence counts afresh on the replica)
+TIMES = ("last_seen", "last_answered")
+
+
 def _registry(server: ParameterServer) -> dict[str, dict]:
+    """Every field of every registry entry (the dataclass's own list, not the snapshot's)."""
     return {
         worker_id: {
-            **{name: getattr(worker, name) for name in PLAIN},
-            "answered": list(worker.answered.items()),
-            "origin": worker.origin,
+            f.name: getattr(worker, f.name) for f in fields(WorkerState) if f.name not in TIMES
         }
         for worker_id, worker in server.registry.by_id.items()
     }
