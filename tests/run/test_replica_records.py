@@ -1,0 +1,84 @@
+"""What the summary says of a failover, from the two replicas' update logs (minips.run.
+replicas.ReplicaWatch): the version the backup took over at, how long the takeover took
+(the link's silence and the bind), and the updates the dead primary did past what its
+backup held (`redone`); a promoted backup counts as a failover only once the fence's file
+names it, and one never welcomed within the grace is stopped and recorded as unjoined."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from minips.results.rundir import RunDir
+from minips.run.replicas import WELCOME_GRACE, ReplicaWatch, welcomed_file
+
+
+class Promoted:
+    """A promoted backup as the watch sees it: its pid, its log's generation, alive or not."""
+
+    def __init__(self, pid: int, generation: int) -> None:
+        self.pid, self.generation, self.log_name = pid, generation, "backup"
+        self.killed = False
+
+    def exited(self) -> bool:
+        return self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def _log(path: Path, *records: dict) -> None:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def _watch(tmp_path: Path, shard: int = 1, servers: int = 2) -> ReplicaWatch:
+    run_dir = RunDir(tmp_path)
+    return ReplicaWatch(None, tmp_path / "config.json", run_dir, time.monotonic(), shard, servers)
+
+
+def _pending(watch: ReplicaWatch, dead_generation: int, grace: float = WELCOME_GRACE) -> None:
+    failover = watch._record(exit_code=-9)
+    watch._pending = (time.monotonic() + grace, dead_generation, failover)
+
+
+def test_a_welcomed_backup_is_a_failover_read_from_both_logs(tmp_path):
+    watch = _watch(tmp_path)
+    dead, promoted = 0, Promoted(pid=4242, generation=1)
+    _log(
+        watch.dir.updates_log(dead, 1), *({"event": "update", "version": v} for v in range(50, 58))
+    )
+    _log(watch.dir.updates_log(1, 1),
+         {"event": "failover", "silent_s": 1.02, "bind_s": 0.05, "version": 55},
+         *({"event": "update", "version": v} for v in range(56, 61)))  # fmt: skip
+    welcomed_file(watch.endpoint).write_text("4242\n")  # the fence names it
+    _pending(watch, dead)
+    watch._confirm(promoted)
+    records = watch.records()
+    (failover,) = records["failovers"]
+    assert failover["shard"] == 1 and failover["exit_code"] == -9
+    assert failover["version"] == 55
+    assert failover["takeover_s"] == pytest.approx(1.07)  # the silence, then the bind
+    assert failover["redone"] == 2  # 56 and 57: done by the dead primary, again by this one
+    assert records["unjoined"] == [] and not promoted.killed
+
+
+def test_a_promoted_backup_the_fence_does_not_name_is_stopped_after_the_grace(tmp_path):
+    watch = _watch(tmp_path)
+    promoted = Promoted(pid=4242, generation=1)
+    welcomed_file(watch.endpoint).write_text("999\n")  # another backup holds the state
+    _pending(watch, dead_generation=0, grace=0.2)
+    watch._confirm(promoted)
+    assert watch._pending is not None and not promoted.killed  # within its grace: waited for
+    time.sleep(0.3)
+    watch._confirm(promoted)
+    assert promoted.killed and watch.failovers == []
+    (unjoined,) = watch.records()["unjoined"]
+    assert unjoined["shard"] == 1 and promoted.generation == 0  # it logs as the dead one's next
+
+
+def test_every_record_of_a_group_names_its_shard_the_roots_too(tmp_path):
+    assert _watch(tmp_path, shard=0, servers=2)._record()["shard"] == 0
+    assert "shard" not in _watch(tmp_path, shard=0, servers=1)._record()  # a lone server
