@@ -5,14 +5,18 @@ acknowledgement of that decision like any other (docs/protocol.md 17.1)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 from test_replica_link import Backup, _read_until
 from test_server_support import RawPeer, make_params
+from test_snapshot import _state
 
-from minips.ops.replication import PRIMARY, ReplicaSettings, ReplicatedServer
+from minips.ops.replica_link import FAILOVER_AFTER
+from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
@@ -21,14 +25,18 @@ from minips.server.server import ServerOptions
 from minips.state.store import SGD
 
 
+def _replica(settings: ReplicaSettings, rule: str = "asgd") -> ReplicatedServer:
+    """One replica of a 2-worker run (its pulls held until both said hello)."""
+    params = make_params()
+    return ReplicatedServer(params, make_rule(rule), SGD(params, lr=0.5),
+                            ServerOptions(world_size=2), config={"model": "test"},
+                            operations=ServerOps, replica=settings)  # fmt: skip
+
+
 @contextmanager
 def primary_with_backup() -> Iterator[tuple[ReplicatedServer, Backup]]:
-    """A primary of a 2-worker run (its pulls held until both said hello) and the test's
-    backup, welcomed on the real link."""
-    params = make_params()
-    server = ReplicatedServer(params, make_rule("asgd"), SGD(params, lr=0.5),
-                              ServerOptions(world_size=2), config={"model": "test"},
-                              operations=ServerOps, replica=ReplicaSettings(PRIMARY))  # fmt: skip
+    """A primary and the test's backup, welcomed on the real link."""
+    server = _replica(ReplicaSettings(PRIMARY))
     link = server.link
     assert link is not None
     backup = Backup(server._link_ctx, link)
@@ -105,3 +113,109 @@ def test_a_stop_the_primary_begins_is_an_input_for_the_backup():
         message = _input(backup)
         assert (message["r"], message["stop"]) == ("event", "a signal")
         assert server.stopping
+
+
+# ------------------------------------------------------------- a real backup beside it
+
+
+@contextmanager
+def primary_and_backup(tmp_path) -> Iterator[tuple[ReplicatedServer, ReplicatedServer, dict]]:
+    """A primary driven by the test and a real backup following it in a thread; `outcome`
+    gets "took_over" (follow's answer) once the backup's loop returned, and "welcomed"."""
+    primary = _replica(ReplicaSettings(PRIMARY), rule="dana-gap")
+    backup_of = ReplicaSettings(BACKUP, backup_of=primary.link.endpoint,
+                                checkpoint_path=tmp_path / "taken.npz")  # fmt: skip
+    backup = _replica(backup_of, rule="dana-gap")
+    outcome: dict = {}
+    backup.on_welcome = lambda: outcome.setdefault("welcomed", True)
+    backup.holds_state = lambda: True  # the fence's file is the launcher's: not here
+    follower = threading.Thread(target=lambda: outcome.setdefault("took_over", backup.follow()))
+    follower.start()
+    try:
+        _read_until(primary.link, lambda: primary.link.joining is not None, timeout=30)
+        primary.link.welcome(primary)
+        deadline = time.monotonic() + 30
+        while "welcomed" not in outcome:  # it read the snapshot
+            assert time.monotonic() < deadline and follower.is_alive(), "never welcomed"
+            time.sleep(0.02)
+        yield primary, backup, outcome
+    finally:
+        primary.close()
+        follower.join(timeout=10)
+        backup.close()
+
+
+def _until_held(primary: ReplicatedServer, timeout: float = 10.0) -> None:
+    """The primary's link turned until the backup acknowledged every input sent."""
+    link, deadline = primary.link, time.monotonic() + timeout
+    while primary.replies.acked < link.sent:
+        assert time.monotonic() < deadline, f"acknowledged {primary.replies.acked} of {link.sent}"
+        link.socket.poll(20)
+        link.turn(time.monotonic(), primary)
+
+
+def _same_state(primary: ReplicatedServer, backup: ReplicatedServer) -> None:
+    """The backup applies an input just after acknowledging it: compared once it did."""
+    deadline = time.monotonic() + 10
+    while _state(backup) != _state(primary) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    expected, got = _state(primary), _state(backup)
+    for part in expected:
+        assert got[part] == expected[part], part
+
+
+def _train_one_worker(primary: ReplicatedServer, worker: RawPeer) -> None:
+    worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
+    _serve_next(primary)
+    _until_held(primary)
+    worker.recv()
+    primary.replicate_event({"assembled": True})  # the second worker never comes
+    grads = {name: np.full_like(p, 0.1) for name, p in make_params().items()}
+    for seq in range(3):
+        worker.send(wire.encode({"op": "push", "worker": "w0", "seq": seq, "base": 0,
+                                 "last": True, "rid": 10 + seq}, grads))  # fmt: skip
+        _serve_next(primary)
+        _until_held(primary)
+        assert worker.recv().op == "push"
+
+
+def test_a_backup_holds_what_its_primary_did_and_stays_while_the_link_beats(tmp_path):
+    with primary_and_backup(tmp_path) as (primary, backup, outcome):
+        with RawPeer(primary.endpoint) as worker:
+            _train_one_worker(primary, worker)
+            silent = primary.registry.by_id["w0"]
+            silent.last_seen = silent.last_answered = time.monotonic() - 60
+            primary.replicate_event(primary.timers.decide(time.monotonic()))
+            _until_held(primary)
+        _same_state(primary, backup)
+        assert not backup.registry.by_id["w0"].alive and primary.store.version == 3
+        beating = time.monotonic() + 2 * FAILOVER_AFTER  # only beats: still a backup
+        while time.monotonic() < beating:
+            primary.link.socket.poll(20)
+            primary.link.turn(time.monotonic(), primary)
+        assert "took_over" not in outcome and primary.link.backup is not None
+
+
+def test_a_backup_whose_primary_fell_silent_takes_over_as_a_whole_primary(tmp_path):
+    with primary_and_backup(tmp_path) as (primary, backup, outcome):
+        with RawPeer(primary.endpoint) as worker:
+            _train_one_worker(primary, worker)
+        _same_state(primary, backup)
+        primary.close()  # its link and the clients' address gone at once, as on SIGKILL
+        deadline = time.monotonic() + 30
+        while "took_over" not in outcome:
+            assert time.monotonic() < deadline, "the backup never took over"
+            time.sleep(0.05)
+        taken_at = time.monotonic()
+        assert outcome["took_over"] is True and backup.role == PRIMARY
+        assert backup.endpoint == primary.endpoint  # the clients' address
+        assert backup.registry.grace == ServerOptions().heartbeat_timeout  # its clock again
+        # a full heartbeat for each worker to reconnect, from the takeover
+        assert all(taken_at - w.last_seen < 5 for w in backup.registry.by_id.values())
+        assert backup.options.checkpoint_path == tmp_path / "taken.npz"
+        assert backup.ops.checkpoints.path == tmp_path / "taken.npz"
+        assert backup.link is not None and backup.link.sent == backup.sent
+        assert backup.link.before_alone is not None  # the fence holds for its next backup
+        (record,) = backup.failovers
+        assert record["version"] == 3 and record["silent_s"] >= FAILOVER_AFTER
+        assert backup.stats()["replication"]["failovers"] == [record]
