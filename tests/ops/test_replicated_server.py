@@ -219,3 +219,21 @@ def test_a_backup_whose_primary_fell_silent_takes_over_as_a_whole_primary(tmp_pa
         (record,) = backup.failovers
         assert record["version"] == 3 and record["silent_s"] >= FAILOVER_AFTER
         assert backup.stats()["replication"]["failovers"] == [record]
+
+
+def test_a_primary_that_finishes_tells_its_backup_to_end_and_it_never_takes_over(tmp_path):
+    with primary_and_backup(tmp_path) as (primary, backup, outcome):
+        with RawPeer(primary.endpoint) as worker:
+            _train_one_worker(primary, worker)
+        primary.stop.request("the test is done")
+        primary.begin_stop()  # an input for the backup too, acknowledged before the end
+        deadline = time.monotonic() + 30
+        while not primary.finished():
+            assert time.monotonic() < deadline, "the primary never finished"
+            primary.link.socket.poll(20)
+            primary.link.turn(time.monotonic(), primary)
+        while "took_over" not in outcome:
+            assert time.monotonic() < deadline, "the backup never ended"
+            time.sleep(0.02)
+        assert outcome["took_over"] is False and backup.role == BACKUP
+        assert backup.stopping  # it applied the stop as the primary did
