@@ -1,4 +1,4 @@
-"""`minips launch --replicas 2` under mpirun: rank 0 runs the server's primary and its
+"""`minips launch --replicas 2` under mpirun and torchrun: rank 0 runs the server's primary and its
 backup as its children; the primary SIGKILLed, the backup takes over on the job's root
 address, the job (whose ranks all live) finishes with the failover in its summary and no
 update lost. A group's shards, ranks of their own, are refused replicas."""
@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_launch_group import _free_port
@@ -26,15 +27,34 @@ JOB = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.
        "--momentum", "0.5", "--epochs", "30", "--seed", "0", "--eval-interval", "30")  # fmt: skip
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (openmpi-bin) is not installed")
-def test_under_mpirun_a_killed_primary_fails_over_and_the_job_finishes(tmp_path):
-    out = tmp_path / "mpi"
-    # rank 0: the coordinator (primary and backup its children); ranks 1, 2: the workers
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "3", *MINIPS, "launch",
-            "--port", str(_free_port()), "--out", str(out), "--replicas", "2",
-            *JOB]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, **WORKER_ENV})  # fmt: skip
+def _torchrun() -> str | None:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    return torchrun if Path(torchrun).exists() else None
+
+
+def _launcher(name: str, out: Path) -> list[str]:
+    """3 processes under `name`: rank 0 the coordinator (primary and backup its
+    children), ranks 1 and 2 the workers."""
+    if name == "mpirun":
+        if shutil.which("mpirun") is None:
+            pytest.skip("mpirun (openmpi-bin) is not installed")
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "3", *MINIPS,
+                "launch", "--port", str(_free_port()), "--out", str(out), "--replicas", "2",
+                *JOB]  # fmt: skip
+    if (torchrun := _torchrun()) is None:
+        pytest.skip("torchrun (the optional PyTorch) is not installed")
+    # the job's root listens on MASTER_PORT + 1 (the agent's rendezvous store on MASTER_PORT)
+    return [torchrun, "--nproc-per-node", "3", "--master-port", str(_free_port()), "--no-python",
+            *MINIPS, "launch", "--out", str(out), "--replicas", "2", *JOB]  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_under_a_launcher_a_killed_primary_fails_over_and_the_job_finishes(tmp_path, launcher):
+    out = tmp_path / launcher
+    env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_launcher(launcher, out), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)  # fmt: skip
     try:
         _kill_at(out, "primary", version=40)
         stdout, stderr = proc.communicate(timeout=300)
