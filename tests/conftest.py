@@ -2,6 +2,7 @@
 docs, examples, CI) at the top. Shared helpers (test_server_support.py, ...) and the test
 modules others reuse are imported by name, so every folder of tests/ is on the path."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,8 +31,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: two test processes per core. Most tests wait on real processes (a run's
     server, workers, a browser) for about half their time, so a second test per core fills
     that wait: on 2 cores the suite measured 644 s with 4 against 730 s with 2."""
-    import os
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return 2 * (cores or 1)
 
@@ -41,7 +40,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     it). With pyproject's `--maxschedchunk 1` xdist hands each test process one test at a
     time, so the long ones (a run with kills, a browser class) run side by side from the start
     instead of one of them starting last and holding the suite's end while the other test
-    processes sit idle. A test the list does not name keeps its place after them."""
+    processes sit idle. A test the list does not name keeps its place after them.
+    MINIPS_KEEP_TEST_ORDER=1 keeps the order the command line gives (tools/mutate.py: a
+    mutant's own fast tests first, so a killed one is decided in seconds)."""
+    if os.environ.get("MINIPS_KEEP_TEST_ORDER"):
+        return
     seconds = {}
     for line in (TESTS / "slowest.txt").read_text().splitlines():
         fields = line.split()

@@ -74,6 +74,7 @@ def test_a_reply_a_clock_decision_produces_waits_for_the_backup_to_hold_the_deci
         worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
         _serve_next(server)
         assert _input(backup)["n"] == 1
+        assert not worker.has_reply(0.3), "the hello's reply left before the backup held it"
         _ack(server, backup, 1)
         assert worker.recv().op == "hello"
         worker.send(wire.encode({"op": "pull", "worker": "w0", "rid": 2}))
@@ -237,3 +238,23 @@ def test_a_primary_that_finishes_tells_its_backup_to_end_and_it_never_takes_over
             time.sleep(0.02)
         assert outcome["took_over"] is False and backup.role == BACKUP
         assert backup.stopping  # it applied the stop as the primary did
+
+
+def test_an_assembly_a_request_ended_by_the_clock_ends_on_the_backup_too(tmp_path):
+    """The backup never ends the assembly by its own clock: a hello that comes after the
+    primary's grace ended it there, and the primary says so as an event."""
+    with primary_and_backup(tmp_path) as (primary, backup, outcome):
+        with RawPeer(primary.endpoint) as worker:
+            hello = wire.encode({"op": "hello", "worker": "w0", "rid": 1})
+            worker.send(hello)
+            _serve_next(primary)
+            _until_held(primary)
+            worker.recv()
+            primary.registry.grace = 0.05  # the one worker of two waited for long enough
+            time.sleep(0.1)
+            worker.send(hello)  # the same worker again: the assembly ends in its handling
+            _serve_next(primary)
+            _until_held(primary)
+            worker.recv()
+        assert not primary.registry.assembling
+        _same_state(primary, backup)
