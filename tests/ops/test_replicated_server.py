@@ -258,3 +258,35 @@ def test_an_assembly_a_request_ended_by_the_clock_ends_on_the_backup_too(tmp_pat
             worker.recv()
         assert not primary.registry.assembling
         _same_state(primary, backup)
+
+
+def test_a_join_is_welcomed_only_at_a_quiet_point_and_kept_once_welcomed():
+    """A pull held (the assembly goes on) is state no snapshot holds: the backup that asks
+    to join waits until it is answered; welcomed later than the bound after the link
+    opened, it is not let go for the silence before it came."""
+    server = _replica(ReplicaSettings(PRIMARY))
+    link = server.link
+    backup = Backup(server._link_ctx, link)
+    try:
+        with RawPeer(server.endpoint) as worker:
+            worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
+            _serve_next(server)  # no backup yet: answered at once
+            assert worker.recv().op == "hello"
+            worker.send(wire.encode({"op": "pull", "worker": "w0", "rid": 2}))
+            _serve_next(server)  # held: one of two workers came
+            backup.send({"r": "join"})
+            time.sleep(FAILOVER_AFTER + 0.2)  # the link was silent longer than the bound
+            for _ in range(10):
+                link.socket.poll(20)
+                link.turn(time.monotonic(), server)
+            assert link.joining is not None and link.backup is None, "welcomed while not quiet"
+            assert backup.receive(200) is None
+            server.replicate_event({"assembled": True})  # the pull answered: quiet again
+            assert worker.recv().op == "pull"
+            link.turn(time.monotonic(), server)
+            assert backup.receive()["r"] == "welcome" and link.backup is not None
+            link.turn(time.monotonic(), server)
+            assert link.backup is not None, "let go for the silence before its welcome"
+    finally:
+        backup.socket.close(linger=0)
+        server.close()
