@@ -290,3 +290,14 @@ def test_a_join_is_welcomed_only_at_a_quiet_point_and_kept_once_welcomed():
     finally:
         backup.socket.close(linger=0)
         server.close()
+
+
+def test_the_loop_wakes_for_an_acknowledgement_not_only_for_a_request():
+    """A reply held for the backup leaves when its acknowledgement arrives, not at the
+    loop's next timer turn: the loop's poller watches the link as well as the clients."""
+    server = _replica(ReplicaSettings(PRIMARY))
+    try:
+        watched = [socket for socket, _ in server.poller().sockets]
+        assert server.socket in watched and server.link.socket in watched
+    finally:
+        server.close()
