@@ -19,6 +19,12 @@ chosen subset can only kill fewer mutants than the whole suite: the score is a l
 The score is the share of valid mutants killed, overall, for those marked "recent", and by
 kind.
 
+The lists: tools/mutants.json (written beside the tests they target), tools/mutants_fresh.json
+(written from minips/ and docs/ alone, tests/ unread; its tests chosen by module name) and
+tools/mutants_replication.json (the same way, for the replicated server: minips/ops/
+replication.py, replica_link.py, snapshot.py, minips/run/replicas.py; each runs the
+replication tests, the fast ones first).
+
 Each job has its own copy of the tree, so `--jobs 2` runs two mutants at once; a mutant's
 file is restored after its run, so a copy serves every mutant of its job.
 """
