@@ -104,6 +104,13 @@ def _kill_at(out: Path, which: str, version: int) -> int:
     raise AssertionError("the run did not train with a backup attached")
 
 
+def _stop_if_running(proc: subprocess.Popen) -> None:
+    """A run the test leaves (its assertion failed): its whole process group killed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def _finish(proc: subprocess.Popen, out: Path) -> dict:
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
@@ -136,9 +143,7 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
         calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
     finally:
         for running in (calm_proc, proc):
-            if running.poll() is None:
-                os.killpg(running.pid, signal.SIGKILL)
-                running.communicate()
+            _stop_if_running(running)
     assert summary["loss"] == calm_summary["loss"]
     assert summary["accuracy"] == calm_summary["accuracy"]
     assert summary["updates"] == calm_summary["updates"]
@@ -182,9 +187,7 @@ def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_pa
         calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
     finally:
         for running in (calm_proc, proc):
-            if running.poll() is None:
-                os.killpg(running.pid, signal.SIGKILL)
-                running.communicate()
+            _stop_if_running(running)
     assert (summary["loss"], summary["accuracy"]) == (
         calm_summary["loss"],
         calm_summary["accuracy"],
@@ -215,9 +218,7 @@ def test_every_acknowledged_push_is_applied_once_across_a_failover(tmp_path, rul
         _kill_at(out, "primary", version=100)
         summary = _finish(proc, out)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        _stop_if_running(proc)
     reports = [json.loads(path.read_text()) for path in sorted(out.glob("worker-*.json"))]
     assert len(reports) == 2 and all(report["finished"] for report in reports)
     assert summary["updates"] == sum(report["steps"] for report in reports)
@@ -264,9 +265,7 @@ def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoin
         os.kill(promoted, signal.SIGKILL)
         summary = _finish(proc, out)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        _stop_if_running(proc)
     replication = summary["replication"]
     assert len(replication["failovers"]) == 1
     assert replication["failovers"][0]["takeover_s"] > 0  # the record is whole
@@ -286,9 +285,7 @@ def test_a_backup_lost_before_it_joined_at_start_up_is_replaced_and_the_run_trai
         os.kill(first, signal.SIGKILL)
         summary = _finish(proc, out)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        _stop_if_running(proc)
     replication = summary["replication"]
     assert [b["exit_code"] for b in _killed(replication["backups_lost"])] == [-signal.SIGKILL]
     assert replication["failovers"] == [] and summary["updates_lost"] == 0
