@@ -41,9 +41,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     time, so the long ones (a run with kills, a browser class) run side by side from the start
     instead of one of them starting last and holding the suite's end while the other test
     processes sit idle. A test the list does not name keeps its place after them.
-    MINIPS_KEEP_TEST_ORDER=1 keeps the order the command line gives (tools/mutate.py: a
+    KEEP_TEST_ORDER=1 keeps the order the command line gives (tools/mutate.py: a
     mutant's own fast tests first, so a killed one is decided in seconds)."""
-    if os.environ.get("MINIPS_KEEP_TEST_ORDER"):
+    if os.environ.get("KEEP_TEST_ORDER"):
         return
     seconds = {}
     for line in (TESTS / "slowest.txt").read_text().splitlines():
