@@ -34,9 +34,9 @@ def _replica(settings: ReplicaSettings, rule: str = "asgd") -> ReplicatedServer:
 
 
 @contextmanager
-def primary_with_backup() -> Iterator[tuple[ReplicatedServer, Backup]]:
+def primary_with_backup(rule: str = "asgd") -> Iterator[tuple[ReplicatedServer, Backup]]:
     """A primary and the test's backup, welcomed on the real link."""
-    server = _replica(ReplicaSettings(PRIMARY))
+    server = _replica(ReplicaSettings(PRIMARY), rule=rule)
     link = server.link
     assert link is not None
     backup = Backup(server._link_ctx, link)
@@ -306,3 +306,24 @@ def test_the_loop_wakes_for_an_acknowledgement_not_only_for_a_request():
         assert server.socket in watched and server.link.socket in watched
     finally:
         server.close()
+
+
+def test_an_ssgd_round_the_assemblys_end_completes_is_answered_once_the_backup_holds_it():
+    """ssgd holds a round until every worker of the run pushed; the assembly's end (an
+    event of the primary's clock) makes the round the registered workers', and the rule's
+    timer completes it: carried out on both replicas, answered after the acknowledgement."""
+    grads = {name: np.full_like(p, 0.1) for name, p in make_params().items()}
+    with primary_with_backup("ssgd") as (server, backup), RawPeer(server.endpoint) as worker:
+        worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
+        _serve_next(server)
+        _ack(server, backup, _input(backup)["n"])
+        assert worker.recv().op == "hello"
+        push = {"op": "push", "worker": "w0", "seq": 0, "base": 0, "last": True, "rid": 2}
+        worker.send(wire.encode(push, grads))
+        _serve_next(server)  # held: the round waits for the second worker
+        _ack(server, backup, _input(backup)["n"])
+        assert not worker.has_reply(0.3) and server.store.version == 0
+        server.replicate_event({"assembled": True})
+        _ack(server, backup, _input(backup)["n"])
+        reply = worker.recv()
+        assert reply.op == "push" and reply.header["version"] == 1 and server.store.version == 1
