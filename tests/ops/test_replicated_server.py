@@ -11,12 +11,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
+import zmq
 from test_replica_link import Backup, _read_until
 from test_server_support import RawPeer, make_params
 from test_snapshot import _state
 
+from minips.errors import MinipsError
 from minips.ops.replica_link import FAILOVER_AFTER
-from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
+from minips.ops.replication import (
+    BACKUP,
+    PRIMARY,
+    ReplicaSettings,
+    ReplicatedServer,
+    bind_retrying,
+)
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
@@ -327,3 +336,29 @@ def test_an_ssgd_round_the_assemblys_end_completes_is_answered_once_the_backup_h
         _ack(server, backup, _input(backup)["n"])
         reply = worker.recv()
         assert reply.op == "push" and reply.header["version"] == 1 and server.store.version == 1
+
+
+def test_a_takeover_binds_the_clients_address_once_the_process_holding_it_let_it_go():
+    """The dead primary's address may still be held for a moment (its process not yet
+    reaped): the takeover tries again until it is free, and gives up only after its bound."""
+    with zmq.Context() as context:
+        holder, taker = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+        for socket in (holder, taker):
+            socket.linger = 0
+        holder.bind("tcp://127.0.0.1:*")
+        where = holder.getsockopt_string(zmq.LAST_ENDPOINT)
+        release = threading.Timer(0.5, holder.close)
+        release.start()
+        try:
+            assert bind_retrying(taker, where, timeout=30) == where
+        finally:
+            release.join()
+            taker.close()
+        held, other = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+        held.bind("tcp://127.0.0.1:*")  # a primary that lives on
+        started = time.monotonic()
+        with pytest.raises(MinipsError):  # still answering, or still in use
+            bind_retrying(other, held.getsockopt_string(zmq.LAST_ENDPOINT), timeout=0.5)
+        assert time.monotonic() - started >= 0.5  # tried again until its bound
+        held.close(linger=0)
+        other.close(linger=0)
