@@ -90,7 +90,7 @@ def _state(server: ParameterServer) -> dict:
     return {
         "params": {name: array.tobytes() for name, array in store.params.items()},
         "version": store.version,
-        "versions": dict(store.versions) if hasattr(store, "versions") else None,
+        "param_versions": dict(store.param_versions),
         "velocity": {n: v.tobytes() for n, v in store.optimizer.velocity.items()},
         "rule": {n: np.asarray(a).tobytes() for n, a in rule_state(server.rule).items()},
         "registry": _registry(server),
