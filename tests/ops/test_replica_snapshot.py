@@ -83,3 +83,45 @@ def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tm
             log.close()
     assert stats["replication"]["role"] == "primary"
     assert stats["group"]["addresses"] == [root, shard_address]
+
+
+def test_a_shard_backup_that_took_over_joins_the_root_with_the_clients_address(tmp_path):
+    """Shard 1's backup binds a private address while it follows; once its primary is
+    killed it takes over the clients' address and joins the root with that one, so the
+    group map every client reads names an address that serves (17.5)."""
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def start(name: str, *argv: str) -> subprocess.Popen:
+        logs.append(open(tmp_path / f"{name}.log", "w"))  # noqa: SIM115
+        command = [sys.executable, "-m", "minips", "server", *argv]
+        procs.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
+    try:
+        start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
+              "--endpoint-file", str(endpoint))  # fmt: skip
+        root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
+        start("root-backup", *SERVE, "--shard", "0", "--backup-of", link)
+        shard = start("shard", "--servers", "2", "--shard", "1", "--root", root, *TCP,
+                      "--endpoint-file", str(shard_endpoint))  # fmt: skip
+        shard_link = _wait_file(Path(f"{shard_endpoint}-link"))
+        shard_backup = start("shard-backup", *SERVE, "--shard", "1", "--root", root,
+                             "--backup-of", shard_link)  # fmt: skip
+        shard_address = _wait_file(shard_endpoint)
+        _until(shard_address, lambda stats: stats["replication"]["backup"])
+        os.kill(shard.pid, signal.SIGKILL)
+        # the backup took over and the root took its join (it names itself in the map)
+        taken = _until(shard_address, lambda stats: stats["replication"]["pid"]
+                       == shard_backup.pid and stats["group"]["addresses"][1] is not None)  # fmt: skip
+        group = _until(root, lambda stats: True)["group"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for log in logs:
+            log.close()
+    assert taken["replication"]["role"] == "primary"
+    assert taken["group"]["addresses"] == [root, shard_address]
+    assert group["addresses"] == [root, shard_address]

@@ -39,9 +39,10 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
 
 @contextmanager
 def replicas(
-    tmp_path: Path, *options: str
+    tmp_path: Path, *options: str, backup_options: tuple[str, ...] = ()
 ) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
-    """A primary and its backup; yields both processes and the clients' address."""
+    """A primary and its backup (also given `backup_options`); yields both processes and
+    the clients' address."""
     endpoint = tmp_path / "endpoint"
     server = [sys.executable, "-m", "minips", "server", *SERVE, *options]
     logs = [open(tmp_path / name, "w") for name in ("primary.log", "backup.log")]  # noqa: SIM115
@@ -53,7 +54,8 @@ def replicas(
         address = _wait_file(endpoint, primary)
         link = _wait_file(Path(f"{endpoint}-link"), primary)
         # the same endpoint file, as a launcher starts it: the fence's (protocol.md 17.2)
-        backup = subprocess.Popen([*server, "--backup-of", link, "--endpoint-file", str(endpoint)],
+        backup = subprocess.Popen([*server, *backup_options, "--backup-of", link,
+                                   "--endpoint-file", str(endpoint)],
                                   stdout=logs[1], stderr=subprocess.STDOUT)  # fmt: skip
         yield primary, backup, address
     finally:
@@ -86,6 +88,77 @@ def test_a_backup_the_primary_let_go_never_takes_over(tmp_path):
         assert backup.wait(timeout=30) == 2
     said = (tmp_path / "backup.log").read_text()
     assert "served alone" in said and "took over" not in said, said
+
+
+def test_a_backup_let_go_never_takes_over_from_the_replacement_that_holds_the_state(tmp_path):
+    """The fence names the one backup that holds the state: the first backup stalls and is
+    let go, a replacement joins and is welcomed, a push is acknowledged with it; then the
+    primary dies. The first backup, behind that push, exits though it alone could take
+    over (the replacement stopped meanwhile); the replacement takes over with every
+    acknowledged push."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path) as (primary, backup, address):
+        link = _wait_file(tmp_path / "endpoint-link", primary)
+        _wait_file(tmp_path / "endpoint-backup", primary)
+        replacement, log = None, None
+        try:
+            with PSClient(address, timeout=5.0, retries=0, worker_id="w") as client:
+                client.hello({"host": "test"})
+                assert client.push(grads, base=client.pull().version).version == 1
+                os.kill(backup.pid, signal.SIGSTOP)
+                assert client.push(grads, base=1).version == 2  # the backup let go
+                replacement, log = _replacement(tmp_path, link)
+                deadline = time.monotonic() + 60
+                while not _holds_the_state(tmp_path, replacement):
+                    assert time.monotonic() < deadline, "the replacement was never welcomed"
+                    assert replacement.poll() is None, "the replacement exited"
+                    time.sleep(0.05)
+                assert client.push(grads, base=2).version == 3  # held until the replacement had it
+            os.kill(replacement.pid, signal.SIGSTOP)  # the first backup alone could take over
+            os.kill(primary.pid, signal.SIGKILL)
+            primary.wait()
+            os.kill(backup.pid, signal.SIGCONT)
+            assert backup.wait(timeout=30) == 2
+            os.kill(replacement.pid, signal.SIGCONT)
+            with PSClient(address, timeout=2.0, retries=15, worker_id="w") as client:
+                stats = client.stats()
+            assert replacement.poll() is None, "the replacement serves"
+        finally:
+            if replacement is not None:
+                replacement.kill()
+                replacement.wait()
+                log.close()
+    assert stats["version"] == 3 and stats["replication"]["pid"] == replacement.pid
+    assert "took over" not in (tmp_path / "backup.log").read_text()
+
+
+def test_a_backup_writes_checkpoints_only_once_it_took_over(tmp_path):
+    """Both replicas are given a checkpoint path (here each its own, to tell them apart):
+    the backup that follows writes none, the primary's are the run's; once the backup
+    took over, its checkpoints are written."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    primary_file, backup_file = tmp_path / "primary.npz", tmp_path / "backup.npz"
+    every = ("--checkpoint-every", "1", "--checkpoint-interval", "0.2")
+    with replicas(tmp_path, *every, "--checkpoint", str(primary_file),
+                  backup_options=("--checkpoint", str(backup_file))) as (primary, backup, address):  # fmt: skip
+        _wait_file(tmp_path / "endpoint-backup", primary)
+        with PSClient(address, timeout=5.0, retries=10, worker_id="w") as client:
+            client.hello({"host": "test"})
+            version = client.pull().version
+            for _ in range(3):  # each acknowledged once the backup applied it
+                version = client.push(grads, base=version).version
+            deadline = time.monotonic() + 30
+            while not primary_file.exists():
+                assert time.monotonic() < deadline, "the primary wrote no checkpoint"
+                time.sleep(0.05)
+            time.sleep(0.5)  # past the checkpoint interval on the backup too
+            assert not backup_file.exists(), "the backup wrote a checkpoint while it followed"
+            os.kill(primary.pid, signal.SIGKILL)
+            assert client.push(grads, base=version).version == 4  # to the backup, which took over
+            deadline = time.monotonic() + 30
+            while not backup_file.exists():
+                assert time.monotonic() < deadline, "the backup that took over wrote no checkpoint"
+                time.sleep(0.05)
 
 
 def test_a_push_retried_across_the_failover_is_applied_once(tmp_path):
