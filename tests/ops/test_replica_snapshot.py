@@ -112,9 +112,13 @@ def test_a_shard_backup_that_took_over_joins_the_root_with_the_clients_address(t
         shard_address = _wait_file(shard_endpoint)
         _until(shard_address, lambda stats: stats["replication"]["backup"])
         os.kill(shard.pid, signal.SIGKILL)
+
         # the backup took over and the root took its join (it names itself in the map)
-        taken = _until(shard_address, lambda stats: stats["replication"]["pid"]
-                       == shard_backup.pid and stats["group"]["addresses"][1] is not None)  # fmt: skip
+        def taken_and_joined(stats: dict) -> bool:
+            return (stats["replication"]["pid"] == shard_backup.pid
+                    and stats["group"]["addresses"][1] is not None)  # fmt: skip
+
+        taken = _until(shard_address, taken_and_joined)
         group = _until(root, lambda stats: True)["group"]
     finally:
         for proc in procs:

@@ -139,8 +139,9 @@ def test_a_backup_writes_checkpoints_only_once_it_took_over(tmp_path):
     grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
     primary_file, backup_file = tmp_path / "primary.npz", tmp_path / "backup.npz"
     every = ("--checkpoint-every", "1", "--checkpoint-interval", "0.2")
-    with replicas(tmp_path, *every, "--checkpoint", str(primary_file),
-                  backup_options=("--checkpoint", str(backup_file))) as (primary, backup, address):  # fmt: skip
+    pair = replicas(tmp_path, *every, "--checkpoint", str(primary_file),
+                    backup_options=("--checkpoint", str(backup_file)))  # fmt: skip
+    with pair as (primary, backup, address):
         _wait_file(tmp_path / "endpoint-backup", primary)
         with PSClient(address, timeout=5.0, retries=10, worker_id="w") as client:
             client.hello({"host": "test"})
