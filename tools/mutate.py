@@ -17,7 +17,9 @@ mutated module (its dotted name, its path, or `from <package> import <module>`) 
 none does, any module of its package; `--all` runs the whole suite for every mutant. A
 chosen subset can only kill fewer mutants than the whole suite: the score is a lower bound.
 The score is the share of valid mutants killed, overall, for those marked "recent", and by
-kind.
+kind. After the mutants, the baseline: each test that killed one runs again on the clean
+tree (and each selection a mutant timed out in); a kill by a test that fails without any
+mutant (a slow machine's timing, a broken test) is "unconfirmed" and not counted.
 
 The lists: tools/mutants.json (written beside the tests they target), tools/mutants_fresh.json
 (written from minips/ and docs/ alone, tests/ unread; its tests chosen by module name) and
@@ -81,6 +83,35 @@ def tests_for(tree: Path, mutant: dict, run_all: bool) -> list[str]:
     return chosen
 
 
+def run_tests(tree: Path, tests: list[str], timeout: float, first_failure: bool = True) -> dict:
+    """Run `tests` in `tree` (in the given order, one process): pytest's exit code (None: it
+    timed out), its last line and the node ids that failed."""
+    # the tests in the list's order (the ones written for the code first), not slowest first;
+    # not a MINIPS_ name: minips warns of those it does not read, which tests of one-line
+    # errors would take for a kill
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
+           "KEEP_TEST_ORDER": "1"}  # fmt: skip
+    stop_early = ["-x"] if first_failure else []
+    command = [sys.executable, "-m", "pytest", *stop_early, "-q", "-n", "0",
+               "-p", "no:cacheprovider", *tests]  # fmt: skip
+    # Its own process group: a timeout or an interrupt ends the tests' servers and runs too.
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    proc = subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, **output)
+    RUNNING.add(proc)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+        lines = stdout.strip().splitlines()
+        # which test failed: a kill on a loaded machine can be read for a timing failure
+        failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in lines
+                  if line.startswith("FAILED ")]  # fmt: skip
+        return {"code": proc.returncode, "last_line": lines[-1] if lines else "", "failed": failed}
+    except subprocess.TimeoutExpired:
+        return {"code": None, "last_line": "timeout", "failed": []}
+    finally:
+        end_group(proc)
+        RUNNING.discard(proc)
+
+
 def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     """Apply one mutant in `tree`, run its tests, restore the file; the verdict as a dict."""
     target = tree / mutant["file"]
@@ -92,45 +123,43 @@ def run_mutant(tree: Path, mutant: dict, timeout: float, run_all: bool) -> dict:
     tests = tests_for(tree, mutant, run_all)
     target.write_text(original.replace(mutant["find"], mutant["replace"]))
     start = time.monotonic()
-    # the tests in the list's order (the ones written for the code first), not slowest first;
-    # not a MINIPS_ name: minips warns of those it does not read, which tests of one-line
-    # errors would take for a kill
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
-           "KEEP_TEST_ORDER": "1"}  # fmt: skip
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-x",
-        "-q",
-        "-n",
-        "0",
-        "-p",
-        "no:cacheprovider",
-        *tests,
-    ]
-    # Its own process group: a timeout or an interrupt ends the tests' servers and runs too.
-    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-    proc = subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, **output)
-    RUNNING.add(proc)
     try:
-        stdout, _ = proc.communicate(timeout=timeout)
-        # pytest's 4 (usage: a test file that is not there) and 5 (no test collected) say
-        # nothing about the mutant: the list no longer matches the tests
-        verdict = {0: "survived", 4: "invalid", 5: "invalid"}.get(proc.returncode, "killed")
-        lines = stdout.strip().splitlines()
-        tail = lines[-1:]
-        # which test killed it: a kill on a loaded machine can be read for a timing failure
-        failed = [line.removeprefix("FAILED ") for line in lines if line.startswith("FAILED ")]
-    except subprocess.TimeoutExpired:
-        verdict, tail, failed = "killed", ["timeout"], []
+        run = run_tests(tree, tests, timeout)
     finally:
-        end_group(proc)
-        RUNNING.discard(proc)
         target.write_text(original)
+    # pytest's 4 (usage: a test file that is not there) and 5 (no test collected) say
+    # nothing about the mutant: the list no longer matches the tests
+    verdict = {0: "survived", 4: "invalid", 5: "invalid"}.get(run["code"], "killed")
     seconds = round(time.monotonic() - start, 1)
     return {**result, "verdict": verdict, "seconds": seconds, "tests": len(tests),
-            "last_line": tail[0] if tail else "", "failed": failed}  # fmt: skip
+            "last_line": run["last_line"], "failed": run["failed"],
+            "selection": tests}  # fmt: skip
+
+
+def confirm_kills(tree: Path, results: list[dict], timeout: float) -> list[str]:
+    """The baseline, run after the mutants: every test that killed one is run again on the
+    clean tree (and each selection a mutant timed out in, whole). A kill whose test also
+    fails (or times out) without the mutant proves nothing: its row becomes "unconfirmed"
+    (not counted as killed). Returns the tests that failed on the clean tree."""
+    killers = sorted({test for row in results if row["verdict"] == "killed"
+                      for test in row["failed"]})  # fmt: skip
+    broken: set[str] = set()
+    if killers:
+        run = run_tests(tree, killers, timeout * 2, first_failure=False)
+        broken |= set(run["failed"]) if run["code"] is not None else set(killers)
+    timed_out = {tuple(row["selection"]) for row in results
+                 if row["verdict"] == "killed" and not row["failed"]}  # fmt: skip
+    for selection in sorted(timed_out):
+        if run_tests(tree, list(selection), timeout)["code"] != 0:
+            broken |= {" ".join(selection)}
+    for row in results:
+        if row["verdict"] != "killed":
+            continue
+        if (row["failed"] and set(row["failed"]) <= broken) or (
+            not row["failed"] and " ".join(row["selection"]) in broken
+        ):
+            row["verdict"] = "unconfirmed"
+    return sorted(broken)
 
 
 RUNNING: set[subprocess.Popen] = set()  # the test runs under way (ended on an interrupt)
@@ -183,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="run the whole suite per mutant")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     parser.add_argument("--check", action="store_true", help="only check that each mutant matches")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="do not run the killing tests again on the clean tree")  # fmt: skip
     args = parser.parse_args(argv)
     # `kill` (SIGTERM) ends the runs under way as Ctrl-C does: no test run left behind.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -219,13 +250,17 @@ def main(argv: list[str] | None = None) -> int:
                 for proc in list(RUNNING):
                     end_group(proc)
                 interrupted = True
+        if not interrupted and not args.no_baseline:
+            broken = confirm_kills(trees[0], results, args.timeout)
+            for test in broken:
+                print(f"fails without any mutant: {test}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if interrupted:  # what was decided is kept: --only the rest resumes the list
         print(f"interrupted after {len(results)} of {len(mutants)} mutants", file=sys.stderr)
     totals = score(results)
     for row in results:
-        if row["verdict"] in ("survived", "invalid"):
+        if row["verdict"] in ("survived", "invalid", "unconfirmed"):
             print(f"{row['verdict']}: {row['id']} ({row['kind']}) {row.get('why', '')}")
     print(json.dumps(totals))
     if args.out:
