@@ -4,7 +4,8 @@ The primary numbers each input and sends it to its backup (`forward`), handles i
 and holds every reply it sends meanwhile (`HeldReplies`, the outbox's socket) until the
 backup acknowledged the input that reply came after: the primary's and the backup's work
 on one input overlap, and no reply leaves before the backup holds what produced it. A
-backup that acknowledges nothing for FAILOVER_AFTER s (it acknowledges beats too) is let
+backup that acknowledges nothing for the failover bound (FAILOVER_AFTER s unless the run's
+`--failover-after` says otherwise; it acknowledges beats too) is let
 go (its replies sent: the primary serves alone). A backup's `join` is welcomed at the
 first quiet point with a snapshot of the state (minips.ops.snapshot). The wire:
 docs/protocol.md 17.3.
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("minips.server")
 
 BEAT = 0.1  # s: the longest the primary leaves its link silent
-FAILOVER_AFTER = 1.0  # s of link silence after which the backup takes over
+FAILOVER_AFTER = 1.0  # s of link silence after which the backup takes over (the default)
 
 
 def pack(header: dict[str, Any]) -> bytes:
@@ -77,10 +78,13 @@ class HeldReplies:
 
 class PrimaryLink:
     """The link's ROUTER socket bound at `where`, the backup attached to it (None: the
-    primary serves alone), the inputs numbered so far (`sent`, from `first`)."""
+    primary serves alone), the inputs numbered so far (`sent`, from `first`). bound: the
+    seconds without an acknowledgement after which the backup is let go."""
 
     def __init__(self, context: zmq.Context, where: str, replies: HeldReplies, first: int = 0,
-                 keys: auth.ServerKeys | None = None) -> None:  # fmt: skip
+                 keys: auth.ServerKeys | None = None,
+                 bound: float = FAILOVER_AFTER) -> None:  # fmt: skip
+        self.bound = bound
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self._gatekeeper = None
@@ -117,8 +121,8 @@ class PrimaryLink:
         a waiting one welcomed at a quiet point, a beat when the link was quiet."""
         self.read()
         waited = now - min(self.waiting_since or now, self.heard)
-        if self.backup is not None and waited > FAILOVER_AFTER:
-            self.lose(f"acknowledged nothing for {FAILOVER_AFTER:g} s")
+        if self.backup is not None and waited > self.bound:
+            self.lose(f"acknowledged nothing for {self.bound:g} s")
         if self.joining is not None and self.backup is None and quiet(server):
             self.welcome(server)
         if self.backup is not None and now - self.last_sent >= BEAT:
@@ -160,8 +164,8 @@ class PrimaryLink:
 
     def end(self) -> None:
         """The primary is done: once the backup acknowledged everything (at most
-        FAILOVER_AFTER s), the last replies go and the backup is told to exit."""
-        deadline = time.monotonic() + FAILOVER_AFTER
+        the bound), the last replies go and the backup is told to exit."""
+        deadline = time.monotonic() + self.bound
         while self.waiting_since is not None and time.monotonic() < deadline:
             if self.socket.poll(50):
                 self.read()

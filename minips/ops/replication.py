@@ -11,12 +11,13 @@ handlers (`ParameterServer.serve`), its replies going nowhere (its own socket li
 private address no client knows), and it never decides by the clock itself: the primary
 sends its clock's decisions as `event` inputs, which both apply alike (`apply_event`).
 
-When the primary's link has been silent for FAILOVER_AFTER seconds (it sends a `beat` at
-least every 0.1 s), the backup takes over (`take_over`): it binds the primary's
+When the primary's link has been silent for the failover bound (`failover_after`,
+FAILOVER_AFTER = 1 s unless the run's `--failover-after` says otherwise; the primary sends
+a `beat` at least every 0.1 s), the backup takes over (`take_over`): it binds the primary's
 client address, and the workers' sockets reconnect to it by themselves; a request lost
 with the primary is retried by the client (Lazy Pirate) and answered exactly once from the
 registry the backup holds (docs/protocol.md 17). A primary whose backup does not
-acknowledge within FAILOVER_AFTER serves on alone.
+acknowledge within the same bound serves on alone.
 
 The link (docs/protocol.md 17.3): the primary binds a ROUTER, the backup connects a
 DEALER; each message is a msgpack map (`r` names it), a forwarded request followed by its
@@ -65,10 +66,12 @@ PRIMARY, BACKUP = "primary", "backup"
 class ReplicaSettings:
     """A replica's part: `role` PRIMARY (link_bind: where its link listens) or BACKUP
     (backup_of: the primary's link address; checkpoint_path: where it writes checkpoints
-    once it took over, none before)."""
+    once it took over, none before); failover_after: the seconds of link silence after
+    which a backup takes over and a primary lets its backup go (both replicas the same)."""
 
     role: str
     link_bind: str = "tcp://127.0.0.1:*"
+    failover_after: float = FAILOVER_AFTER
     backup_of: str | None = None
     checkpoint_path: str | Path | None = None
     join_wait: float = JOIN_WAIT
@@ -109,7 +112,8 @@ class ReplicatedServer(ParameterServer):
         self.client_address = ""  # the primary's, which a backup binds when it takes over
         if self.role == PRIMARY:
             self.link = PrimaryLink(self._link_ctx, replica.link_bind, self.replies,
-                                    keys=self.options.keys)  # fmt: skip
+                                    keys=self.options.keys,
+                                    bound=replica.failover_after)  # fmt: skip
             self.link.before_alone = self._before_alone
         else:
             self.registry.grace = math.inf  # the assembly ends by the primary's clock only
@@ -190,7 +194,7 @@ class ReplicatedServer(ParameterServer):
     def follow(self) -> bool:
         """The backup's loop: join the primary, apply its inputs in order, acknowledging
         each on receipt. False once the primary ended (it said `end`); True once its link
-        was silent FAILOVER_AFTER s and this replica took over."""
+        was silent `failover_after` s and this replica took over."""
         link = self._link_ctx.socket(zmq.DEALER)
         link.setsockopt(zmq.LINGER, 0)
         link_client(link, self.options.keys)
@@ -214,7 +218,7 @@ class ReplicatedServer(ParameterServer):
                     self._apply(body, frames)
                 elif body["r"] == "beat":  # the primary knows this backup lives
                     link.send(pack({"r": "ack", "n": self.sent}))
-            elif time.monotonic() - heard > FAILOVER_AFTER:
+            elif time.monotonic() - heard > self.replica.failover_after:
                 link.close()
                 self.take_over(time.monotonic() - heard)
                 return True
@@ -278,7 +282,7 @@ class ReplicatedServer(ParameterServer):
         self.endpoint = bind_retrying(self.socket, self.client_address)
         # for the backup that replaces this one; inputs numbered on from the last one
         self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent,
-                                self.options.keys)  # fmt: skip
+                                self.options.keys, self.replica.failover_after)  # fmt: skip
         self.link.before_alone = self._before_alone
         record = {"silent_s": round(silent, 3), "version": self.store.version,
                   "inputs": self.sent, "bind_s": round(time.monotonic() - started, 3)}  # fmt: skip

@@ -226,6 +226,12 @@ class RunConfig(ConfigBase):
                             "backup that takes over when the primary dies, no acknowledged "
                             "update lost (docs/protocol.md 17); 1: one server.",
                             commands=("run", "server", "launch"), minimum=1, maximum=2)
+    failover_after: float = setting(1.0, "With --replicas 2: seconds of silence on the "
+                                    "replication link after which a backup takes over and a "
+                                    "primary lets its backup go (both replicas need the same; "
+                                    "longer on a loaded machine, docs/protocol.md 17.2).",
+                                    commands=("run", "server", "launch"), minimum=0.5,
+                                    maximum=60.0)
     # browser workers (`minips run` only; `minips web` serves a separate server)
     browser: int = setting(0, "Of the --workers, how many are browser slots: the run serves "
                            "the worker page and waits for that many browsers to open it "

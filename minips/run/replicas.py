@@ -40,9 +40,14 @@ def replicated(
 ) -> tuple[type[ReplicatedServer], ServerOptions, dict[str, Any]]:
     """The server class, options and extra arguments of one replica of `config`: a backup
     listens on a private address and writes no checkpoint until it took over."""
+    bound = config.failover_after
     if not config.backup_of:
-        return ReplicatedServer, options, {"replica": ReplicaSettings(PRIMARY)}
-    settings = ReplicaSettings(BACKUP, backup_of=config.backup_of,
+        return (
+            ReplicatedServer,
+            options,
+            {"replica": ReplicaSettings(PRIMARY, failover_after=bound)},
+        )
+    settings = ReplicaSettings(BACKUP, backup_of=config.backup_of, failover_after=bound,
                                checkpoint_path=options.checkpoint_path)  # fmt: skip
     options = replace(options, bind=PRIVATE_BIND, checkpoint_path=None)
     return ReplicatedServer, options, {"replica": settings}

@@ -246,6 +246,33 @@ def test_a_replacement_joins_with_the_registry_and_answers_a_retry_from_it(tmp_p
     assert stats["replication"]["failovers"], "the replacement took over"
 
 
+def test_the_failover_bound_is_the_runs_on_both_replicas(tmp_path):
+    """`--failover-after 2.5`: the primary lets a stopped backup go only after 2.5 s (a push
+    waits that long for its reply), and a backup takes over only after 2.5 s of silence."""
+    grads = {name: np.full_like(p, 0.01) for name, p in build_model("mlp", seed=0).params.items()}
+    with replicas(tmp_path, "--failover-after", "2.5") as (primary, backup, address):
+        _wait_file(tmp_path / "endpoint-backup", primary)
+        with PSClient(address, timeout=10.0, retries=0, worker_id="w") as client:
+            client.hello({"host": "test"})
+            assert client.push(grads, base=client.pull().version).version == 1
+            os.kill(backup.pid, signal.SIGSTOP)
+            asked = time.monotonic()
+            assert client.push(grads, base=1).version == 2  # once the backup was let go
+            waited = time.monotonic() - asked
+        os.kill(backup.pid, signal.SIGCONT)
+        assert backup.wait(timeout=30) == 2  # let go: the fence stops it
+    # the backup's last acknowledgement came at most a beat (0.1 s) before it stopped
+    assert waited > 2.3, waited
+    again = tmp_path / "again"
+    again.mkdir()
+    with replicas(again, "--failover-after", "2.5") as (primary, backup, address):
+        _wait_file(again / "endpoint-backup", primary)
+        os.kill(primary.pid, signal.SIGKILL)
+        with PSClient(address, timeout=2.0, retries=15, worker_id="w") as client:
+            failover = client.stats()["replication"]["failovers"][0]
+    assert failover["silent_s"] >= 2.5, failover
+
+
 def test_a_push_is_answered_only_once_the_backup_holds_it(tmp_path):
     """A backup that cannot acknowledge (stopped) holds the push's reply back: the client
     gets none while it is stopped; once it goes on, the retry is answered, applied once."""

@@ -7,13 +7,16 @@ names it, and one never welcomed within the grace is stopped and recorded as unj
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from minips.results.rundir import RunDir
-from minips.run.replicas import WELCOME_GRACE, ReplicaWatch, welcomed_file
+from minips.run.processes import ProcessGroup
+from minips.run.replicas import WELCOME_GRACE, ReplicaWatch, link_file, welcomed_file
 
 
 class Promoted:
@@ -82,3 +85,25 @@ def test_a_promoted_backup_the_fence_does_not_name_is_stopped_after_the_grace(tm
 def test_every_record_of_a_group_names_its_shard_the_roots_too(tmp_path):
     assert _watch(tmp_path, shard=0, servers=2)._record()["shard"] == 0
     assert "shard" not in _watch(tmp_path, shard=0, servers=1)._record()  # a lone server
+
+
+@pytest.mark.parametrize(("status", "lost"), [(0, False), (1, True)])
+def test_only_a_backup_that_failed_is_lost_and_replaced(tmp_path, status, lost):
+    """A backup exits 0 when its primary told it the run ended (`end`), while the primary
+    still writes its last checkpoint: a look then finds nothing lost. One that failed
+    (status 1) while its primary lives is lost, and a replacement is started."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    processes = ProcessGroup(logs, dict(os.environ))
+    watch = ReplicaWatch(processes, tmp_path / "config.json", RunDir(tmp_path), time.monotonic())
+    try:
+        processes.start("server", [sys.executable, "-c", "import time; time.sleep(60)"])
+        processes.start("backup", [sys.executable, "-c", f"raise SystemExit({status})"])
+        watch.backup = "backup"
+        link_file(watch.endpoint).write_text("tcp://127.0.0.1:9\n")  # the live primary's
+        assert processes["backup"].wait_exit(30)
+        watch.check()
+    finally:
+        processes.stop_all(grace=1)
+    assert [record["exit_code"] for record in watch.backup_lost] == ([status] if lost else [])
+    assert len(watch.replacements) == (1 if lost else 0)

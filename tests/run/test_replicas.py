@@ -155,7 +155,10 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
         assert len(replication["failovers"]) == 1
         failover = replication["failovers"][0]
         assert failover["exit_code"] == -signal.SIGKILL
-        assert failover["version"] > 40 and failover["redone"] >= 0  # sent again: once
+        assert failover["version"] > 40
+        # the dead primary's updates its backup lacked: at most the round in flight (its
+        # replies were held), read from the dead primary's own updates log
+        assert 0 <= failover["redone"] <= 1, failover
         assert failover["takeover_s"] < 3  # the 1 s bound, its bind, a busy machine
     else:
         assert replication["failovers"] == []
@@ -194,7 +197,7 @@ def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_pa
     )
     _same_model(out, calm_out)
     replication = summary["replication"]
-    assert [f["redone"] >= 0 for f in replication["failovers"]] == [True] * 3
+    assert [0 <= f["redone"] <= 1 for f in replication["failovers"]] == [True] * 3
     assert summary["updates_lost"] == 0
     _each_lost_replica_replaced(replication)
     _killed(replication["backups_lost"])  # none killed; a stalled primary's backup may be

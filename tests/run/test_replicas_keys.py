@@ -157,9 +157,7 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
         assert _join(link, auth.ClientKeys(server, server.public), join=False) == (True, False)
         for keys in (None, worker, operator, wrong):
             assert _join(link, keys) == (False, False), keys
-        stats = _stats(out)
-        assert stats is not None
-        assert stats["replication"]["backup"] and stats["replication"]["joins"] == 1
+        stats = _wait_for(out, lambda s: s["replication"]["backup"], "kept a backup attached")
         summary = _finish(proc, out)
     finally:
         _stop_all(proc)
@@ -167,6 +165,9 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
     replication = summary["replication"]
     assert replication["failovers"] == [] and _killed(replication["backups_lost"]) == []
     _each_lost_replica_replaced(replication)
+    # the backups the run started, and no other (a backup that stalled past the bound on a
+    # loaded machine is let go and replaced)
+    assert stats["replication"]["joins"] <= 1 + len(replication["replacements"])
 
 
 def test_a_keyed_group_shard_fails_over_and_its_backup_joins_the_root_with_a_key(tmp_path):
