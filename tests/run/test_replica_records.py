@@ -107,3 +107,31 @@ def test_only_a_backup_that_failed_is_lost_and_replaced(tmp_path, status, lost):
         processes.stop_all(grace=1)
     assert [record["exit_code"] for record in watch.backup_lost] == ([status] if lost else [])
     assert len(watch.replacements) == (1 if lost else 0)
+
+
+def test_after_a_failover_the_replacement_follows_the_new_primarys_link(tmp_path):
+    """The primary dies; the promoted backup is welcomed (the fence names it) before it took
+    over and wrote its own link: no replacement is started against the dead primary's link
+    (it would never be welcomed); one is, once the new link is written."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    processes = ProcessGroup(logs, dict(os.environ))
+    watch = ReplicaWatch(processes, tmp_path / "config.json", RunDir(tmp_path), time.monotonic())
+    dead_link, new_link = "tcp://127.0.0.1:9", "tcp://127.0.0.1:10"
+    try:
+        processes.start("server", [sys.executable, "-c", "import os; os.abort()"])
+        backup = processes.start("backup", [sys.executable, "-c", "import time; time.sleep(60)"])
+        watch.backup, watch._backup_of, watch.started = "backup", dead_link, 1
+        link_file(watch.endpoint).write_text(dead_link + "\n")
+        welcomed_file(watch.endpoint).write_text(f"{backup.pid}\n")
+        assert processes["server"].wait_exit(30)
+        watch.check()  # promoted, pending its welcome
+        watch.check()  # welcomed: a failover
+        assert len(watch.failovers) == 1 and watch.replacements == []
+        link_file(watch.endpoint).write_text(new_link + "\n")  # it took over
+        watch.check()
+        (replacement,) = watch.replacements
+        command = processes[replacement["name"]].command(0)
+    finally:
+        processes.stop_all(grace=1)
+    assert command[command.index("--backup-of") + 1] == new_link

@@ -83,6 +83,17 @@ def test_retry_resends_the_same_seq_with_a_new_rid():
         fake.close()
 
 
+def test_retries_2_is_three_attempts_the_last_one_answered():
+    """`retries` counts the attempts after the first: with 2, the third is still made."""
+    fake = FakeServer(lambda n, h: [] if n <= 2 else [_push_reply(h["rid"], 7)])
+    try:
+        with PSClient(fake.endpoint, timeout=0.3, retries=2) as ps:
+            assert ps.push({"fc.b": np.ones(4, np.float32)}, base=0).version == 7
+        assert len(fake.requests) == 3
+    finally:
+        fake.close()
+
+
 def test_a_reply_with_another_rid_is_dropped():
     def behaviour(n, header):
         return [_push_reply(header["rid"] + 1000, 111), _push_reply(header["rid"], 7)]
