@@ -2,6 +2,7 @@
 costs a step's exchange against R = 1.
 
     python tools/replica_bench.py [--kills 10] [--steps 300] [--rounds 5] [--model mlp]
+    sudo python tools/replica_bench.py --netem 100mbit --kills 0    # the cost behind a link
 
 Failover: a primary and its backup (`minips server --replicas 2`, `--backup-of LINK`),
 one client pushing (asgd, fused push + pull) in a loop; the primary is SIGKILLed at a
@@ -11,11 +12,17 @@ address bound, its 1 s silence bound included) and `client gap` (the kill to the
 client's next reply; a request lost with the primary waits for the client's 1 s timeout).
 Cost: the same client's mean step (push + pull of the whole model) against a server of
 R = 1 and of R = 2, after a warm-up, measured in turn `--rounds` times (medians).
+With `--netem RATE` the server's host is behind a real shaped link (minips.run.netem: its
+own network namespace, a veth shaped to RATE each way): both replicas run there, as
+`minips run` and `minips launch` place them (a backup takes over the primary's address,
+so it shares its host), the client outside, so every push and reply crosses the link and
+the replication traffic stays on the host's loopback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -25,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +52,9 @@ def wait_file(path: Path, differs_from: str = "", timeout: float = 60) -> str:
     raise SystemExit(f"no {path}")
 
 
-def server(model: str, *options: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "minips", "server", "--model", model,
+def server(model: str, *options: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A `minips server` (run behind `prefix`: a namespace's `ip netns exec NAME`)."""
+    return subprocess.Popen([*prefix, sys.executable, "-m", "minips", "server", "--model", model,
                              *SERVE, *options], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
 
@@ -95,16 +104,21 @@ def failovers(model: str, kills: int, rng: random.Random) -> None:
         )
 
 
-def step_time(model: str, steps: int, replicas: int) -> float:
+def step_time(model: str, steps: int, replicas: int, host: Any = None) -> float:
+    """The mean push + pull of the whole model against R `replicas` (behind `host`, a
+    minips.run.netem.ShapedLink, when given: bound on its address, run in its namespace)."""
     work = Path(tempfile.mkdtemp(prefix="minips-replica-bench-"))
     endpoint = work / "endpoint"
-    options = ["--bind", "tcp://127.0.0.1:*", "--endpoint-file", str(endpoint)]
-    procs = [server(model, *options, *(["--replicas", "2"] if replicas == 2 else []))]
+    prefix = tuple(host.prefix) if host is not None else ()
+    bind = f"tcp://{host.server_addr}:*" if host is not None else "tcp://127.0.0.1:*"
+    options = ["--bind", bind, "--endpoint-file", str(endpoint)]
+    replicated = ["--replicas", "2"] if replicas == 2 else []
+    procs = [server(model, *options, *replicated, prefix=prefix)]
     try:
         address = wait_file(endpoint)
         if replicas == 2:
             link = wait_file(Path(f"{endpoint}-link"))
-            procs.append(server(model, "--backup-of", link))
+            procs.append(server(model, "--backup-of", link, prefix=prefix))
         grads = gradients(model)
         with PSClient(address, timeout=10.0, worker_id="bench") as client:
             client.hello({"host": "bench"})
@@ -127,17 +141,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--rounds", type=int, default=5, help="R=1 and R=2 measured in turn")
+    parser.add_argument("--netem", metavar="RATE",
+                        help="the servers' host behind a shaped link of RATE (root)")  # fmt: skip
     args = parser.parse_args()
-    times: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(args.rounds):  # in turn: a shared machine's load falls on both alike
-        for replicas in (1, 2):
-            times[replicas].append(step_time(args.model, args.steps, replicas))
+    with contextlib.ExitStack() as stack:
+        host = None
+        if args.netem:
+            from minips.run.netem import shaped_link
+
+            host = stack.enter_context(shaped_link(args.netem))
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(args.rounds):  # in turn: a shared machine's load falls on both alike
+            for replicas in (1, 2):
+                times[replicas].append(step_time(args.model, args.steps, replicas, host))
     one, two = statistics.median(times[1]), statistics.median(times[2])
     ratios = " ".join(f"{b / a:.2f}" for a, b in zip(times[1], times[2], strict=True))
-    print(f"step exchange ({args.model}, push + pull, {args.steps} steps, median of "
+    where = f"behind a {args.netem} link" if args.netem else "loopback"
+    print(f"step exchange ({args.model}, {where}, push + pull, {args.steps} steps, median of "
           f"{args.rounds}): R=1 {one * 1e3:.2f} ms, R=2 {two * 1e3:.2f} ms, ratio "
           f"{two / one:.2f} (each round's: {ratios})")  # fmt: skip
-    failovers(args.model, args.kills, random.Random(0))
+    if args.kills:
+        failovers(args.model, args.kills, random.Random(0))
 
 
 if __name__ == "__main__":
