@@ -34,12 +34,16 @@ from minips.server.server import ServerOptions
 from minips.state.store import SGD
 
 
-def _replica(settings: ReplicaSettings, rule: str = "asgd") -> ReplicatedServer:
-    """One replica of a 2-worker run (its pulls held until both said hello)."""
+def _replica(
+    settings: ReplicaSettings, rule: str = "asgd", heartbeat_timeout: float = 30.0
+) -> ReplicatedServer:
+    """One replica of a 2-worker run (its pulls held until both said hello, or until the
+    heartbeat timeout, the assembly's grace, ran out)."""
     params = make_params()
-    return ReplicatedServer(params, make_rule(rule), SGD(params, lr=0.5),
-                            ServerOptions(world_size=2), config={"model": "test"},
-                            operations=ServerOps, replica=settings)  # fmt: skip
+    options = ServerOptions(world_size=2, heartbeat_timeout=heartbeat_timeout)
+    return ReplicatedServer(params, make_rule(rule), SGD(params, lr=0.5), options,
+                            config={"model": "test"}, operations=ServerOps,
+                            replica=settings)  # fmt: skip
 
 
 @contextmanager
@@ -99,6 +103,29 @@ def test_a_reply_a_clock_decision_produces_waits_for_the_backup_to_hold_the_deci
         assert worker.recv().op == "pull"
 
 
+def test_the_assemblys_grace_run_out_is_decided_then_applied_and_releases_the_held_pull():
+    """The clock decides the assembly is over (one worker of two, past the grace); the
+    decision is applied by the event, on both replicas alike, and only that releases the
+    pull held meanwhile, once the backup holds the event."""
+    with primary_with_backup() as (server, backup), RawPeer(server.endpoint) as worker:
+        worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
+        _serve_next(server)
+        _ack(server, backup, _input(backup)["n"])
+        assert worker.recv().op == "hello"
+        worker.send(wire.encode({"op": "pull", "worker": "w0", "rid": 2}))
+        _serve_next(server)  # held: one of two workers came
+        _ack(server, backup, _input(backup)["n"])
+        server.registry.grace = 0.05
+        time.sleep(0.1)
+        event = server.timers.decide(time.monotonic())
+        assert event == {"assembled": True}
+        assert server.registry.assembling  # decided, not applied: both apply it alike
+        server.replicate_event(event)
+        assert not server.registry.assembling
+        _ack(server, backup, _input(backup)["n"])
+        assert worker.recv().op == "pull"
+
+
 def test_a_worker_declared_dead_by_the_clock_is_an_event_the_backup_gets_first():
     with primary_with_backup() as (server, backup), RawPeer(server.endpoint) as worker:
         worker.send(wire.encode({"op": "hello", "worker": "w0", "rid": 1}))
@@ -129,13 +156,16 @@ def test_a_stop_the_primary_begins_is_an_input_for_the_backup():
 
 
 @contextmanager
-def primary_and_backup(tmp_path) -> Iterator[tuple[ReplicatedServer, ReplicatedServer, dict]]:
-    """A primary driven by the test and a real backup following it in a thread; `outcome`
-    gets "took_over" (follow's answer) once the backup's loop returned, and "welcomed"."""
+def primary_and_backup(
+    tmp_path, backup_timeout: float = 30.0
+) -> Iterator[tuple[ReplicatedServer, ReplicatedServer, dict]]:
+    """A primary driven by the test and a real backup following it in a thread (its own
+    heartbeat timeout `backup_timeout`); `outcome` gets "took_over" (follow's answer) once
+    the backup's loop returned, and "welcomed"."""
     primary = _replica(ReplicaSettings(PRIMARY), rule="dana-gap")
     backup_of = ReplicaSettings(BACKUP, backup_of=primary.link.endpoint,
                                 checkpoint_path=tmp_path / "taken.npz")  # fmt: skip
-    backup = _replica(backup_of, rule="dana-gap")
+    backup = _replica(backup_of, rule="dana-gap", heartbeat_timeout=backup_timeout)
     outcome: dict = {}
     backup.on_welcome = lambda: outcome.setdefault("welcomed", True)
     backup.holds_state = lambda: True  # the fence's file is the launcher's: not here
@@ -271,6 +301,25 @@ def test_an_assembly_a_request_ended_by_the_clock_ends_on_the_backup_too(tmp_pat
             _until_held(primary)
             worker.recv()
         assert not primary.registry.assembling
+        _same_state(primary, backup)
+
+
+def test_a_backup_never_ends_the_assembly_by_its_own_clock(tmp_path):
+    """Whatever its own grace says (0.05 s here, the primary's 30 s): a request past it
+    leaves the assembly going on the backup as on the primary, whose clock alone decides."""
+    with primary_and_backup(tmp_path, backup_timeout=0.05) as (primary, backup, outcome):
+        with RawPeer(primary.endpoint) as worker:
+            hello = wire.encode({"op": "hello", "worker": "w0", "rid": 1})
+            worker.send(hello)
+            _serve_next(primary)
+            _until_held(primary)
+            worker.recv()
+            time.sleep(0.1)  # past the backup's own grace
+            worker.send(hello)  # a request: the backup's handling must not end the assembly
+            _serve_next(primary)
+            _until_held(primary)
+            worker.recv()
+        assert primary.registry.assembling
         _same_state(primary, backup)
 
 
