@@ -84,10 +84,11 @@ def test_retry_resends_the_same_seq_with_a_new_rid():
 
 
 def test_retries_2_is_three_attempts_the_last_one_answered():
-    """`retries` counts the attempts after the first: with 2, the third is still made."""
+    """`retries` counts the attempts after the first: with 2, the third is still made.
+    (2 s per attempt: the fake server is a thread of this process, slow on a loaded machine.)"""
     fake = FakeServer(lambda n, h: [] if n <= 2 else [_push_reply(h["rid"], 7)])
     try:
-        with PSClient(fake.endpoint, timeout=0.3, retries=2) as ps:
+        with PSClient(fake.endpoint, timeout=2.0, retries=2) as ps:
             assert ps.push({"fc.b": np.ones(4, np.float32)}, base=0).version == 7
         assert len(fake.requests) == 3
     finally:
