@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from minips.group.root import GROUPS
@@ -43,7 +45,10 @@ def _until(address: str, ready, timeout: float = 60) -> dict:
     raise AssertionError(f"{address} never got there")
 
 
-def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tmp_path):
+@contextmanager
+def servers(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """`start(name, *argv)`: a `minips server` logging to tmp_path/NAME.log; every one
+    started is killed when the block ends."""
     procs: list[subprocess.Popen] = []
     logs = []
 
@@ -53,8 +58,19 @@ def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tm
         procs.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT))
         return procs[-1]
 
-    endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
     try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for log in logs:
+            log.close()
+
+
+def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tmp_path):
+    endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
+    with servers(tmp_path) as start:
         primary = start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
                         "--endpoint-file", str(endpoint))  # fmt: skip
         root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
@@ -75,12 +91,6 @@ def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tm
                and stats["replication"]["backup"])  # fmt: skip
         os.kill(primary.pid, signal.SIGKILL)
         stats = _until(root, lambda stats: stats["replication"]["pid"] == replacement.pid)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        for log in logs:
-            log.close()
     assert stats["replication"]["role"] == "primary"
     assert stats["group"]["addresses"] == [root, shard_address]
 
@@ -89,17 +99,8 @@ def test_a_shard_backup_that_took_over_joins_the_root_with_the_clients_address(t
     """Shard 1's backup binds a private address while it follows; once its primary is
     killed it takes over the clients' address and joins the root with that one, so the
     group map every client reads names an address that serves (17.5)."""
-    procs: list[subprocess.Popen] = []
-    logs = []
-
-    def start(name: str, *argv: str) -> subprocess.Popen:
-        logs.append(open(tmp_path / f"{name}.log", "w"))  # noqa: SIM115
-        command = [sys.executable, "-m", "minips", "server", *argv]
-        procs.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT))
-        return procs[-1]
-
     endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
-    try:
+    with servers(tmp_path) as start:
         start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
               "--endpoint-file", str(endpoint))  # fmt: skip
         root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
@@ -120,12 +121,6 @@ def test_a_shard_backup_that_took_over_joins_the_root_with_the_clients_address(t
 
         taken = _until(shard_address, taken_and_joined)
         group = _until(root, lambda stats: True)["group"]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        for log in logs:
-            log.close()
     assert taken["replication"]["role"] == "primary"
     assert taken["group"]["addresses"] == [root, shard_address]
     assert group["addresses"] == [root, shard_address]
