@@ -80,13 +80,21 @@ def _run_killing(out: Path, shard: int, *options: str) -> tuple[dict, str, list[
     assert run.returncode == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
     codes = summary["exit_codes"]
-    assert codes["evaluator"] == codes["worker-0"] == codes["worker-1"] == 0, codes
+    assert codes["worker-0"] == codes["worker-1"] == 0, codes
+    _assert_evaluator_done(codes["evaluator"], read_metrics(out / "eval.jsonl"))
     finals = [row["version"] for row in summary["shards"]]
     with np.load(out / "checkpoint.npz") as data:
         meta = json.loads(str(data["meta"]))
         assert int(data["version"]) == finals[0]
     assert meta["group"]["versions"] == finals == summary["group"]["versions"]
     return summary, stdout + stderr, finals
+
+
+def _assert_evaluator_done(code: int, evals: list[dict]) -> None:
+    """The evaluator exited 0, or, on a machine too busy for it to test the final model
+    before the servers stopped, was stopped by the launcher (SIGTERM) and the launcher
+    tested the final model in its place."""
+    assert code == 0 or (code == -signal.SIGTERM and evals[-1].get("by") == "launcher"), code
 
 
 @pytest.mark.parametrize(("shard", "who"), [(1, "shard 1"), (0, "the root")])
@@ -107,8 +115,9 @@ def test_under_ssgd_the_group_goes_back_with_a_crashed_shard_and_ends_at_one_ver
 
 def test_under_asgd_a_restarted_shard_left_behind_is_said_in_one_line(tmp_path):
     summary, output, finals = _run_killing(
-        tmp_path / "run", 1, "--rule", "asgd", "--checkpoint-interval", "3"
-    )
+        tmp_path / "run", 1, "--rule", "asgd", "--checkpoint-every", "30",
+        "--checkpoint-interval", "0",
+    )  # fmt: skip
     assert summary["shards"][1]["updates_lost"] > 0 and finals[0] > finals[1], finals
     line = summary["group"]["torn"]
     assert not summary["group"]["consistent"] and line is not None
