@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from minips.group.root import GROUPS
 from minips.worker.client import PSClient, ServerUnavailable
@@ -68,19 +69,36 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
             log.close()
 
 
-def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tmp_path):
+class Group(NamedTuple):
+    """A group of two shards, each with a backup: procs are (root, its backup, shard 1, its
+    backup); root and shard_address the clients' addresses; link the root's link."""
+
+    procs: tuple[subprocess.Popen, ...]
+    root: str
+    link: str
+    shard_address: str
+
+
+def _group_with_backups(tmp_path: Path, start: Callable[..., subprocess.Popen]) -> Group:
     endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
+    primary = start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
+                    "--endpoint-file", str(endpoint))  # fmt: skip
+    root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
+    backup = start("root-backup", *SERVE, "--shard", "0", "--backup-of", link)
+    shard = start("shard", "--servers", "2", "--shard", "1", "--root", root, *TCP,
+                  "--endpoint-file", str(shard_endpoint))  # fmt: skip
+    shard_link = _wait_file(Path(f"{shard_endpoint}-link"))
+    shard_backup = start("shard-backup", *SERVE, "--shard", "1", "--root", root,
+                         "--backup-of", shard_link)  # fmt: skip
+    procs = (primary, backup, shard, shard_backup)
+    return Group(procs, root, link, _wait_file(shard_endpoint))
+
+
+def test_a_root_backup_joined_by_snapshot_knows_the_shards_when_it_takes_over(tmp_path):
     with servers(tmp_path) as start:
-        primary = start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
-                        "--endpoint-file", str(endpoint))  # fmt: skip
-        root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
-        first_backup = start("root-backup", *SERVE, "--shard", "0", "--backup-of", link)
-        shard = start("shard", "--servers", "2", "--shard", "1", "--root", root, *TCP,
-                      "--endpoint-file", str(shard_endpoint))  # fmt: skip
-        shard_link = _wait_file(Path(f"{shard_endpoint}-link"))
-        shard_backup = start("shard-backup", *SERVE, "--shard", "1", "--root", root,
-                             "--backup-of", shard_link)  # fmt: skip
-        shard_address = _wait_file(shard_endpoint)
+        made = _group_with_backups(tmp_path, start)
+        primary, first_backup, shard, shard_backup = made.procs
+        root, link, shard_address = made.root, made.link, made.shard_address
         _until(root, lambda stats: stats["group"]["addresses"][1] == shard_address)
         for proc in (shard, shard_backup):  # no join from now on
             proc.send_signal(signal.SIGSTOP)
@@ -99,18 +117,10 @@ def test_a_shard_backup_that_took_over_joins_the_root_with_the_clients_address(t
     """Shard 1's backup binds a private address while it follows; once its primary is
     killed it takes over the clients' address and joins the root with that one, so the
     group map every client reads names an address that serves (17.5)."""
-    endpoint, shard_endpoint = tmp_path / "endpoint", tmp_path / "endpoint-shard1"
     with servers(tmp_path) as start:
-        start("root", *SERVE, "--shard", "0", "--replicas", "2", *TCP,
-              "--endpoint-file", str(endpoint))  # fmt: skip
-        root, link = _wait_file(endpoint), _wait_file(Path(f"{endpoint}-link"))
-        start("root-backup", *SERVE, "--shard", "0", "--backup-of", link)
-        shard = start("shard", "--servers", "2", "--shard", "1", "--root", root, *TCP,
-                      "--endpoint-file", str(shard_endpoint))  # fmt: skip
-        shard_link = _wait_file(Path(f"{shard_endpoint}-link"))
-        shard_backup = start("shard-backup", *SERVE, "--shard", "1", "--root", root,
-                             "--backup-of", shard_link)  # fmt: skip
-        shard_address = _wait_file(shard_endpoint)
+        made = _group_with_backups(tmp_path, start)
+        _, _, shard, shard_backup = made.procs
+        root, shard_address = made.root, made.shard_address
         _until(shard_address, lambda stats: stats["replication"]["backup"])
         os.kill(shard.pid, signal.SIGKILL)
 

@@ -288,37 +288,35 @@ def test_an_assembly_a_request_ended_by_the_clock_ends_on_the_backup_too(tmp_pat
     """The backup never ends the assembly by its own clock: a hello that comes after the
     primary's grace ended it there, and the primary says so as an event."""
     with primary_and_backup(tmp_path) as (primary, backup, outcome):
-        with RawPeer(primary.endpoint) as worker:
-            hello = wire.encode({"op": "hello", "worker": "w0", "rid": 1})
+
+        def grace_run_out() -> None:
+            primary.registry.grace = 0.05  # the one worker of two waited for long enough
+            time.sleep(0.1)
+
+        _hello_twice(primary, grace_run_out)  # the assembly ends in the second's handling
+        assert not primary.registry.assembling
+        _same_state(primary, backup)
+
+
+def _hello_twice(primary, between) -> None:
+    """Worker w0 says hello to `primary` twice, `between()` called in between; each hello is
+    served, its effect acknowledged by the backup and its reply read."""
+    with RawPeer(primary.endpoint) as worker:
+        hello = wire.encode({"op": "hello", "worker": "w0", "rid": 1})
+        for call in (lambda: None, between):
+            call()
             worker.send(hello)
             _serve_next(primary)
             _until_held(primary)
             worker.recv()
-            primary.registry.grace = 0.05  # the one worker of two waited for long enough
-            time.sleep(0.1)
-            worker.send(hello)  # the same worker again: the assembly ends in its handling
-            _serve_next(primary)
-            _until_held(primary)
-            worker.recv()
-        assert not primary.registry.assembling
-        _same_state(primary, backup)
 
 
 def test_a_backup_never_ends_the_assembly_by_its_own_clock(tmp_path):
     """Whatever its own grace says (0.05 s here, the primary's 30 s): a request past it
     leaves the assembly going on the backup as on the primary, whose clock alone decides."""
     with primary_and_backup(tmp_path, backup_timeout=0.05) as (primary, backup, outcome):
-        with RawPeer(primary.endpoint) as worker:
-            hello = wire.encode({"op": "hello", "worker": "w0", "rid": 1})
-            worker.send(hello)
-            _serve_next(primary)
-            _until_held(primary)
-            worker.recv()
-            time.sleep(0.1)  # past the backup's own grace
-            worker.send(hello)  # a request: the backup's handling must not end the assembly
-            _serve_next(primary)
-            _until_held(primary)
-            worker.recv()
+        # past the backup's own grace, a request whose handling there must not end it
+        _hello_twice(primary, lambda: time.sleep(0.1))
         assert primary.registry.assembling
         _same_state(primary, backup)
 
