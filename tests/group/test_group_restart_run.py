@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_support import assert_clean_exits
 from test_group_runs import _shard_pid, _wait
 
 from minips.results.metrics import read_metrics
@@ -79,22 +80,13 @@ def _run_killing(out: Path, shard: int, *options: str) -> tuple[dict, str, list[
             run.wait()
     assert run.returncode == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    codes = summary["exit_codes"]
-    assert codes["worker-0"] == codes["worker-1"] == 0, codes
-    _assert_evaluator_done(codes["evaluator"], read_metrics(out / "eval.jsonl"))
+    assert_clean_exits(summary, out)
     finals = [row["version"] for row in summary["shards"]]
     with np.load(out / "checkpoint.npz") as data:
         meta = json.loads(str(data["meta"]))
         assert int(data["version"]) == finals[0]
     assert meta["group"]["versions"] == finals == summary["group"]["versions"]
     return summary, stdout + stderr, finals
-
-
-def _assert_evaluator_done(code: int, evals: list[dict]) -> None:
-    """The evaluator exited 0, or, on a machine too busy for it to test the final model
-    before the servers stopped, was stopped by the launcher (SIGTERM) and the launcher
-    tested the final model in its place."""
-    assert code == 0 or (code == -signal.SIGTERM and evals[-1].get("by") == "launcher"), code
 
 
 @pytest.mark.parametrize(("shard", "who"), [(1, "shard 1"), (0, "the root")])

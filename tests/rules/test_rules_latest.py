@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from run_support import assert_clean_exits
 from test_server_support import SHAPES, make_params, running_server, snapshot
 from test_web_support import require_browser
 
@@ -279,7 +280,7 @@ def test_a_browser_slot_trains_under_the_rule(tmp_path, monkeypatch, rule):
                        lr=0.05, momentum=0.5, join_wait=120.0)  # fmt: skip
     summary = run_local(config, tmp_path / "run", eval_interval=0.5, announce=lambda _: None)
     assert summary["rule"] == rule and summary["accuracy"] > 0.5
-    assert all(code == 0 for code in summary["exit_codes"].values()), summary["exit_codes"]
+    assert_clean_exits(summary, tmp_path / "run")
     reports = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("worker-*.json")]
     browser = [r for r in reports if r.get("agent") == "browser"]
     assert len(browser) == 1 and browser[0]["steps"] == 32  # a shard of 1000: 16 steps an epoch

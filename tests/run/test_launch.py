@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_support import assert_clean_exits
 
 from minips.errors import ConfigError
 from minips.results.metrics import read_metrics
@@ -26,7 +27,8 @@ def test_two_workers_converge_on_synthetic_data(tmp_path):
     assert summary["accuracy"] >= 0.9
     assert summary["samples"] == 2 * 2000  # two epochs over two disjoint halves
     assert summary["updates"] == 2 * 2 * 16  # asgd: one update per push, 16 batches per shard
-    assert summary["exit_codes"] == {"server": 0, "worker-0": 0, "worker-1": 0, "evaluator": 0}
+    assert set(summary["exit_codes"]) == {"server", "worker-0", "worker-1", "evaluator"}
+    assert_clean_exits(summary, tmp_path)
     for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.npz"):
         assert (tmp_path / name).exists(), name
     records = read_metrics(tmp_path / "metrics.jsonl")
