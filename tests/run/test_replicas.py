@@ -82,26 +82,38 @@ def _backups(out: Path, shard: int | None = None) -> dict[int, list[str]]:
     return found
 
 
-def _backup_pid(out: Path, primary: int, shard: int | None = None) -> int:
-    """The pid of the run's (or shard `shard`'s) backup: a replica's process that is not
-    the primary."""
-    pids = [pid for pid in _backups(out, shard) if pid != primary]
-    assert pids, "no backup process"
-    return pids[0]
+def _held_by(endpoint: Path, out: Path, shard: int | None, primary: int) -> int | None:
+    """The live backup that holds the state of the server whose endpoint file is
+    `endpoint`: the one its welcomed file names (written by the backup once it loaded the
+    welcome's snapshot, docs/protocol.md 17.2). None while none does: a primary's stats
+    say `backup` from the moment it sends the welcome, before the backup holds anything."""
+    try:
+        pid = int(Path(f"{endpoint}-backup").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != primary and pid in _backups(out, shard) else None
+
+
+def _kill_when_held(endpoint: Path, out: Path, shard: int | None, which: str, version: int) -> int:
+    """SIGKILL the primary or the backup of the server whose endpoint file is `endpoint`
+    once it is past `version` with a backup holding its state; returns the version."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        stats = _stats_at(endpoint)
+        if stats and stats["version"] > version and stats["replication"]["backup"]:
+            primary = stats["replication"]["pid"]
+            backup = _held_by(endpoint, out, shard, primary)
+            if backup is not None:
+                os.kill(primary if which == "primary" else backup, signal.SIGKILL)
+                return stats["version"]
+        time.sleep(0.1)
+    raise AssertionError(f"{endpoint.name}'s server did not train with a backup holding its state")
 
 
 def _kill_at(out: Path, which: str, version: int) -> int:
     """SIGKILL the primary or the backup once the run's server is past `version` with a
-    backup attached; returns the version it was at."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        stats = _stats(out)
-        if stats and stats["version"] > version and stats["replication"]["backup"]:
-            primary = stats["replication"]["pid"]
-            os.kill(primary if which == "primary" else _backup_pid(out, primary), signal.SIGKILL)
-            return stats["version"]
-        time.sleep(0.1)
-    raise AssertionError("the run did not train with a backup attached")
+    backup holding its state; returns the version it was at."""
+    return _kill_when_held(out / "endpoint", out, None, which, version)
 
 
 def _stop_if_running(proc: subprocess.Popen) -> None:

@@ -16,12 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_replicas import _backup_pid, _stats_at
+from test_replicas import _kill_when_held
 
 from minips.ops.checkpoint_file import load_checkpoint
 
@@ -54,24 +53,10 @@ def _endpoint(out: Path, shard: int) -> Path:
     return out / ("endpoint" if shard == 0 else f"endpoint-shard{shard}")
 
 
-def _stats(out: Path, shard: int) -> dict | None:
-    """Shard `shard`'s `stats` (None while none answers)."""
-    return _stats_at(_endpoint(out, shard))
-
-
 def _kill_at(out: Path, shard: int, which: str, version: int) -> int:
     """SIGKILL shard `shard`'s primary or backup once it is past `version` with a backup
-    attached; returns the version it was at."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        stats = _stats(out, shard)
-        if stats and stats["version"] > version and stats["replication"]["backup"]:
-            primary = stats["replication"]["pid"]
-            pid = primary if which == "primary" else _backup_pid(out, primary, shard)
-            os.kill(pid, signal.SIGKILL)
-            return stats["version"]
-        time.sleep(0.1)
-    raise AssertionError(f"shard {shard} did not train with a backup attached")
+    holding its state; returns the version it was at."""
+    return _kill_when_held(_endpoint(out, shard), out, shard, which, version)
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict:

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.utils.monitor
-from test_replicas import _each_lost_replica_replaced, _finish, _killed, _same_model, _start
+from test_replicas import (
+    _each_lost_replica_replaced,
+    _finish,
+    _held_by,
+    _killed,
+    _same_model,
+    _start,
+)
 from test_replicas_group import _start as _start_group
 from test_run_auth import _refused_as, _unanswered
 
@@ -60,6 +67,13 @@ def _wait_for(out: Path, ready, what: str, endpoint_file: str = "endpoint") -> d
     raise AssertionError(f"the run never {what}")
 
 
+def _held(out: Path, stats: dict, shard: int | None = None) -> bool:
+    """A backup holds the state of the server (shard `shard`'s) whose `stats` these are."""
+    endpoint = out / ("endpoint" if shard is None else f"endpoint-shard{shard}")
+    primary = stats["replication"]["pid"]
+    return stats["replication"]["backup"] and _held_by(endpoint, out, shard, primary) is not None
+
+
 def _stop_all(*procs) -> None:
     for running in procs:
         if running.poll() is None:
@@ -79,8 +93,8 @@ def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(tm
     calm_out, out = tmp_path / "calm", tmp_path / "killed"
     calm_proc, proc = _start(calm_out, *KEYED), _start(out, *KEYED)
     try:
-        stats = _wait_for(out, lambda s: s["version"] > 40 and s["replication"]["backup"],
-                          "trained with a backup attached")  # fmt: skip
+        stats = _wait_for(out, lambda s: s["version"] > 40 and _held(out, s),
+                          "trained with a backup holding its state")  # fmt: skip
         os.kill(stats["replication"]["pid"], signal.SIGKILL)
         _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
         endpoint = (out / "endpoint").read_text().strip()
@@ -177,8 +191,9 @@ def test_a_keyed_group_shard_fails_over_and_its_backup_joins_the_root_with_a_key
     out = tmp_path / "group"
     proc = _start_group(out, "asgd", "--auth")
     try:
-        stats = _wait_for(out, lambda s: s["version"] > 40 and s["replication"]["backup"],
-                          "trained with shard 1's backup attached", "endpoint-shard1")  # fmt: skip
+        stats = _wait_for(out, lambda s: s["version"] > 40 and _held(out, s, 1),
+                          "trained with shard 1's backup holding its state",
+                          "endpoint-shard1")  # fmt: skip
         os.kill(stats["replication"]["pid"], signal.SIGKILL)
         summary = _finish(proc, out)
     finally:
