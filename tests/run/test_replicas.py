@@ -26,6 +26,7 @@ from test_server_support import RawPeer
 
 from minips.ops.checkpoint_file import load_checkpoint
 from minips.protocol import wire
+from minips.run.replicas import welcomed_file
 
 RUN = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
        "--momentum", "0.5", "--workers", "2", "--epochs", "30", "--seed", "0",
@@ -88,7 +89,7 @@ def _held_by(endpoint: Path, out: Path, shard: int | None, primary: int) -> int 
     welcome's snapshot, docs/protocol.md 17.2). None while none does: a primary's stats
     say `backup` from the moment it sends the welcome, before the backup holds anything."""
     try:
-        pid = int(Path(f"{endpoint}-backup").read_text())
+        pid = int(welcomed_file(endpoint).read_text())
     except (OSError, ValueError):
         return None
     return pid if pid != primary and pid in _backups(out, shard) else None

@@ -24,6 +24,7 @@ from test_replicas import (
     _same_model,
     _start,
 )
+from test_replicas_group import _endpoint
 from test_replicas_group import _start as _start_group
 from test_run_auth import _refused_as, _unanswered
 
@@ -69,8 +70,8 @@ def _wait_for(out: Path, ready, what: str, endpoint_file: str = "endpoint") -> d
 
 def _held(out: Path, stats: dict, shard: int | None = None) -> bool:
     """A backup holds the state of the server (shard `shard`'s) whose `stats` these are."""
-    endpoint = out / ("endpoint" if shard is None else f"endpoint-shard{shard}")
     primary = stats["replication"]["pid"]
+    endpoint = _endpoint(out, shard or 0)
     return stats["replication"]["backup"] and _held_by(endpoint, out, shard, primary) is not None
 
 
