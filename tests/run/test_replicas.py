@@ -95,11 +95,15 @@ def _held_by(endpoint: Path, out: Path, shard: int | None, primary: int) -> int 
     return pid if pid != primary and pid in _backups(out, shard) else None
 
 
-def _kill_when_held(endpoint: Path, out: Path, shard: int | None, which: str, version: int) -> int:
+def _kill_when_held(
+    proc: subprocess.Popen, endpoint: Path, out: Path, shard: int | None, which: str, version: int
+) -> int:
     """SIGKILL the primary or the backup of the server whose endpoint file is `endpoint`
-    once it is past `version` with a backup holding its state; returns the version."""
+    once it is past `version` with a backup holding its state; returns the version.
+    A run `proc` that ended first fails the test with its own output."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        _still_running(proc)
         stats = _stats_at(endpoint)
         if stats and stats["version"] > version and stats["replication"]["backup"]:
             primary = stats["replication"]["pid"]
@@ -111,10 +115,18 @@ def _kill_when_held(endpoint: Path, out: Path, shard: int | None, which: str, ve
     raise AssertionError(f"{endpoint.name}'s server did not train with a backup holding its state")
 
 
-def _kill_at(out: Path, which: str, version: int) -> int:
+def _still_running(proc: subprocess.Popen) -> None:
+    """AssertionError with the run's exit code and the end of its output once it ended."""
+    if proc.poll() is not None:
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"the run ended (exit {proc.returncode}) before the kill:\n"
+                             f"{stdout[-2000:]}\n{stderr[-2000:]}")  # fmt: skip
+
+
+def _kill_at(proc: subprocess.Popen, out: Path, which: str, version: int) -> int:
     """SIGKILL the primary or the backup once the run's server is past `version` with a
     backup holding its state; returns the version it was at."""
-    return _kill_when_held(out / "endpoint", out, None, which, version)
+    return _kill_when_held(proc, out / "endpoint", out, None, which, version)
 
 
 def _stop_if_running(proc: subprocess.Popen) -> None:
@@ -152,7 +164,7 @@ def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_pa
     out = tmp_path / "killed"
     proc = _start(out, "--replicas", "2")
     try:
-        _kill_at(out, killed, version=40)
+        _kill_at(proc, out, killed, version=40)
         calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
     finally:
         for running in (calm_proc, proc):
@@ -199,7 +211,7 @@ def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_pa
     try:
         at = 30
         for _ in range(3):
-            at = _kill_at(out, "primary", version=at) + 15
+            at = _kill_at(proc, out, "primary", version=at) + 15
         calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
     finally:
         for running in (calm_proc, proc):
@@ -231,7 +243,7 @@ def test_every_acknowledged_push_is_applied_once_across_a_failover(tmp_path, rul
         env={**os.environ, **WORKER_ENV},
     )  # fmt: skip
     try:
-        _kill_at(out, "primary", version=100)
+        _kill_at(proc, out, "primary", version=100)
         summary = _finish(proc, out)
     finally:
         _stop_if_running(proc)
@@ -274,7 +286,7 @@ def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoin
     slower = {"MINIPS_WORKER_TIMEOUT": "6"}
     proc = _start(out, "--replicas", "2", "--checkpoint-every", "20", worker_env=slower)
     try:
-        _kill_at(out, "primary", version=30)
+        _kill_at(proc, out, "primary", version=30)
         promoted = _serving_primary(out, time.monotonic() + 60)  # the backup took over
         replacement = _new_backup(out, {promoted})
         os.kill(replacement, signal.SIGSTOP)  # it never joins

@@ -53,10 +53,10 @@ def _endpoint(out: Path, shard: int) -> Path:
     return out / ("endpoint" if shard == 0 else f"endpoint-shard{shard}")
 
 
-def _kill_at(out: Path, shard: int, which: str, version: int) -> int:
+def _kill_at(proc: subprocess.Popen, out: Path, shard: int, which: str, version: int) -> int:
     """SIGKILL shard `shard`'s primary or backup once it is past `version` with a backup
     holding its state; returns the version it was at."""
-    return _kill_when_held(_endpoint(out, shard), out, shard, which, version)
+    return _kill_when_held(proc, _endpoint(out, shard), out, shard, which, version)
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict:
@@ -99,10 +99,10 @@ def test_three_replicas_of_both_shards_killed_change_nothing_in_the_final_model(
     calm_out, out = tmp_path / "calm", tmp_path / "killed"
     calm, proc = _start(calm_out, "ssgd"), _start(out, "ssgd")
     try:
-        at = _kill_at(out, 1, "primary", version=5)
+        at = _kill_at(proc, out, 1, "primary", version=5)
         assert at < FIRST_CHECKPOINT
-        at = _kill_at(out, 0, "backup", version=at + 10)
-        _kill_at(out, 0, "primary", version=at + 10)
+        at = _kill_at(proc, out, 0, "backup", version=at + 10)
+        _kill_at(proc, out, 0, "primary", version=at + 10)
         calm_summary, summary = _finish(calm, calm_out), _finish(proc, out)
     finally:
         _killing([calm, proc])
@@ -129,7 +129,7 @@ def test_every_acknowledged_push_is_applied_once_on_every_shard(tmp_path, rule, 
     out = tmp_path / "killed"
     proc = _start(out, rule)
     try:
-        _kill_at(out, shard, "primary", version=40)
+        _kill_at(proc, out, shard, "primary", version=40)
         summary = _finish(proc, out)
     finally:
         _killing([proc])

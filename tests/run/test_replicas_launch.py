@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,21 @@ MINIPS = [sys.executable, "-m", "minips"]
 # test_replicas.py's run (ssgd, a fixed seed); the workers are ranks 1 and 2
 JOB = ("--rule", "ssgd", "--model", "mlp", "--dataset", "synthetic", "--lr", "0.05",
        "--momentum", "0.5", "--epochs", "30", "--seed", "0", "--eval-interval", "30")  # fmt: skip
+
+
+def _master_port() -> int:
+    """A port free with the next one: torchrun's agent listens on the first, the job's root
+    on the second (a probe of the first alone leaves the second to chance)."""
+    for _ in range(100):
+        port = _free_port()
+        with socket.socket() as first, socket.socket() as second:
+            try:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
 
 
 def _torchrun() -> str | None:
@@ -44,7 +60,7 @@ def _launcher(name: str, out: Path) -> list[str]:
     if (torchrun := _torchrun()) is None:
         pytest.skip("torchrun (the optional PyTorch) is not installed")
     # the job's root listens on MASTER_PORT + 1 (the agent's rendezvous store on MASTER_PORT)
-    return [torchrun, "--nproc-per-node", "3", "--master-port", str(_free_port()), "--no-python",
+    return [torchrun, "--nproc-per-node", "3", "--master-port", str(_master_port()), "--no-python",
             *MINIPS, "launch", "--out", str(out), "--replicas", "2", *JOB]  # fmt: skip
 
 
@@ -56,7 +72,7 @@ def test_under_a_launcher_a_killed_primary_fails_over_and_the_job_finishes(tmp_p
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=env)  # fmt: skip
     try:
-        _kill_at(out, "primary", version=40)
+        _kill_at(proc, out, "primary", version=40)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
