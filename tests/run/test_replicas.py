@@ -11,6 +11,7 @@ doubled or reordered by the failover (minips/ops/replication.py).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -151,24 +152,37 @@ def _same_model(a: Path, b: Path) -> None:
             np.testing.assert_array_equal(array, second.arrays[name], err_msg=name)
 
 
-@pytest.fixture
-def calm(tmp_path_factory):
-    """The run never killed, with the same seed and replicas."""
-    out = tmp_path_factory.mktemp("calm") / "run"
-    return out, _start(out, "--replicas", "2")
+def _calm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The run never killed (RUN with --replicas 2): its directory and summary. Run once per
+    test session and shared by every test that compares a killed run with it (ssgd with a
+    fixed seed ends the same whenever and beside whatever it runs): the first test process
+    to ask runs it under a lock, the others wait for it and read it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the test processes' common directory
+        shared = shared.parent
+    out = shared / "calm-replicated"
+    with open(shared / "calm-replicated.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "summary.json").exists():
+            proc = _start(out, "--replicas", "2")
+            try:
+                _finish(proc, out)
+            finally:
+                _stop_if_running(proc)
+    return out, json.loads((out / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("killed", ["primary", "backup"])
-def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(tmp_path, calm, killed):
-    calm_out, calm_proc = calm
+def test_a_replica_killed_mid_training_changes_nothing_in_the_final_model(
+    tmp_path, tmp_path_factory, killed
+):
     out = tmp_path / "killed"
     proc = _start(out, "--replicas", "2")
     try:
         _kill_at(proc, out, killed, version=40)
-        calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
+        (calm_out, calm_summary), summary = _calm_run(tmp_path_factory), _finish(proc, out)
     finally:
-        for running in (calm_proc, proc):
-            _stop_if_running(running)
+        _stop_if_running(proc)
     assert summary["loss"] == calm_summary["loss"]
     assert summary["accuracy"] == calm_summary["accuracy"]
     assert summary["updates"] == calm_summary["updates"]
@@ -203,19 +217,19 @@ def _each_lost_replica_replaced(replication: dict) -> None:
     assert len(replication["replacements"]) == lost, replication
 
 
-def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(tmp_path, calm):
+def test_three_primaries_killed_in_turn_change_nothing_in_the_final_model(
+    tmp_path, tmp_path_factory
+):
     """Each kill once the replacement of the last one joined and training went on."""
-    calm_out, calm_proc = calm
     out = tmp_path / "killed"
     proc = _start(out, "--replicas", "2")
     try:
         at = 30
         for _ in range(3):
             at = _kill_at(proc, out, "primary", version=at) + 15
-        calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
+        (calm_out, calm_summary), summary = _calm_run(tmp_path_factory), _finish(proc, out)
     finally:
-        for running in (calm_proc, proc):
-            _stop_if_running(running)
+        _stop_if_running(proc)
     assert (summary["loss"], summary["accuracy"]) == (
         calm_summary["loss"],
         calm_summary["accuracy"],

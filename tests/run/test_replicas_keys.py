@@ -11,12 +11,15 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import zmq
 import zmq.utils.monitor
 from test_replicas import (
+    _calm_run,
     _each_lost_replica_replaced,
     _finish,
     _held_by,
@@ -32,9 +35,7 @@ from minips.protocol import auth, wire
 from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError
 
-# 60 epochs, not test_replicas.py's 30: on a quiet machine those end in about 16 s, before
-# the checks made against a live run do
-KEYED = ("--auth", "--replicas", "2", "--epochs", "60")
+KEYED = ("--auth", "--replicas", "2")  # with test_replicas.py's RUN: ssgd, 30 epochs
 
 
 def _stats(out: Path, endpoint_file: str = "endpoint") -> dict | None:
@@ -75,6 +76,35 @@ def _held(out: Path, stats: dict, shard: int | None = None) -> bool:
     return stats["replication"]["backup"] and _held_by(endpoint, out, shard, primary) is not None
 
 
+def _workers(out: Path) -> list[int]:
+    """The pids of the run's workers (their reports are written in `out`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:  # not a process, or gone
+            continue
+        if "worker" in argv and "--report" in argv and str(out) in argv[argv.index("--report") + 1]:
+            found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def _training_paused(out: Path):
+    """The run's workers SIGSTOPped meanwhile: the run stays live (and its workers within
+    the server's heartbeat bound) however long the checks made against it take, and ssgd
+    ends the same whenever its steps come."""
+    workers = _workers(out)
+    assert len(workers) == 2, workers
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+
+
 def _stop_all(*procs) -> None:
     for running in procs:
         if running.poll() is None:
@@ -90,34 +120,39 @@ def _strangers(tmp_path: Path, out: Path) -> tuple[auth.ClientKeys, auth.ClientK
     return operator, auth.ClientKeys(stranger.pair, operator.server_public)
 
 
-def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(tmp_path):
-    calm_out, out = tmp_path / "calm", tmp_path / "killed"
-    calm_proc, proc = _start(calm_out, *KEYED), _start(out, *KEYED)
+def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(
+    tmp_path, tmp_path_factory
+):
+    """The keyed run ends exactly as test_replicas.py's run without keys never killed."""
+    out = tmp_path / "killed"
+    proc = _start(out, *KEYED)
     try:
         stats = _wait_for(out, lambda s: s["version"] > 40 and _held(out, s),
                           "trained with a backup holding its state")  # fmt: skip
-        os.kill(stats["replication"]["pid"], signal.SIGKILL)
-        _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
-        endpoint = (out / "endpoint").read_text().strip()
-        operator, wrong = _strangers(tmp_path, out)
-        # the backup serves with the server's key and its allow-list: no key, or a key
-        # it never allowed, gets nothing at all
-        _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder"))
-        _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder", keys=wrong))
-        # the keys the primary's clients used came with their requests: a worker key is no
-        # operator, and cannot act as the workers that said hello with it
-        worker_keys = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
-        with PSClient(endpoint, timeout=5, keys=worker_keys) as worker:
-            with pytest.raises(ServerError) as refused:
-                worker.stop()
-            assert refused.value.code == "operator"
-            victims = [row["worker"] for row in worker.stats()["workers"] if row["alive"]]
-        assert victims
-        for victim in victims:
-            assert _refused_as(endpoint, worker_keys, victim) == ["not_owner"] * 5
-        calm_summary, summary = _finish(calm_proc, calm_out), _finish(proc, out)
+        with _training_paused(out):  # the workers retry their step to the new primary after
+            os.kill(stats["replication"]["pid"], signal.SIGKILL)
+            _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
+            endpoint = (out / "endpoint").read_text().strip()
+            operator, wrong = _strangers(tmp_path, out)
+            # the backup serves with the server's key and its allow-list: no key, or a key
+            # it never allowed, gets nothing at all
+            _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder"))
+            _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder",
+                                 keys=wrong))  # fmt: skip
+            # the keys the primary's clients used came with their requests: a worker key is
+            # no operator, and cannot act as the workers that said hello with it
+            worker_keys = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
+            with PSClient(endpoint, timeout=5, keys=worker_keys) as worker:
+                with pytest.raises(ServerError) as refused:
+                    worker.stop()
+                assert refused.value.code == "operator"
+                victims = [row["worker"] for row in worker.stats()["workers"] if row["alive"]]
+            assert victims
+            for victim in victims:
+                assert _refused_as(endpoint, worker_keys, victim) == ["not_owner"] * 5
+        (calm_out, calm_summary), summary = _calm_run(tmp_path_factory), _finish(proc, out)
     finally:
-        _stop_all(calm_proc, proc)
+        _stop_all(proc)
     assert (summary["loss"], summary["accuracy"], summary["updates"]) == (
         calm_summary["loss"],
         calm_summary["accuracy"],
@@ -164,14 +199,18 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
         link = (out / "endpoint-link").read_text().strip()
         operator, wrong = _strangers(tmp_path, out)
         worker = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
-        # no CURVE; the run's own client keys (admitted by the server, not by its link);
-        # a pair nobody allowed: none completes the handshake, none is welcomed
-        # the server's own pair does (it asks nothing: a join would be welcomed were the
-        # live backup let go meanwhile, as a replacement is)
         server = keyfiles.load_server_keys(out / "keys").pair
-        assert _join(link, auth.ClientKeys(server, server.public), join=False) == (True, False)
-        for keys in (None, worker, operator, wrong):
-            assert _join(link, keys) == (False, False), keys
+        with _training_paused(out):
+            # no CURVE; the run's own client keys (admitted by the server, not by its link);
+            # a pair nobody allowed: none completes the handshake, none is welcomed; the
+            # server's own pair does (it asks nothing: a join would be welcomed were the
+            # live backup let go meanwhile, as a replacement is); side by side, so that the
+            # workers are paused 3 s, not 12
+            tries = [(auth.ClientKeys(server, server.public), False), (None, True),
+                     (worker, True), (operator, True), (wrong, True)]  # fmt: skip
+            with ThreadPoolExecutor(len(tries)) as pool:
+                outcomes = list(pool.map(lambda t: _join(link, *t), tries))
+            assert outcomes == [(True, False)] + [(False, False)] * 4
         stats = _wait_for(out, lambda s: s["replication"]["backup"], "kept a backup attached")
         summary = _finish(proc, out)
     finally:
