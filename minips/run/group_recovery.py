@@ -26,11 +26,14 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minips.ops.group_checkpoints import assemble
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
+
+if TYPE_CHECKING:
+    from minips.run.replicas import ReplicaSet
 
 
 class GroupRollback:
@@ -43,9 +46,10 @@ class GroupRollback:
         names: list[str],
         policies: list[ServerRestarts],
         announce: Callable[[str], None],
+        replicas: ReplicaSet | None = None,
     ) -> None:
         self.processes, self.names, self.policies = processes, names, policies
-        self.announce = announce
+        self.announce, self.replicas = announce, replicas
 
     @classmethod
     def of(
@@ -55,22 +59,28 @@ class GroupRollback:
         names: list[str],
         policies: list[ServerRestarts],
         announce: Callable[[str], None],
+        replicas: ReplicaSet | None = None,
     ) -> GroupRollback | None:
         """A run's group rollback: under ssgd, with every shard a child of this launcher
-        (`minips launch` has the others started by the job); else None."""
+        (`minips launch` has the others started by the job); else None. With replicas a
+        shard's failover is no crash (its backup is the shard's process then): only a
+        shard that lost every replica rolls the group back, its backups stopped too."""
         if rule != "ssgd" or len(names) < 2 or len(names) != len(policies):
             return None
-        return cls(processes, names, policies, announce)
+        return cls(processes, names, policies, announce, replicas)
 
     def recover(self) -> bool:
         """When a shard crashed, the whole group back to one version (module docstring).
         False when none crashed, or when the group cannot go back together: the caller
         then restarts the crashed shard alone, or ends the run."""
         children = [self.processes[name] for name in self.names]
-        crashed = [j for j, child in enumerate(children) if child.crashed()]
+        crashed = [j for j, child in enumerate(children)
+                   if child.crashed() and not self._fails_over(j)]  # fmt: skip
         if not crashed or not all(self.policies[j].allows(children[j]) for j in crashed):
             return False
-        alive = [child for child in children if not child.exited()]
+        # the backups first: a backup whose primary stopped answering would take over
+        backups = self.replicas.live_backups() if self.replicas is not None else []
+        alive = [*backups, *(child for child in children if not child.exited())]
         for child in alive:  # frozen: no checkpoint written while the version is chosen
             child.proc.send_signal(signal.SIGSTOP)
         common = set.intersection(*(policy.versions() for policy in self.policies))
@@ -83,6 +93,8 @@ class GroupRollback:
         for child in alive:
             child.proc.kill()  # SIGKILL reaches a stopped process
             child.proc.wait()
+        if self.replicas is not None:  # each restarted primary gets a new backup
+            self.replicas.roll_back(stopped=backups)
         version = max(common)
         for j, child in enumerate(children):  # the root first: the shards join it
             self.policies[j].prepare(child, at=version, rolled_back=j not in crashed)
@@ -93,6 +105,10 @@ class GroupRollback:
                       f"every shard ({lost} round(s) dropped), so its shards stay at one "
                       f"version")  # fmt: skip
         return True
+
+    def _fails_over(self, shard: int) -> bool:
+        """Whether shard `shard` has a backup that takes over from its crashed primary."""
+        return self.replicas is not None and self.replicas.backs_up(shard)
 
 
 def final_group_checkpoint(

@@ -127,10 +127,12 @@ class LocalRun(ProcessCommands):
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
-        # Replicated shards fail over instead (a rollback's kills would be failovers too).
-        rollback_rule = config.rule if config.replicas == 1 else ""
-        self.rollback = GroupRollback.of(rollback_rule, self.processes, self._server_names(),
-                                         self.restarts, self.announce)  # fmt: skip
+        self.replicas = (  # each server's backup, with --replicas 2 (minips.run.replicas)
+            ReplicaSet(self.processes, run_dir.config, run_dir, self.t0, config.servers)
+            if config.replicas > 1 else None
+        )  # fmt: skip
+        self.rollback = GroupRollback.of(config.rule, self.processes, self._server_names(),
+                                         self.restarts, self.announce, self.replicas)  # fmt: skip
         self.training_ended: float | None = None  # seconds after t0, once training is over
         self.stats: dict[str, Any] | None = None  # the server's latest `stats`
         # How long the run waits for its browser seats, and what it says about empty ones.
@@ -140,10 +142,6 @@ class LocalRun(ProcessCommands):
         self._shown_total = 0  # the progress's length at its last update (0: none yet)
         self.stopped_why: str | None = None  # what stopped the server before the run's end
         self.refusals = Refusals()  # workers that could not follow the run, said once each
-        self.replicas = (  # each server's backup, with --replicas 2 (minips.run.replicas)
-            ReplicaSet(self.processes, run_dir.config, run_dir, self.t0, config.servers)
-            if config.replicas > 1 else None
-        )  # fmt: skip
 
     def run(self) -> dict[str, Any]:
         """Start, watch, shut down; write the results and return the summary. A run that

@@ -186,6 +186,7 @@ class ReplicaWatch:
         self.backup_lost: list[dict[str, Any]] = []
         self.replacements: list[dict[str, Any]] = []
         self.unjoined: list[dict[str, Any]] = []
+        self.rolled_back: list[dict[str, Any]] = []  # backups a group rollback stopped
         self.backup: str | None = None  # the live backup's child name
         self._backup_log = 1  # the generation of the live backup's updates log
         self._logs: list[tuple[int, int]] = []  # each failover's: (the dead's, the new's)
@@ -249,6 +250,28 @@ class ReplicaWatch:
                 name = self._start(address)
                 self.replacements.append(self._record(name=name))
 
+    def live_backup(self) -> Child | None:
+        """The backup process, while it runs."""
+        backup = self.processes[self.backup] if self.backup is not None else None
+        return backup if backup is not None and not backup.exited() else None
+
+    def roll_back(self, stopped: list[Child]) -> None:
+        """The group goes back to a checkpoint (minips.run.group_recovery), the backups in
+        `stopped` stopped with the primaries: a failover pending is settled, this pair's
+        stopped backup recorded (neither lost nor replaced; one that had died by itself is
+        lost), and the restarted primary gets a new backup once it listens on a new link
+        (`check`)."""
+        if self._pending is not None:
+            self._confirm(self.processes[self.name], final=True)
+        if self.backup is not None:
+            backup = self.processes[self.backup]
+            if any(backup is child for child in stopped):
+                self.rolled_back.append(self._record(name=self.backup))
+            else:
+                self.backup_lost.append(self._record(exit_code=backup.code()))
+            self.backup = None
+        self._dead_link = _read(link_file(self.endpoint))
+
     def _promote(self, server: Child, backup: Child) -> None:
         """The backup is the primary's child now, pending its welcome (`_confirm`): a
         crash of it restarts it from its checkpoint, its log the generation it writes."""
@@ -287,7 +310,8 @@ class ReplicaWatch:
         them again to the new primary: done twice on the way, once in the model. None
         are lost: a reply leaves only once the backup holds its input (protocol.md 17).
         `unjoined`: the backups stopped because their primary died before it welcomed
-        them (the server then restarted from its checkpoint, as without replicas)."""
+        them (the server then restarted from its checkpoint, as without replicas);
+        `rolled_back`: those stopped when an ssgd group went back to a checkpoint."""
         if self._pending is not None:  # the run ended within a failover's grace
             self._confirm(self.processes[self.name], final=True)
         for failover, (dead_log, own_log) in zip(self.failovers, self._logs, strict=True):
@@ -297,7 +321,8 @@ class ReplicaWatch:
             failover["takeover_s"] = taken and round(taken["silent_s"] + taken["bind_s"], 3)
             failover["redone"] = max(0, dead - taken["version"]) if taken else None
         return {"replicas": 2, "failovers": self.failovers, "backups_lost": self.backup_lost,
-                "replacements": self.replacements, "unjoined": self.unjoined}  # fmt: skip
+                "replacements": self.replacements, "unjoined": self.unjoined,
+                "rolled_back": self.rolled_back}  # fmt: skip
 
     def _record(self, **fields: Any) -> dict[str, Any]:
         """A record of this pair's: when, and a group's shard."""
@@ -329,10 +354,24 @@ class ReplicaSet:
         for watch in self.watches:
             watch.check()
 
+    def backs_up(self, shard: int) -> bool:
+        """Whether shard `shard` (0: the root or the one server) has a backup running."""
+        return self.watches[shard].live_backup() is not None
+
+    def live_backups(self) -> list[Child]:
+        """Every backup process that runs (a group rollback stops them with the primaries)."""
+        return [backup for watch in self.watches if (backup := watch.live_backup())]
+
+    def roll_back(self, stopped: list[Child]) -> None:
+        """The backups in `stopped` were stopped by a group rollback (ReplicaWatch.roll_back)."""
+        for watch in self.watches:
+            watch.roll_back(stopped)
+
     def records(self) -> dict[str, Any]:
         """The summary's `replication`: every pair's records, in the order they happened."""
         merged: dict[str, Any] = {"replicas": 2, "failovers": [], "backups_lost": [],
-                                  "replacements": [], "unjoined": []}  # fmt: skip
+                                  "replacements": [], "unjoined": [],
+                                  "rolled_back": []}  # fmt: skip
         for watch in self.watches:
             for key, records in watch.records().items():
                 if isinstance(records, list):

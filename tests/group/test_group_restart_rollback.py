@@ -18,6 +18,7 @@ from minips.results.rundir import RunDir
 from minips.run.group_recovery import GroupRollback
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
+from minips.run.replicas import ReplicaSet
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -65,5 +66,47 @@ def test_the_group_goes_back_below_the_round_in_flight(tmp_path, root_reached, e
         ]
         set_aside = sorted(p.name for p in tmp_path.glob("run-shard*.rolled-back-*.npz"))
         assert len(set_aside) == (2 if expected < 50 else 0), set_aside
+    finally:
+        processes.stop_all(grace=1)
+
+
+def test_with_replicas_only_a_shard_that_lost_every_replica_rolls_the_group_back(tmp_path):
+    """`--replicas 2`: shard 1's primary crashed while its backup runs is a failover, not a
+    rollback (nothing is stopped); once no backup of it runs, the group goes back, the
+    root's backup stopped before the root's primary (else it would take over) and recorded
+    as stopped by the rollback, neither lost nor replaced."""
+    (tmp_path / "logs").mkdir()
+    run_dir = RunDir(tmp_path)
+    for shard in (0, 1):
+        _shard_file(tmp_path, shard, 50, keep_previous=True)
+        run_dir.shard_endpoint(shard).write_text(f"ipc://{tmp_path}/shard{shard}.sock\n")
+    _log(run_dir.updates_log(0, 0), 70)
+    _log(run_dir.updates_log(0, 1), 50)
+    policies = [ServerRestarts(run_dir, tmp_path / "run.npz", j, 2) for j in (0, 1)]
+    processes = ProcessGroup(tmp_path / "logs", {})
+    replicas = ReplicaSet(processes, run_dir.config, run_dir, 0.0, servers=2)
+    try:
+        for name, policy in (("server", policies[0]), ("shard-1", policies[1])):
+            processes.start(name, SLEEP, policy)
+        for watch, name in zip(replicas.watches, ("backup", "shard-1-backup"), strict=True):
+            processes.start(name, SLEEP)
+            watch.backup = name
+        processes["shard-1"].proc.kill()
+        processes["shard-1"].proc.wait()
+        rollback = GroupRollback.of("ssgd", processes, ["server", "shard-1"], policies,
+                                    [].append, replicas)  # fmt: skip
+        assert rollback is not None and not rollback.recover()  # shard 1's backup takes over
+        assert not any(processes[n].exited() for n in ("server", "backup", "shard-1-backup"))
+        processes["shard-1-backup"].proc.kill()  # now no replica of shard 1 runs
+        processes["shard-1-backup"].proc.wait()
+        assert rollback.recover()
+        assert processes["backup"].exited() and not processes["server"].exited()
+        assert [r.checkpoint_version for r in (p.restarts[-1] for p in policies)] == [50, 50]
+        records = replicas.records()
+        assert [(r["shard"], r["name"]) for r in records["rolled_back"]] == [(0, "backup")]
+        # shard 1's backup died by itself: lost (the launcher's next look would say so)
+        assert [(r["shard"], r["exit_code"]) for r in records["backups_lost"]] == [(1, -9)]
+        assert records["replacements"] == []
+        assert replicas.live_backups() == []
     finally:
         processes.stop_all(grace=1)

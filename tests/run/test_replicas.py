@@ -156,19 +156,26 @@ def _calm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The run never killed (RUN with --replicas 2): its directory and summary. Run once per
     test session and shared by every test that compares a killed run with it (ssgd with a
     fixed seed ends the same whenever and beside whatever it runs): the first test process
-    to ask runs it under a lock, the others wait for it and read it."""
+    to ask runs it under a lock, the others wait for it and read it. One that failed fails
+    every test that asks for it again with its error."""
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the test processes' common directory
+    if shared.name.startswith("popen-gw"):  # an xdist test process's: the session's is above
         shared = shared.parent
-    out = shared / "calm-replicated"
+    out, failed = shared / "calm-replicated", shared / "calm-replicated.failed"
     with open(shared / "calm-replicated.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "summary.json").exists():
+        if failed.exists():
+            raise AssertionError(f"the calm run failed earlier: {failed.read_text()}")
+        if not (shared / "calm-replicated.ok").exists():
             proc = _start(out, "--replicas", "2")
             try:
                 _finish(proc, out)
+            except BaseException as error:
+                failed.write_text(f"{type(error).__name__}: {error}"[-3000:])
+                raise
             finally:
                 _stop_if_running(proc)
+            (shared / "calm-replicated.ok").touch()
     return out, json.loads((out / "summary.json").read_text())
 
 

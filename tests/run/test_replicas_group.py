@@ -16,11 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_replicas import _kill_when_held
+from test_replicas import _backups, _kill_when_held, _stats_at
 
 from minips.ops.checkpoint_file import load_checkpoint
 
@@ -40,12 +41,12 @@ WORKER_ENV = {"MINIPS_WORKER_TIMEOUT": "2"}
 FIRST_CHECKPOINT = 50  # an ssgd group's shards checkpoint every 50 rounds (group_checkpoints.py)
 
 
-def _start(out: Path, rule: str, *extra: str) -> subprocess.Popen:
+def _start(out: Path, rule: str, *extra: str, worker_env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "minips", "run", "--out", str(out), "--quiet", "--rule", rule,
          *MODEL, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, **WORKER_ENV},
+        env={**os.environ, **(worker_env or WORKER_ENV)},
     )  # fmt: skip
 
 
@@ -142,6 +143,73 @@ def test_every_acknowledged_push_is_applied_once_on_every_shard(tmp_path, rule, 
     replication = summary["replication"]
     assert [f["shard"] for f in replication["failovers"]] == [shard]
     assert summary["updates_lost"] == 0 and summary["restarts"] == 0
+
+
+def test_an_ssgd_group_whose_shard_lost_both_replicas_goes_back_to_one_version(tmp_path):
+    """Shard 1's primary killed; its backup takes over; that one killed too while its
+    replacement (held by SIGSTOP) has not joined: no replica of shard 1 holds its state.
+    Under ssgd the whole group goes back to one checkpoint, as without replicas: the
+    root's primary and backup are stopped with it, both primaries restart from their
+    checkpoints at one version and get new backups, and the run ends with its shards at
+    one version, its summary recording the failover, the unjoined backup, the backup the
+    rollback stopped and both restarts."""
+    out = tmp_path / "killed"
+    # the workers wait out the failover, the welcome's grace and the rollback (attempts of
+    # 6 s each, below the server's 30 s heartbeat timeout)
+    proc = _start(out, "ssgd", worker_env={"MINIPS_WORKER_TIMEOUT": "6"})
+    try:
+        _kill_at(proc, out, 1, "primary", version=FIRST_CHECKPOINT + 10)
+        promoted = _serving_primary_of_shard(out, 1)
+        replacement = _new_backup(out, 1, known={promoted})
+        os.kill(replacement, signal.SIGSTOP)  # it never joins
+        os.kill(promoted, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        _killing([proc])
+    assert proc.returncode == 0, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    finals = [row["version"] for row in summary["shards"]]
+    assert finals[0] == finals[1] and summary["group"]["consistent"], finals
+    assert summary["group"]["torn"] is None and summary["ended"] == "finished"
+    restarts = {r["shard"]: r for r in summary["restart_log"]}
+    assert sorted(restarts) == [0, 1] and restarts[0]["rolled_back"]
+    assert not restarts[1]["rolled_back"] and restarts[1]["exit_code"] == -signal.SIGKILL
+    version = restarts[1]["checkpoint_version"]
+    assert version == restarts[0]["checkpoint_version"] >= FIRST_CHECKPOINT
+    line = f"shard 1 crashed: the server group went back to version {version} on every shard"
+    assert (stdout + stderr).count(line) == 1, stdout + stderr
+    replication = summary["replication"]
+    assert [f["shard"] for f in replication["failovers"]] == [1]
+    assert [(u["shard"], u["exit_code"]) for u in replication["unjoined"]] == [(1, -9)]
+    assert [r["shard"] for r in replication["rolled_back"]] == [0]  # the root's backup
+    assert replication["backups_lost"] == []
+    # each restarted primary got a new backup, after shard 1's own replacement
+    replaced_after = [r["shard"] for r in replication["replacements"]
+                      if r["at_s"] > replication["unjoined"][0]["at_s"]]  # fmt: skip
+    assert sorted(replaced_after) == [0, 1], replication
+
+
+def _serving_primary_of_shard(out: Path, shard: int, timeout: float = 60) -> int:
+    """The pid of the replica of shard `shard` that answers its `stats` as a primary once a
+    backup took over (its pid differs from the first primary's)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = _stats_at(_endpoint(out, shard))
+        if stats is not None and stats["replication"]["failovers"]:
+            return stats["replication"]["pid"]
+        time.sleep(0.05)
+    raise AssertionError(f"no backup of shard {shard} took over")
+
+
+def _new_backup(out: Path, shard: int, known: set[int], timeout: float = 60) -> int:
+    """The pid of shard `shard`'s first backup process not in `known`, once it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in _backups(out, shard):
+            if pid not in known:
+                return pid
+        time.sleep(0.01)
+    raise AssertionError(f"no replacement backup of shard {shard}")
 
 
 def test_a_whole_group_served_here_is_refused_replicas(tmp_path):

@@ -35,7 +35,10 @@ from minips.protocol import auth, wire
 from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError
 
-KEYED = ("--auth", "--replicas", "2")  # with test_replicas.py's RUN: ssgd, 30 epochs
+# With test_replicas.py's RUN (ssgd, 30 epochs). The workers are paused while the test
+# tries the keys (_training_paused): a server retires a worker silent for the heartbeat
+# timeout, 30 s by default, which a loaded machine could reach meanwhile.
+KEYED = ("--auth", "--replicas", "2", "--heartbeat-timeout", "300")
 
 
 def _stats(out: Path, endpoint_file: str = "endpoint") -> dict | None:
@@ -129,9 +132,10 @@ def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(
     try:
         stats = _wait_for(out, lambda s: s["version"] > 40 and _held(out, s),
                           "trained with a backup holding its state")  # fmt: skip
-        with _training_paused(out):  # the workers retry their step to the new primary after
-            os.kill(stats["replication"]["pid"], signal.SIGKILL)
-            _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
+        os.kill(stats["replication"]["pid"], signal.SIGKILL)
+        # the workers' retries, under their keys, meet the takeover
+        _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
+        with _training_paused(out):
             endpoint = (out / "endpoint").read_text().strip()
             operator, wrong = _strangers(tmp_path, out)
             # the backup serves with the server's key and its allow-list: no key, or a key
