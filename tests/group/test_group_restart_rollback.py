@@ -18,7 +18,7 @@ from minips.results.rundir import RunDir
 from minips.run.group_recovery import GroupRollback
 from minips.run.processes import ProcessGroup
 from minips.run.recovery import ServerRestarts
-from minips.run.replicas import ReplicaSet
+from minips.run.replicas import ReplicaSet, link_file
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -80,6 +80,8 @@ def test_with_replicas_only_a_shard_that_lost_every_replica_rolls_the_group_back
     for shard in (0, 1):
         _shard_file(tmp_path, shard, 50, keep_previous=True)
         run_dir.shard_endpoint(shard).write_text(f"ipc://{tmp_path}/shard{shard}.sock\n")
+        # the primaries' replication links (nothing listens: no backup may be sent there)
+        link_file(run_dir.shard_endpoint(shard)).write_text(f"ipc://{tmp_path}/link{shard}\n")
     _log(run_dir.updates_log(0, 0), 70)
     _log(run_dir.updates_log(0, 1), 50)
     policies = [ServerRestarts(run_dir, tmp_path / "run.npz", j, 2) for j in (0, 1)]
@@ -108,5 +110,9 @@ def test_with_replicas_only_a_shard_that_lost_every_replica_rolls_the_group_back
         assert [(r["shard"], r["exit_code"]) for r in records["backups_lost"]] == [(1, -9)]
         assert records["replacements"] == []
         assert replicas.live_backups() == []
+        # the restarted primaries have not written their new links yet: the killed ones'
+        # are no place to start a backup
+        replicas.check()
+        assert replicas.live_backups() == [] and replicas.records()["replacements"] == []
     finally:
         processes.stop_all(grace=1)

@@ -187,6 +187,10 @@ def test_an_ssgd_group_whose_shard_lost_both_replicas_goes_back_to_one_version(t
     replaced_after = [r["shard"] for r in replication["replacements"]
                       if r["at_s"] > replication["unjoined"][0]["at_s"]]  # fmt: skip
     assert sorted(replaced_after) == [0, 1], replication
+    # ... which joined it at the version the group went back to
+    joined = sorted(log.name.split("-")[0] for log in (out / "logs").glob("*.log")
+                    if f"backup joined at version {version} " in log.read_text())  # fmt: skip
+    assert joined == ["server", "shard"], joined
 
 
 def _serving_primary_of_shard(out: Path, shard: int, timeout: float = 60) -> int:
