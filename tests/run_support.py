@@ -2,11 +2,14 @@
 evaluator that, on a machine too busy for it to test the final model before the servers
 stopped, the launcher stopped (SIGTERM, then SIGKILL if it did not leave) and stood in
 for: it tested the final model itself (minips/run/final_test.py) and says so in the
-evaluation log."""
+evaluation log. And a live run's workers, paused while a test looks at it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 from minips.results.metrics import read_metrics
@@ -21,3 +24,29 @@ def assert_clean_exits(summary: dict, run_dir: Path) -> None:
         assert last.get("by") == "launcher" and last.get("final"), last
         codes["evaluator"] = 0
     assert set(codes.values()) == {0}, summary["exit_codes"]
+
+
+def workers_of(run: subprocess.Popen) -> list[int]:
+    """The pids of the `minips worker` processes that the run started (its children)."""
+    children = Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split()
+    workers = []
+    for pid in children:
+        with contextlib.suppress(FileNotFoundError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # `python -m minips worker ...` (an evaluator's `--key-name worker` is not one)
+            if b"minips" in argv and argv[argv.index(b"minips") + 1 :][:1] == [b"worker"]:
+                workers.append(int(pid))
+    return workers
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]):
+    """The processes `pids` stopped (SIGSTOP) meanwhile, continued after."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

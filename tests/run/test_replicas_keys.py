@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.utils.monitor
+from run_support import paused, workers_of
 from test_replicas import (
     _calm_run,
     _each_lost_replica_replaced,
@@ -79,33 +81,15 @@ def _held(out: Path, stats: dict, shard: int | None = None) -> bool:
     return stats["replication"]["backup"] and _held_by(endpoint, out, shard, primary) is not None
 
 
-def _workers(out: Path) -> list[int]:
-    """The pids of the run's workers (their reports are written in `out`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:  # not a process, or gone
-            continue
-        if "worker" in argv and "--report" in argv and str(out) in argv[argv.index("--report") + 1]:
-            found.append(int(entry.name))
-    return found
-
-
 @contextmanager
-def _training_paused(out: Path):
-    """The run's workers SIGSTOPped meanwhile: the run stays live (and its workers within
-    the server's heartbeat bound) however long the checks made against it take, and ssgd
-    ends the same whenever its steps come."""
-    workers = _workers(out)
+def _training_paused(run: subprocess.Popen):
+    """The run's workers SIGSTOPped meanwhile: the run stays live however long the checks
+    made against it take (KEYED's heartbeat timeout keeps the paused workers known), and
+    ssgd ends the same whenever its steps come."""
+    workers = workers_of(run)
     assert len(workers) == 2, workers
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with paused(workers):
         yield
-    finally:
-        for pid in workers:
-            os.kill(pid, signal.SIGCONT)
 
 
 def _stop_all(*procs) -> None:
@@ -135,7 +119,7 @@ def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(
         os.kill(stats["replication"]["pid"], signal.SIGKILL)
         # the workers' retries, under their keys, meet the takeover
         _wait_for(out, lambda s: s["replication"]["failovers"], "failed over")
-        with _training_paused(out):
+        with _training_paused(proc):
             endpoint = (out / "endpoint").read_text().strip()
             operator, wrong = _strangers(tmp_path, out)
             # the backup serves with the server's key and its allow-list: no key, or a key
@@ -204,7 +188,7 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
         operator, wrong = _strangers(tmp_path, out)
         worker = keyfiles.load_client_keys(out / "keys", keyfiles.WORKER)
         server = keyfiles.load_server_keys(out / "keys").pair
-        with _training_paused(out):
+        with _training_paused(proc):
             # no CURVE; the run's own client keys (admitted by the server, not by its link);
             # a pair nobody allowed: none completes the handshake, none is welcomed; the
             # server's own pair does (it asks nothing: a join would be welcomed were the

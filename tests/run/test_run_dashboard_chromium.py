@@ -7,16 +7,15 @@ SIGCONT) once the page shows progress: the counters then hold still while the pa
 renders a snapshot polled after the pause. The DevTools helpers are test_dashboard's.
 """
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from run_support import paused, workers_of
 from test_dashboard import READ_PAGE, ROOT, _get, chromium_page
 
 from minips.rules import DEFAULT_RULE
@@ -27,18 +26,6 @@ def _stats(endpoint: str) -> dict:
     """`stats` without hello: an observer-free look at the server's counters."""
     with PSClient(endpoint, timeout=5.0) as client:
         return client.stats()
-
-
-def _workers_of(run: subprocess.Popen) -> list[int]:
-    """The pids of the `minips worker` processes that the run started (its children)."""
-    children = Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split()
-    workers = []
-    for pid in children:
-        with contextlib.suppress(FileNotFoundError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"worker" in argv:
-                workers.append(int(pid))
-    return workers
 
 
 def _read_page(tools) -> dict:
@@ -63,18 +50,6 @@ def _wait_page(tools, run: subprocess.Popen, ready, what: str, timeout: float = 
         time.sleep(0.3)
 
 
-@contextlib.contextmanager
-def paused(pids: list[int]):
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 def test_live_run_dashboard_in_chromium_matches_the_servers_stats(tmp_path):
     out = tmp_path / "run"
     run = subprocess.Popen(
@@ -91,7 +66,7 @@ def test_live_run_dashboard_in_chromium_matches_the_servers_stats(tmp_path):
         endpoint = (out / "endpoint").read_text().strip()
         with chromium_page(url) as tools:
             _wait_page(tools, run, _trained_a_while, "both workers' pushes and 3 evaluations")
-            with paused(_workers_of(run)):
+            with paused(workers_of(run)):
                 # A push sent just before the pause may land while the page is read (late
                 # on a loaded machine): read again until the server's counters held still
                 # around it. The paused workers send nothing more, so this ends.
