@@ -275,21 +275,23 @@ def test_every_acknowledged_push_is_applied_once_across_a_failover(tmp_path, rul
     assert len(summary["replication"]["failovers"]) == 1 and summary["updates_lost"] == 0
 
 
-def _new_backup(out: Path, known: set[int], timeout: float = 60) -> int:
-    """The pid of the run's first backup process not in `known`, as soon as it exists."""
+def _new_backup(out: Path, known: set[int], shard: int | None = None, timeout: float = 60) -> int:
+    """The pid of the run's (of shard `shard`'s) first backup process not in `known`, as
+    soon as it exists."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid in _backups(out):
+        for pid in _backups(out, shard):
             if pid not in known:
                 return pid
         time.sleep(0.01)
     raise AssertionError("no replacement backup")
 
 
-def _serving_primary(out: Path, deadline: float) -> int:
-    """The pid of the replica that answers the run's `stats` once it is a primary."""
+def _serving_primary(endpoint: Path, deadline: float) -> int:
+    """The pid of the replica that answers `stats` at the address in `endpoint` (a run's
+    or a shard's endpoint file) once it is a primary."""
     while time.monotonic() < deadline:
-        stats = _stats(out)
+        stats = _stats_at(endpoint)
         if stats is not None and stats["replication"]["role"] == "primary":
             return stats["replication"]["pid"]
         time.sleep(0.05)
@@ -308,7 +310,7 @@ def test_the_new_primary_lost_before_its_backup_joined_restarts_from_a_checkpoin
     proc = _start(out, "--replicas", "2", "--checkpoint-every", "20", worker_env=slower)
     try:
         _kill_at(proc, out, "primary", version=30)
-        promoted = _serving_primary(out, time.monotonic() + 60)  # the backup took over
+        promoted = _serving_primary(out / "endpoint", time.monotonic() + 60)  # the backup took over
         replacement = _new_backup(out, {promoted})
         os.kill(replacement, signal.SIGSTOP)  # it never joins
         os.kill(promoted, signal.SIGKILL)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_replicas import _backups, _kill_when_held, _stats_at
+from test_replicas import _kill_when_held, _new_backup, _serving_primary
 
 from minips.ops.checkpoint_file import load_checkpoint
 
@@ -159,8 +159,8 @@ def test_an_ssgd_group_whose_shard_lost_both_replicas_goes_back_to_one_version(t
     proc = _start(out, "ssgd", worker_env={"MINIPS_WORKER_TIMEOUT": "6"})
     try:
         _kill_at(proc, out, 1, "primary", version=FIRST_CHECKPOINT + 10)
-        promoted = _serving_primary_of_shard(out, 1)
-        replacement = _new_backup(out, 1, known={promoted})
+        promoted = _serving_primary(_endpoint(out, 1), time.monotonic() + 60)  # took over
+        replacement = _new_backup(out, {promoted}, shard=1)
         os.kill(replacement, signal.SIGSTOP)  # it never joins
         os.kill(promoted, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=300)
@@ -191,29 +191,6 @@ def test_an_ssgd_group_whose_shard_lost_both_replicas_goes_back_to_one_version(t
     joined = sorted(log.name.split("-")[0] for log in (out / "logs").glob("*.log")
                     if f"backup joined at version {version} " in log.read_text())  # fmt: skip
     assert joined == ["server", "shard"], joined
-
-
-def _serving_primary_of_shard(out: Path, shard: int, timeout: float = 60) -> int:
-    """The pid of the replica of shard `shard` that answers its `stats` as a primary once a
-    backup took over (its pid differs from the first primary's)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = _stats_at(_endpoint(out, shard))
-        if stats is not None and stats["replication"]["failovers"]:
-            return stats["replication"]["pid"]
-        time.sleep(0.05)
-    raise AssertionError(f"no backup of shard {shard} took over")
-
-
-def _new_backup(out: Path, shard: int, known: set[int], timeout: float = 60) -> int:
-    """The pid of shard `shard`'s first backup process not in `known`, once it exists."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in _backups(out, shard):
-            if pid not in known:
-                return pid
-        time.sleep(0.01)
-    raise AssertionError(f"no replacement backup of shard {shard}")
 
 
 def test_a_whole_group_served_here_is_refused_replicas(tmp_path):
