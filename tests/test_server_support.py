@@ -208,3 +208,22 @@ class InterruptedAfterFirstFrame:
 
     def __getattr__(self, name):
         return getattr(self.sock, name)
+
+
+class InterruptedAfterFirstReplyFrame:
+    """A DEALER stand-in that takes a reply's first frame, then is interrupted (pyzmq
+    checks for signals after each frame it received: Ctrl-C or SIGTERM landing then loses
+    that frame), once; otherwise the real socket."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.armed = sock, True
+
+    def recv_multipart(self, *args, **kw):
+        if not self.armed:
+            return self.sock.recv_multipart(*args, **kw)
+        self.armed = False
+        self.sock.recv(*args, **kw)
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)

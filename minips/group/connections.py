@@ -77,7 +77,8 @@ class Connection:
         nbytes = 0
         while True:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                with new_socket_if_interrupted(self.abandon):
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return None, nbytes
             nbytes += sum(len(f) for f in frames)

@@ -359,7 +359,8 @@ class PSClient:
             # A receive timeout instead of a poll: one system call less per request.
             sock.setsockopt(zmq.RCVTIMEO, max(1, int(remaining * 1000)))
             try:
-                frames = sock.recv_multipart(copy=False)
+                with new_socket_if_interrupted(self._close_socket):
+                    frames = sock.recv_multipart(copy=False)
             except zmq.Again:
                 break
             if self.link is not None:  # the reply arrived as fast as the link allows
@@ -390,9 +391,11 @@ def group_side(client: PSClient) -> GroupSide:
 def new_socket_if_interrupted(close_socket: Callable[[], None]) -> Iterator[None]:
     """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message on
     the socket, which the next request (the bye on the way out) would complete into
-    garbage: `close_socket()` closes it, as Lazy Pirate does, so the next request starts
-    on a new one (the server hands the routing id over to it). Used by PSClient and by a
-    group's shard connections."""
+    garbage; one during a receive can lose a reply's first frame (pyzmq checks for
+    signals after each frame it took), leaving the rest to be read as the next reply:
+    `close_socket()` closes it, as Lazy Pirate does, so the next request starts on a new
+    one (the server hands the routing id over to it). Used by PSClient and by a group's
+    shard connections, around every send and receive."""
     try:
         yield
     except KeyboardInterrupt:

@@ -10,7 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import zmq
-from test_server_support import InterruptedAfterFirstFrame, running_server
+from test_server_support import (
+    InterruptedAfterFirstFrame,
+    InterruptedAfterFirstReplyFrame,
+    running_server,
+)
 
 from minips.group.agreements import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.group.connections import Connection, exchange
@@ -507,6 +511,28 @@ def test_a_request_after_one_interrupted_between_its_frames_reaches_the_shard():
             connection.abandon()
             context.term()
         assert server.store.version == 0  # the half push applied nothing
+
+
+def test_a_request_after_a_reply_interrupted_between_its_frames_gets_its_own_reply():
+    """An interrupt that lost a reply's first frame (pyzmq checks for signals after each
+    frame it took) leaves the rest unread: the socket is closed, so the next request (the
+    bye) is answered on a new one, not met by the remains read as a reply."""
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        context = zmq.Context()
+        connection = Connection(context, server.endpoint, b"\x01" + bytes(15), Limits())
+        try:
+            connection.send({"op": "hello", "worker": "w"}, [])
+            assert _reply_within(connection, 5).op == "hello"
+            connection.send({"op": "pull", "worker": "w"}, [])  # a header and the arrays
+            assert connection.socket.poll(5000)
+            connection.socket = InterruptedAfterFirstReplyFrame(connection.socket)
+            with pytest.raises(KeyboardInterrupt):
+                connection.take()
+            connection.send({"op": "bye", "worker": "w", "finished": False}, [])
+            assert _reply_within(connection, 5).op == "bye"
+        finally:
+            connection.abandon()
+            context.term()
 
 
 def _reply_within(connection: Connection, seconds: float):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from test_server_support import (
     InterruptedAfterFirstFrame,
+    InterruptedAfterFirstReplyFrame,
     make_params,
     running_server,
     worker_rows,
@@ -80,3 +81,18 @@ def test_a_bye_after_a_push_interrupted_between_its_frames_reaches_the_server():
             rows = worker_rows(client)
         assert not rows[client.worker_id]["alive"], rows
         assert server.store.version == 0  # the half push applied nothing
+
+
+def test_a_bye_after_a_pull_reply_interrupted_between_its_frames_reaches_the_server():
+    """The rest of a reply whose first frame an interrupt lost is not read as the bye's
+    reply (it would be garbage, and the bye lost with the socket): the interrupted socket
+    is closed, the bye goes on a new one."""
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        with PSClient(server.endpoint, timeout=5, retries=0) as client:
+            client.hello()
+            client._socket = InterruptedAfterFirstReplyFrame(client._connect())
+            with pytest.raises(KeyboardInterrupt):
+                client.pull()  # its reply: a header and one frame per parameter
+            client.bye(finished=False)
+            rows = worker_rows(client)
+        assert not rows[client.worker_id]["alive"], rows

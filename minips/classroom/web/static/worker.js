@@ -340,7 +340,9 @@ function resumeFrom(saved, hello) {
 onmessage = (event) => {
   if (event.data.type !== "start") return;
   train(event.data.options).catch((err) => {
-    report({ state: "failed" });
+    // No status report here: the page marks itself failed when the error comes, with its
+    // reason, so a script reading window.minipsStatus never sees "failed" without "error".
+    status.state = "failed";
     const { code, closeCode, unreachable } = err || {};
     postMessage({ type: "error", message: String(err && err.message ? err.message : err), code, closeCode, unreachable });
   });
