@@ -495,11 +495,7 @@ def test_a_request_after_one_interrupted_between_its_frames_reaches_the_shard():
     """Ctrl-C or SIGTERM between two of pyzmq's per-frame sends leaves half a message on
     the socket: the next request (the bye on the way out) goes on a new socket, whole."""
     with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
-        context = zmq.Context()
-        connection = Connection(context, server.endpoint, b"\x01" + bytes(15), Limits())
-        try:
-            connection.send({"op": "hello", "worker": "w"}, [])
-            assert _reply_within(connection, 5).op == "hello"
+        with _said_hello(server.endpoint) as connection:
             connection.socket = InterruptedAfterFirstFrame(connection.socket)
             parts = [wire.WirePart(name, np.zeros(a.shape, np.float32))
                      for name, a in server.store.params.items()]  # fmt: skip
@@ -507,9 +503,6 @@ def test_a_request_after_one_interrupted_between_its_frames_reaches_the_shard():
                 connection.send({"op": "push", "worker": "w", "seq": 0, "base": 0}, parts)
             connection.send({"op": "bye", "worker": "w", "finished": False}, [])
             assert _reply_within(connection, 5).op == "bye"
-        finally:
-            connection.abandon()
-            context.term()
         assert server.store.version == 0  # the half push applied nothing
 
 
@@ -518,11 +511,7 @@ def test_a_request_after_a_reply_interrupted_between_its_frames_gets_its_own_rep
     frame it took) leaves the rest unread: the socket is closed, so the next request (the
     bye) is answered on a new one, not met by the remains read as a reply."""
     with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
-        context = zmq.Context()
-        connection = Connection(context, server.endpoint, b"\x01" + bytes(15), Limits())
-        try:
-            connection.send({"op": "hello", "worker": "w"}, [])
-            assert _reply_within(connection, 5).op == "hello"
+        with _said_hello(server.endpoint) as connection:
             connection.send({"op": "pull", "worker": "w"}, [])  # a header and the arrays
             assert connection.socket.poll(5000)
             connection.socket = InterruptedAfterFirstReplyFrame(connection.socket)
@@ -530,9 +519,20 @@ def test_a_request_after_a_reply_interrupted_between_its_frames_gets_its_own_rep
                 connection.take()
             connection.send({"op": "bye", "worker": "w", "finished": False}, [])
             assert _reply_within(connection, 5).op == "bye"
-        finally:
-            connection.abandon()
-            context.term()
+
+
+@contextlib.contextmanager
+def _said_hello(endpoint: str):
+    """A shard connection to `endpoint` whose worker "w" said hello; closed at exit."""
+    context = zmq.Context()
+    connection = Connection(context, endpoint, b"\x01" + bytes(15), Limits())
+    try:
+        connection.send({"op": "hello", "worker": "w"}, [])
+        assert _reply_within(connection, 5).op == "hello"
+        yield connection
+    finally:
+        connection.abandon()
+        context.term()
 
 
 def _reply_within(connection: Connection, seconds: float):
