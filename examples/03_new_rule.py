@@ -56,10 +56,10 @@ def run(out: Path, gamma: float, max_samples: int) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gamma", type=float, default=0.7)
-    parser.add_argument("--fast", action="store_true", help="a 3,000-sample run, for the tests")
+    parser.add_argument("--fast", action="store_true", help="a 10,000-sample run, for the tests")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        summary = run(Path(tmp) / "run", args.gamma, 3000 if args.fast else 30000)
+        summary = run(Path(tmp) / "run", args.gamma, 10000 if args.fast else 30000)
         events = [json.loads(line) for line in (Path(tmp) / "run/updates.jsonl").open()]
     updates = [event for event in events if event["event"] == "update"]
     print(f"{summary['updates']} updates, test accuracy {summary['accuracy']:.3f}")
