@@ -310,6 +310,8 @@ class LocalRun(ProcessCommands):
         the run's error; any other exit ends training. False: stop watching (workers still
         knock at a server that has been gone for 10 s)."""
         server = self.processes["server"]
+        if server.crashed() and self._backup_takes_over(0):
+            return True  # the next look at the replicas makes the backup the server
         if server.crashed():
             if self.training_ended is None and self.processes.restart("server"):
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
@@ -333,9 +335,17 @@ class LocalRun(ProcessCommands):
             return
         for shard, name in enumerate(self._server_names()[1:], start=1):
             child = self.processes[name]
-            if child.crashed() and not self.processes.restart(name):
+            if not child.crashed() or self._backup_takes_over(shard):
+                continue
+            if not self.processes.restart(name):
                 self.restarts[shard].check_budget(child, self.dir.logs)
                 self.processes.check_alive(name)  # raises: the crash is the run's error
+
+    def _backup_takes_over(self, shard: int) -> bool:
+        """Whether shard `shard`'s crashed primary has a backup running, which the next look
+        at the replicas (`ReplicaSet.check`) makes the primary: it must not be restarted
+        from its checkpoint meanwhile (it died after that look, before this one)."""
+        return self.replicas is not None and self.replicas.backs_up(shard)
 
     def _follow_counters(self, operator: PSClient, total: int) -> bool:
         """Ask the server for `stats`: learn the workers' ranks, notice the server stopping,
