@@ -138,11 +138,14 @@ class StepSender:
 
     # --------------------------------------------------------------------- machinery
     def _drain(self) -> None:
-        """Wait until the wait-free sender thread sent every layer queued; its error, if any."""
+        """Wait until the wait-free sender thread sent every layer queued; its error, if any,
+        raised once: the step it ended is over (a `bad_base` one is computed again), and the
+        next step's layers must be sent, not skipped for an error already handled."""
         if self._thread is not None:
             self._queue.join()
-            if self._error is not None:
-                raise self._error
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
 
     def _push_older(self, grads: dict[str, Gradient], bases: dict[str, int]) -> None:
         """Accumulated gradients with an older base travel in their own push first (taken

@@ -5,12 +5,15 @@ by-hand server whose workers all finished stops by itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from minips.worker.client import PSClient
 from minips.worker.worker import Worker
@@ -25,20 +28,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server(address: str, checkpoint: Path, log: Path) -> subprocess.Popen:
+def _server(address: str, checkpoint: Path, log: Path, plan: str) -> subprocess.Popen:
     """A one-worker server checkpointing every 5 versions; restarted with the same
     command, it resumes from its checkpoint (docs/protocol.md 5.8)."""
     argv = [sys.executable, "-m", "minips", "server", "--bind", address, "--workers", "1",
             "--model", "mlp", "--dataset", "synthetic", "--epochs", str(EPOCHS),
             "--checkpoint", str(checkpoint), "--checkpoint-every", "5",
-            "--checkpoint-interval", "0"]  # fmt: skip
+            "--checkpoint-interval", "0", "--plan", plan]  # fmt: skip
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def test_a_worker_rewound_by_a_restarted_server_trains_every_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wait_free", [False, True], ids=["one-push", "wait-free"])
+def test_a_worker_rewound_by_a_restarted_server_trains_every_batch(
+    tmp_path: Path, wait_free: bool
+) -> None:
+    """wait-free: the layers' pushes go from the sender thread, so the `bad_base` that
+    rewinds the step is one of theirs; the steps after it send their layers again."""
     address = f"tcp://127.0.0.1:{_free_port()}"
     checkpoint, log = tmp_path / "run.npz", tmp_path / "server.log"
-    servers = [_server(address, checkpoint, log)]
+    plan = "dense"
+    if wait_free:
+        (tmp_path / "plan.json").write_text(json.dumps({"wait_free": True, "params": {}}))
+        plan = str(tmp_path / "plan.json")
+    servers = [_server(address, checkpoint, log, plan)]
 
     def crash_once(samples: int, _total: int, _latest: dict) -> None:
         # Called between steps: kill the server at version 7 (its last checkpoint is at 5)
@@ -46,7 +58,7 @@ def test_a_worker_rewound_by_a_restarted_server_trains_every_batch(tmp_path: Pat
         if samples >= KILL_AT and len(servers) == 1:
             os.kill(servers[0].pid, signal.SIGKILL)
             servers[0].wait(30)
-            servers.append(_server(address, checkpoint, log))
+            servers.append(_server(address, checkpoint, log, plan))
 
     client = PSClient(address, timeout=5.0, retries=6)
     try:
