@@ -28,6 +28,7 @@ class Stop:
     by_workers: bool = False  # asked for because every rank finished its shard
     planned: bool = False  # the run's own end: its sample budget spent or every rank finished
     deadline: float = 0.0  # when a stopping server stops waiting for its clients to leave
+    cut: bool = False  # a second signal: the clients are not waited for at all
 
     def request(self, why: str, by_workers: bool = False, planned: bool = False) -> None:
         """Ask for a stop (the first reason asked is the one logged). planned: the run's
@@ -44,9 +45,10 @@ class Stop:
                 "stop_planned": self.stopping and self.planned}  # fmt: skip
 
     def begin(self, deadline: float) -> None:
-        """The loop begins the stop: clients are waited for until `deadline`."""
+        """The loop begins the stop: clients are waited for until `deadline` (not at all
+        once cut: a second signal may come before the loop began the first one's stop)."""
         self.requested = self.stopping = True
-        self.deadline = deadline
+        self.deadline = 0.0 if self.cut else deadline
 
     @property
     def by_all_workers(self) -> bool:
@@ -66,7 +68,7 @@ def stop_on_signals(stop: Stop) -> Iterator[None]:
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
         if stop.requested:
-            stop.deadline = 0.0
+            stop.cut, stop.deadline = True, 0.0
         stop.request(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
