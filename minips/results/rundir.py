@@ -42,6 +42,7 @@ an interrupted one.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ RUN_OUTPUTS = (
     "plan.json",
     "updates-*.jsonl",
     "endpoint-*",  # a shard's address, a replica's link and welcomed backup
+    ".*.partial",  # a results file or worker report whose writing was interrupted
 )
 
 # Everything a run writes (RUN_OUTPUTS, config.json, checkpoints, reports, logs/): what
@@ -297,11 +299,17 @@ def write_results(
         summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
     if replication is not None:
         summary["replication"] = replication
-    with MetricsLog(run_dir.metrics) as metrics:
+    # Each file whole or not at all (written beside its place, then renamed), the summary
+    # last: a run interrupted while writing them never reads as a complete run.
+    partial = run_dir.metrics.with_name(f".{run_dir.metrics.name}.partial")
+    with MetricsLog(partial) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
         metrics.write("summary", **summary)
-    run_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(partial, run_dir.metrics)
+    partial = run_dir.summary.with_name(f".{run_dir.summary.name}.partial")
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(partial, run_dir.summary)
     return summary
 
 

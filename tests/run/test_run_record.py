@@ -15,7 +15,7 @@ from minips.errors import MinipsError
 from minips.nn import build_model
 from minips.ops.checkpoint_file import write_checkpoint
 from minips.results.loading import load_run
-from minips.results.metrics import read_metrics
+from minips.results.metrics import MetricsLog, read_metrics
 from minips.results.report import summarize
 from minips.results.report_text import format_report
 from minips.results.rundir import RunDir, write_results
@@ -83,6 +83,34 @@ def test_a_summary_whose_last_test_is_of_an_earlier_version_is_not_finished(tmp_
     text = format_report(summarize(load_run(tmp_path)))
     assert "accuracy 0.6000 (version 4)" in text
     assert "NOT THE FINAL MODEL: the final model (version 10) was not tested" in text
+
+
+def test_results_interrupted_while_written_leave_no_run_that_reads_as_complete(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C (or a scheduler's SIGTERM) while metrics.jsonl is written: neither it nor
+    summary.json is left half written; the run reads as interrupted, and writing the
+    results again makes it whole."""
+    evals = [{"version": v, "accuracy": 0.1 * v} for v in range(6)]
+    run_dir = _run_dir(tmp_path, evals, 5)
+    written = []
+
+    def interrupted_at_the_third(self, record):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(record)
+        return write_record(self, record)
+
+    write_record = MetricsLog.write_record
+    monkeypatch.setattr(MetricsLog, "write_record", interrupted_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        _results(run_dir)
+    assert not run_dir.metrics.exists() and not run_dir.summary.exists()
+    assert not load_run(tmp_path).complete
+    monkeypatch.setattr(MetricsLog, "write_record", write_record)
+    summary = _results(run_dir)
+    assert load_run(tmp_path).complete and json.loads(run_dir.summary.read_text()) == summary
+    assert sorted(p.name for p in tmp_path.glob("*partial*")) == []
 
 
 def test_a_summary_of_the_final_version_is_finished(tmp_path):
