@@ -52,6 +52,7 @@ from typing import Any
 from minips.errors import MinipsError, RunDirError
 from minips.results.metrics import MetricsLog, merge_logs, read_metrics
 from minips.results.versions import accuracy_fields, ending, run_version
+from minips.results.whole_file import partial_path, write_whole
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = (
@@ -301,15 +302,13 @@ def write_results(
         summary["replication"] = replication
     # Each file whole or not at all (written beside its place, then renamed), the summary
     # last: a run interrupted while writing them never reads as a complete run.
-    partial = run_dir.metrics.with_name(f".{run_dir.metrics.name}.partial")
+    partial = partial_path(run_dir.metrics)
     with MetricsLog(partial) as metrics:
         for record in records:
             metrics.write_record(record)  # already timed by the process that wrote it
         metrics.write("summary", **summary)
     os.replace(partial, run_dir.metrics)
-    partial = run_dir.summary.with_name(f".{run_dir.summary.name}.partial")
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(partial, run_dir.summary)
+    write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
     return summary
 
 

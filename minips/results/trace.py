@@ -30,6 +30,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from minips.results.whole_file import write_whole
+
 # The categories and the switched-off trace are the worker's (it is given a trace).
 from minips.worker.hooks import COMM, COMPUTE, RECV, SEND, STEP, NullTrace  # noqa: F401
 
@@ -123,12 +125,7 @@ class Trace:
             return
         self._closed = True
         document = {"traceEvents": self.events(), "displayTimeUnit": "ms"}
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.parent.mkdir(
-            parents=True, exist_ok=True
-        )  # --trace names a file, its folder may be new
-        partial.write_text(json.dumps(document, separators=(",", ":")))
-        partial.replace(self.path)
+        write_whole(self.path, json.dumps(document, separators=(",", ":")))
 
     def __enter__(self) -> Trace:
         return self

@@ -5,10 +5,10 @@ worker`)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from minips.results.whole_file import write_whole
 from minips.worker.worker import WorkerReport
 
 
@@ -31,7 +31,4 @@ def write_report(report: WorkerReport, path: str | Path) -> None:
     """Write a worker's report as one JSON object (the launcher merges them), whole or not at
     all: written beside its place, then renamed, so a launcher reading it as the run stops
     never finds it half written."""
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(report.summary()) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    write_whole(path, json.dumps(report.summary()) + "\n")
