@@ -39,7 +39,7 @@ def test_trace_file_is_valid_chrome_json_with_nested_spans(tmp_path):
         {"ph": "M", "name": "thread_name", "pid": step["pid"], "tid": step["tid"], "ts": 0,
          "args": {"name": "main"}}
     ]  # fmt: skip
-    assert not (tmp_path / "t.json.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # nothing left beside it
 
 
 def test_threads_record_on_their_own_rows_without_losing_events(tmp_path):
