@@ -22,6 +22,7 @@ the backup against the key the client really used.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -92,9 +93,7 @@ class PrimaryLink:
             self._gatekeeper = auth.start_gatekeeper(context, link_keys(keys))
             auth.make_curve_server(self.socket, keys)
         self.endpoint = address.bind(self.socket, where)
-        # the snapshots' directory, the owner's alone (mkdtemp: mode 0700): the state in a
-        # file nobody else reads
-        self._snapshots = Path(tempfile.mkdtemp(prefix="minips-snapshot-"))
+        self._snapshots = snapshots_dir()
         self.replies, self.sent = replies, first
         replies.current = replies.acked = first
         self.backup: bytes | None = None  # its routing id on the link
@@ -185,6 +184,43 @@ class PrimaryLink:
     def _send(self, header: dict[str, Any], frames: list[Any] | tuple = ()) -> None:
         self.socket.send_multipart([self.backup, pack(header), *frames], copy=False)
         self.last_sent = time.monotonic()
+
+
+SNAPSHOTS = "minips-snapshot-"  # a primary's snapshot directory: SNAPSHOTS + its pid + "-..."
+
+
+def snapshots_dir() -> Path:
+    """A new directory for this primary's snapshots, the owner's alone (mkdtemp: mode 0700):
+    the state in a file nobody else reads. Its name carries the process id, so that the next
+    primary removes what a killed one left (a SIGKILL runs no clean-up)."""
+    remove_orphaned_snapshots(Path(tempfile.gettempdir()))
+    return Path(tempfile.mkdtemp(prefix=f"{SNAPSHOTS}{os.getpid()}-"))
+
+
+def remove_orphaned_snapshots(parent: Path) -> list[Path]:
+    """Remove the snapshot directories in `parent` that this user's processes made and that
+    outlived them (their pid is gone); the ones removed."""
+    removed = []
+    for path in parent.glob(f"{SNAPSHOTS}*-*"):
+        pid = path.name[len(SNAPSHOTS) :].split("-", 1)[0]
+        try:
+            mine = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue  # removed meanwhile
+        if pid.isdigit() and mine and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def link_message(frames: list[bytes]) -> tuple[bytes | None, dict[str, Any]]:

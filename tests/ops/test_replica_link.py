@@ -2,10 +2,14 @@
 the acknowledgement of the input it came after; acknowledgements count only from the
 backup, only as integers, never past what was sent; a silent backup is let go past the
 bound, the fence first, then the held replies; a quiet link beats; a primary that ends
-waits for the last acknowledgements before it tells the backup to end (docs/protocol.md 17)."""
+waits for the last acknowledgements before it tells the backup to end (docs/protocol.md 17);
+the snapshot directory a killed primary left is removed by the next one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +17,15 @@ from contextlib import contextmanager
 import msgpack
 import zmq
 
-from minips.ops.replica_link import BEAT, FAILOVER_AFTER, HeldReplies, PrimaryLink
+from minips.ops.replica_link import (
+    BEAT,
+    FAILOVER_AFTER,
+    SNAPSHOTS,
+    HeldReplies,
+    PrimaryLink,
+    remove_orphaned_snapshots,
+    snapshots_dir,
+)
 
 
 class Backup:
@@ -171,3 +183,25 @@ def test_a_primary_that_ends_before_the_last_acknowledgement_lets_the_backup_go(
         assert time.monotonic() - started >= FAILOVER_AFTER  # it waited the bound out
         assert fence == [True] and _replies(clients) == [b"reply-1"]
         assert backup.receive()["r"] == "input" and backup.receive(300) is None  # no end
+
+
+def test_a_new_primary_removes_the_snapshots_a_killed_one_left_and_keeps_live_ones(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    left = tmp_path / f"{SNAPSHOTS}{gone.pid}-abc"
+    live = tmp_path / f"{SNAPSHOTS}{os.getpid()}-def"
+    unnamed = tmp_path / f"{SNAPSHOTS}xyz"  # not a name this code makes: not ours to remove
+    for path in (left, live, unnamed):
+        path.mkdir()
+        (path / "snapshot.npz").write_bytes(b"state")
+    assert remove_orphaned_snapshots(tmp_path) == [left]
+    assert not left.exists() and live.exists() and unnamed.exists()
+
+
+def test_a_primary_s_snapshot_directory_is_named_for_its_process_and_its_owner_s_alone():
+    made = snapshots_dir()
+    try:
+        assert made.name.startswith(f"{SNAPSHOTS}{os.getpid()}-")
+        assert made.stat().st_mode & 0o777 == 0o700
+    finally:
+        made.rmdir()
