@@ -78,6 +78,7 @@ class Chromium:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its org.chromium.* files go too
         )
         url = None
         deadline = time.monotonic() + 30

@@ -224,6 +224,7 @@ def chromium_page(url: str):
              "--remote-debugging-port=0", f"--user-data-dir={profile}",
              "--window-size=1320,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "TMPDIR": profile},  # its org.chromium.* files go with it
         )  # fmt: skip
         try:
             port_file = Path(profile) / "DevToolsActivePort"

@@ -68,7 +68,7 @@ def test_torchrun_starts_a_group_and_its_workers(tmp_path):
     out = tmp_path / "torch"
     argv = [torchrun, "--nproc-per-node", "4", "--no-python", *MINIPS, "launch",
             "--servers", "2", "--out", str(out), *JOB]  # fmt: skip
-    _run(argv, env={"OMP_NUM_THREADS": "1"})
+    _run(argv, env={"OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})  # torchelastic's files
     _check_summary(out)
 
 
