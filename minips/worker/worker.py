@@ -243,14 +243,16 @@ class Worker:
 
         None when the server answers `bad_base`: it restarted from a checkpoint older than
         our parameters (docs/protocol.md 7), so pull them all again and go on from there
-        (the gradient, of a version it forgot, is dropped).
+        (the gradient, of a version it forgot, is dropped), or stop if that pull says the
+        server is stopping.
         """
         try:
             return self.sender.finish(extra, samples, self.version, loss)
         except ServerError as exc:
             if exc.code != "bad_base":
                 raise
-        self._pull(since=None)
+        if self._pull(since=None):
+            self.report.stopped_by_server = True
         return None
 
     def _join(self, hello: dict[str, Any]) -> tuple[Dataset, EpochShuffle]:
