@@ -79,8 +79,19 @@ class TokenBucket:
         """Block until `nbytes` have crossed the link at its rate; return the seconds slept."""
         delay = self.reserve(nbytes)
         if delay > 0:
-            time.sleep(delay)
+            try:
+                time.sleep(delay)
+            except BaseException:  # interrupted (Ctrl-C): the bytes never left
+                self._refund(nbytes)
+                raise
         return delay
+
+    def _refund(self, nbytes: int) -> None:
+        """Give back the tokens of bytes that were never sent, so that what is sent next
+        (a goodbye after Ctrl-C) does not wait out their debt."""
+        with self._lock:
+            self._level = min(self.burst, self._level + nbytes)
+            self.total_bytes -= nbytes
 
 
 class Link:

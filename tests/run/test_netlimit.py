@@ -1,5 +1,7 @@
 """netlimit: tc-style rate parsing and the token bucket's measured rate, alone and shared."""
 
+import os
+import signal
 import threading
 import time
 
@@ -193,3 +195,18 @@ def test_frames_nbytes_counts_bytes_not_items():
     assert (
         frames_nbytes([b"abc", memoryview(array), array, zmq.Frame(b"12345")]) == 3 + 120 + 120 + 5
     )
+
+
+def test_a_wait_cut_by_ctrl_c_gives_its_tokens_back():
+    """A push interrupted while it waits for the link never left: the goodbye sent next
+    does not wait out its debt."""
+    bucket = TokenBucket(1000, burst_bytes=0)  # 1 kB/s: 10,000 bytes take 10 s
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bucket.wait(10_000)
+    finally:
+        timer.cancel()
+    assert bucket.reserve(100) < 0.5  # 100 bytes' own 0.1 s, not the 10 s of the push
+    assert bucket.total_bytes == 100
