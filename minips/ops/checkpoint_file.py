@@ -21,8 +21,9 @@ model: a server checks names and shapes against its own parameters afterwards
 
 `write_checkpoint` writes to a temporary file in the same directory and renames it over
 the old one, so a crash leaves either the old checkpoint or the new one; with
-`keep_previous` the old one is first renamed to `previous_path(path)`, so an earlier good
-checkpoint survives damage to the latest (minips.run.recovery falls back to it). The
+`keep_previous` the old one is first linked to `previous_path(path)` (a hard link: `path`
+stays in place until the new file replaces it), so an earlier good checkpoint survives
+damage to the latest (minips.run.recovery falls back to it). The
 previous file keeps the best earlier version: the old one takes its place only when it is
 of no lower version than the previous file's (`replaces_previous`; a server that resumed
 from the latest and stops at its version leaves both at that version); one whose version
@@ -193,12 +194,25 @@ def write_checkpoint(
         with os.fdopen(fd, "wb") as file:
             np.savez(file, **arrays)
         if keep_previous and replaces_previous(path):
-            os.replace(path, previous_path(path))
+            _keep_as_previous(path)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _keep_as_previous(path: Path) -> None:
+    """Make the file at `path` the previous checkpoint while it stays at `path` too, so a
+    process killed before the new file is renamed in still leaves `path` (--resume's)."""
+    previous = previous_path(path)
+    link = previous.with_name(f"{previous.name}.tmp")
+    try:
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, previous)
+    except OSError:  # no hard links here (FAT): `path` is missing only until the next rename
+        os.replace(path, previous)
 
 
 def save_store(

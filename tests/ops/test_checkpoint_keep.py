@@ -5,6 +5,7 @@ beside it; the previous file keeps the best earlier version (checkpoint_file.py)
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_server_support import SHAPES, make_params
 
 from minips.ops.checkpoint_file import file_version, previous_path, save_store, write_checkpoint
@@ -109,6 +111,26 @@ def test_the_previous_file_keeps_the_best_earlier_version(tmp_path):
     path.write_bytes(b"PK\x03\x04 damaged")
     write_checkpoint(path, _arrays(7), keep_previous=True)  # a damaged one pushes out nothing
     assert (file_version(path), file_version(previous_path(path))) == (7, 20)
+
+
+def test_a_writer_killed_before_the_new_file_is_renamed_in_leaves_the_latest_in_place(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "c.npz"
+    write_checkpoint(path, _arrays(10), keep_previous=True)
+    real_replace = os.replace
+
+    def killed_before_the_last_rename(src, dst):
+        if Path(dst) == path:
+            raise KeyboardInterrupt  # SIGKILL, OOM: the process ends here
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_before_the_last_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(path, _arrays(20), keep_previous=True)
+    monkeypatch.undo()
+    assert (file_version(path), file_version(previous_path(path))) == (10, 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "c.prev.npz"]
 
 
 def test_minips_server_on_a_runs_config_keeps_its_trained_model(tmp_path):
