@@ -54,14 +54,7 @@ class Connection:
     def send(self, header: dict[str, Any], parts: list[wire.WirePart]) -> int:
         """Encode and send one request with a new rid; return its frames' bytes."""
         if self.socket is None:
-            self.socket = self.context.socket(zmq.DEALER)
-            self.socket.setsockopt(zmq.LINGER, 0)
-            self.socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
-            self.socket.setsockopt(zmq.ROUTING_ID, self.routing_id)
-            self.socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
-            if self.keys is not None:
-                auth.make_curve_client(self.socket, self.keys)
-            self.socket.connect(self.address)
+            self.socket = self._connected_socket()
         self.rid += 1
         frames = wire.encode_parts({**identified(header), "rid": self.rid}, parts)
         try:
@@ -70,6 +63,24 @@ class Connection:
         except zmq.Again:  # lost before it left: its reply's deadline sends it again
             return 0
         return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+
+    def _connected_socket(self) -> zmq.Socket:
+        """A new DEALER with our routing id, connected; kept only once whole: an interrupt
+        (each pyzmq call may raise one) while it is set up closes it, and the next request
+        builds another rather than sending on a half-made one."""
+        socket = self.context.socket(zmq.DEALER)
+        try:
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
+            socket.setsockopt(zmq.ROUTING_ID, self.routing_id)
+            socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+            if self.keys is not None:
+                auth.make_curve_client(socket, self.keys)
+            socket.connect(self.address)
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        return socket
 
     def take(self) -> tuple[Message | None, int]:
         """The reply to the last request if it has arrived (never waits), and the bytes of

@@ -521,6 +521,32 @@ def test_a_request_after_a_reply_interrupted_between_its_frames_gets_its_own_rep
             assert _reply_within(connection, 5).op == "bye"
 
 
+def test_a_request_after_an_interrupt_while_the_socket_was_set_up_is_sent_connected():
+    """An interrupt while a connection's new socket is set up (before its connect) leaves
+    no half-made socket behind: the next request (the bye) goes on a whole one."""
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        with _said_hello(server.endpoint) as connection:
+            connection.abandon()  # the next request makes a new socket
+            real_socket = connection.context.socket
+
+            def interrupted_before_connect(kind):
+                socket = real_socket(kind)
+                socket.connect = _raise_keyboard_interrupt
+                return socket
+
+            connection.context.socket = interrupted_before_connect
+            with pytest.raises(KeyboardInterrupt):
+                connection.send({"op": "ping", "worker": "w"}, [])
+            assert connection.socket is None
+            connection.context.socket = real_socket
+            connection.send({"op": "bye", "worker": "w", "finished": False}, [])
+            assert _reply_within(connection, 5).op == "bye"
+
+
+def _raise_keyboard_interrupt(*args):
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _said_hello(endpoint: str):
     """A shard connection to `endpoint` whose worker "w" said hello; closed at exit."""
