@@ -215,12 +215,14 @@ class PSClient:
             header["finished"] = False
         try:
             with self._lock:
-                self.session.bye(header)
+                try:
+                    self.session.bye(header)
+                finally:  # under the lock: a sender thread's late push never says hello again
+                    self._hello_info = None
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":
                 raise
-        self._hello_info = None
 
     # ----------------------------------------------------------------------- anyone's calls
 

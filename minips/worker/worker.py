@@ -146,8 +146,10 @@ class Worker:
         try:
             self._epochs(config, shard, rng, total)
         finally:
-            self.sender.close()
-            self.trace.close()
+            try:
+                self.sender.close()  # may wait for the sender thread: a second Ctrl-C lands here
+            finally:
+                self.trace.close()
         self.report.push_bytes = self.client.bytes_sent
         self.report.finished = self.report.samples >= total
         self.report.wall_s = time.monotonic() - start

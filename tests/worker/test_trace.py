@@ -160,3 +160,32 @@ def test_summary_without_steps_treats_the_trace_as_one(tmp_path, capsys):
     assert row["overlap_ms"] == pytest.approx(5)
     assert main([str(path)]) == 0
     assert "5.00" in capsys.readouterr().out
+
+
+def test_a_worker_interrupted_while_its_sender_closes_still_writes_its_trace(tmp_path, monkeypatch):
+    """Ctrl-C then the launcher's SIGTERM: the second interrupt may land while the worker
+    waits for its sender thread; the --trace file is written all the same."""
+    from minips.run.build import make_server
+    from minips.run.config import RunConfig
+    from minips.worker.client import PSClient
+    from minips.worker.transmit import StepSender
+    from minips.worker.worker import Worker
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StepSender, "close", interrupted)
+    path = tmp_path / "worker.json"
+    server = make_server(RunConfig(model="mlp", dataset="synthetic", workers=1, epochs=1))
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    try:
+        with PSClient(server.endpoint, timeout=30) as client:
+            with pytest.raises(KeyboardInterrupt):
+                Worker(client, max_steps=2, trace=Trace(path)).run()
+    finally:
+        server.request_stop()
+        loop.join(timeout=10)
+        server.close()
+    steps = [e for e in json.loads(path.read_text())["traceEvents"] if e["name"] == "step"]
+    assert len(steps) == 2
