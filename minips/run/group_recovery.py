@@ -83,12 +83,13 @@ class GroupRollback:
         alive = [*backups, *(child for child in children if not child.exited())]
         for child in alive:  # frozen: no checkpoint written while the version is chosen
             child.proc.send_signal(signal.SIGSTOP)
-        common = set.intersection(*(policy.versions() for policy in self.policies))
-        reached = max(p.reached(child) for p, child in zip(self.policies, children, strict=True))
-        common = {version for version in common if version < reached - 1}
+        try:
+            common = self._common_versions(children)
+        except BaseException:  # an interrupt, a file that cannot be read: they go on as they were
+            _resume(alive)
+            raise
         if not common:
-            for child in alive:
-                child.proc.send_signal(signal.SIGCONT)
+            _resume(alive)
             return False
         for child in alive:
             child.proc.kill()  # SIGKILL reaches a stopped process
@@ -106,9 +107,22 @@ class GroupRollback:
                       f"version")  # fmt: skip
         return True
 
+    def _common_versions(self, children: list[Any]) -> set[int]:
+        """The versions every shard can restart from, below the round in flight."""
+        common = set.intersection(*(policy.versions() for policy in self.policies))
+        reached = max(p.reached(child) for p, child in zip(self.policies, children, strict=True))
+        return {version for version in common if version < reached - 1}
+
     def _fails_over(self, shard: int) -> bool:
         """Whether shard `shard` has a backup that takes over from its crashed primary."""
         return self.replicas is not None and self.replicas.backs_up(shard)
+
+
+def _resume(children: list[Any]) -> None:
+    """Let frozen children run again (a stopped process would ignore the SIGTERM that
+    stops a run and be killed without its final checkpoint)."""
+    for child in children:
+        child.proc.send_signal(signal.SIGCONT)
 
 
 def final_group_checkpoint(

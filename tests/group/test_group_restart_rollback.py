@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,5 +115,32 @@ def test_with_replicas_only_a_shard_that_lost_every_replica_rolls_the_group_back
         # are no place to start a backup
         replicas.check()
         assert replicas.live_backups() == [] and replicas.records()["replacements"] == []
+    finally:
+        processes.stop_all(grace=1)
+
+
+def test_an_interrupt_while_the_version_is_chosen_leaves_no_shard_frozen(tmp_path, monkeypatch):
+    """Ctrl-C while the launcher reads the shards' files (the live ones are SIGSTOPped
+    then): they run again, so the SIGTERM that stops the run reaches them."""
+    (tmp_path / "logs").mkdir()
+    run_dir = RunDir(tmp_path)
+    policies = [ServerRestarts(run_dir, tmp_path / "run.npz", j, 2) for j in (0, 1)]
+    processes = ProcessGroup(tmp_path / "logs", {})
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ServerRestarts, "versions", interrupted)
+    try:
+        processes.start("server", SLEEP, policies[0])
+        processes.start("shard-1", SLEEP, policies[1])
+        processes["shard-1"].proc.send_signal(signal.SIGKILL)
+        processes["shard-1"].proc.wait()
+        rollback = GroupRollback.of("ssgd", processes, ["server", "shard-1"], policies, print)
+        with pytest.raises(KeyboardInterrupt):
+            rollback.recover()
+        time.sleep(0.5)  # a signal's effect shows in /proc once the process is scheduled
+        stat = Path(f"/proc/{processes['server'].proc.pid}/stat").read_text()
+        assert stat.rsplit(")", 1)[1].split()[0] != "T", stat  # not stopped
     finally:
         processes.stop_all(grace=1)
