@@ -26,15 +26,19 @@ WORKER = "worker."  # a NumPy worker's child name: worker.<start order>
 
 def failed_workers(processes: ProcessGroup) -> list[Child]:
     """Every NumPy worker, when each one exited non-zero by itself ([] when one is still
-    running or ended well, or when there are none): asked before the launcher stops any."""
+    running, ended well or was stopped by the launcher, or when there are none)."""
     workers = [child for name, child in processes.children.items() if name.startswith(WORKER)]
-    return workers if workers and all(child.crashed() for child in workers) else []
+    return workers if workers and all(_failed(child) for child in workers) else []
 
 
 def crashed_workers(processes: ProcessGroup) -> list[Child]:
-    """The NumPy workers that exited non-zero by themselves so far: asked before the
-    launcher stops any."""
-    return [c for name, c in processes.children.items() if name.startswith(WORKER) and c.crashed()]
+    """The NumPy workers that exited non-zero by themselves so far (not the ones the
+    launcher stopped: their exit code is its SIGTERM)."""
+    return [c for name, c in processes.children.items() if name.startswith(WORKER) and _failed(c)]
+
+
+def _failed(child: Child) -> bool:
+    return child.crashed() and not child.stopped
 
 
 def lost_workers_line(crashed: list[Child], run_dir: RunDir) -> str | None:

@@ -82,6 +82,7 @@ class Child:
         self.generation = -1  # not started yet
         self.proc: subprocess.Popen | None = None
         self.log_as: str | None = None  # its log's name when another child started it
+        self.stopped = False  # this generation was stopped by the launcher (stop_all)
 
     @property
     def log_name(self) -> str:
@@ -92,7 +93,7 @@ class Child:
     def start(self, logs: Path, env: dict[str, str]) -> None:
         """Start the next generation (the first, or a restart after the last one exited)."""
         self.generation += 1
-        self.log_as = None
+        self.log_as, self.stopped = None, False
         with open(logs / f"{self.log_name}.log", "w") as log:
             self.proc = subprocess.Popen(
                 self.command(self.generation),
@@ -246,8 +247,9 @@ class ProcessGroup:
 
     def _stop_all(self, grace: float) -> None:
         procs = {name: child.proc for name, child in self.children.items() if child.proc}
-        for proc in procs.values():
+        for name, proc in procs.items():
             if proc.poll() is None:
+                self.children[name].stopped = True  # its exit code is the launcher's doing
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for proc in procs.values():
