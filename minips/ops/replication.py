@@ -201,11 +201,17 @@ class ReplicatedServer(ParameterServer):
         link.connect(address.normalize_connect(self.replica.backup_of))
         link.send(pack({"r": "join"}))
         welcome = self._welcome(link)
+        if welcome is None:  # stopped by a signal before the primary welcomed it
+            link.close()
+            return False
         self.client_address = welcome["address"]
         if self.group is not None:  # a shard's: the group knows it by the clients' address
             self.group.rebind(self.client_address)
         heard = time.monotonic()
         while True:
+            if self._told_to_leave():
+                link.close()
+                return False
             if link.poll(100):
                 header, *frames = link.recv_multipart(copy=False)
                 body, heard = unpack(header), time.monotonic()
@@ -223,11 +229,21 @@ class ReplicatedServer(ParameterServer):
                 self.take_over(time.monotonic() - heard)
                 return True
 
-    def _welcome(self, link: zmq.Socket) -> dict[str, Any]:
-        """The primary's answer to `join`; MinipsError when it refuses, does not answer
-        within JOIN_WAIT s, or started from another state than this replica."""
-        if not link.poll(self.replica.join_wait * 1000):
-            raise MinipsError(f"the primary at {self.replica.backup_of} did not answer")
+    def _told_to_leave(self) -> bool:
+        """A following backup leaves on a second signal: the first (a run's stop reaches
+        primary and backup alike) lets the primary end it with every input acknowledged."""
+        return self.stop.signalled and self.stop.cut
+
+    def _welcome(self, link: zmq.Socket) -> dict[str, Any] | None:
+        """The primary's answer to `join` (None: a signal came first); MinipsError when it
+        refuses, does not answer within JOIN_WAIT s, or started from another state than
+        this replica."""
+        deadline = time.monotonic() + self.replica.join_wait
+        while not link.poll(100):  # in slices: a signal stops a backup nobody welcomed
+            if self.stop.signalled:
+                return None
+            if time.monotonic() > deadline:
+                raise MinipsError(f"the primary at {self.replica.backup_of} did not answer")
         body = unpack(link.recv())
         if body["r"] != "welcome":
             raise MinipsError(f"the primary answered {body['r']!r} to this backup's join")

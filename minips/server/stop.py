@@ -29,6 +29,7 @@ class Stop:
     planned: bool = False  # the run's own end: its sample budget spent or every rank finished
     deadline: float = 0.0  # when a stopping server stops waiting for its clients to leave
     cut: bool = False  # a second signal: the clients are not waited for at all
+    signalled: bool = False  # a signal asked (not a request, a budget or a primary's event)
 
     def request(self, why: str, by_workers: bool = False, planned: bool = False) -> None:
         """Ask for a stop (the first reason asked is the one logged). planned: the run's
@@ -70,6 +71,7 @@ def stop_on_signals(stop: Stop) -> Iterator[None]:
         if stop.requested:
             stop.cut, stop.deadline = True, 0.0
         stop.request(f"signal {signum}")
+        stop.signalled = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

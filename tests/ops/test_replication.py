@@ -429,3 +429,34 @@ def test_a_backup_that_took_over_before_any_request_serves_at_once(tmp_path):
             stats = client.stats()
         assert time.monotonic() - started < 10
     assert stats["replication"]["role"] == "primary" and stats["replication"]["failovers"]
+
+
+def test_a_backup_nobody_welcomes_stops_on_ctrl_c(tmp_path):
+    """A backup waiting for a primary that does not answer (the wait is a minute) leaves
+    at once on a signal, as any minips command does."""
+    with zmq.Context() as context, context.socket(zmq.ROUTER) as silent:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")  # takes the join, never answers
+        backup = subprocess.Popen([sys.executable, "-m", "minips", "server", *SERVE,
+                                   "--backup-of", f"tcp://127.0.0.1:{port}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            assert silent.poll(30_000), "the backup never asked to join"
+            backup.send_signal(signal.SIGINT)
+            assert backup.wait(timeout=10) == 0
+        finally:
+            if backup.poll() is None:
+                backup.kill()
+                backup.wait()
+
+
+def test_a_following_backup_stays_for_its_primary_s_end_and_leaves_on_a_second_signal(tmp_path):
+    """One SIGTERM (a run's stop reaches both replicas): the backup keeps following, so a
+    primary that stops ends it with every input acknowledged; a second one: it leaves."""
+    with replicas(tmp_path) as (primary, backup, _address):
+        _wait_file(tmp_path / "endpoint-backup", primary)
+        backup.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert backup.poll() is None  # still following
+        backup.send_signal(signal.SIGTERM)
+        assert backup.wait(timeout=10) == 0
+        assert primary.poll() is None  # the primary serves on, alone once it lets go
