@@ -35,7 +35,11 @@ def run_evaluator(
     data_dir: str | None = None,
 ) -> dict | None:
     """Evaluate every `interval` seconds until the server stops; return the last record."""
-    hello = client.hello({"role": "observer", "pid": os.getpid()})
+    try:
+        hello = client.hello({"role": "observer", "pid": os.getpid()})
+    except KeyboardInterrupt:  # the server may have registered us before the reply was read
+        leave(client)
+        raise
     try:
         config = hello["config"]
         data = dataset_from_hello(config, data_dir)
