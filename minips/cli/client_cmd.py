@@ -168,7 +168,7 @@ def _train_worker(
                 "(--heartbeat-timeout seconds of silence)"
             ) from None
         except KeyboardInterrupt:
-            if client.rank is not None:  # one short try: the server may be gone too
+            if client.hello_sent:  # one short try: the server may be gone too
                 client.timeout, client.retries = min(client.timeout, BYE_TIMEOUT), 0
                 with contextlib.suppress(ServerUnavailable):
                     client.bye(finished=False)

@@ -113,6 +113,7 @@ class PSClient:
         self.rank: int | None = None
         self.config: dict[str, Any] | None = None
         self._hello_info: dict[str, Any] | None = None  # set once hello succeeded
+        self.hello_sent = False  # the server may know this client: a bye is due on the way out
         self._rid = 0
         self._seq = 0
         self._context = zmq.Context()
@@ -145,6 +146,7 @@ class PSClient:
         header: dict[str, Any] = {"op": "hello", "worker": self.worker_id}
         if info is not None:
             header["info"] = info
+        self.hello_sent = True
         reply = hello_and_choose(self, identified(header), dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
         warn_if_not_below_heartbeat(self.timeout, reply["heartbeat_timeout"])

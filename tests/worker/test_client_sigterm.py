@@ -96,3 +96,20 @@ def test_a_bye_after_a_pull_reply_interrupted_between_its_frames_reaches_the_ser
             client.bye(finished=False)
             rows = worker_rows(client)
         assert not rows[client.worker_id]["alive"], rows
+
+
+def test_a_worker_interrupted_while_its_hello_is_answered_says_bye():
+    """Ctrl-C while the hello's reply is read: the server registered the worker, which
+    never learnt its rank; it says bye all the same, so no ghost holds a rank."""
+    from minips.cli.client_cmd import _train_worker
+
+    with running_server(rule="asgd", heartbeat_timeout=60.0) as server:
+        with PSClient(server.endpoint, timeout=5, retries=0) as client:
+            client._socket = InterruptedAfterFirstReplyFrame(client._connect())
+            with pytest.raises(KeyboardInterrupt):
+                _train_worker(client, None, None, None, None, quiet=True)
+            assert client.rank is None  # the reply was lost
+            rows = worker_rows(client)
+        assert [row["alive"] for row in rows.values() if row["worker"] == client.worker_id] == [
+            False
+        ], rows
