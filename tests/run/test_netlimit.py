@@ -201,12 +201,19 @@ def test_a_wait_cut_by_ctrl_c_gives_its_tokens_back():
     """A push interrupted while it waits for the link never left: the goodbye sent next
     does not wait out its debt."""
     bucket = TokenBucket(1000, burst_bytes=0)  # 1 kB/s: 10,000 bytes take 10 s
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+
+    def ctrl_c_while_it_sleeps() -> None:
+        while bucket.total_wait == 0:  # the tokens are taken: the 10 s sleep begins
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=ctrl_c_while_it_sleeps)
+    interrupter.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             bucket.wait(10_000)
     finally:
-        timer.cancel()
+        interrupter.join()
     assert bucket.reserve(100) < 0.5  # 100 bytes' own 0.1 s, not the 10 s of the push
     assert bucket.total_bytes == 100
