@@ -29,6 +29,7 @@ from minips.ops.checkpoint_file import file_version
 from minips.results.metrics import MetricsLog
 from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
+from minips.server.stop import Stop, stop_on_signals
 
 log = logging.getLogger("minips.server")
 
@@ -83,25 +84,35 @@ def serve_group_here(
             )  # fmt: skip
             for j in range(1, config.servers)
         ]
-        click.echo(f"minips server group of {config.servers} on {root.endpoint}, rule "
-                   f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
-        if any(resumes) and resumes[0] != config.resume:
-            click.echo(f"resumed each shard from the model already at {config.checkpoint}"
-                       + (f", newer than --resume {config.resume}" if config.resume else "")
-                       + " (a server never writes an older model over it; another "
-                       "--checkpoint starts elsewhere)")  # fmt: skip
-        if endpoint_file:
-            tmp = Path(endpoint_file + ".tmp")
-            tmp.write_text(root.endpoint + "\n")
-            tmp.replace(endpoint_file)
         try:
+            _announce(config, root.endpoint, resumes, endpoint_file)
             root.serve_forever()
         finally:
-            _wait_for(shards)
-        updates.write("server", stats=root.stats())
-    click.echo(server_summary(root))
-    if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
-        click.echo(f"group checkpoint {config.checkpoint}")
+            with stop_on_signals(Stop()):  # another Ctrl-C must not orphan the shards
+                _wait_for(shards)
+        with stop_on_signals(Stop()):
+            updates.write("server", stats=root.stats())
+    with stop_on_signals(Stop()):  # the group checkpoint is the model the run keeps
+        click.echo(server_summary(root))
+        if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
+            click.echo(f"group checkpoint {config.checkpoint}")
+
+
+def _announce(
+    config: RunConfig, endpoint: str, resumes: list[str | None], endpoint_file: str | None
+) -> None:
+    """Say where the group serves and what it resumed from; write the endpoint file."""
+    click.echo(f"minips server group of {config.servers} on {endpoint}, rule "
+               f"{config.rule}; shards 1..{config.servers - 1} joining")  # fmt: skip
+    if any(resumes) and resumes[0] != config.resume:
+        click.echo(f"resumed each shard from the model already at {config.checkpoint}"
+                   + (f", newer than --resume {config.resume}" if config.resume else "")
+                   + " (a server never writes an older model over it; another "
+                   "--checkpoint starts elsewhere)")  # fmt: skip
+    if endpoint_file:
+        tmp = Path(endpoint_file + ".tmp")
+        tmp.write_text(endpoint + "\n")
+        tmp.replace(endpoint_file)
 
 
 def kept_model(config: RunConfig) -> list[str | None]:
