@@ -37,6 +37,8 @@ def test_a_second_ctrl_c_while_the_shards_stop_keeps_the_group_checkpoint(tmp_pa
             server.kill()
             server.wait()
     said = log.read_text()
-    assert server.returncode == 0, said
+    # 0, or the status of a Ctrl-C that came once the work was done (130, or -2 while
+    # the interpreter ended): the stop itself is what must survive the signals
+    assert server.returncode in (0, 130, -signal.SIGINT), said
     assert f"group checkpoint {checkpoint}" in said, said
     assert file_version(checkpoint) == 0  # whole: the group's model, as it was
