@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -58,6 +59,7 @@ class Chromium:
         from websockets.sync.client import connect
 
         profile = tmp_path / "chromium-profile"
+        self._tmp = tempfile.mkdtemp(prefix="minips-chromium-")
         self.proc = subprocess.Popen(
             [
                 CHROMIUM,
@@ -78,7 +80,9 @@ class Chromium:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # its org.chromium.* files go too
+            # its org.chromium.* files in a folder of its own, removed on close (short: a
+            # socket's path in it must fit 107 bytes, which a test's tmp_path may not)
+            env={**os.environ, "TMPDIR": self._tmp},
         )
         url = None
         deadline = time.monotonic() + 30
@@ -141,6 +145,7 @@ class Chromium:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.3, detail=None):

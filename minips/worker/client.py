@@ -216,11 +216,9 @@ class PSClient:
         if not finished:
             header["finished"] = False
         try:
-            with self._lock:
-                try:
-                    self.session.bye(header)
-                finally:  # under the lock: a sender thread's late push never says hello again
-                    self._hello_info = None
+            with self._lock:  # forgotten first: a sender thread's late push never says hello again
+                self._hello_info = None
+                self.session.bye(header)
         except ServerError as exc:
             # Already gone: declared dead, or a retried bye whose first reply was lost.
             if exc.code != "unknown_worker":
