@@ -208,10 +208,7 @@ class ReplicatedServer(ParameterServer):
         if self.group is not None:  # a shard's: the group knows it by the clients' address
             self.group.rebind(self.client_address)
         heard = time.monotonic()
-        while True:
-            if self._told_to_leave():
-                link.close()
-                return False
+        while True:  # signals do not end it: a primary that dies meanwhile is taken over
             if link.poll(100):
                 header, *frames = link.recv_multipart(copy=False)
                 body, heard = unpack(header), time.monotonic()
@@ -228,11 +225,6 @@ class ReplicatedServer(ParameterServer):
                 link.close()
                 self.take_over(time.monotonic() - heard)
                 return True
-
-    def _told_to_leave(self) -> bool:
-        """A following backup leaves on a second signal: the first (a run's stop reaches
-        primary and backup alike) lets the primary end it with every input acknowledged."""
-        return self.stop.signalled and self.stop.cut
 
     def _welcome(self, link: zmq.Socket) -> dict[str, Any] | None:
         """The primary's answer to `join` (None: a signal came first); MinipsError when it

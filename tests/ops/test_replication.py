@@ -449,14 +449,17 @@ def test_a_backup_nobody_welcomes_stops_on_ctrl_c(tmp_path):
                 backup.wait()
 
 
-def test_a_following_backup_stays_for_its_primary_s_end_and_leaves_on_a_second_signal(tmp_path):
-    """One SIGTERM (a run's stop reaches both replicas): the backup keeps following, so a
-    primary that stops ends it with every input acknowledged; a second one: it leaves."""
+def test_a_following_backup_stays_through_signals_until_its_primary_ends_it(tmp_path):
+    """A run's stop reaches both replicas, a terminal's Ctrl-C then the launcher's SIGTERM:
+    the backup keeps following (were the primary dead, it would take over and keep the
+    model), and the primary's stop ends it."""
     with replicas(tmp_path) as (primary, backup, _address):
         _wait_file(tmp_path / "endpoint-backup", primary)
+        backup.send_signal(signal.SIGINT)
         backup.send_signal(signal.SIGTERM)
         time.sleep(1.0)
         assert backup.poll() is None  # still following
-        backup.send_signal(signal.SIGTERM)
-        assert backup.wait(timeout=10) == 0
-        assert primary.poll() is None  # the primary serves on, alone once it lets go
+        primary.send_signal(signal.SIGTERM)
+        assert primary.wait(timeout=30) == 0
+        assert backup.wait(timeout=30) == 0
+    assert "took over" not in (tmp_path / "backup.log").read_text()
