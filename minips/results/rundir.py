@@ -72,7 +72,8 @@ RUN_OUTPUTS = (
 # reusing a run directory with `minips run --force` removes first.
 RUN_FILES = (*RUN_OUTPUTS, "config.json", "checkpoint.npz", "checkpoint.prev.npz",
              "checkpoint.damaged-*.npz", "checkpoint-shard*.npz", "checkpoint.[0-9]*.npz",
-             "checkpoint*.tmp", "worker-*.json", "logs/*.log")  # fmt: skip
+             "checkpoint-v[0-9]*.npz", "checkpoint*.tmp", "worker-*.json",
+             "logs/*.log")  # fmt: skip
 
 
 @dataclass(frozen=True)

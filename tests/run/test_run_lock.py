@@ -77,6 +77,8 @@ def test_force_keeps_the_checkpoint_the_new_run_resumes_from_and_removes_the_res
     _a_finished_run(run)
     (run / "checkpoint.npz").write_bytes(b"the model to resume")
     (run / "checkpoint.prev.npz").write_bytes(b"an older one")
+    (run / "checkpoint-v000030.npz").write_bytes(b"kept by --keep-checkpoints")
+    (run / "checkpoint.npz12ab.tmp").write_bytes(b"a killed writer's")
     (run / "logs").mkdir()
     (run / "logs" / "server.log").write_text("old\n")
     with claim_run_dir(run, force=True, keep=run / "logs" / ".." / "checkpoint.npz"):
