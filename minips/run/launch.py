@@ -179,7 +179,11 @@ class LocalRun(ProcessCommands):
         if failure is None:
             untested = ensure_final_tested(self.config, self.dir, self.t0)
             failure = workers_failed(failed, self.dir, self.config)
-            lost = None if failure or failed else lost_workers_line(crashed, self.dir)
+            lost = (
+                None
+                if failure or failed
+                else lost_workers_line(crashed, self.dir, self.processes.name_of)
+            )
             if lost:
                 self.announce(lost)
         restarts = self.processes.restart_records()

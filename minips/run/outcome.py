@@ -15,6 +15,7 @@ was to.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from minips.errors import MinipsError
 from minips.results.rundir import RunDir, final_stats
@@ -41,9 +42,12 @@ def _failed(child: Child) -> bool:
     return child.crashed() and not child.stopped
 
 
-def lost_workers_line(crashed: list[Child], run_dir: RunDir) -> str | None:
-    """One `warning:` line naming the workers of `crashed` (crashed_workers) that left no
-    report saying their shard was trained; None when there are none."""
+def lost_workers_line(
+    crashed: list[Child], run_dir: RunDir, name_of: Callable[[Child], str] = lambda c: c.name
+) -> str | None:
+    """One `warning:` line naming (`name_of`: by rank, as the summary does) the workers of
+    `crashed` (crashed_workers) that left no report saying their shard was trained; None
+    when there are none."""
     finished = set()
     for path in run_dir.path.glob("worker-[0-9]*.json"):
         try:
@@ -55,7 +59,7 @@ def lost_workers_line(crashed: list[Child], run_dir: RunDir) -> str | None:
     lost = [child for child in crashed if child.proc is not None and child.proc.pid not in finished]
     if not lost:
         return None
-    names = ", ".join(f"{child.name} (exit code {child.code()})" for child in lost)
+    names = ", ".join(f"{name_of(child)} (exit code {child.code()})" for child in lost)
     return (
         f"warning: {names} stopped before its shard was trained; the run went on without "
         "it, so it trained fewer samples than it was to"

@@ -262,6 +262,10 @@ class ProcessGroup:
             self._rank_names.get(proc.pid, name): proc.returncode for name, proc in procs.items()
         }
 
+    def name_of(self, child: Child) -> str:
+        """A child's name in the summary: a worker's by its rank once known (worker-R)."""
+        return self._rank_names.get(child.pid, child.name) if child.proc else child.name
+
     def learn_ranks(self, stats: dict[str, Any]) -> None:
         """Name worker processes by the ranks the server gave them (from its `stats`)."""
         for entry in stats.get("workers", []):
