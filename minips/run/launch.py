@@ -318,6 +318,7 @@ class LocalRun(ProcessCommands):
             return True  # the next look at the replicas makes the backup the server
         if server.crashed():
             if self.training_ended is None and self.processes.restart("server"):
+                self.announce(self.server_restarts.restarts[-1].line())
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
                 return True
             self.server_restarts.check_budget(server, self.dir.logs)
@@ -344,6 +345,7 @@ class LocalRun(ProcessCommands):
             if not self.processes.restart(name):
                 self.restarts[shard].check_budget(child, self.dir.logs)
                 self.processes.check_alive(name)  # raises: the crash is the run's error
+            self.announce(self.restarts[shard].restarts[-1].line())
 
     def _backup_takes_over(self, shard: int) -> bool:
         """Whether shard `shard`'s crashed primary has a backup running, which the next look

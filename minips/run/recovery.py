@@ -77,6 +77,14 @@ class Restart:
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
+    def line(self) -> str:
+        """What the restart cost, in one line for the person running the run."""
+        who = "the server" if self.shard == 0 else f"shard {self.shard}"
+        start = (f"its checkpoint at version {self.checkpoint_version}" if self.resumed_from
+                 else "the run's start")  # fmt: skip
+        return (f"warning: {who} crashed (exit code {self.exit_code}) and was restarted from "
+                f"{start}: {self.updates_lost} update(s) lost")  # fmt: skip
+
 
 def last_logged_version(path: Path) -> int:
     """The version of the last update a server logged (0: none)."""

@@ -140,10 +140,11 @@ def _first_update(log: Path, timeout: float = 90) -> dict:
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict:
+    """The run's summary, once it ended well; what it printed under "said"."""
     stdout, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 0, stderr
     assert stdout.strip().splitlines()[-1].startswith("test accuracy: ")
-    return json.loads((out / "summary.json").read_text())
+    return {**json.loads((out / "summary.json").read_text()), "said": stdout + stderr}
 
 
 def test_a_run_survives_two_server_kills_and_records_what_they_cost(tmp_path):
@@ -180,6 +181,11 @@ def test_a_run_survives_two_server_kills_and_records_what_they_cost(tmp_path):
         started = _started_at(out / "logs" / f"server-{generation}.log")
         assert 0 <= restart["checkpoint_age_s"] <= started - saved + 0.1, (restart, started - saved)
         assert restart["updates_lost"] == restart["last_version"] - restart["checkpoint_version"]
+        start = (f"its checkpoint at version {restart['checkpoint_version']}"
+                 if restart["resumed_from"] else "the run's start")  # fmt: skip
+        said = (f"warning: the server crashed (exit code -9) and was restarted from {start}: "
+                f"{restart['updates_lost']} update(s) lost")  # fmt: skip
+        assert said in summary["said"], summary["said"]
         first = read_metrics(out / f"updates-{generation}.jsonl")[0]
         assert first["version"] == restart["checkpoint_version"] + 1  # resumed, not restarted
     assert summary["updates_lost"] == sum(r["updates_lost"] for r in restarts)
