@@ -14,10 +14,9 @@ and DMLC_NUM_WORKER workers train (their ranks: DMLC_WORKER_ID, or the order the
 Shards and workers replace this process with their command (exec), so the launcher signals
 and reaps them directly (a replicated shard's rank stays: below). The coordinator is
 `minips run`'s LocalRun without local shards or workers: its root stops by itself once
-every worker said bye. Nothing waits without
-bound: a shard that gets no answer from the root, a worker that cannot say hello, and a
-coordinator whose group or workers do not all arrive within the startup timeout each stop
-with a one-line error naming who is missing.
+every worker said bye. Nothing waits without bound: a shard that gets no answer from the
+root, a worker that cannot say hello, and a coordinator whose group or workers do not all
+arrive within the startup timeout each stop with a one-line error naming who is missing.
 
 With `--replicas 2` every server is a primary and a backup, both child processes of its
 rank, watched and replaced as `minips run` does (minips.run.replicas): rank 0 runs the
