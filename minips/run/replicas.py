@@ -335,7 +335,8 @@ class ReplicaWatch:
 class ReplicaSet:
     """Every replicated server of a run: one ReplicaWatch for a lone server, one per shard
     for a group (the root's first). Its records merge theirs (each names its `shard`).
-    shards: the ones whose processes are this launcher's children (default: all);
+    shards: how many of them, from the root on, are this launcher's children (default:
+    all; `minips launch`'s coordinator runs the root's pair alone);
     `reported`: the records of pairs another process watched (a launched group's shard
     ranks, minips.run.shardrank), merged too."""
 
