@@ -47,8 +47,9 @@ def launch(
     With N processes and --servers K, ranks 0..K-1 serve the parameters (a server group
     behind rank 0's address) and ranks K..N-1 train; rank 0 also writes the run directory,
     evaluates and prints the summary, as `minips run` does. E.g.
-    `mpirun -n 4 minips launch --servers 2 --out runs/mpi`. With --replicas 2 (one
-    server) rank 0 also runs the server's backup, a child process beside the primary.
+    `mpirun -n 4 minips launch --servers 2 --out runs/mpi`. With --replicas 2 each
+    serving rank runs its server's primary and backup as two child processes and replaces
+    whichever dies (not under DMLC, where a server's shard is known only once it joined).
     """
     from minips.results.versions import accuracy_line, stopped_line, untested_line
     from minips.run.cluster import COORDINATOR, role_of
@@ -69,7 +70,7 @@ def launch(
         threads = os.environ.get("OPENBLAS_NUM_THREADS", "?")
         click.echo(f"BLAS threads per process: {threads} (OPENBLAS_NUM_THREADS; set it to change)")
     # The same progress as `minips run` on rank 0 (a shard or a worker becomes its own
-    # command before any progress, and never returns here).
+    # command, or exits once its replicas stopped, before any progress: never returns here).
     with ProgressBar() as bar:
         summary = take_role(config, env, Path(out), eval_interval, startup_timeout, bar.update)
     click.echo(

@@ -12,22 +12,27 @@ well, so DMLC_NUM_SERVER server processes make a group of K = DMLC_NUM_SERVER + 
 and DMLC_NUM_WORKER workers train (their ranks: DMLC_WORKER_ID, or the order they arrive).
 
 Shards and workers replace this process with their command (exec), so the launcher signals
-and reaps them directly. The coordinator is `minips run`'s LocalRun without local shards
-or workers: its root stops by itself once every worker said bye. Nothing waits without
-bound: a shard that gets no answer from the root, a worker that cannot say hello, and a
-coordinator whose group or workers do not all arrive within the startup timeout each stop
-with a one-line error naming who is missing.
+and reaps them directly (a replicated shard's rank stays: below). The coordinator is
+`minips run`'s LocalRun without local shards or workers: its root stops by itself once
+every worker said bye. Nothing waits without bound: a shard that gets no answer from the
+root, a worker that cannot say hello, and a coordinator whose group or workers do not all
+arrive within the startup timeout each stop with a one-line error naming who is missing.
 
-With `--replicas 2` (one server, `--servers 1`) rank 0 runs the server's backup beside its
-primary, both its child processes, watched and replaced as `minips run` does
-(minips.run.replicas): a launcher such as mpirun ends the whole job when one of its ranks
-dies, but a rank's child may die and be replaced without the launcher knowing, and the
-backup takes the primary's address over, which only a process on the same machine can
-(docs/running.md says what a backup on its own host would need).
+With `--replicas 2` every server is a primary and a backup, both child processes of its
+rank, watched and replaced as `minips run` does (minips.run.replicas): rank 0 runs the
+root's pair (or the one server's), and each shard rank 1..K-1, instead of exec, runs its
+shard's pair until the shard stopped (minips.run.shardrank). A launcher such as mpirun
+ends the whole job when one of its ranks dies, but a rank's child may die and be replaced
+without the launcher knowing, and the backup takes the primary's address over, which only
+a process on the same machine can (docs/running.md says what a backup on its own host
+would need). The summary merges the shard ranks' failovers and replacements, which each
+writes into the run directory when it ends. Under DMLC a server learns its shard index
+only when it joins, too late for its backup: refused there (`check_launch_replicas`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -39,6 +44,7 @@ from minips.errors import ConfigError, MinipsError
 from minips.protocol import address
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import RunDir
+from minips.run import shardrank
 from minips.run.config import RunConfig
 from minips.run.launch import LocalRun
 from minips.run.launchenv import LaunchEnv
@@ -96,13 +102,13 @@ def own_bind(env: LaunchEnv) -> str:
     return root_bind(env).rsplit(":", 1)[0] + ":*"
 
 
-def check_launch_replicas(config: RunConfig) -> None:
-    """ConfigError for replication `minips launch` does not build: a group's shards are
-    ranks of their own, which the launcher kills the job for losing (module docstring)."""
-    if config.replicas > 1 and config.servers > 1:
+def check_launch_replicas(config: RunConfig, launcher: str) -> None:
+    """ConfigError for replication `minips launch` does not build: a DMLC server's shard
+    index is given by the root when it joins, and its backup must know it beforehand."""
+    if config.replicas > 1 and config.servers > 1 and launcher == "dmlc":
         raise ConfigError(
-            f"minips launch --replicas 2 replicates one server, not --servers {config.servers}: "
-            "a shard is a rank of its own, and the launcher ends the job when a rank dies"
+            "minips launch --replicas 2 under DMLC: a server's shard index is the root's to "
+            "give, and its backup needs it first; use mpirun, torchrun or srun"
         )
 
 
@@ -114,12 +120,15 @@ def launch(
     startup_timeout: float = 60.0,
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """Take this process's role: a shard or a worker never returns (exec); the coordinator
-    returns the run's summary (progress: told the samples trained, as `minips run`'s)."""
+    """Take this process's role: a shard or a worker never returns (exec; a replicated
+    shard exits once its pair stopped); the coordinator returns the run's summary
+    (progress: told the samples trained, as `minips run`'s)."""
     role = role_of(env, config.servers)
     config = replace(config, servers=role.servers, workers=role.workers)
-    check_launch_replicas(config)
+    check_launch_replicas(config, env.launcher)
     run_dir = RunDir(out)
+    if role.kind == SHARD and config.replicas > 1:
+        _supervise(shard_argv(config, env, role, run_dir), env, role, run_dir, startup_timeout)
     if role.kind == SHARD:
         _become(shard_argv(config, env, role, run_dir))
     if role.kind == WORKER:
@@ -155,6 +164,17 @@ def _become(argv: list[str]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)
+
+
+def _supervise(
+    argv: list[str], env: LaunchEnv, role: Role, run_dir: RunDir, startup_timeout: float
+) -> NoReturn:
+    """Run the shard's primary and backup as this process's children (minips.run.
+    shardrank) until the shard stopped, then exit."""
+    assert role.index is not None  # check_launch_replicas: not under DMLC
+    shardrank.supervise(argv, (env.root_host, env.root_port), role.index, role.servers,
+                        run_dir, startup_timeout)  # fmt: skip
+    sys.exit(0)
 
 
 def coordinate(
@@ -254,12 +274,23 @@ class LaunchedRun(LocalRun):
     def wait_for_shards(self, timeout: float = 30.0) -> None:
         """The other shards stop when the root did (its join replies say so); wait, at
         most `timeout` s, for each one's last record (written after its final checkpoint)
-        before the group checkpoint and the summary are made from their files."""
+        before the group checkpoint and the summary are made from their files; with
+        replicas, for its rank's records of its pair, which the summary merges."""
         deadline = time.monotonic() + timeout
         for shard in range(1, self.config.servers):
             log = self.dir.updates_log(0, shard)  # none: it never joined
-            while log.exists() and time.monotonic() < deadline and not _has_final_record(log):
+            while log.exists() and time.monotonic() < deadline and not self._stopped(shard):
                 time.sleep(0.1)
+            records = shardrank.replication_file(self.dir.shard_endpoint(shard))
+            if self.replicas is not None and records.exists():
+                self.replicas.reported.append(json.loads(records.read_text()))
+
+    def _stopped(self, shard: int) -> bool:
+        """Whether shard `shard` stopped: its last server's last record is written (with
+        replicas: its rank wrote its pair's records, once both replicas stopped)."""
+        if self.replicas is not None:
+            return shardrank.replication_file(self.dir.shard_endpoint(shard)).exists()
+        return _has_final_record(self.dir.update_logs(shard)[-1])
 
 
 def _has_final_record(log: Path) -> bool:

@@ -127,8 +127,9 @@ class LocalRun(ProcessCommands):
             for shard in range(config.servers)
         ]
         self.server_restarts = self.restarts[0]
-        self.replicas = (  # each server's backup, with --replicas 2 (minips.run.replicas)
-            ReplicaSet(self.processes, run_dir.config, run_dir, self.t0, config.servers)
+        self.replicas = (  # the backup of each server it starts (minips.run.replicas)
+            ReplicaSet(self.processes, run_dir.config, run_dir, self.t0, config.servers,
+                       shards=len(self._server_names()))
             if config.replicas > 1 else None
         )  # fmt: skip
         self.rollback = GroupRollback.of(config.rule, self.processes, self._server_names(),

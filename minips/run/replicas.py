@@ -174,12 +174,14 @@ class ReplicaWatch:
     process dies, and a replacement for each replica lost (a new backup, which joins the
     live one with a snapshot of its state). shard / servers: which shard of a group of
     `servers` (a group's shard j's processes are "shard-j", its backups "shard-j-backup..."
-    and its files the shard's; the root's and a lone server's "server" and "backup...")."""
+    and its files the shard's; the root's and a lone server's "server" and "backup...").
+    root: the address a shard's backup joins once it took over (None: the run's endpoint
+    file's; a launched shard's rank knows it from the launcher, minips.run.shardrank)."""
 
     def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any, t0: float,
-                 shard: int = 0, servers: int = 1) -> None:  # fmt: skip
+                 shard: int = 0, servers: int = 1, root: str | None = None) -> None:  # fmt: skip
         self.processes, self.config_file, self.dir, self.t0 = processes, config_file, run_dir, t0
-        self.shard, self.servers = shard, servers
+        self.shard, self.servers, self.root = shard, servers, root
         self.name = "server" if shard == 0 else f"shard-{shard}"  # the primary's child
         self.endpoint = run_dir.shard_endpoint(shard)
         self.failovers: list[dict[str, Any]] = []
@@ -223,7 +225,7 @@ class ReplicaWatch:
         it took over (the root's backup binds the same one)."""
         if self.servers == 1:
             return []
-        root = [] if self.shard == 0 else ["--root", _read(self.dir.endpoint)]
+        root = [] if self.shard == 0 else ["--root", self.root or _read(self.dir.endpoint)]
         return ["--servers", str(self.servers), "--shard", str(self.shard), *root]
 
     def check(self) -> None:
@@ -332,12 +334,17 @@ class ReplicaWatch:
 
 class ReplicaSet:
     """Every replicated server of a run: one ReplicaWatch for a lone server, one per shard
-    for a group (the root's first). Its records merge theirs (each names its `shard`)."""
+    for a group (the root's first). Its records merge theirs (each names its `shard`).
+    shards: how many of them, from the root on, are this launcher's children (default:
+    all; `minips launch`'s coordinator runs the root's pair alone);
+    `reported`: the records of pairs another process watched (a launched group's shard
+    ranks, minips.run.shardrank), merged too."""
 
     def __init__(self, processes: ProcessGroup, config_file: Path, run_dir: Any, t0: float,
-                 servers: int) -> None:  # fmt: skip
+                 servers: int, shards: int | None = None) -> None:  # fmt: skip
         self.watches = [ReplicaWatch(processes, config_file, run_dir, t0, shard, servers)
-                        for shard in range(servers)]  # fmt: skip
+                        for shard in range(servers if shards is None else shards)]  # fmt: skip
+        self.reported: list[dict[str, Any]] = []
 
     def start_backups(self, timeout: float) -> None:
         """Each primary's first backup, in shard order (a shard's primary listens once the
@@ -372,8 +379,8 @@ class ReplicaSet:
         merged: dict[str, Any] = {"replicas": 2, "failovers": [], "backups_lost": [],
                                   "replacements": [], "unjoined": [],
                                   "rolled_back": []}  # fmt: skip
-        for watch in self.watches:
-            for key, records in watch.records().items():
+        for pair in [*(watch.records() for watch in self.watches), *self.reported]:
+            for key, records in pair.items():
                 if isinstance(records, list):
                     merged[key] += records
         for records in merged.values():  # in the order they happened
