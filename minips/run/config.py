@@ -95,10 +95,10 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
 
 
 def _rate_text(text: str | None) -> str | None:
-    """A link rate as given ("100mbit"), checked by plan_costs.parse_rate; None: unset."""
+    """A link rate as given ("100mbit"), checked by plan_measure.parse_rate; None: unset."""
     if text in (None, "", "unlimited"):
         return None
-    from minips.transmission.planning.plan_costs import parse_rate
+    from minips.run.plan_measure import parse_rate
 
     try:
         parse_rate(text)
@@ -112,7 +112,7 @@ def _shaped_rate_text(text: str | None) -> str | None:
     2^64 - 1), checked here so that no run directory is claimed for a link tc refuses."""
     if (text := _rate_text(text)) is None:
         return None
-    from minips.transmission.planning.plan_costs import parse_rate
+    from minips.run.plan_measure import parse_rate
 
     if not 1 <= parse_rate(text) < 2**64:
         raise ValueError(f"bad rate {text!r}: tc shapes 8bit (1 byte/s) to 2^64 - 1 bytes/s")
