@@ -74,16 +74,17 @@ def plan(
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.cli.plan_table import format_table
     from minips.nn import build_model
-    from minips.rules import rule_class, server_momentum
+    from minips.rules import server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
     from minips.run.plan_measure import choose_plan, parse_network
+    from minips.run.rule_plugins import rule_class
 
     rule = rule or DEFAULT_RULE
     chosen = rule_class(rule)  # an unknown rule: its one-line error, as `minips run` says it
     if momentum is not None:
         chosen.check_server_momentum(momentum)
-    momentum = server_momentum(rule) if momentum is None else momentum
+    momentum = server_momentum(chosen) if momentum is None else momentum
     network = parse_network(bandwidth=bandwidth, netem=netem)
     if browser > workers:
         raise click.BadParameter(

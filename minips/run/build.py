@@ -22,10 +22,10 @@ from minips.ops.server_ops import ServerOps
 from minips.provision.keyfiles import OPERATOR, load_client_keys
 from minips.results.report_text import plural
 from minips.results.rundir import check_writable
-from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_plan_fits
 from minips.run.plan_measure import choose_plan, parse_network
+from minips.run.rule_plugins import make_rule
 from minips.server.server import ParameterServer
 from minips.state.store import SGD
 from minips.transmission.plan import Plan, load_plan
