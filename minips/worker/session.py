@@ -128,6 +128,7 @@ class OneServerOnly:
     the launcher, the dashboard)."""
 
     def hello(self, client: PSClient, header: dict[str, Any], info: dict[str, Any]) -> dict:
+        """One server's reply to the client's hello `header`; ConfigError for a group's."""
         reply = first_reply(client, header)
         if reply is None or "group" in reply:
             raise self.refused(client)
@@ -136,6 +137,8 @@ class OneServerOnly:
     def operator(
         self, client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict]
     ) -> tuple[dict[str, Any], dict[int, Message]]:
+        """(`body` of one server's reply to an operator's `header`, {}); ConfigError when it
+        is the root of a group of several shards (which the request then reached alone)."""
         with client._lock:
             replies = client.session.operator(header)
         answer = body(replies[0].header)
@@ -145,6 +148,7 @@ class OneServerOnly:
         return answer, ({} if group is None else replies)
 
     def refused(self, client: PSClient) -> ConfigError:
+        """The one line saying that the client needs `groups` to reach this server."""
         return ConfigError(
             f"the server at {client.address} belongs to a server group (docs/protocol.md 16): "
             "build the client with groups=minips.group.root.GROUPS to reach it"
