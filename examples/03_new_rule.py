@@ -8,7 +8,7 @@ geometrically with its staleness tau = t - base:
 
 `minips run --rule FILE.py:CLASS` (or `--rule MODULE:CLASS`) names a rule class outside
 minips: the run hands that spec to the server process, which imports the class there
-(minips.rules.rule_class). Its options come as `--rule-option KEY=VALUE`. By hand:
+(minips/run/rule_plugins.py). Its options come as `--rule-option KEY=VALUE`. By hand:
 
     minips run --model mlp --dataset synthetic --rule examples/03_new_rule.py:Damped \\
         --rule-option gamma=0.7

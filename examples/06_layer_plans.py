@@ -1,13 +1,14 @@
 """Layer-aware plans: each tensor gets its own codec, chosen for the link by a cost model.
 
-The planner (minips/transmission/planning/planner.py; docs/algorithms.md, "The cost model") measures
-each layer's forward and backward and each encoding's CPU here, counts the exact bytes of each
-encoding, and chooses, tensor by tensor, the encodings (fp16, sufficient factors, top-k
-with momentum correction, delta pulls) with the least predicted time to accuracy: the
-step time on the link times the extra samples each encoding was measured to cost. This
-script prints its table for LeNet-5 on a slow link, then trains twice on that link (a token
-bucket per worker, `--bandwidth`): all dense, and `--plan auto`; it prints the bytes per
-step each way that the server counted. The same by hand:
+The planner (docs/algorithms.md, "The cost model") measures each layer's forward and
+backward and each encoding's CPU here (minips/run/plan_measure.py), counts the exact bytes
+of each encoding, and chooses (minips/transmission/planning/planner.py), tensor by tensor,
+the encodings (fp16, sufficient factors, top-k with momentum correction, delta pulls) with
+the least predicted time to accuracy: the step time on the link times the extra samples
+each encoding was measured to cost. This script prints its table for LeNet-5 on a slow
+link, then trains twice on that link (a token bucket per worker, `--bandwidth`): all dense,
+and `--plan auto`; it prints the bytes per step each way that the server counted. The same
+by hand:
 
     minips plan --model lenet5 --workers 2 --bandwidth 20mbit
     minips run --plan auto --bandwidth 20mbit --out runs/auto
@@ -25,7 +26,8 @@ from minips.cli.plan_table import format_table
 from minips.nn import build_model
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
-from minips.transmission.planning.planner import Cluster, Network, make_plan
+from minips.run.plan_measure import choose_plan, parse_network
+from minips.transmission.planning.plan_costs import Cluster
 
 LINK = "20mbit"  # each worker's own link (--bandwidth): 2.5 MB/s
 WORKERS = 2
@@ -55,8 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     # 1. The plan, as `minips plan --bandwidth` prints it: per parameter, its options'
     #    bytes (dense, fp16, topk) and the chosen push and pull encodings.
-    network, cluster = Network.parse(bandwidth=LINK), Cluster(workers=WORKERS)
-    report = make_plan(build_model("lenet5"), 64, cluster, network, momentum=0.9)
+    network, cluster = parse_network(bandwidth=LINK), Cluster(workers=WORKERS)
+    report = choose_plan(build_model("lenet5"), 64, cluster, network, momentum=0.9)
     print(format_table(report))
     # 2. The same choice made by `--plan auto` inside a run, against all dense.
     max_samples = 384 if args.fast else 12800

@@ -35,7 +35,7 @@ _PUBLIC = {
     "SGD": "minips.state.store",
     "Rule": "minips.rules",
     "RULES": "minips.rules",
-    "make_rule": "minips.rules",
+    "make_rule": "minips.run.rule_plugins",
     "RunConfig": "minips.run.config",
     "Sequential": "minips.nn",
     "build_model": "minips.nn",

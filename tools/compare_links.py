@@ -30,7 +30,7 @@ import zmq
 from minips.protocol.wire import frames_nbytes
 from minips.run import netem
 from minips.run.netlimit import Link
-from minips.transmission.planning.plan_costs import parse_rate
+from minips.run.plan_measure import parse_rate
 
 # LeNet-5's tensors (float32 element counts): 431,080 in all = 1.72 MB
 LENET5_SIZES = [500, 20, 25_000, 50, 400_000, 500, 5_000, 10]

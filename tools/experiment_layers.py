@@ -54,8 +54,8 @@ from minips.results.loading import load_run
 from minips.results.report import time_to_target
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
+from minips.run.plan_measure import parse_rate
 from minips.transmission.plan import ParamPlan, Plan
-from minips.transmission.planning.plan_costs import parse_rate
 
 TARGETS = (0.80, 0.85)
 WEIGHTS = ("conv1.w", "conv2.w", "fc1.w", "fc2.w")

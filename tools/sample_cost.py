@@ -67,10 +67,12 @@ def named_plan(name: str, model_name: str, batch_size: int, workers: int) -> Pla
         weights = [n for n, a in model.params.items() if a.ndim > 1]
         return Plan({n: ParamPlan(push="fp16", pull="fp16") for n in weights})
     if name.startswith("auto-"):  # the planner's choice for each worker's own link of RATE
-        from minips.transmission.planning.planner import Cluster, Network, make_plan
+        from minips.run.plan_measure import choose_plan, parse_network
+        from minips.transmission.planning.plan_costs import Cluster
 
-        network, cluster = Network.parse(bandwidth=name[5:]), Cluster(workers=workers)
-        return make_plan(build_model(model_name), batch_size, cluster, network, momentum=0.9).plan
+        network, cluster = parse_network(bandwidth=name[5:]), Cluster(workers=workers)
+        model = build_model(model_name)
+        return choose_plan(model, batch_size, cluster, network, momentum=0.9).plan
     return load_plan(name)
 
 

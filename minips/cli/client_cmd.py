@@ -106,7 +106,7 @@ def worker(
     from minips.results.trace import open_trace
     from minips.results.worker_summary import summary_line, write_report
     from minips.run.conditions import Emulated
-    from minips.transmission.planning.plan_costs import parse_rate
+    from minips.run.plan_measure import parse_rate
 
     if bandwidth:
         parse_rate(bandwidth)  # a bad rate: one line, before connecting

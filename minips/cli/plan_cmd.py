@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from minips.cli.numbers import BoundedIntRange, FiniteFloatRange
+from minips.run.plan_measure import MAX_PLAN_BATCH
 from minips.state.registry import MAX_REGISTERED
-from minips.transmission.planning.plan_costs import MAX_PLAN_BATCH
 
 
 @click.command("plan")
@@ -74,24 +74,25 @@ def plan(
     """Choose per-layer codecs for a link: the least predicted time to accuracy."""
     from minips.cli.plan_table import format_table
     from minips.nn import build_model
-    from minips.rules import rule_class, server_momentum
+    from minips.rules import server_momentum
     from minips.run.build import plan_cluster
     from minips.run.config import DEFAULT_RULE
-    from minips.transmission.planning.planner import Network, make_plan
+    from minips.run.plan_measure import choose_plan, parse_network
+    from minips.run.rule_plugins import rule_class
 
     rule = rule or DEFAULT_RULE
     chosen = rule_class(rule)  # an unknown rule: its one-line error, as `minips run` says it
     if momentum is not None:
         chosen.check_server_momentum(momentum)
-    momentum = server_momentum(rule) if momentum is None else momentum
-    network = Network.parse(bandwidth=bandwidth, netem=netem)
+    momentum = server_momentum(chosen) if momentum is None else momentum
+    network = parse_network(bandwidth=bandwidth, netem=netem)
     if browser > workers:
         raise click.BadParameter(
             f"{browser} browser slots among {workers} workers", param_hint="--browser"
         )
     cluster = plan_cluster(model, workers, browser=browser, servers=servers, rule=rule,
                            shared_link=bool(netem), cores=cores, compute_ms=compute_ms)  # fmt: skip
-    report = make_plan(
+    report = choose_plan(
         build_model(model), batch_size, cluster, network, repeats=repeats, momentum=momentum
     )
     click.echo(format_table(report))

@@ -1,4 +1,4 @@
-"""The table `minips plan` prints: a planner report (minips.transmission.planning.planner) as text.
+"""The table `minips plan` prints: a planner report (minips.run.plan_measure.choose_plan) as text.
 
 One row per parameter (its layer's measured compute, its bytes dense, fp16 and top-k 1%,
 the chosen push and pull with their bytes), then the link, the predicted step and time to
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from minips.run.plan_measure import describe_network
 from minips.transmission.planning.plan_costs import pull_bytes, push_bytes, spec_text
 from minips.transmission.planning.planner import PlanReport, topk
 
@@ -37,7 +38,7 @@ def format_table(report: PlanReport) -> str:
             + f"  {spec_text(c.push):>12} {push_bytes(c.push, c.shape, b):9,d}"
             f"  {spec_text(c.pull):>14} {pull_bytes(c.pull, c.shape):9,d}"
         )
-    p, cluster = report.predicted, report.cluster
+    p, cluster = report.plan.predicted, report.cluster
     dense = sum(push_bytes("dense", c.shape, b) for c in report.choices)
     parts = p["step_parts_ms"]
     how = (
@@ -48,7 +49,7 @@ def format_table(report: PlanReport) -> str:
     )  # fmt: skip
     lines += [
         "",
-        f"link: {report.network.describe(cluster)}",
+        f"link: {describe_network(report.network, cluster)}",
         f"compute per step of {b}: {p['compute_ms']:.1f} ms ({how})",
         f"bytes per step: up {p['up_bytes_per_step']:,} (dense {dense:,}), "
         f"down {p['down_bytes_per_step']:,} (dense {dense:,})",

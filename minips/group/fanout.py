@@ -27,9 +27,9 @@ import numpy as np
 
 from minips.group.agreements import GROUP_ERROR, HELLO_RETRY, check_shard_hello, reach
 from minips.group.connections import Connection, Request, exchange
-from minips.group.partition import Partition, partition
+from minips.group.partition import Partition, partition, sample_rows
 from minips.protocol import wire
-from minips.protocol.sampling import Sampler, sample_rows
+from minips.protocol.sampling import Sampler
 from minips.protocol.wire import Message, ProtocolError
 from minips.transmission.codecs import Encoder, Factors, Gradient, Spec
 from minips.transmission.codecs.base import dense_float32

@@ -37,12 +37,48 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.protocol.slices import FLOAT32_BYTES, Slice
+from minips.protocol.sampling import Sampler
 
 if TYPE_CHECKING:
     from minips.nn import Sequential
 
 SLICE_BYTES = 65536  # a parameter over this many bytes (float32: 16,384 entries) is split
+FLOAT32_BYTES = 4  # every parameter is float32 (docs/model.md)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One shard's part of one parameter: rows [start, stop) of its first axis.
+
+    shape: the slice's own shape, (stop - start, *full_shape[1:]). A whole parameter has
+    start 0, stop = its rows (0-d parameters: start = stop = 0, shape ()). offset: where
+    the slice begins in the parameter flattened in C order.
+    """
+
+    name: str
+    shard: int
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    whole: bool
+    full_shape: tuple[int, ...] = ()  # the whole parameter's
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * FLOAT32_BYTES
+
+    @property
+    def offset(self) -> int:
+        row = int(np.prod(self.shape[1:], dtype=np.int64)) if self.shape else 1
+        return self.start * row
+
+    def of(self, array: Any) -> Any:
+        """This slice of a full array (a view: rows of a C-contiguous array are contiguous)."""
+        return array if self.whole else array[self.start : self.stop]
 
 
 @dataclass(frozen=True)
@@ -59,6 +95,10 @@ class Partition:
     @property
     def servers(self) -> int:
         return len(self.by_shard)
+
+    def shard_slices(self, shard: int) -> ShardSlices:
+        """What shard `shard` holds: name -> its Slice, in model order."""
+        return ShardSlices((piece.name, piece) for piece in self.by_shard[shard])
 
     def slices(self, name: str) -> list[Slice]:
         """The slices of parameter `name`, by shard (one for a whole parameter)."""
@@ -113,6 +153,48 @@ class Partition:
             }
             for shard in self.by_shard
         ]
+
+
+class ShardSlices(dict[str, Slice]):
+    """A shard's slices (name -> Slice), as its ParameterStore holds them; VSGD asks them
+    for its samples (`sampler`), since a split parameter's are the whole parameter's."""
+
+    def sampler(self, rho: float, min_samples: int) -> SliceSampler:
+        """VSGD's sampler of this shard's slices (docs/protocol.md 16.6)."""
+        return SliceSampler(rho, min_samples, self)
+
+
+class SliceSampler(Sampler):
+    """A shard's samples (docs/protocol.md 16.6): for a slice of a split parameter, the
+    whole parameter's sample S_P restricted to the slice's coordinates, as positions in the
+    slice; a whole parameter's own sample otherwise.
+
+    slices: name -> the shard's Slice of it.
+    """
+
+    def __init__(self, rho: float, min_samples: int, slices: Mapping[str, Slice]) -> None:
+        super().__init__(rho, min_samples)
+        self.slices = dict(slices)
+
+    def indices(self, name: str, size: int) -> np.ndarray:
+        piece = self.slices.get(name)
+        if piece is None or piece.whole:
+            return super().indices(name, size)
+        key = (name, -size)  # cached apart from a whole parameter of the same size
+        cached = self._indices.get(key)
+        if cached is None:
+            whole = super().indices(name, int(np.prod(piece.full_shape, dtype=np.int64)))
+            cached = self._indices[key] = whole[sample_rows(whole, piece)] - piece.offset
+            cached.flags.writeable = False
+        return cached
+
+
+def sample_rows(indices: np.ndarray, piece: Slice) -> slice:
+    """Which entries of a whole parameter's sample (its ascending flat `indices`) fall in
+    `piece`: the shard's sample values are values[result], at positions indices[result] -
+    piece.offset of the slice (docs/protocol.md 16.6)."""
+    low, high = np.searchsorted(indices, [piece.offset, piece.offset + piece.size])
+    return slice(int(low), int(high))
 
 
 def partition(

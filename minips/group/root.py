@@ -1,21 +1,22 @@
-"""The client's side of server groups (minips.worker.session.GroupSide): what a PSClient
-whose hello or operator's request reached a group's root asks for (docs/protocol.md
-16.3-16.4, 16.7). A first hello that meets a group is finished here (the wait while the
-group assembles, the pointer from a shard to its root); then every worker call goes to the
-GroupClient `join` returns.
+"""The client's side of server groups (minips.worker.session.GroupSide): a PSClient's hello
+and operator's requests when it may meet a group (docs/protocol.md 16.3-16.4, 16.7). A first
+hello that meets a group is finished here (the wait while the group assembles, the pointer
+from a shard to its root); then every worker call goes to the GroupClient it chose. An
+operator's request to a root the client did not say hello to goes on to every other shard.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from minips.group.agreements import GROUP_ERROR, HELLO_RETRY, reach
 from minips.group.fanout import GroupClient
 from minips.protocol.wire import Message
 from minips.worker.replies import ServerError
+from minips.worker.session import first_reply
 
 # `client` below is the PSClient that reached the group (not imported: it imports this).
 PSClient = Any
@@ -24,7 +25,37 @@ log = logging.getLogger("minips.client")
 
 
 class ServerGroups:
-    """PSClient's default `groups`: a GroupClient for each (it holds the group's state)."""
+    """The `groups` of a PSClient that may meet a server group: a GroupClient for each (it
+    holds the group's state)."""
+
+    def hello(self, client: PSClient, header: dict[str, Any], info: dict[str, Any]) -> dict:
+        """The reply to the client's hello `header`, which chooses its session: a plain
+        server's reply keeps OneServer; one naming a group (or the root's `group` error, its
+        shards not all joined: 16.3) is finished here, and the group's session is the
+        client's (16.4)."""
+        reply = first_reply(client, header)
+        if reply is None or "group" in reply:
+            reply = self.root_hello(client, header, reply)  # the group's root, assembled
+            client._close_socket()  # the group's own connection to the root takes our id over
+            client.session = client.group = self.join(client, reply, info)
+        return reply
+
+    def operator(
+        self, client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict]
+    ) -> tuple[dict[str, Any], dict[int, Message]]:
+        """An operator's request through the client's session: (`body` of the root's reply,
+        every shard's reply by index: {} for a plain server). A group's root the client did
+        not say hello to answers alone, with where its shards are: the request goes on to
+        every other one that has joined (16.7)."""
+        with client._lock:
+            replies = client.session.operator(header)
+            answer = body(replies[0].header)
+            group = answer.get("group")
+            if group is None:
+                return answer, {}
+            if len(replies) < group["servers"]:  # the root alone: on to its shards
+                replies.update(self.others(client, header, group))
+            return answer, replies
 
     def root_hello(
         self, client: PSClient, header: dict[str, Any], reply: dict[str, Any] | None

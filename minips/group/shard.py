@@ -297,7 +297,7 @@ class ShardRole:
     def __init__(self, shard: int, servers: int, part: Partition, run: dict[str, Any] | None = None,
                  joiner: Joiner | None = None) -> None:  # fmt: skip
         self.shard, self.servers, self.run = shard, servers, dict(run or {})
-        self.slices = {piece.name: piece for piece in part.by_shard[shard]}
+        self.slices = part.shard_slices(shard)
         msgpack.packb(self.run)  # it travels in join replies
         self.joiner = joiner
         self.table: RootTable | None = None

@@ -18,7 +18,7 @@ from minips.nn.conv import Conv2D
 from minips.nn.layers import Dense, Dropout, Flatten, MaxPool2D, ReLU
 from minips.nn.losses import softmax_cross_entropy
 from minips.nn.model import LayerInfo, Sequential
-from minips.nn.zoo import MODEL_NAMES, build_model, lenet5, load_model, mlp
+from minips.nn.zoo import MODEL_NAMES, build_model, lenet5, mlp
 
 __all__ = [
     "Conv2D",
@@ -33,7 +33,6 @@ __all__ = [
     "Sequential",
     "build_model",
     "lenet5",
-    "load_model",
     "mlp",
     "softmax_cross_entropy",
 ]

@@ -1,26 +1,18 @@
-"""Sequential: a named chain of layers with named parameters, gradient hooks and .npz files."""
+"""Sequential: a named chain of layers with named parameters and gradient hooks (its .npz
+files: minips/ops/model_file.py)."""
 
 from __future__ import annotations
 
 import copy
-import json
-import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from minips.errors import DataError, ShapeError
+from minips.errors import ShapeError
 from minips.nn.base import Layer
 from minips.nn.conv import Conv2D
 from minips.nn.layers import MaxPool2D, ReLU
-
-# Key of the JSON metadata entry inside a saved .npz (parameter names never start with "__").
-META_KEY = "__minips__"
-FILE_FORMAT = 1
-# A checkpoint (minips.state.store) keeps each parameter as "param/<name>" and its JSON as "meta".
-CHECKPOINT_PARAM, CHECKPOINT_META = "param/", "meta"
 
 
 @dataclass(frozen=True)
@@ -195,52 +187,6 @@ class Sequential:
         clone._hooks = []
         return clone
 
-    # ------------------------------------------------------------------- files
-    def save(self, path: str | Path) -> None:
-        """Write the parameters (and the spec) to an .npz file at exactly `path`."""
-        meta = json.dumps({"format": FILE_FORMAT, "spec": self.spec})
-        arrays = {key: np.ascontiguousarray(a) for key, a in self.params.items()}
-        with open(path, "wb") as f:
-            np.savez(f, **arrays, **{META_KEY: np.array(meta)})
-
-    def load(self, path: str | Path) -> None:
-        """Read parameters saved by `save`, or a checkpoint (a server's, `minips train
-        --save`'s: minips.state.store), into this model.
-
-        Raises DataError (unreadable file, wrong or missing names) or ShapeError (a parameter
-        of the wrong shape), with a one-line message; the model is unchanged on error.
-        """
-        arrays = read_npz(path)
-        if any(key.startswith(CHECKPOINT_PARAM) for key in arrays):
-            arrays = {k[len(CHECKPOINT_PARAM) :]: v for k, v in arrays.items()
-                      if k.startswith(CHECKPOINT_PARAM)}  # fmt: skip
-        arrays.pop(META_KEY, None)
-        params = self.params
-        unknown = sorted(set(arrays) - set(params))
-        missing = sorted(set(params) - set(arrays))
-        if unknown or missing:
-            raise DataError(
-                f"model file {path} does not match this model: "
-                f"missing {missing or 'nothing'}, unexpected {unknown or 'nothing'}"
-            )
-        try:
-            self.set_params(arrays, strict=True)
-        except ShapeError as err:
-            raise ShapeError(f"model file {path}: {err}") from None
-
-    @staticmethod
-    def read_spec(path: str | Path) -> dict | None:
-        """The model spec stored in a file written by `save` (None if it had none).
-
-        DataError (one line) when the file is missing, unreadable or has no minips metadata.
-        """
-        arrays = read_npz(path)
-        meta = arrays.get(META_KEY, arrays.get(CHECKPOINT_META))
-        try:
-            return json.loads(str(meta))["spec"]
-        except (ValueError, KeyError, TypeError):
-            raise DataError(f"model file {path} has no minips metadata") from None
-
     def __repr__(self) -> str:
         lines = [f"  {name}: {layer!r}" for name, layer in self.layers.items()]
         return "Sequential(\n" + "\n".join(lines) + f"\n)  # {self.n_params:,} parameters"
@@ -295,21 +241,3 @@ def pool_blocks(layers: dict[str, Layer]) -> dict[str, int]:
         if type(pool) is MaxPool2D and pool.size == pool.stride:
             blocks[name] = pool.size
     return blocks
-
-
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """Every array of an .npz file, loaded without pickle.
-
-    DataError (one line) when the file is missing or is not a readable .npz archive.
-    """
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not hasattr(loaded, "files"):  # a bare .npy array, not an archive of them
-            raise ValueError("it holds a single array")
-        with loaded as npz:
-            return {key: npz[key] for key in npz.files}
-    except FileNotFoundError:
-        raise DataError(f"model file {path} does not exist") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(f"model file {path} is not a readable .npz: {reason}") from None

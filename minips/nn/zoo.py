@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import numpy as np
 
-from minips.errors import ConfigError, DataError
+from minips.errors import ConfigError
 from minips.nn.layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from minips.nn.model import Sequential
 
@@ -95,20 +94,3 @@ def build_model(name: str, seed: int = 0, **kwargs) -> Sequential:
             f"it takes {', '.join(sorted(accepted)) or 'none'}"
         )
     return builder(seed=seed, **kwargs)
-
-
-def load_model(path: str | Path) -> Sequential:
-    """Rebuild a zoo model from a file written by `Sequential.save`, with its parameters.
-
-    DataError when the file is unreadable or was saved from a model without a spec (build
-    that model yourself and call `.load(path)`); ShapeError when parameters do not fit.
-    """
-    spec = Sequential.read_spec(path)
-    if not spec or spec.get("name") not in MODEL_NAMES:
-        raise DataError(f"model file {path} does not name a zoo model; build it and call .load")
-    try:
-        model = build_model(spec["name"], spec.get("seed", 0), **spec.get("kwargs", {}))
-    except ConfigError as err:
-        raise DataError(f"model file {path} has a bad model spec: {err}") from None
-    model.load(path)
-    return model

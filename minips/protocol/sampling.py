@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
 
 import numpy as np
-
-from minips.protocol.slices import Slice
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -77,36 +74,3 @@ class Sampler:
         """param's entries at its sample, as a new float32 array of shape (k,)."""
         flat = param.reshape(-1)  # (size,) a view for C-contiguous arrays
         return np.asarray(flat[self.indices(name, flat.size)], dtype=np.float32)
-
-
-class SliceSampler(Sampler):
-    """A shard's samples (docs/protocol.md 16.6): for a slice of a split parameter, the
-    whole parameter's sample S_P restricted to the slice's coordinates, as positions in the
-    slice; a whole parameter's own sample otherwise.
-
-    slices: name -> the shard's Slice of it (minips.group.partition).
-    """
-
-    def __init__(self, rho: float, min_samples: int, slices: Mapping[str, Slice]) -> None:
-        super().__init__(rho, min_samples)
-        self.slices = dict(slices)
-
-    def indices(self, name: str, size: int) -> np.ndarray:
-        piece = self.slices.get(name)
-        if piece is None or piece.whole:
-            return super().indices(name, size)
-        key = (name, -size)  # cached apart from a whole parameter of the same size
-        cached = self._indices.get(key)
-        if cached is None:
-            whole = super().indices(name, int(np.prod(piece.full_shape, dtype=np.int64)))
-            cached = self._indices[key] = whole[sample_rows(whole, piece)] - piece.offset
-            cached.flags.writeable = False
-        return cached
-
-
-def sample_rows(indices: np.ndarray, piece: Slice) -> slice:
-    """Which entries of a whole parameter's sample (its ascending flat `indices`) fall in
-    `piece`: the shard's sample values are values[result], at positions indices[result] -
-    piece.offset of the slice (docs/protocol.md 16.6)."""
-    low, high = np.searchsorted(indices, [piece.offset, piece.offset + piece.size])
-    return slice(int(low), int(high))

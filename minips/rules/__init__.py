@@ -17,18 +17,13 @@ delay-adaptive (the step shrunk past a delay of a few times the number of worker
 fedbuff.py: fedbuff (the mean of every K pushes, as one update). A rule's
 options are declared once (`options`), and the CLI flags are derived from them. Register
 a new class in RULES below, or, without touching minips, name it on the command line as
-`--rule MODULE:CLASS` (a dotted module on the path, or a .py file: `--rule
-my_rules.py:Damped`, examples/03_new_rule.py). docs/algorithms.md has the math of every
-rule and the papers they come from.
+`--rule MODULE:CLASS` (minips/run/rule_plugins.py, examples/03_new_rule.py).
+docs/algorithms.md has the math of every rule and the papers they come from.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
@@ -56,15 +51,11 @@ DEFAULT_RULE = DANAGap.name
 DEFAULT_MOMENTUM = 0.9
 
 
-def server_momentum(rule: str | None) -> float:
-    """The server's momentum under `rule` when the run gives none: the rule's own choice
-    (0 under dana and dana-gap, which need it; 0 under ringmaster and delay-adaptive, whose
-    papers analyse plain SGD: Rule.default_momentum), else DEFAULT_MOMENTUM. A name that
-    is not a rule gets DEFAULT_MOMENTUM (the run's check says what is wrong with the name)."""
-    try:
-        cls = rule_class(rule) if rule else None
-    except ConfigError:
-        cls = None
+def server_momentum(cls: type[Rule] | None) -> float:
+    """The server's momentum under rule class `cls` when the run gives none: the rule's own
+    choice (0 under dana and dana-gap, which need it; 0 under ringmaster and delay-adaptive,
+    whose papers analyse plain SGD: Rule.default_momentum), else DEFAULT_MOMENTUM (also
+    for no rule)."""
     chosen = None if cls is None else cls.server_momentum
     if chosen is None and cls is not None:
         chosen = cls.default_momentum
@@ -72,12 +63,17 @@ def server_momentum(rule: str | None) -> float:
 
 
 def make_rule(name: str, **options: Any) -> Rule:
-    """Build a rule by name: make_rule("ssp", staleness=2), or from outside minips as
-    "MODULE:CLASS" (see rule_class). ConfigError (one line) on unknown names, on an option
-    of a declared number kind that is not a number, and on options the rule's constructor
-    refuses: a plug-in's for any reason (its code is the user's), a registered rule's
-    with a TypeError or ValueError (anything else there is a bug of minips)."""
-    cls = rule_class(name)
+    """Build a registered rule by name: make_rule("ssp", staleness=2) (a rule from outside
+    minips, "MODULE:CLASS": minips.run.rule_plugins.make_rule)."""
+    return build_rule(name, rule_class(name), options)
+
+
+def build_rule(name: str, cls: type[Rule], options: dict[str, Any]) -> Rule:
+    """cls(**options), `cls` the rule `name` names. ConfigError (one line) on an option of
+    a declared number kind that is not a number, and on options the rule's constructor
+    refuses: a plug-in's (a class not in RULES) for any reason (its code is the user's), a
+    registered rule's with a TypeError or ValueError (anything else there is a bug of
+    minips)."""
     check_option_names(name, cls, options)
     check_option_kinds(name, cls, options)
     refusals = (Exception,) if name not in RULES else (TypeError, ValueError)
@@ -125,46 +121,12 @@ def check_option_kinds(name: str, cls: type[Rule], options: dict[str, Any]) -> N
 
 
 def rule_class(name: str) -> type[Rule]:
-    """A registered rule's class, or "MODULE:CLASS": a Rule subclass in a dotted module on
-    sys.path ("my_rules:Damped") or in a .py file ("examples/03_new_rule.py:Damped").
-
-    The spec (not the class) is what travels: `minips run` passes `--rule MODULE:CLASS`
-    to the server process, which imports it there. A rule loaded this way has the default
-    worker side (no extras in pushes): workers know only the registered rules.
-    """
-    if name in RULES:
-        return RULES[name]
-    module_name, sep, class_name = name.rpartition(":")
-    if not sep or not module_name or not class_name:
+    """A registered rule's class; ConfigError (one line) naming the known ones."""
+    if name not in RULES:
         raise ConfigError(
             f"unknown update rule {name!r} (known: {', '.join(RULES)}, or MODULE:CLASS)"
         )
-    cls = getattr(_import_rule_module(module_name), class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Rule)):
-        raise ConfigError(f"rule {name!r}: {module_name} has no Rule subclass {class_name}")
-    return cls
-
-
-def _import_rule_module(module_name: str) -> Any:
-    """The module of a MODULE:CLASS rule: a .py file by path, else a dotted import."""
-    try:
-        if not module_name.endswith(".py"):
-            return importlib.import_module(module_name)
-        path = Path(module_name).resolve()
-        if not path.is_file():
-            raise ConfigError(f"rule file {module_name} not found")
-        spec = importlib.util.spec_from_file_location(f"minips_rule_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[spec.name] = module  # type: ignore[union-attr]  (dataclasses need it)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return module
-    except ConfigError:
-        raise
-    except Exception as exc:  # the module's own code failed as it ran: the user's to fix
-        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-        raise ConfigError(
-            f"cannot import rule module {module_name}: {type(exc).__name__}: {reason}"
-        ) from None
+    return RULES[name]
 
 
 def worker_side(described: dict[str, Any]) -> WorkerSide:
@@ -177,5 +139,6 @@ __all__ = [
     "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "DelayAdaptive", "FedBuff",
     "GapAware", "Ringmaster", "SSGD", "SSP", "VSGD",
     "DEFAULT_MOMENTUM", "DEFAULT_RULE", "Outcome", "Push", "Rule", "RuleOption", "Update",
-    "WorkerSide", "layer_of", "make_rule", "rule_class", "server_momentum", "worker_side",
+    "WorkerSide", "build_rule", "layer_of", "make_rule", "rule_class", "server_momentum",
+    "worker_side",
 ]  # fmt: skip

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from minips.errors import ConfigError
-from minips.protocol.sampling import Sampler, SliceSampler
+from minips.protocol.sampling import Sampler
 from minips.protocol.wire import ProtocolError
 from minips.rules.base import (
     Outcome,
@@ -202,7 +202,7 @@ class VSGD(ASGD):
     def attach(self, store: Any, registry: Any) -> None:
         super().attach(store, registry)
         if store.slices:  # a shard of a group: samples of the whole parameters (16.6)
-            self.sampler = SliceSampler(self.rho, self.min_samples, store.slices)
+            self.sampler = store.slices.sampler(self.rho, self.min_samples)
 
     def _server_values(self, name: str) -> np.ndarray:
         return self.sampler.values(name, self.store.params[name])  # (k_p,) float32 copy

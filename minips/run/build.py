@@ -22,13 +22,14 @@ from minips.ops.server_ops import ServerOps
 from minips.provision.keyfiles import OPERATOR, load_client_keys
 from minips.results.report_text import plural
 from minips.results.rundir import check_writable
-from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_plan_fits
+from minips.run.plan_measure import choose_plan, parse_network
+from minips.run.rule_plugins import make_rule
 from minips.server.server import ParameterServer
 from minips.state.store import SGD
 from minips.transmission.plan import Plan, load_plan
-from minips.transmission.planning.planner import Cluster, Network, make_plan
+from minips.transmission.planning.plan_costs import Cluster
 
 
 def make_server(
@@ -173,18 +174,19 @@ def plan_cluster(
 def resolve_plan(config: RunConfig) -> Plan:
     """The config's plan: dense, a file, or `auto`, chosen here by the planner for the link.
 
-    auto's link (minips.transmission.planning.planner.Network): --bandwidth RATE is each worker's
+    auto's link (minips.transmission.planning.plan_costs.Network): --bandwidth RATE is each worker's
     own, --netem RATE one shared by the workers; with both, the tighter; with neither,
     unlimited (so: all dense). The planner counts browser slots' steps as slower
     (`step_factors`) and ssgd's barrier (minips.transmission.planning.plan_costs.Cluster).
     """
     model = build_model(config.model, seed=config.seed)
     if config.plan == "auto":
-        network = Network.parse(bandwidth=config.bandwidth, netem=config.netem)
+        network = parse_network(bandwidth=config.bandwidth, netem=config.netem)
         cluster = plan_cluster(config.model, config.workers, browser=config.browser,
                                servers=config.servers, rule=config.rule,
                                shared_link=bool(config.netem))  # fmt: skip
-        plan = make_plan(model, config.batch_size, cluster, network, momentum=config.momentum).plan
+        report = choose_plan(model, config.batch_size, cluster, network, momentum=config.momentum)
+        plan = report.plan
     else:
         plan = load_plan(config.plan)
     check_plan_fits(plan, model)

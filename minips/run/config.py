@@ -34,14 +34,7 @@ from minips.errors import ConfigError
 from minips.group.agreements import ROOT_TIMEOUT
 from minips.nn.zoo import MODEL_NAMES
 from minips.provision.keyfiles import load_server_keys
-from minips.rules import (
-    DEFAULT_MOMENTUM,
-    DEFAULT_RULE,
-    RULES,
-    RuleOption,
-    make_rule,
-    server_momentum,
-)
+from minips.rules import DEFAULT_MOMENTUM, DEFAULT_RULE, RULES, RuleOption
 from minips.run.config_checks import (
     check_browser_slots,
     check_group,
@@ -50,6 +43,7 @@ from minips.run.config_checks import (
     check_plan_file,
     check_speed_schedule,
 )
+from minips.run.rule_plugins import make_rule, rule_momentum
 from minips.run.settings import (
     TRAIN_RUN_SERVER,
     check_finite,
@@ -95,10 +89,10 @@ def _rule_option_pairs(items: tuple[str, ...] | None) -> dict[str, Any]:
 
 
 def _rate_text(text: str | None) -> str | None:
-    """A link rate as given ("100mbit"), checked by plan_costs.parse_rate; None: unset."""
+    """A link rate as given ("100mbit"), checked by plan_measure.parse_rate; None: unset."""
     if text in (None, "", "unlimited"):
         return None
-    from minips.transmission.planning.plan_costs import parse_rate
+    from minips.run.plan_measure import parse_rate
 
     try:
         parse_rate(text)
@@ -112,7 +106,7 @@ def _shaped_rate_text(text: str | None) -> str | None:
     2^64 - 1), checked here so that no run directory is claimed for a link tc refuses."""
     if (text := _rate_text(text)) is None:
         return None
-    from minips.transmission.planning.plan_costs import parse_rate
+    from minips.run.plan_measure import parse_rate
 
     if not 1 <= parse_rate(text) < 2**64:
         raise ValueError(f"bad rate {text!r}: tc shapes 8bit (1 byte/s) to 2^64 - 1 bytes/s")
@@ -129,7 +123,7 @@ class ConfigBase:
         # An unset momentum is the rule's choice (0 under dana: its momentum is its own),
         # decided here, once, so config.json and the server's arguments say what ran.
         if getattr(self, "momentum", 0.0) is None:
-            object.__setattr__(self, "momentum", server_momentum(getattr(self, "rule", None)))
+            object.__setattr__(self, "momentum", rule_momentum(getattr(self, "rule", None)))
 
     @classmethod
     def from_options(
@@ -180,9 +174,9 @@ class RunConfig(ConfigBase):
     """Everything that defines a distributed run (`minips run`, `minips server`).
 
     `epochs` counts passes over each worker's shard. `momentum` None (not given) is the
-    rule's choice, filled in when the config is made (minips.rules.server_momentum: 0 under
-    dana and dana-gap, else 0.9), so `replace(config, rule=...)` keeps the one chosen for
-    the first rule. The field order is the order of the options in --help and of the keys
+    rule's choice, filled in when the config is made (minips.run.rule_plugins.rule_momentum:
+    0 under dana and dana-gap, else 0.9), so `replace(config, rule=...)` keeps the one
+    chosen for the first rule. The field order is the order of the options in --help and of the keys
     of hello's config (kept so the protocol's bytes do not change).
     """
 

@@ -116,7 +116,7 @@ def check_can_shape(netem: str | None) -> None:
 
 def check_plan_batch(plan: str, batch_size: int) -> None:
     """ConfigError when `--plan auto` would time batches larger than the planner holds."""
-    from minips.transmission.planning.plan_costs import MAX_PLAN_BATCH
+    from minips.run.plan_measure import MAX_PLAN_BATCH
 
     if plan == "auto" and batch_size > MAX_PLAN_BATCH:
         raise ConfigError(

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from minips.errors import MinipsError
-from minips.transmission.planning.plan_costs import parse_rate  # the same rate units as --bandwidth
+from minips.run.plan_measure import parse_rate  # the same rate units as --bandwidth
 
 NETNS_PREFIX = "minips-ps-"
 DEFAULT_QUEUE = "20ms"  # tbf `latency`: the longest a packet may queue before it is dropped

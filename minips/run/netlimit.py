@@ -28,7 +28,7 @@ import threading
 import time
 
 from minips.errors import ConfigError
-from minips.transmission.planning.plan_costs import parse_rate
+from minips.run.plan_measure import parse_rate
 
 # Default burst: 2 ms of traffic (25 kB at 100 Mbit/s, near minips/run/netem.py's tbf burst of
 # 32 KiB), but at least one Ethernet frame. Small on purpose: a real link never sends faster

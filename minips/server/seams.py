@@ -87,7 +87,7 @@ class GroupRole(Protocol):
 
     shard: int
     servers: int
-    slices: dict[str, Any]
+    slices: dict[str, Any]  # name -> its slice; .sampler(rho, min_samples): VSGD's (16.6)
     is_root: bool
 
     def attach(self, server: Any) -> None: ...

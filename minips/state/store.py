@@ -10,10 +10,11 @@ trainer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from minips.errors import ConfigError, ShapeError
-from minips.protocol.slices import Slice
 from minips.protocol.wire import ProtocolError
 
 
@@ -33,7 +34,7 @@ class ParameterStore:
         params: dict[str, np.ndarray],
         optimizer: SGD,
         in_place: bool = False,
-        slices: dict[str, Slice] | None = None,
+        slices: Any = None,
     ) -> None:
         if not params:
             raise ConfigError("the parameter server needs at least one parameter")
@@ -49,8 +50,9 @@ class ParameterStore:
         self.in_place = in_place
         self.version = 0
         self.param_versions = dict.fromkeys(params, 0)
-        # A shard of a server group: name -> its Slice of the whole parameter (partition.py)
-        self.slices: dict[str, Slice] = dict(slices or {})
+        # A shard of a server group: name -> its slice of the whole parameter, and VSGD's
+        # samples of them, `slices.sampler(rho, min_samples)` (minips.group.partition)
+        self.slices = slices if slices is not None else {}
         # Pull replies are sent with copy=False, so a sent array must never change: every
         # version of a parameter is a new array, published read-only (see `write`).
         if not in_place:

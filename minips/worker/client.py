@@ -46,7 +46,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.errors import ConfigError
 from minips.protocol import auth, wire
 from minips.protocol.address import normalize_connect
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
@@ -64,10 +63,9 @@ from minips.worker.session import (
     NO_PULL,
     GroupSide,
     OneServer,
+    OneServerOnly,
     Session,
-    hello_and_choose,
     identified,
-    operator_request,
 )
 
 log = logging.getLogger("minips.client")
@@ -86,7 +84,8 @@ class PSClient:
     the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
     A server group (docs/protocol.md 16), found at hello, is used through the same calls:
     hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
-    group's, through `groups` (minips.group.root.GROUPS; None: a group is refused).
+    group's, through `groups` (minips.group.root.GROUPS; None: OneServerOnly, which
+    refuses a group).
     Thread-safe: calls are serialised by a lock.
     """
 
@@ -128,7 +127,7 @@ class PSClient:
         self.link: LinkLimit | None = None
         self.session: Session = OneServer(self)  # what the worker calls go to (hello chooses)
         self.group: Session | None = None  # the group's session, once hello found a group
-        self.groups = groups  # how to reach a server group (None: one is refused)
+        self.groups = groups or OneServerOnly()  # hello and operators' requests go through it
         self._shards: Any = None  # the group's shards an operator's requests reached
         self.assemble_timeout = assemble_timeout
         self.first_wait = first_wait
@@ -147,7 +146,7 @@ class PSClient:
         if info is not None:
             header["info"] = info
         self.hello_sent = True
-        reply = hello_and_choose(self, identified(header), dict(info or {}))
+        reply = self.groups.hello(self, identified(header), dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
         warn_if_not_below_heartbeat(self.timeout, reply["heartbeat_timeout"])
         self._hello_info = dict(info or {})
@@ -229,7 +228,7 @@ class PSClient:
     def stats(self) -> dict[str, Any]:
         """The server's counters and worker table (docs/protocol.md, `stats`); a group's: the
         root's, with `shards`: every shard's own, by index (None for one not joined yet)."""
-        stats, replies = operator_request(self, {"op": "stats"}, lambda h: h["stats"])
+        stats, replies = self.groups.operator(self, {"op": "stats"}, lambda h: h["stats"])
         if replies:  # None for a shard that has not joined yet
             servers = stats["group"]["servers"]
             shards = [replies[j].header["stats"] if j in replies else None for j in range(servers)]
@@ -238,12 +237,12 @@ class PSClient:
 
     def stop(self) -> None:
         """Operator: ask the server (every shard of a group) to stop; workers see `stop`."""
-        operator_request(self, {"op": "stop"}, lambda h: h)
+        self.groups.operator(self, {"op": "stop"}, lambda h: h)
 
     def checkpoint(self) -> str:
         """Operator: make the server (every shard of a group) write a checkpoint now;
         returns its path (the root's)."""
-        return operator_request(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
+        return self.groups.operator(self, {"op": "checkpoint"}, lambda h: h)[0]["path"]
 
     def _close_socket(self) -> None:
         if self._socket is not None:
@@ -375,18 +374,6 @@ class PSClient:
                 raise ServerError(message.header["reason"], message.header["code"])
             return message
         return None
-
-
-def group_side(client: PSClient) -> GroupSide:
-    """The client's `groups`: how it reaches a server group, given by whoever builds a
-    client that may meet one (`minips worker`, the launcher, the dashboard); a client of
-    one server needs none of it, and one given none says so when it meets a group."""
-    if client.groups is None:
-        raise ConfigError(
-            f"the server at {client.address} belongs to a server group (docs/protocol.md 16): "
-            "build the client with groups=minips.group.root.GROUPS to reach it"
-        )
-    return client.groups
 
 
 @contextmanager

@@ -6,8 +6,9 @@
                                                  one request per shard, all at once)
 
 Both are a `Session`; PSClient hands each worker call to its session, so neither request
-path asks which one it is in. The group's side reaches the client through `GroupSide`,
-given to PSClient (or found when a server first turns out to be a group).
+path asks which one it is in. Hello and an operator's requests go through the client's
+`groups` (a `GroupSide`): OneServerOnly below, or minips.group.root.GROUPS, given by
+whoever builds a client that may meet a group.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from minips.errors import ConfigError
 from minips.protocol import wire
 from minips.protocol.wire import Message
 from minips.transmission.codecs import Gradient, Spec
@@ -93,64 +95,64 @@ class Session(Protocol):
 
 
 class GroupSide(Protocol):
-    """How a PSClient reaches a server group (minips.group.root.GROUPS)."""
+    """How a PSClient's hello and operator's requests reach what answers them: one server
+    (`OneServerOnly`, a client's when it is given none) or also a server group
+    (minips.group.root.GROUPS)."""
 
-    def root_hello(
-        self, client: Any, header: dict[str, Any], reply: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        """The group root's reply to `header` (the client's hello), whose first `reply` named
-        a group (None: the root answered `group`, still assembling; 16.3-16.4)."""
+    def hello(self, client: Any, header: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+        """The reply to the client's hello `header` (its `info` for every shard), which
+        chooses the client's session: a group's reply makes it the group's (16.3-16.4)."""
 
-    def join(self, client: Any, root_reply: dict[str, Any], info: dict[str, Any]) -> Session:
-        """The group's session for `client`, whose hello the root answered `root_reply`:
-        hello to every other shard (docs/protocol.md 16.4)."""
-
-    def others(
-        self, client: Any, header: dict[str, Any], group: Mapping[str, Any]
-    ) -> dict[int, Message]:
-        """An operator's `header` to every shard but the root that has joined, where the
-        root's reply lists them in `group` (16.7); one that does not answer is left out."""
+    def operator(
+        self, client: Any, header: dict[str, Any], body: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[int, Message]]:
+        """An operator's request (stats, stop, checkpoint) through the client's session:
+        (`body` of the root's reply, every shard's reply by index: {} for a plain server)."""
 
 
-def hello_and_choose(client: PSClient, header: dict[str, Any], info: dict[str, Any]) -> Any:
-    """The reply to the client's hello `header`, which chooses its session: a plain
-    server's reply keeps OneServer; one naming a group (or the root's `group` error, its
-    shards not all joined: 16.3) is the group's side's to finish, which gives the group's
-    session (16.4)."""
+def first_reply(client: PSClient, header: dict[str, Any]) -> dict[str, Any] | None:
+    """The reply to the client's hello `header`; None when a group's root answered `group`
+    (its shards not all joined yet, 16.3)."""
     try:
-        reply: dict[str, Any] | None = client._request(header).header
+        return client._request(header).header
     except ServerError as exc:
         if exc.code != "group":
             raise
-        reply = None
-    if reply is None or "group" in reply:
-        from minips.worker.client import group_side  # the client's module imports this one
-
-        groups = group_side(client)
-        reply = groups.root_hello(client, header, reply)  # the group's root, assembled
-        client._close_socket()  # the group's own connection to the root takes our id over
-        client.session = client.group = groups.join(client, reply, info)
-    return reply
+        return None
 
 
-def operator_request(
-    client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict[str, Any]]
-) -> tuple[dict[str, Any], dict[int, Message]]:
-    """An operator's request (stats, stop, checkpoint) through the client's session.
-    Returns (`body` of the root's reply, every shard's reply by index: {} for a plain
-    server). A group's root the client did not say hello to answers alone, with where its
-    shards are: the request goes on to every other one that has joined (16.7)."""
-    with client._lock:
-        replies = client.session.operator(header)
+class OneServerOnly:
+    """A client's hello and operator's requests to one server: a client given no `groups`
+    says so, in one line, when it meets a server group (docs/protocol.md 16); whoever
+    builds a client that may meet one gives it minips.group.root.GROUPS (`minips worker`,
+    the launcher, the dashboard)."""
+
+    def hello(self, client: PSClient, header: dict[str, Any], info: dict[str, Any]) -> dict:
+        """One server's reply to the client's hello `header`; ConfigError for a group's."""
+        reply = first_reply(client, header)
+        if reply is None or "group" in reply:
+            raise self.refused(client)
+        return reply
+
+    def operator(
+        self, client: PSClient, header: dict[str, Any], body: Callable[[dict[str, Any]], dict]
+    ) -> tuple[dict[str, Any], dict[int, Message]]:
+        """(`body` of one server's reply to an operator's `header`, {}); ConfigError when it
+        is the root of a group of several shards (which the request then reached alone)."""
+        with client._lock:
+            replies = client.session.operator(header)
         answer = body(replies[0].header)
         group = answer.get("group")
-        if group is None:
-            return answer, {}
-        if len(replies) < group["servers"]:  # the root alone: on to its shards
-            from minips.worker.client import group_side  # the client's module imports this one
+        if group is not None and group["servers"] > 1:  # a group of one is all here
+            raise self.refused(client)
+        return answer, ({} if group is None else replies)
 
-            replies.update(group_side(client).others(client, header, group))
-        return answer, replies
+    def refused(self, client: PSClient) -> ConfigError:
+        """The one line saying that the client needs `groups` to reach this server."""
+        return ConfigError(
+            f"the server at {client.address} belongs to a server group (docs/protocol.md 16): "
+            "build the client with groups=minips.group.root.GROUPS to reach it"
+        )
 
 
 class OneServer:

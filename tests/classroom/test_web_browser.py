@@ -22,7 +22,8 @@ from test_web_support import (
 )
 
 from minips.data import load_dataset
-from minips.nn import build_model, load_model
+from minips.nn import build_model
+from minips.ops.model_file import load_model
 from minips.worker.client import PSClient
 
 pytestmark = pytest.mark.slow

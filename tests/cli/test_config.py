@@ -272,8 +272,8 @@ def test_the_command_table_matches_the_commands():
 
 def test_a_shard_index_and_a_plan_batch_are_checked_at_their_exact_limits():
     """--shard K-1 is the last shard of --servers K, --shard K none; --plan auto times
-    batches of at most MAX_PLAN_BATCH (minips.transmission.planning.plan_costs) samples."""
-    from minips.transmission.planning.plan_costs import MAX_PLAN_BATCH
+    batches of at most MAX_PLAN_BATCH (minips.run.plan_measure) samples."""
+    from minips.run.plan_measure import MAX_PLAN_BATCH
 
     base = RunConfig(model="mlp", dataset="synthetic")
     replace(base, servers=2, shard=1, root="tcp://127.0.0.1:5555").validate()

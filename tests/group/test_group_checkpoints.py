@@ -18,7 +18,7 @@ from minips.state.store import SGD, ParameterStore
 
 MODEL = build_model("mlp")  # fc1.w is split over 2 shards (rows 0:392, 392:784)
 PART = partition_of_model(MODEL.params, 2)
-PART_SLICES = [{piece.name: piece for piece in PART.by_shard[j]} for j in range(2)]
+PART_SLICES = [PART.shard_slices(j) for j in range(2)]
 
 
 def shard_store(shard: int, version: int, params_at: int | None = None) -> ParameterStore:

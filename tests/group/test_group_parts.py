@@ -19,11 +19,11 @@ from test_server_support import (
 from minips.group.agreements import JOIN_RESERVE, JOIN_TAKEOVER, reach
 from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
-from minips.group.partition import partition
+from minips.group.partition import SliceSampler, partition, sample_rows
 from minips.group.shard import RootTable
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
-from minips.protocol.sampling import SliceSampler, sample_indices, sample_rows
+from minips.protocol.sampling import sample_indices
 from minips.protocol.wire import Limits, ProtocolError
 from minips.provision import keyfiles
 from minips.worker.session import NO_PULL
@@ -65,6 +65,8 @@ def test_a_slices_sample_keeps_its_first_and_last_entry():
         np.testing.assert_array_equal(local, np.arange(piece.size))
     sampler = SliceSampler(1.0, 32, {"fc1.w": part.slices("fc1.w")[1]})
     np.testing.assert_array_equal(sampler.indices("fc1.w", 65 * 128), np.arange(65 * 128))
+    asked = part.shard_slices(1).sampler(1.0, 32)  # what VSGD asks a shard's store for
+    np.testing.assert_array_equal(asked.indices("fc1.w", 65 * 128), np.arange(65 * 128))
 
 
 def test_the_root_table_counts_a_shard_only_once_it_gave_an_address():

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from minips.group.root import GROUPS
-from minips.nn import load_model
 from minips.ops.checkpoints import shard_path
+from minips.ops.model_file import load_model
 from minips.run.config import RunConfig
 from minips.run.launch import run_local
 from minips.worker.client import PSClient

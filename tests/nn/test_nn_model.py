@@ -1,4 +1,4 @@
-"""Sequential, the model zoo, softmax cross-entropy, files and whole-model gradients."""
+"""Sequential, the model zoo, softmax cross-entropy and whole-model gradients."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,6 @@ from minips.nn import (
     Sequential,
     build_model,
     lenet5,
-    load_model,
     mlp,
     softmax_cross_entropy,
 )
@@ -264,59 +263,6 @@ def test_wrong_input_shape_is_a_one_line_shape_error():
     model = Sequential([Flatten(), Dense(10, 2)])
     with pytest.raises(ShapeError, match="layer fc1: expected 10 input features"):
         model.forward(np.zeros((2, 11), dtype=np.float32))
-
-
-def test_save_load_round_trip(tmp_path):
-    path = tmp_path / "model.bin"  # saved at exactly this path, no suffix added
-    source, target = lenet5(seed=1), lenet5(seed=2)
-    source.save(path)
-    assert path.exists()
-    target.load(path)
-    for key in source.params:
-        np.testing.assert_array_equal(target.params[key], source.params[key])
-    x, _ = batch()
-    np.testing.assert_array_equal(target.forward(x), source.forward(x))
-
-
-def test_load_model_rebuilds_from_the_saved_spec(tmp_path):
-    source = mlp(hidden=(12,), seed=5)
-    source.params["fc1.b"][:] = 0.25  # trained values, not the seed's
-    source.save(tmp_path / "m.npz")
-    loaded = load_model(tmp_path / "m.npz")
-    assert loaded.spec == source.spec
-    for key in source.params:
-        np.testing.assert_array_equal(loaded.params[key], source.params[key])
-    Sequential([Dense(3, 2)]).save(tmp_path / "custom.npz")
-    with pytest.raises(DataError, match="zoo model"):
-        load_model(tmp_path / "custom.npz")
-    np.save(tmp_path / "plain.npy", np.zeros(3))
-    with pytest.raises(DataError, match="not a readable .npz"):
-        load_model(tmp_path / "plain.npy")
-    np.savez(tmp_path / "foreign.npz", w=np.zeros(3))
-    with pytest.raises(DataError, match="no minips metadata"):
-        load_model(tmp_path / "foreign.npz")
-
-
-def test_load_mismatched_or_broken_files(tmp_path):
-    lenet_file, mlp_file = tmp_path / "lenet.npz", tmp_path / "mlp.npz"
-    lenet5().save(lenet_file)
-    mlp(hidden=(64,)).save(mlp_file)
-    model = mlp(hidden=(32,))
-    before = {k: v.copy() for k, v in model.params.items()}
-    with pytest.raises(DataError, match="does not match") as info:
-        model.load(lenet_file)
-    assert "\n" not in str(info.value)
-    with pytest.raises(ShapeError, match="fc1.w") as info:
-        model.load(mlp_file)  # same names, other widths
-    assert "\n" not in str(info.value)
-    garbage = tmp_path / "garbage.npz"
-    garbage.write_bytes(b"not a zip file at all")
-    with pytest.raises(DataError, match="not a readable"):
-        model.load(garbage)
-    with pytest.raises(DataError, match="does not exist"):
-        model.load(tmp_path / "missing.npz")
-    for key, value in before.items():  # every failed load left the model as it was
-        np.testing.assert_array_equal(model.params[key], value)
 
 
 def test_set_params_validates_before_writing():

@@ -12,6 +12,7 @@ from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.nn.losses import softmax_cross_entropy
+from minips.ops.model_file import load
 from minips.results.metrics import MetricsLog, read_metrics
 from minips.trainer import TrainConfig, evaluate, train
 
@@ -67,7 +68,7 @@ def test_cli_trains_saves_and_prints_the_accuracy_line(tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("test accuracy: ") and float(last.split(": ")[1]) >= 0.9
     reloaded = build_model("mlp")
-    reloaded.load(model_path)
+    load(reloaded, model_path)
     data = load_dataset("synthetic")
     assert evaluate(reloaded, data.x_test, data.y_test)[0] == float(last.split(": ")[1])
     assert read_metrics(metrics_path)[-1]["event"] == "summary"

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from minips.nn import load_model
+from minips.ops.model_file import load_model
 from minips.worker.client import PSClient
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -13,7 +13,7 @@ from minips.errors import ConfigError
 from minips.protocol.wire import frames_nbytes
 from minips.run import netlimit
 from minips.run.netlimit import Link, TokenBucket
-from minips.transmission.planning.plan_costs import parse_rate
+from minips.run.plan_measure import parse_rate
 
 
 @pytest.mark.parametrize(

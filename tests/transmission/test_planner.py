@@ -17,6 +17,7 @@ from minips.errors import ConfigError
 from minips.nn import build_model, lenet5, softmax_cross_entropy
 from minips.run.config import RunConfig
 from minips.run.netlimit import Link
+from minips.run.plan_measure import choose_plan, parse_network
 from minips.transmission.codecs import Encoder, Factors
 from minips.transmission.plan import Plan
 from minips.transmission.planning.plan_costs import CodecTime, LayerTime, pull_bytes, push_bytes
@@ -27,10 +28,8 @@ from minips.transmission.planning.planner import (
     WAIT_FREE_GAIN,
     Cluster,
     Measured,
-    Network,
     ParamChoice,
     delta,
-    make_plan,
     predict_step,
     push_ladder,
 )
@@ -55,8 +54,8 @@ ON_TWO_CORES = Cluster(workers=4, cores=2)
 
 
 def plan_for(cluster=ON_TWO_CORES, **link):
-    network = Network.parse(**link)
-    return make_plan(build_model("lenet5"), 64, cluster, network, measured=FIXED, momentum=0.9)
+    network = parse_network(**link)
+    return choose_plan(build_model("lenet5"), 64, cluster, network, measured=FIXED, momentum=0.9)
 
 
 # -------------------------------------------------------------------------- bytes
@@ -83,19 +82,6 @@ def test_codec_bytes_are_the_encoders_bytes():
 
 
 # ------------------------------------------------------------------------ network
-
-
-def test_a_rate_is_each_workers_own_link_and_netem_one_shared_by_all():
-    four = Cluster(workers=4)
-    own, shared = Network.parse(bandwidth="100mbit"), Network.parse(netem="100mbit")
-    assert own.share(four) == 12.5e6 and shared.share(four) == 12.5e6 / 4
-    assert Network.parse(bandwidth="20mbit", netem="100mbit").share(four) == 2.5e6  # tighter
-    assert Network().share(four) is None
-    assert "each worker's own 100 Mbit/s" in own.describe(four)
-    words = shared.describe(four)
-    assert "shared by 4 workers" in words and "25 Mbit/s each" in words
-    with pytest.raises(ConfigError, match="bad rate"):
-        Network.parse(bandwidth="fast")
 
 
 def test_contention_is_workers_and_servers_over_cores():
@@ -138,13 +124,13 @@ def test_no_link_limit_and_a_fast_link_are_all_dense():
     for link in ({}, {"bandwidth": "10gbit"}):
         report = plan_for(**link)
         assert report.plan.is_dense() and report.plan.to_dict()["params"] == {}
-        assert report.predicted["up_bytes_per_step"] == DENSE_BYTES
+        assert report.plan.predicted["up_bytes_per_step"] == DENSE_BYTES
 
 
 @pytest.mark.parametrize("link", [{"bandwidth": "20mbit"}, {"netem": "100mbit"}])
 def test_a_slow_link_is_compressed_within_the_byte_targets(link):
     report = plan_for(**link)
-    plan, p = report.plan, report.predicted
+    plan, p = report.plan, report.plan.predicted
     assert plan.wait_free and not plan.is_dense()
     assert plan.param("fc1.w").push != "dense" and plan.param("fc1.w").pull != "dense"
     assert DENSE_BYTES / p["up_bytes_per_step"] >= 10
@@ -163,8 +149,9 @@ def test_the_more_compute_a_step_has_the_less_it_compresses():
     fewer bytes, and with enough compute it is all dense."""
     sent = []
     for compute_ms in (20.0, 60.0, 200.0, 600.0, 5000.0):
-        p = plan_for(Cluster(workers=4, cores=2, compute_ms=compute_ms), bandwidth="100mbit")
-        sent.append(p.predicted["up_bytes_per_step"] + p.predicted["down_bytes_per_step"])
+        cluster = Cluster(workers=4, cores=2, compute_ms=compute_ms)
+        p = plan_for(cluster, bandwidth="100mbit").plan.predicted
+        sent.append(p["up_bytes_per_step"] + p["down_bytes_per_step"])
     assert sent == sorted(sent) and sent[0] < sent[-1] == 2 * DENSE_BYTES
 
 
@@ -172,7 +159,7 @@ def test_the_slower_the_link_the_fewer_the_bytes():
     rates = ["10gbit", "1gbit", "300mbit", "100mbit", "50mbit", "20mbit", "5mbit"]
     sent = []
     for rate in rates:
-        p = plan_for(bandwidth=rate).predicted
+        p = plan_for(bandwidth=rate).plan.predicted
         sent.append(p["up_bytes_per_step"] + p["down_bytes_per_step"])
     assert sent == sorted(sent, reverse=True) and sent[0] > sent[-1]
 
@@ -180,8 +167,8 @@ def test_the_slower_the_link_the_fewer_the_bytes():
 def test_the_compute_is_shared_by_the_workers_and_the_server():
     """The same link and layers: 4 workers and a server on 2 cores compute 2.5x slower
     than one worker has them alone, so its step hides more traffic."""
-    alone = plan_for(Cluster(workers=4, cores=64), bandwidth="100mbit").predicted
-    shared = plan_for(Cluster(workers=4, cores=2), bandwidth="100mbit").predicted
+    alone = plan_for(Cluster(workers=4, cores=64), bandwidth="100mbit").plan.predicted
+    shared = plan_for(Cluster(workers=4, cores=2), bandwidth="100mbit").plan.predicted
     assert shared["compute_ms"] == pytest.approx(2.5 * alone["compute_ms"])
     assert shared["up_bytes_per_step"] + shared["down_bytes_per_step"] >= (
         alone["up_bytes_per_step"] + alone["down_bytes_per_step"]
@@ -232,7 +219,7 @@ def test_a_pair_of_encodings_measured_nowhere_is_never_chosen():
         for c in report.choices:
             assert sample_cost("lenet5", c.name, c.push, c.pull) < float("inf"), (c.push, c.pull)
             assert not (isinstance(c.push, dict) and c.push["codec"] == "sf"
-                        and isinstance(c.pull, dict)), report.predicted["link"]  # fmt: skip
+                        and isinstance(c.pull, dict)), report.plan.predicted["link"]  # fmt: skip
 
 
 def test_each_step_down_must_cut_the_time_to_accuracy_by_the_margin():
@@ -242,7 +229,7 @@ def test_each_step_down_must_cut_the_time_to_accuracy_by_the_margin():
     plan predicted faster, but not by the margin, loses to a less lossy one."""
     decided_by_margin = lossy_taken = wait_free_taken = False
     for report in _sweep():
-        p = report.predicted
+        p = report.plan.predicted
         keys = ("time_to_accuracy_vs_dense", "dense_wait_free_time_vs_dense",
                 "lossless_time_vs_dense", "lossy_time_vs_dense")  # fmt: skip
         t, wait_free, lossless, lossy = (p[k] for k in keys)
@@ -268,7 +255,7 @@ def test_a_fast_link_sends_dense_wait_free():
     WAIT_FREE_GAIN, and no codec gains the margin over it: the plan is every parameter
     dense, sent wait-free (measured faster than dense, docs/results.md)."""
     report = plan_for(bandwidth="1gbit")
-    p = report.predicted
+    p = report.plan.predicted
     assert p["chosen"] == "dense wait-free" and p["samples_factor"] == 1
     assert report.plan.wait_free and report.plan.to_dict()["params"] == {}
     assert p["up_bytes_per_step"] == p["down_bytes_per_step"] == DENSE_BYTES

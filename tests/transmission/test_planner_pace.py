@@ -8,7 +8,7 @@ from test_planner import plan_for
 
 from minips.run.build import BROWSER_STEP_FACTOR, resolve_plan, step_factors
 from minips.run.config import RunConfig
-from minips.transmission.planning.planner import Cluster, Network
+from minips.transmission.planning.plan_costs import Cluster, Network
 
 
 def test_equal_workers_share_a_link_equally():
@@ -35,10 +35,12 @@ def test_a_class_paced_by_its_browsers_needs_less_compression():
     numpy_only = plan_for(Cluster(workers=4, cores=2, barrier=True), netem="100mbit")
     paced = plan_for(Cluster(workers=4, cores=2, step_factors=(1, 1, 50, 50), barrier=True),
                      netem="100mbit")  # fmt: skip
-    assert paced.predicted["pace_factor"] == 50
-    assert paced.predicted["compute_ms"] == pytest.approx(50 * numpy_only.predicted["compute_ms"])
+    assert paced.plan.predicted["pace_factor"] == 50
+    assert paced.plan.predicted["compute_ms"] == pytest.approx(
+        50 * numpy_only.plan.predicted["compute_ms"]
+    )
     # a step 50 times longer hides the traffic: the plan sends more bytes, here all dense
-    sent = [p.predicted["up_bytes_per_step"] for p in (numpy_only, paced)]
+    sent = [p.plan.predicted["up_bytes_per_step"] for p in (numpy_only, paced)]
     assert sent[0] < sent[1]
 
 

@@ -13,28 +13,26 @@ import pytest
 from group_support import running_group
 
 from minips.errors import ConfigError
-from minips.group.root import GROUPS
+from minips.group.root import ServerGroups
 from minips.worker.client import OneServer, PSClient
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: its shared support
 
 
-class RecordingGroups:
-    """minips.group's side, counting what a client asks of it."""
+class RecordingGroups(ServerGroups):
+    """minips.group's side, counting the groups a client joined and the times an operator's
+    request went on to the other shards."""
 
     def __init__(self) -> None:
         self.joined = self.reached = 0
 
-    def root_hello(self, client, header, reply):
-        return GROUPS.root_hello(client, header, reply)
-
     def join(self, client, root_reply, info):
         self.joined += 1
-        return GROUPS.join(client, root_reply, info)
+        return super().join(client, root_reply, info)
 
     def others(self, client, header, group):
         self.reached += 1
-        return GROUPS.others(client, header, group)
+        return super().others(client, header, group)
 
 
 def test_a_client_of_one_server_never_loads_the_groups_side():

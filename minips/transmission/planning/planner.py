@@ -1,8 +1,12 @@
 """The planner: how each tensor travels, chosen for the least predicted time to accuracy.
 
-    network = Network.parse(bandwidth="100mbit")       # each worker's own link; netem=: shared
-    report = make_plan(build_model("lenet5"), 64, Cluster(workers=4), network)
-    print(format_table(report)); report.plan.to_dict()   # format_table: minips.cli.plan_table
+    network = Network(bandwidth=12.5e6)      # bytes/s: each worker's own link; shared=: one
+    report = make_plan(build_model("lenet5"), 64, Cluster(workers=4), network, measured)
+    report.plan.to_dict()
+
+`measured` holds each layer's and each encoding's CPU ms (plan_costs.Measured): timed on the
+planning machine by minips/run/plan_measure.py (`choose_plan` measures, chooses, and writes
+the prediction into the plan), or fixed by a test.
 
 The objective (docs/algorithms.md, "The cost model", with its sources and measurements):
 
@@ -49,7 +53,7 @@ The choice:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from minips.nn import Sequential
@@ -59,12 +63,8 @@ from minips.transmission.planning.plan_costs import (
     Cluster,
     Measured,
     Network,
-    measure_layers,
     pull_bytes,
-    pull_time,
     push_bytes,
-    push_time,
-    spec_text,
 )
 from minips.transmission.planning.plan_samples import is_lossless, sample_cost, samples_factor
 
@@ -132,25 +132,6 @@ def _sparsifiable(shape: tuple[int, ...], kind: str) -> bool:
     Below SMALL entries the indices cost more than the saved values are worth.
     """
     return kind != "conv" and math.prod(shape) >= SMALL
-
-
-# --------------------------------------------------------------------- measurements
-
-
-def measure(
-    model: Sequential, batch_size: int, repeats: int = 7, momentum: float = 0.0
-) -> Measured:
-    """Time every layer and every rung of every parameter's ladders, here (CPU time)."""
-    layers = measure_layers(model, batch_size, repeats)
-    kinds = {t.layer: t.kind for t in layers}
-    codecs = {}
-    for name, array in model.params.items():
-        shape, kind = tuple(array.shape), kinds.get(name.rsplit(".", 1)[0], "")
-        for spec in push_ladder(shape, kind, batch_size, momentum):
-            codecs[name, "push", spec_text(spec)] = push_time(spec, shape, batch_size)
-        for spec in pull_ladder(shape, kind):
-            codecs[name, "pull", spec_text(spec)] = pull_time(spec, shape)
-    return Measured(layers, codecs)
 
 
 # ------------------------------------------------------------------------- the model
@@ -241,16 +222,19 @@ def _chosen(choices: list[ParamChoice]) -> dict[str, tuple[Spec, Spec]]:
 
 @dataclass
 class PlanReport:
-    """What `make_plan` measured, predicted and chose."""
+    """What `make_plan` was given and chose. candidates: the predicted time to accuracy (ms)
+    of each candidate of step 3 of the module doc: "dense", "dense wait-free", "lossless",
+    "lossy" (without a link limit all four are dense's)."""
 
     plan: Plan
     measured: Measured
     choices: list[ParamChoice]
+    model_name: str
     batch_size: int
     cluster: Cluster
     network: Network
     rate: float | None  # bytes/s of each worker's share of the link (None: unlimited)
-    predicted: dict[str, Any] = field(default_factory=dict)
+    candidates: dict[str, float]
 
 
 def make_plan(
@@ -258,14 +242,12 @@ def make_plan(
     batch_size: int,
     cluster: Cluster,
     network: Network,
-    measured: Measured | None = None,
-    repeats: int = 7,
+    measured: Measured,
     momentum: float = 0.0,
 ) -> PlanReport:
-    """Choose a plan for `model` on `network` (module doc). measured: fixed measurements (a
-    test's); None: measure here (`measure`, with `repeats`). momentum: the run's SGD
-    momentum (top-k rungs then correct for it)."""
-    measured = measured or measure(model, batch_size, repeats, momentum)
+    """Choose a plan for `model` on `network` (module doc), weighing the layers' and
+    encodings' CPU in `measured`. momentum: the run's SGD momentum (top-k rungs then
+    correct for it)."""
     name = str(model.spec.get("name", "")) if model.spec else ""
     kinds = {t.layer: t.kind for t in measured.layers}
     rate = network.share(cluster)
@@ -296,50 +278,10 @@ def make_plan(
             choices = lossy
     wait_free = _compressed(choices) or dense_wait_free
     params = {c.name: ParamPlan(push=c.push, pull=c.pull) for c in choices}
-    step = predict_step(measured, choices, batch_size, cluster, rate, wait_free)
-    dense_rows = [replace(c, push_rung=0, pull_rung=0) for c in choices]
-    dense_step = predict_step(measured, dense_rows, batch_size, cluster, rate, False)
-    up = sum(push_bytes(c.push, c.shape, batch_size) for c in choices)
-    down = sum(pull_bytes(c.pull, c.shape) for c in choices)
-    warm = {c.name for c in choices if isinstance(c.pull, dict) and c.pull.get("warmup")}
-    warm_down = sum(pull_bytes("fp16" if c.name in warm else c.pull, c.shape) for c in choices)
-    predicted = {
-        "batch_size": batch_size,
-        "workers": cluster.workers,
-        "servers": cluster.servers,
-        "pace_factor": cluster.pace(),  # the pace-setting step, in units of this machine's
-        "link": network.describe(cluster),
-        "rate_bytes_per_s": rate,
-        "up_bytes_per_step": up,
-        "down_bytes_per_step": down,
-        # A delta's warm-up: its first replies to each worker carry it whole, fp16.
-        "warmup_pulls": max((c.pull["warmup"] for c in choices if c.name in warm), default=0),
-        "down_bytes_per_step_warmup": warm_down,
-        "up_bytes_by_param": {c.name: push_bytes(c.push, c.shape, batch_size) for c in choices},
-        "down_bytes_by_param": {c.name: pull_bytes(c.pull, c.shape) for c in choices},
-        "compute_cpu_ms": round(sum(t.forward_ms + t.backward_ms for t in measured.layers), 3),
-        "compute_ms": round(step["compute"], 3),
-        "step_ms": round(step["step"], 3),
-        "step_parts_ms": {k: round(v, 3) for k, v in step.items()},
-        "dense_step_ms": round(dense_step["step"], 3),
-        "samples_factor": round(samples_factor(name, _chosen(choices)), 4),
-        "time_to_accuracy_vs_dense": round(objective(choices, wait_free) / dense_t, 4),
-        # The candidates of step 3 of the module doc, the chosen one among them.
-        "dense_wait_free_time_vs_dense": round(dense_wait_free_t / dense_t, 4),
-        "lossless_time_vs_dense": round(lossless_t / dense_t, 4),
-        "lossy_time_vs_dense": round(lossy_t / dense_t, 4),
-        "min_gain": MIN_GAIN,
-        "chosen": _tier(choices, wait_free, samples_factor(name, _chosen(choices))),
-    }  # fmt: skip
-    plan = Plan(params=params if wait_free else {}, wait_free=wait_free, predicted=predicted)
-    return PlanReport(plan, measured, choices, batch_size, cluster, network, rate, predicted)
-
-
-def _tier(choices: list[ParamChoice], wait_free: bool, samples: float) -> str:
-    """Which candidate the plan is: "dense", "dense wait-free", "lossless" or "lossy"."""
-    if not _compressed(choices):
-        return "dense wait-free" if wait_free else "dense"
-    return "lossy" if samples > 1 else "lossless"
+    plan = Plan(params=params if wait_free else {}, wait_free=wait_free)
+    candidates = {"dense": dense_t, "dense wait-free": dense_wait_free_t,
+                  "lossless": lossless_t, "lossy": lossy_t}  # fmt: skip
+    return PlanReport(plan, measured, choices, name, batch_size, cluster, network, rate, candidates)
 
 
 def _compressed(choices: list[ParamChoice]) -> bool:

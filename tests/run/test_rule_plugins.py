@@ -1,12 +1,15 @@
 """`--rule MODULE:CLASS`: a rule class outside minips, loaded by make_rule (and by the server
-process of `minips run`, which examples/03_new_rule.py and tests/test_examples.py run)."""
+process of `minips run`, which examples/03_new_rule.py and tests/test_examples.py run), and
+the public `minips.make_rule` is that one."""
 
 import sys
 
 import pytest
 
+import minips
 from minips.errors import ConfigError
-from minips.rules import RULES, Rule, make_rule
+from minips.rules import RULES, Rule
+from minips.run.rule_plugins import make_rule, rule_momentum
 
 RULE_SOURCE = """
 from minips.rules import Outcome, Rule
@@ -33,6 +36,16 @@ def test_a_py_file_rule_is_built_with_its_options(rule_file):
     rule = make_rule(f"{rule_file}:Halved", factor=0.25)
     assert isinstance(rule, Rule) and rule.name == "halved" and rule.factor == 0.25
     assert "halved" not in RULES  # loading one does not change the registry
+    assert minips.make_rule is make_rule
+
+
+def test_a_plug_ins_own_momentum_is_the_servers_default(rule_file):
+    rule_file.write_text(
+        RULE_SOURCE.replace('name = "halved"', 'name = "halved"\n    default_momentum = 0.5')
+    )
+    assert rule_momentum(f"{rule_file}:Halved") == 0.5
+    assert rule_momentum("dana") == 0.0 and rule_momentum("asgd") == 0.9
+    assert rule_momentum("nosuchrule") == 0.9 and rule_momentum(None) == 0.9
 
 
 def test_a_dotted_module_rule_is_imported_from_the_path(rule_file, monkeypatch):

@@ -1,6 +1,6 @@
 """A plug-in rule's mistakes are one `error:` line, exit 2, like a built-in rule's: a bad
 option value, a constructor that raises, a module that fails as it is imported, a file
-that does not exist, a name that is not a Rule (minips.rules.make_rule)."""
+that does not exist, a name that is not a Rule (minips.run.rule_plugins.make_rule)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minips.errors import ConfigError
-from minips.rules import make_rule
+from minips.run.rule_plugins import make_rule
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "03_new_rule.py"
 
