@@ -49,7 +49,7 @@ from minips.run.config import RunConfig
 from minips.run.launch import LocalRun
 from minips.run.launchenv import LaunchEnv
 from minips.run.prepare import prepare_run_dir
-from minips.run.processes import MINIPS
+from minips.run.processes import MINIPS, signals_stop_the_run
 
 COORDINATOR, SHARD, WORKER = "coordinator", "shard", "worker"
 
@@ -195,7 +195,10 @@ def coordinate(
     run = LaunchedRun(config, run_dir, eval_interval=eval_interval,
                       startup_timeout=startup_timeout, progress=progress)  # fmt: skip
     run.launcher = env.launcher
-    return run.run()
+    # a job cancelled (srun, mpirun or torchrun send SIGTERM to every rank) stops as
+    # Ctrl-C does: the root and evaluator stopped, the group checkpoint assembled
+    with signals_stop_the_run():
+        return run.run()
 
 
 class LaunchedRun(LocalRun):

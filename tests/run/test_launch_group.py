@@ -204,3 +204,27 @@ def test_a_job_that_cannot_assemble_says_who_is_missing(tmp_path):
             break
     assert code == 2 and stderr.startswith(f"error: the job did not assemble within {timeout} s")
     assert "shard 1 (a DMLC server) never arrived" in stderr  # the workers wait for it
+
+
+def test_a_cancelled_job_s_coordinator_stops_its_children_and_says_aborted(tmp_path):
+    """srun, mpirun and torchrun cancel a job with SIGTERM to every rank: rank 0 stops as
+    on Ctrl-C (exit 130, one word, no traceback) after stopping its root and evaluator."""
+    out, port = tmp_path / "cancelled", _free_port()
+    common = {"SLURM_JOB_ID": "78", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
+              "SLURM_STEP_NODELIST": "localhost", "SLURM_NODELIST": "localhost",
+              "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}  # fmt: skip
+    (coordinator,) = _start_all([{**common, "SLURM_PROCID": "0"}], out, "--port", str(port))
+    try:
+        root = _child_running("server", str(out))  # the worker (rank 1) never comes
+        deadline = time.monotonic() + 60
+        while not (out / "endpoint").exists():  # the root listens: rank 0 waits for rank 1
+            assert time.monotonic() < deadline and coordinator.poll() is None
+            time.sleep(0.05)
+        coordinator.send_signal(signal.SIGTERM)
+        code, _, stderr = _finish([coordinator], timeout=60)[0]
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.communicate()
+    assert code == 130 and "Traceback" not in stderr, stderr
+    assert not Path(f"/proc/{root}").exists()  # stopped and reaped by rank 0
