@@ -168,6 +168,7 @@ class LocalRun(ProcessCommands):
                     # restarted and lost its join can wait out its root timeout: stopped.
                     self.processes.wait_or_stop(name, patience=3, timeout=60)
                 let_evaluator_leave(self.processes, self.dir.eval_log)
+                failure = self._crash_at_the_end()
         finally:
             self.processes.learn_ranks_from_reports(self.dir.path.glob("worker-[0-9]*.json"))
             self.processes.stop_all()
@@ -207,6 +208,17 @@ class LocalRun(ProcessCommands):
         latest = latest_eval(self.dir.eval_log)
         latest.update(updates=summary.get("updates", 0))
         self.progress(int(summary.get("samples", 0)), self._shown_total, latest)
+
+    def _crash_at_the_end(self) -> MinipsError | None:
+        """The run's error when a server crashed once training was over: the model it kept
+        is not the one trained (with replicas a primary's crash is a failover)."""
+        if self.replicas is not None:
+            return None
+        for shard, name in enumerate(self._server_names()):
+            line = self.restarts[shard].crashed_at_the_end(self.processes[name])
+            if line is not None:
+                return MinipsError(line)
+        return None
 
     def _final_crash(self) -> dict[str, Any] | None:
         """The server's (or a shard's) crash that no restart followed, if any."""
@@ -322,6 +334,8 @@ class LocalRun(ProcessCommands):
                 self.announce(self.server_restarts.restarts[-1].line())
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
                 return True
+            if self.training_ended is not None:  # it crashed while it stopped: no restart
+                raise MinipsError(self.server_restarts.crashed_at_the_end(server) or "")
             self.server_restarts.check_budget(server, self.dir.logs)
             self.processes.check_alive("server")  # raises: the crash is the run's error
         if self.training_ended is None:

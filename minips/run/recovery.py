@@ -222,6 +222,21 @@ class ServerRestarts:
         from), as a record; None when every crash was restarted."""
         return self.refused.record() if self.refused is not None else None
 
+    def crashed_at_the_end(self, child: Child) -> str | None:
+        """A server that crashed once training was over (while it stopped: no restart
+        then), recorded as the run's final crash; the line that says what the run keeps
+        and lost. None when it stopped well, or when the launcher stopped it."""
+        if not child.crashed() or child.stopped:
+            return None
+        good, damaged = latest_good(self.checkpoint)
+        self.refused = crash = describe_restart(good, self._dead_log(child), child.code(),
+                                                damaged, shard=self.shard)  # fmt: skip
+        who = "the server" if self.shard == 0 else f"shard {self.shard}"
+        kept = (f"its last checkpoint, at version {crash.checkpoint_version}"
+                if crash.resumed_from else "no checkpoint of it")  # fmt: skip
+        return (f"{who} crashed while it stopped (exit code {crash.exit_code}): the run keeps "
+                f"{kept}; {crash.updates_lost} update(s) after it were lost")  # fmt: skip
+
     def check_budget(self, child: Child, logs: Path) -> None:
         """MinipsError, the run's error, when the server crashed once more than it may be
         restarted: how often, and the last words of the last server's own log."""
