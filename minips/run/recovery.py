@@ -225,12 +225,16 @@ class ServerRestarts:
     def crashed_at_the_end(self, child: Child) -> str | None:
         """A server that crashed once training was over (while it stopped: no restart
         then), recorded as the run's final crash; the line that says what the run keeps
-        and lost. None when it stopped well, or when the launcher stopped it."""
+        and lost. None when it stopped well, when the launcher stopped it, or when its
+        last checkpoint holds every update it applied (it died after writing it)."""
         if not child.crashed() or child.stopped:
             return None
         good, damaged = latest_good(self.checkpoint)
-        self.refused = crash = describe_restart(good, self._dead_log(child), child.code(),
-                                                damaged, shard=self.shard)  # fmt: skip
+        crash = describe_restart(good, self._dead_log(child), child.code(), damaged,
+                                 shard=self.shard)  # fmt: skip
+        if good is not None and crash.updates_lost == 0:
+            return None
+        self.refused = crash
         who = "the server" if self.shard == 0 else f"shard {self.shard}"
         kept = (f"its last checkpoint, at version {crash.checkpoint_version}"
                 if crash.resumed_from else "no checkpoint of it")  # fmt: skip
