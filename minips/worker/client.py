@@ -218,8 +218,7 @@ class PSClient:
             with self._lock:  # forgotten first: a sender thread's late push never says hello again
                 self._hello_info = None
                 self.session.bye(header)
-        except ServerError as exc:
-            # Already gone: declared dead, or a retried bye whose first reply was lost.
+        except ServerError as exc:  # unknown_worker: declared dead, or a retried bye's reply lost
             if exc.code != "unknown_worker":
                 raise
 
