@@ -96,6 +96,7 @@ class GroupClient:
         self.root_reply: dict[str, Any] = {}
         self.partition: Partition | None = None  # known once joined (an operator needs none)
         self.sampler: Sampler | None = None
+        self.one_version = False  # ssgd's: set at join
 
     @classmethod
     def refreshed(
@@ -118,6 +119,8 @@ class GroupClient:
         config = root_reply["config"]
         self.partition = partition(model_shapes(config["model"]), self.servers)
         rule = config.get("rule") or {}
+        # ssgd's shards keep one version (a crash takes them all back together, 16.9)
+        self.one_version = rule.get("name") == "ssgd"
         if rule.get("name") == "vsgd":
             self.sampler = Sampler(rule["rho"], rule["min_samples"])
         self.versions[0] = int(root_reply["version"])
@@ -175,7 +178,7 @@ class GroupClient:
             if fused:
                 header["pull_since"] = sinces[shard]
             requests[shard] = (header, self._encode(shard, slices, extras[shard], codecs))
-        replies = self._worker_exchange(requests)
+        replies = self._behind_pulled(self._worker_exchange(requests, behind_ok=True))
         for shard, message in replies.items():
             if message.op == "push":
                 (self.open_steps.discard if last else self.open_steps.add)(shard)
@@ -246,9 +249,29 @@ class GroupClient:
         client = self.client
         return exchange(self.connections, requests, client.timeout, client.retries, client.link)
 
-    def _worker_exchange(self, requests: Mapping[int, Request]) -> dict[int, Message]:
+    def _behind_pulled(self, replies: dict[int, Message]) -> dict[int, Message]:
+        """A push some shards applied and others answered `bad_base` (restarted from an
+        older checkpoint, 7): it is not sent again (the shards that applied it would apply
+        it twice); each shard behind is pulled whole instead, its reply in the push's
+        place, so the next push is based on its version. ServerError (the caller pulls and
+        computes again) when no shard applied it, or under ssgd, whose shards go back
+        together and must stay at one version."""
+        behind = [j for j, m in replies.items() if m.header.get("code") == "bad_base"]
+        if not behind:
+            return replies
+        applied = any(m.op == "push" and m.header.get("applied") for m in replies.values())
+        if self.one_version or not applied:
+            self._raise_error(behind[0], replies[behind[0]])
+        log.warning("shard(s) %s went back to an older version: pulled again", behind)
+        pull = {"op": "pull", "worker": self.client.worker_id, "since": None}
+        return {**replies, **self._worker_exchange(dict.fromkeys(behind, (pull, [])))}
+
+    def _worker_exchange(
+        self, requests: Mapping[int, Request], behind_ok: bool = False
+    ) -> dict[int, Message]:
         """`_exchange`, saying hello again to a shard that forgot us (docs/protocol.md 16.4)
-        and repeating its request there; other error replies raise ServerError."""
+        and repeating its request there; other error replies raise ServerError (but for
+        `bad_base` with `behind_ok`: the push's to handle, `_behind_pulled`)."""
         replies = self._exchange(requests)
         for _ in range(self.client.retries):
             forgot = [j for j, m in replies.items() if m.header.get("code") == "unknown_worker"]
@@ -259,7 +282,8 @@ class GroupClient:
             self._hello_again(forgot)
             replies.update(self._exchange({j: requests[j] for j in forgot}))
         for shard, message in replies.items():
-            self._raise_error(shard, message)
+            if not (behind_ok and message.header.get("code") == "bad_base"):
+                self._raise_error(shard, message)
             if "version" in message.header:
                 self.versions[shard] = int(message.header["version"])
         return replies

@@ -289,7 +289,7 @@ def _answering(group: GroupClient, staleness: dict[int, int]) -> list[dict]:
     """Answer the group's requests as shards would (each shard's staleness); the headers."""
     sent = []
 
-    def exchange(requests):
+    def exchange(requests, behind_ok=False):
         sent.extend(header for header, _ in requests.values())
         return {j: wire.Message({"op": "push", "version": 1, "applied": True,
                                  "staleness": staleness[j], "stop": False})

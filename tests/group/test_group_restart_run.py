@@ -116,3 +116,12 @@ def test_under_asgd_a_restarted_shard_left_behind_is_said_in_one_line(tmp_path):
     assert f"shard 0 at {finals[0]}, shard 1 at {finals[1]}" in line
     assert f"{finals[0] - finals[1]} apart" in line
     assert output.count(line) == 1
+    # The push the restarted shard refused (`bad_base`) was applied by the root: it is not
+    # sent again, so the root applied each of the workers' steps once.
+    reports = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("worker-[0-9]*.json")]
+    assert finals[0] == sum(report["steps"] for report in reports), (finals, reports)
+    assert summary["samples"] == sum(report["samples"] for report in reports)
+    restart = summary["restart_log"][0]
+    assert (f"warning: shard 1 crashed (exit code -9) and was restarted from its checkpoint at "
+            f"version {restart['checkpoint_version']}: {restart['updates_lost']} update(s) lost"
+            ) in output  # fmt: skip
