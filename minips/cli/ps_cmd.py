@@ -176,6 +176,7 @@ def serve(
     """`minips server`'s work once its run directories are held: serve `config` (a whole
     group here, or one server or shard) until stopped, then print its summary line."""
     from minips.results.metrics import MetricsLog
+    from minips.results.whole_file import write_whole
     from minips.run.build import join_root, make_server, server_summary
 
     if config.servers > 1 and config.shard < 0 and not config.root:  # all on this machine
@@ -215,10 +216,8 @@ def serve(
         )
         if ps.ops.checkpoints.said:  # the model at its checkpoint path: resumed or kept
             click.echo(ps.ops.checkpoints.said)
-        if endpoint_file:
-            tmp = Path(endpoint_file + ".tmp")
-            tmp.write_text(ps.endpoint + "\n")
-            tmp.replace(endpoint_file)  # atomic: the launcher never reads half an address
+        if endpoint_file:  # whole or not at all: the launcher never reads half an address
+            write_whole(endpoint_file, ps.endpoint + "\n")
         ps.serve_forever()
         updates.write("server", stats=ps.stats())
     click.echo(server_summary(ps))

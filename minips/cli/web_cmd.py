@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
 
 import click
 
@@ -74,6 +73,7 @@ def web(
     from minips.classroom.web.gateway import Gateway, check_installed, parse_listen
     from minips.protocol.address import normalize
     from minips.results.rundir import check_writable
+    from minips.results.whole_file import write_whole
 
     check_installed()
     logging.basicConfig(
@@ -91,10 +91,8 @@ def web(
         # SIGTERM (a launcher's stop) ends serving as Ctrl-C does: exit code 0, not -15.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, gateway.stop)
         click.echo(f"minips web gateway: open {gateway.url} (relaying to {connect})")
-        if url_file:
-            tmp = Path(url_file + ".tmp")
-            tmp.write_text(gateway.url + "\n")
-            tmp.replace(url_file)  # atomic: a launcher never reads half a URL
+        if url_file:  # whole or not at all: a launcher never reads half a URL
+            write_whole(url_file, gateway.url + "\n")
 
     try:
         asyncio.run(gateway.serve(announce))

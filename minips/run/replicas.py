@@ -23,6 +23,7 @@ from typing import Any
 from minips.group.shard import Joiner
 from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
 from minips.results.metrics import MetricsLog, read_metrics
+from minips.results.whole_file import write_whole
 from minips.run.config import RunConfig
 from minips.run.processes import MINIPS, Child, ProcessGroup
 from minips.run.recovery import last_logged_version
@@ -119,8 +120,8 @@ def serve_replica(
             click.echo(f"minips server on {ps.endpoint}, rule {config.rule}, replication "
                        f"link {ps.link_endpoint}")  # fmt: skip
             if endpoint_file:
-                _write_atomically(link_file(endpoint_file), ps.link_endpoint or "")
-                _write_atomically(Path(endpoint_file), ps.endpoint)
+                write_whole(link_file(endpoint_file), (ps.link_endpoint or "") + "\n")
+                write_whole(endpoint_file, ps.endpoint + "\n")
 
         if endpoint_file:  # the fence: the welcomed file names the backup holding the state
             welcomed, pid = welcomed_file(endpoint_file), str(os.getpid())
@@ -129,7 +130,7 @@ def serve_replica(
         if backup:
             ps.on_promote = listening
             if endpoint_file:  # the launcher's: this backup holds the state from now on
-                ps.on_welcome = lambda: _write_atomically(welcomed, pid)
+                ps.on_welcome = lambda: write_whole(welcomed, pid + "\n")
             click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
         else:
             listening()
@@ -151,13 +152,6 @@ def standby_joiner(config: RunConfig) -> Joiner:
     keys = load_client_keys(config.keys, OPERATOR) if config.keys else None  # as join_root's
     return Joiner(config.root, config.shard, config.servers, keys,
                   root_timeout=config.root_timeout)  # fmt: skip
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """The launcher never reads half an address."""
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
 
 
 def _failover_record(log: Path) -> dict[str, Any]:

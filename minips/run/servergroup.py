@@ -27,6 +27,7 @@ import click
 from minips.ops import checkpoints
 from minips.ops.checkpoint_file import file_version
 from minips.results.metrics import MetricsLog
+from minips.results.whole_file import write_whole
 from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
 from minips.server.stop import Stop, stop_on_signals
@@ -109,10 +110,8 @@ def _announce(
                    + (f", newer than --resume {config.resume}" if config.resume else "")
                    + " (a server never writes an older model over it; another "
                    "--checkpoint starts elsewhere)")  # fmt: skip
-    if endpoint_file:
-        tmp = Path(endpoint_file + ".tmp")
-        tmp.write_text(endpoint + "\n")
-        tmp.replace(endpoint_file)
+    if endpoint_file:  # whole or not at all: the launcher never reads half an address
+        write_whole(endpoint_file, endpoint + "\n")
 
 
 def kept_model(config: RunConfig) -> list[str | None]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from minips.errors import MinipsError
 from minips.results.rundir import RunDir
+from minips.results.whole_file import write_whole
 from minips.run.processes import SINGLE_THREADED_BLAS, ProcessGroup, signals_stop_the_run
 from minips.run.replicas import ReplicaWatch
 
@@ -107,6 +108,4 @@ def _watch_until_stopped(processes: ProcessGroup, watch: ReplicaWatch) -> None:
 
 def _write_records(watch: ReplicaWatch, path: Path) -> None:
     """The pair's records (ReplicaWatch.records), written whole or not at all."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(watch.records()) + "\n")
-    os.replace(partial, path)
+    write_whole(path, json.dumps(watch.records()) + "\n")
