@@ -43,7 +43,7 @@ def _failed(child: Child) -> bool:
 
 
 def lost_workers_line(
-    crashed: list[Child], run_dir: RunDir, name_of: Callable[[Child], str] = lambda c: c.name
+    crashed: list[Child], run_dir: RunDir, name_of: Callable[[Child], str]
 ) -> str | None:
     """One `warning:` line naming (`name_of`: by rank, as the summary does) the workers of
     `crashed` (crashed_workers) that left no report saying their shard was trained; None

@@ -259,7 +259,7 @@ class ProcessGroup:
                 proc.kill()
                 proc.wait()
         self.exit_codes = {
-            self._rank_names.get(proc.pid, name): proc.returncode for name, proc in procs.items()
+            self.name_of(self.children[name]): proc.returncode for name, proc in procs.items()
         }
 
     def name_of(self, child: Child) -> str:
