@@ -334,8 +334,8 @@ class LocalRun(ProcessCommands):
                 self.announce(self.server_restarts.restarts[-1].line())
                 self.processes.wait_for_file(self.dir.endpoint, "server", timeout=60)
                 return True
-            if self.training_ended is not None:  # it crashed while it stopped: no restart
-                raise MinipsError(self.server_restarts.crashed_at_the_end(server) or "")
+            if self.training_ended is not None:  # it crashed while it stopped: no restart;
+                return False  # the run's end says what it lost (_crash_at_the_end)
             self.server_restarts.check_budget(server, self.dir.logs)
             self.processes.check_alive("server")  # raises: the crash is the run's error
         if self.training_ended is None:
