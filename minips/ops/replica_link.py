@@ -186,6 +186,7 @@ class PrimaryLink:
         self.last_sent = time.monotonic()
 
 
+ORPHAN_AGE = 600.0  # seconds: a dead primary's snapshot directory older than this is removed
 SNAPSHOTS = "minips-snapshot-"  # a primary's snapshot directory: SNAPSHOTS + its pid + "-..."
 
 
@@ -198,8 +199,8 @@ def snapshots_dir() -> Path:
 
 
 def remove_orphaned_snapshots(parent: Path) -> list[Path]:
-    """Remove the snapshot directories in `parent` that this user's processes made and that
-    outlived them (their pid is gone); the ones removed."""
+    """Remove the snapshot directories in `parent` that this user's processes made, that
+    outlived them (their pid is gone) and that are older than ORPHAN_AGE; the ones removed."""
     removed = []
     for path in parent.glob(f"{SNAPSHOTS}*-*"):
         pid = path.name[len(SNAPSHOTS) :].split("-", 1)[0]
@@ -207,10 +208,19 @@ def remove_orphaned_snapshots(parent: Path) -> list[Path]:
             mine = path.stat().st_uid == os.getuid()
         except OSError:
             continue  # removed meanwhile
-        if pid.isdigit() and mine and not _alive(int(pid)):
+        if pid.isdigit() and mine and not _alive(int(pid)) and _older_than(path, ORPHAN_AGE):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def _older_than(path: Path, seconds: float) -> bool:
+    """Left long enough ago: a backup welcomed just before its primary died may still be
+    reading the snapshot in it."""
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

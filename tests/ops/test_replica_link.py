@@ -191,11 +191,15 @@ def test_a_new_primary_removes_the_snapshots_a_killed_one_left_and_keeps_live_on
     left = tmp_path / f"{SNAPSHOTS}{gone.pid}-abc"
     live = tmp_path / f"{SNAPSHOTS}{os.getpid()}-def"
     unnamed = tmp_path / f"{SNAPSHOTS}xyz"  # not a name this code makes: not ours to remove
-    for path in (left, live, unnamed):
+    recent = tmp_path / f"{SNAPSHOTS}{gone.pid}-ghi"  # its backup may still be reading it
+    for path in (left, live, unnamed, recent):
         path.mkdir()
         (path / "snapshot.npz").write_bytes(b"state")
+    an_hour_ago = time.time() - 3600
+    for path in (left, live, unnamed):
+        os.utime(path, (an_hour_ago, an_hour_ago))
     assert remove_orphaned_snapshots(tmp_path) == [left]
-    assert not left.exists() and live.exists() and unnamed.exists()
+    assert not left.exists() and live.exists() and unnamed.exists() and recent.exists()
 
 
 def test_a_primary_s_snapshot_directory_is_named_for_its_process_and_its_owner_s_alone():
