@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from minips.errors import MinipsError
+from minips.run.held_signals import held_during_start, released_in_child
 
 Command = Callable[[int], list[str]]  # generation -> argv
 
@@ -94,14 +95,15 @@ class Child:
         """Start the next generation (the first, or a restart after the last one exited)."""
         self.generation += 1
         self.log_as, self.stopped = None, False
-        with open(logs / f"{self.log_name}.log", "w") as log:
+        # Held: a stop signal meanwhile is handled once self.proc names the child to stop.
+        with open(logs / f"{self.log_name}.log", "w") as log, held_during_start():
             self.proc = subprocess.Popen(
                 self.command(self.generation),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=end_with_the_launcher(),
+                preexec_fn=released_in_child(end_with_the_launcher()),
             )
 
     def code(self) -> int | None:

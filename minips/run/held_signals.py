@@ -1,0 +1,68 @@
+"""A child's start is never cut in two by the launcher's own stop signals.
+
+`minips run` and `minips launch` turn SIGINT and SIGTERM into KeyboardInterrupt wherever
+the launcher is (minips.run.processes.signals_stop_the_run). Inside `subprocess.Popen`
+that is too early or too late: raised after the fork but before Popen returns, the child
+runs on unknown to the launcher (nobody stops it); raised in an at-fork handler (logging
+has some), Python prints "Exception ignored" and drops it, and the launcher, which ignores
+every signal after the first, runs on and cannot be stopped. So while a child starts the
+two signals are held (`held_during_start`) and handled once the child is known;
+the child gets them back, at their defaults, before its program starts
+(`released_in_child`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def held_during_start() -> Iterator[set[signal.Signals]]:
+    """SIGINT and SIGTERM wait until the end of the block, then are handled as usual.
+
+    Two holds, as Python handles a signal in two steps: the calling thread's signal mask
+    blocks them (the kernel keeps one sent to it pending), and the Python handlers are
+    swapped for one that only notes them (one the kernel gave another thread of the
+    launcher: a dashboard's, a gateway's). At the end the handlers come back, the mask is
+    restored (a pending signal is handled there) and each noted one is raised again.
+    Only in the main thread: elsewhere Python runs no handler, so nothing can cut a start.
+    Yields the set of signals noted so far."""
+    noted: set[signal.Signals] = set()
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+    previous = {signum: signal.getsignal(signum) for signum in STOPPING}
+    swap = all(handler is not None for handler in previous.values())  # None: set from C
+    try:
+        if swap:
+            for signum in STOPPING:
+                signal.signal(signum, lambda signum, _frame: noted.add(signum))
+        yield noted
+    finally:
+        if swap:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum in sorted(noted):
+            signal.raise_signal(signum)
+
+
+def released_in_child(then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A `preexec_fn`: `then` (if any), then SIGINT and SIGTERM at their defaults and
+    unblocked, as a new program expects them (a mask blocking them would outlive its exec).
+    One sent to the child meanwhile ends it, as it would a moment later."""
+
+    def in_the_child() -> None:
+        if then is not None:
+            then()
+        for signum in STOPPING:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+
+    return in_the_child
