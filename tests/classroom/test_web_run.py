@@ -7,9 +7,11 @@ skipped, with the reason shown, where Chromium or websockets are missing.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -107,6 +109,27 @@ def test_run_with_two_headless_browser_slots_prints_the_url_and_trains(tmp_path)
     assert not (out / "logs/chromium-profile").exists()  # the profile was removed
     assert not list(tmp_path.glob("minips-chromium-*"))  # and none was made in TMPDIR
     assert _chromium_processes_under(tmp_path) == []  # and no browser outlives the run
+
+
+@pytest.mark.slow
+def test_a_headless_browser_leaves_nothing_in_the_tmpdir_it_used():
+    """Chromium, stopped at the run's end, leaves org.chromium.Chromium.* folders in its
+    TMPDIR: the run gives it a folder of its own there and removes it. A short TMPDIR (a
+    test's tmp_path is too deep for Chromium's socket: /tmp would be used instead)."""
+    require_browser()
+    tmpdir = Path(tempfile.mkdtemp(prefix="mw", dir="/tmp"))
+    try:
+        argv = [sys.executable, "-m", "minips", "run", "--out", str(tmpdir / "run"), "--quiet"]
+        argv += ["--workers", "1", "--browser", "1", "--browser-headless"]
+        argv += ["--listen", "127.0.0.1:0"]
+        argv += [f"--{k.replace('_', '-')}={v}" for k, v in {**FAST, "epochs": 1}.items()]
+        env = {**quiet_env(), "TMPDIR": str(tmpdir)}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads((tmpdir / "run/worker-0.json").read_text())["agent"] == "browser"
+        assert sorted(p.name for p in tmpdir.iterdir()) == ["run"]
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @pytest.mark.slow

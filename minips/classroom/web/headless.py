@@ -8,7 +8,9 @@ through that endpoint's HTTP interface (`PUT /json/new?URL`). SIGTERM (the launc
 stop) closes Chromium first, so no browser process outlives the run. Chromium's profile is
 `--profile DIR` (`minips run`: RUN_DIR/logs/chromium-profile), emptied before Chromium
 starts and removed at exit; should this process be killed before it could remove it (a
-launcher out of patience), it is left where the next run clears it, not in /tmp.
+launcher out of patience), it is left where the next run clears it, not in /tmp. Chromium's
+TMPDIR is a folder made for it (`minips-chr-*`, in TMPDIR or /tmp) and removed with the
+profile.
 """
 
 from __future__ import annotations
@@ -69,38 +71,48 @@ def _stop_on_sigterm(_signum: int, _frame: object) -> NoReturn:
 
 
 # Chromium makes its singleton socket in TMPDIR/org.chromium.Chromium.XXXXXX/SingletonSocket
-# and aborts ("Socket path too long") when that passes a Unix socket path's 107 bytes.
-SOCKET_SUFFIX = len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
+# and aborts ("Socket path too long") when that passes a Unix socket path's 107 bytes; its
+# TMPDIR is a folder of its own (SCRATCH_PREFIX + 8 random characters) in the one chosen.
+SCRATCH_PREFIX = "minips-chr-"
+SOCKET_SUFFIX = len(f"/{SCRATCH_PREFIX}XXXXXXXX/org.chromium.Chromium.XXXXXX/SingletonSocket")
 SUN_PATH_MAX = 107
 
 
 def chromium_tmpdir() -> str:
-    """A TMPDIR for Chromium short enough for its singleton socket: this process's own when
-    it is, else the system's /tmp (a deep TMPDIR, as a test runner's, would abort it)."""
+    """Where Chromium's own TMPDIR is made, short enough for its singleton socket: this
+    process's TMPDIR when it is, else the system's /tmp (a deep TMPDIR, as a test runner's,
+    would abort it)."""
     own = tempfile.gettempdir()
     return own if len(own) + SOCKET_SUFFIX <= SUN_PATH_MAX else "/tmp"
 
 
 def run_tabs(binary: str, url: str, tabs: int, profile: Path) -> None:
     """Start Chromium with `profile`, open `tabs` pages at `url`, wait until Chromium exits
-    (or SIGTERM arrives); Chromium is closed and the profile removed either way."""
+    (or SIGTERM arrives); Chromium is closed and the profile removed either way, and so is
+    the TMPDIR made for it (Chromium leaves org.chromium.Chromium.* folders in its TMPDIR
+    when it is stopped)."""
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
-    env = {**os.environ, "TMPDIR": chromium_tmpdir()}
-    chromium = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=chromium_tmpdir()))
     try:
-        port = devtools_port(profile, chromium)
-        for _ in range(tabs):
-            open_tab(port, url)
-        print(f"opened {tabs} tab(s) at {url}", flush=True)
-        chromium.wait()
-    finally:
-        chromium.terminate()
+        chromium = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(scratch)}
+        )
         try:
-            chromium.wait(10)
-        except subprocess.TimeoutExpired:
-            chromium.kill()
+            port = devtools_port(profile, chromium)
+            for _ in range(tabs):
+                open_tab(port, url)
+            print(f"opened {tabs} tab(s) at {url}", flush=True)
             chromium.wait()
-        remove_profile(profile)
+        finally:
+            chromium.terminate()
+            try:
+                chromium.wait(10)
+            except subprocess.TimeoutExpired:
+                chromium.kill()
+                chromium.wait()
+            remove_profile(profile)
+    finally:
+        remove_profile(scratch)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def remove_profile(profile: Path, attempts: int = 20) -> None:
-    """Remove Chromium's profile directory; its helper processes may still be writing in
-    it for a moment after the main process exited, so try again before giving up."""
+    """Remove Chromium's profile directory (or its TMPDIR); its helper processes may still
+    be writing in it for a moment after the main process exited, so try again before
+    giving up."""
     for _ in range(attempts):
         shutil.rmtree(profile, ignore_errors=True)
         if not profile.exists():
