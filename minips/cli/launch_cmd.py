@@ -51,7 +51,13 @@ def launch(
     serving rank runs its server's primary and backup as two child processes and replaces
     whichever dies (not under DMLC, where a server's shard is known only once it joined).
     """
-    from minips.results.versions import accuracy_line, stopped_line, untested_line
+    from minips.cli.ps_cmd import INTERRUPTED
+    from minips.results.versions import (
+        accuracy_line,
+        interrupted_line,
+        stopped_line,
+        untested_line,
+    )
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
@@ -83,3 +89,6 @@ def launch(
         click.echo(f"warning: {untested}", err=True)
     if stopped := stopped_line(summary):  # cut short: fewer samples than planned
         click.echo(f"warning: {stopped}", err=True)
+    if interrupted := interrupted_line(summary):  # Ctrl-C once training was over
+        click.echo(f"warning: {interrupted}", err=True)
+        raise SystemExit(INTERRUPTED)

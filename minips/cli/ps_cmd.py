@@ -20,11 +20,18 @@ from minips.cli.numbers import FiniteFloatRange
 from minips.cli.progress import ProgressBar
 from minips.errors import ConfigError
 from minips.results.report_text import plural
-from minips.results.versions import accuracy_line, stopped_line, untested_line
+from minips.results.versions import (
+    accuracy_line,
+    interrupted_line,
+    stopped_line,
+    untested_line,
+)
 from minips.run.config import RunConfig
 
 DEFAULT_OUT = "runs/latest"  # replaced by every run that does not choose another --out
 COLLAPSED = 3  # `minips run`'s exit status when the model collapsed (minips.ops.collapse)
+# Its exit status when a stop signal cut its wrap-up short (minips.run.wrapup): a Ctrl-C's.
+INTERRUPTED = 130
 
 
 def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
@@ -118,6 +125,9 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
             click.echo(f"warning: {untested}", err=True)
         if stopped := stopped_line(summary):  # cut short: fewer samples than planned
             click.echo(f"warning: {stopped}", err=True)
+        if interrupted := interrupted_line(summary):  # Ctrl-C once training was over
+            click.echo(f"warning: {interrupted}", err=True)
+            raise SystemExit(INTERRUPTED)
         if summary.get("collapse"):
             click.echo(f"stopped early, exit status {COLLAPSED}: {summary['collapse']['line']}")
             raise SystemExit(COLLAPSED)

@@ -21,7 +21,10 @@ from minips.classroom.web.slots import agent_name
 from minips.results.loading import Run
 from minips.results.report_labels import label_summary
 from minips.results.report_plan import link_text, plan_summary
+from minips.results.rundir import RunDir, final_stats
 
+# An interrupted run's `samples_from` when its server left no final count.
+LAST_EVALUATION = "the last evaluation"
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
 EXACT_BINS = 4
@@ -205,12 +208,7 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     every_push = [tau for taus in staleness.values() for tau in taus]
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
-        summary = {"accuracy": evals[-1].get("accuracy"), "loss": evals[-1].get("loss"),
-                   "accuracy_version": evals[-1].get("version"),
-                   "updates": len(updates), "samples": evals[-1].get("samples")}  # fmt: skip
-        times = [r["time"] for r in run.records if isinstance(r.get("time"), (int, float))]
-        if times:
-            summary["logged_s"] = max(times)  # the last record: a lower bound of the wall time
+        summary = partial_summary(run, evals, updates)
     result: dict[str, Any] = {
         "run": run.name,
         "path": str(run.path),
@@ -270,3 +268,28 @@ def layer_bytes_per_step(summary: dict[str, Any]) -> dict[str, dict[str, float]]
                 up_per_step=counts["up"] / steps, down_per_step=counts["down"] / steps
             )  # noqa: E501
     return rows
+
+
+def partial_summary(
+    run: Run, evals: list[dict[str, Any]], updates: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What the logs of an interrupted run (no summary) tell: the last evaluation's accuracy;
+    the samples and updates the server counted in its last `stats` (written when it stopped,
+    also on Ctrl-C), else the last evaluation's count, which lags the training, and
+    `samples_from` says so; `logged_s`, the last record's time (a lower bound of the wall
+    time)."""
+    summary: dict[str, Any] = {"accuracy": evals[-1].get("accuracy"),
+                               "loss": evals[-1].get("loss"),
+                               "accuracy_version": evals[-1].get("version")}  # fmt: skip
+    final = final_stats(RunDir(run.path))[0] if run.path.is_dir() else {}
+    if final.get("samples") is not None:
+        summary["samples"] = final["samples"]
+        summary["updates"] = final.get("updates", len(updates))
+    else:
+        summary["samples"] = evals[-1].get("samples")
+        summary["updates"] = len(updates)
+        summary["samples_from"] = LAST_EVALUATION
+    times = [r["time"] for r in run.records if isinstance(r.get("time"), (int, float))]
+    if times:
+        summary["logged_s"] = max(times)
+    return summary

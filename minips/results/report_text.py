@@ -13,7 +13,12 @@ from typing import Any
 
 from minips.results.report_labels import label_lines
 from minips.results.report_plan import plan_lines
-from minips.results.versions import stopped_line, untested_line, version_text
+from minips.results.versions import (
+    interrupted_line,
+    stopped_line,
+    untested_line,
+    version_text,
+)
 
 _BARS = " ▁▂▃▄▅▆▇█"
 
@@ -46,6 +51,14 @@ def _num(value: Any, spec: str = ".2f") -> str:
 def plural(count: Any, noun: str) -> str:
     """ "1 worker", "4 workers" ("? workers" when the count is unknown)."""
     return f"{count if count is not None else '?'} {noun}{'' if count == 1 else 's'}"
+
+
+def _from(summary: dict[str, Any]) -> str:
+    """ " (the last evaluation's count; the server left none)": where an interrupted run's
+    count is from when its server left none (an evaluation lags the training)."""
+    if not summary.get("samples_from"):
+        return ""
+    return f" ({summary['samples_from']}'s count; the server left none)"
 
 
 def _wall_text(wall: float | None, logged: float | None) -> str:
@@ -112,13 +125,15 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(
         f"  accuracy {_num(s.get('accuracy'), '.4f')}{_of_version(s)}"
         f"  loss {_num(s.get('loss'), '.4f')}"
-        f"  {_wall_text(wall, s.get('logged_s'))}  samples {_num(samples)}{rate}"
+        f"  {_wall_text(wall, s.get('logged_s'))}  samples {_num(samples)}{rate}{_from(s)}"
         f"  updates {_num(s.get('updates'))}"
     )
     if untested := untested_line(s):
         lines.append(f"  NOT THE FINAL MODEL: {untested}")
     if stopped := stopped_line(s):
         lines.append(f"  STOPPED EARLY: {stopped}")
+    if interrupted := interrupted_line(s):
+        lines.append(f"  INTERRUPTED: {interrupted}")
     lines.append(
         f"  bytes up {human_bytes(s.get('bytes_up'))}  down {human_bytes(s.get('bytes_down'))}"
         f"  evaluations {report['evals']}"

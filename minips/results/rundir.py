@@ -229,6 +229,7 @@ def write_results(
     untested_why: str | None = None,
     stopped_why: str | None = None,
     replication: dict[str, Any] | None = None,
+    interrupted: str | None = None,
 ) -> dict[str, Any]:
     """Merge the processes' records into metrics.jsonl, write summary.json; return it.
 
@@ -245,6 +246,8 @@ def write_results(
     run's end (a signal; None: the run ran to its end). replication: a replicated
     server's failovers, lost backups and replacements (minips.run.replicas), under
     `replication` (a failover loses no update: `updates_lost` counts restarts only).
+    interrupted: when a stop signal cut the run's wrap-up short once training was over
+    (minips.run.wrapup), under `interrupted`.
     """
     records = merge_logs([*run_dir.update_logs(), run_dir.eval_log])
     records = [r for r in records if r.get("event") != "server"]
@@ -301,6 +304,8 @@ def write_results(
         summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
     if replication is not None:
         summary["replication"] = replication
+    if interrupted is not None:
+        summary["interrupted"] = interrupted
     # Each file whole or not at all (written beside its place, then renamed), the summary
     # last: a run interrupted while writing them never reads as a complete run.
     partial = partial_path(run_dir.metrics)

@@ -15,7 +15,8 @@ A summary whose final model was not tested never says `"ended": "finished"`: it 
 launch` print (to stderr, beside `accuracy_line`) and `minips report` shows.
 A run whose server was stopped before the run's end (a signal to it, a stop with an
 operator key other than the launcher's) says `"ended": "stopped"`, and `stopped_why` why;
-`stopped_line` is its one line.
+`stopped_line` is its one line. A run whose wrap-up a stop signal cut short once training
+was over (minips.run.wrapup) says `"interrupted"`; `interrupted_line` is its one line.
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ def stopped_line(summary: dict[str, Any]) -> str | None:
         return None
     return (f"the run was stopped before its end ({summary['stopped_why']} to the server): "
             f"{summary.get('samples')} samples trained")  # fmt: skip
+
+
+def interrupted_line(summary: dict[str, Any]) -> str | None:
+    """One line saying a stop signal cut the run's wrap-up short once training was over
+    (None when none did): what was trained is kept."""
+    if summary.get("interrupted") is None:
+        return None
+    return (f"the run was interrupted {summary['interrupted']}: its model and summary are "
+            f"kept ({summary.get('samples')} samples trained)")  # fmt: skip
 
 
 def untested_line(summary: dict[str, Any]) -> str | None:

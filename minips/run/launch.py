@@ -44,6 +44,7 @@ from minips.run.processes import (
 from minips.run.recovery import ServerRestarts
 from minips.run.refusals import Refusals
 from minips.run.replicas import ReplicaSet
+from minips.run.wrapup import WrapUp, untested_after_interrupt
 from minips.worker.client import PSClient, ServerUnavailable
 
 
@@ -147,39 +148,52 @@ class LocalRun(ProcessCommands):
     def run(self) -> dict[str, Any]:
         """Start, watch, shut down; write the results and return the summary. A run that
         cannot go on once started (its server crashed past recovery) still writes its
-        summary, which says why it ended, then raises the MinipsError."""
+        summary, which says why it ended, then raises the MinipsError. A stop signal once
+        training is over cuts the wrap-up short and keeps the results (minips.run.wrapup)."""
         failure: MinipsError | None = None
         group = None  # a server group's checkpoint, made of its shards' last files
+        failed: list[Child] = []
+        crashed: list[Child] = []
+        wrap_up = WrapUp(lambda: self.training_ended is not None)
         try:
-            endpoint = self.start()
-            if self.on_start is not None:
-                self.on_start(endpoint)
-            try:
-                with self._operator(endpoint) as operator:
-                    wall = self.watch(operator)
-            except MinipsError as exc:
-                failure, wall = exc, self._elapsed()
-            failed = failed_workers(self.processes)  # before any is stopped
-            crashed = crashed_workers(self.processes)
-            if failure is None:
-                self.processes.wait("server", timeout=60)
-                for name in self._server_names()[1:]:
-                    # A shard hears the root's stop at its next join (within 1 s); one that
-                    # restarted and lost its join can wait out its root timeout: stopped.
-                    self.processes.wait_or_stop(name, patience=3, timeout=60)
-                let_evaluator_leave(self.processes, self.dir.eval_log)
-                failure = self._crash_at_the_end()
+            with wrap_up.cut_short():
+                endpoint = self.start()
+                if self.on_start is not None:
+                    self.on_start(endpoint)
+                try:
+                    with self._operator(endpoint) as operator:
+                        wall = self.watch(operator)
+                except MinipsError as exc:
+                    failure, wall = exc, self._elapsed()
+                failed = failed_workers(self.processes)  # before any is stopped
+                crashed = crashed_workers(self.processes)
+                if failure is None:
+                    self.processes.wait("server", timeout=60)
+                    for name in self._server_names()[1:]:
+                        # A shard hears the root's stop at its next join (within 1 s); one
+                        # that restarted and lost its join can wait out its root timeout.
+                        self.processes.wait_or_stop(name, patience=3, timeout=60)
+                    let_evaluator_leave(self.processes, self.dir.eval_log)
+                    failure = self._crash_at_the_end()
         finally:
             self.processes.learn_ranks_from_reports(self.dir.path.glob("worker-[0-9]*.json"))
-            self.processes.stop_all()
+            wrap_up.finish(self.processes.stop_all)
             if self.config.servers > 1:  # every shard wrote its last file: the group's
-                self.wait_for_shards()
-                group = final_group_checkpoint(
-                    self.config.checkpoint, self.processes.restart_records(), self.announce
+                wrap_up.finish(self.wait_for_shards)
+                group = wrap_up.finish(
+                    lambda: final_group_checkpoint(
+                        self.config.checkpoint, self.processes.restart_records(), self.announce
+                    )
                 )
+        if wrap_up.interrupted:
+            wall = self.training_ended or self._elapsed()
         untested = None  # the accuracy is the final model's, or why not; did workers train?
         if failure is None:
-            untested = ensure_final_tested(self.config, self.dir, self.t0)
+            with wrap_up.cut_short():
+                if not wrap_up.interrupted:
+                    untested = ensure_final_tested(self.config, self.dir, self.t0)
+            if wrap_up.interrupted:
+                untested = untested_after_interrupt(self.dir, self.config.servers)
             failure = workers_failed(failed, self.dir, self.config)
             lost = (
                 None
@@ -190,12 +204,16 @@ class LocalRun(ProcessCommands):
                 self.announce(lost)
         restarts = self.processes.restart_records()
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
-        summary = write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
-                                restarts, ended, self._final_crash(),
-                                servers=self.config.servers, group=group,
-                                untested_why=untested, stopped_why=self.stopped_why,
-                                replication=self.replicas and self.replicas.records())  # fmt: skip
-        self._show_final_counts(summary)
+        summary = wrap_up.finish(
+            lambda: write_results(self.dir, self.config.rule, self.config.workers, wall, codes,
+                                  restarts, ended, self._final_crash(),
+                                  servers=self.config.servers, group=group,
+                                  untested_why=untested, stopped_why=self.stopped_why,
+                                  replication=self.replicas and self.replicas.records(),
+                                  interrupted=wrap_up.note)
+        )  # fmt: skip
+        with wrap_up.cut_short():
+            self._show_final_counts(summary)
         if failure is not None:
             raise failure
         return summary

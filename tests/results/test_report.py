@@ -142,6 +142,9 @@ def test_an_interrupted_run_is_read_from_its_partial_logs(tmp_path):
     (tmp_path / "updates-1.jsonl").write_text(json.dumps(_update(2, [1], [5])) + "\n")
     report = summarize(load_run(tmp_path))
     assert report["summary"]["updates"] == 2 and report["workers"]["1"]["staleness"]["max"] == 5
+    # No server left its final count (killed): the samples are the last evaluation's, said so.
+    assert report["summary"]["samples"] == 64
+    assert "samples 64 (the last evaluation's count; the server left none)" in format_report(report)
 
 
 def test_missing_and_non_run_directories_are_one_line_errors(tmp_path):
