@@ -5,7 +5,9 @@ are child processes (`minips server --shard J --root ROOT`), bound to the same h
 ports of their own, each joining the root and taking the run's configuration from it
 (docs/protocol.md 16.3). When the root stops (a `stop`, the workers' byes, SIGTERM) this
 process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
-assembles the group checkpoint from their files (ops/checkpoints.py). Killed itself,
+assembles the group checkpoint from their files (ops/checkpoints.py). A shard process
+that dies meanwhile is said at once and not restarted, and the group then ends with an
+`error:` line instead of a group checkpoint (minips.run.shardwatch). Killed itself,
 it leaves shards that stop once their root answered no join for --root-timeout seconds.
 Started on a checkpoint path that holds a group's model (`--config RUN/config.json` after
 the run) without --resume, every shard resumes from it (`kept_model`), so stopping the
@@ -30,6 +32,7 @@ from minips.results.metrics import MetricsLog
 from minips.results.whole_file import write_whole
 from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
+from minips.run.shardwatch import ShardWatch, dead_shards_error
 from minips.server.stop import Stop, stop_on_signals
 
 log = logging.getLogger("minips.server")
@@ -87,7 +90,8 @@ def serve_group_here(
         ]
         try:
             _announce(config, root.endpoint, resumes, endpoint_file)
-            root.serve_forever()
+            with ShardWatch(shards):  # a shard that dies meanwhile is said at once
+                root.serve_forever()
         finally:
             with stop_on_signals(Stop()):  # another Ctrl-C must not orphan the shards
                 _wait_for(shards)
@@ -95,8 +99,13 @@ def serve_group_here(
             updates.write("server", stats=root.stats())
     with stop_on_signals(Stop()):  # the group checkpoint is the model the run keeps
         click.echo(server_summary(root))
-        if config.checkpoint and checkpoints.assemble(config.checkpoint, final=True) is not None:
+        if (dead := dead_shards_error(shards, config.checkpoint)) is not None:
+            raise dead  # its checkpoint would mix a dead shard's old slices with the final
+        group = checkpoints.assemble(config.checkpoint, final=True) if config.checkpoint else None
+        if group is not None:
             click.echo(f"group checkpoint {config.checkpoint}")
+            if torn := group.torn_line():  # a shard stopped by hand before its root
+                click.echo(f"warning: {torn}", err=True)
 
 
 def _announce(
