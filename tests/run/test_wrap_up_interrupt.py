@@ -63,7 +63,7 @@ def test_a_signal_during_the_wrap_up_keeps_the_model_and_the_summary(tmp_path, s
         os.kill(evaluator, signal.SIGSTOP)  # the server waits for it when stopping
         endpoint = (out / "endpoint").read_text().strip()
         _wait(lambda: _stopping(endpoint), 120, "the sample budget to be spent")
-        time.sleep(1.0)  # the launcher saw it too (it asks every 0.2 s)
+        time.sleep(2.0)  # the launcher saw it too (it asks every 0.2 s; the server waits 5 s)
         os.kill(run.pid, signum)
         stdout, stderr = run.communicate(timeout=60)
     finally:
