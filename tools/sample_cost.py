@@ -48,12 +48,13 @@ import numpy as np
 from minips.data import iterate_batches, load_dataset
 from minips.nn import build_model, softmax_cross_entropy
 from minips.protocol import wire
+from minips.run.plan_checks import load_plan
 from minips.server.pulls import PullEncoder
 from minips.state.registry import WorkerState
 from minips.state.store import SGD, ParameterStore
 from minips.trainer import evaluate
 from minips.transmission.codecs import Encoder, Factors, decode_gradients, parse_spec
-from minips.transmission.plan import ParamPlan, Plan, load_plan
+from minips.transmission.plan import ParamPlan, Plan
 from minips.worker.worker import apply_delta
 
 TARGETS = (0.80, 0.85)

@@ -84,6 +84,7 @@ class ServerOps:
         )  # fmt: skip
         self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
         self.overflow = OverflowCheck(store, rule.max_move)
+        rule.finite = self.overflow  # what the rule keeps of a push is checked too
 
     def attach(self, server: Any) -> None:
         """The server's socket exists: the inflow guard watches it; failures are answered

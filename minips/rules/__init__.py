@@ -23,7 +23,6 @@ docs/algorithms.md has the math of every rule and the papers they come from.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from minips.errors import ConfigError
@@ -63,61 +62,10 @@ def server_momentum(cls: type[Rule] | None) -> float:
 
 
 def make_rule(name: str, **options: Any) -> Rule:
-    """Build a registered rule by name: make_rule("ssp", staleness=2) (a rule from outside
-    minips, "MODULE:CLASS": minips.run.rule_plugins.make_rule)."""
-    return build_rule(name, rule_class(name), options)
-
-
-def build_rule(name: str, cls: type[Rule], options: dict[str, Any]) -> Rule:
-    """cls(**options), `cls` the rule `name` names. ConfigError (one line) on an option of
-    a declared number kind that is not a number, and on options the rule's constructor
-    refuses: a plug-in's (a class not in RULES) for any reason (its code is the user's), a
-    registered rule's with a TypeError or ValueError (anything else there is a bug of
-    minips)."""
-    check_option_names(name, cls, options)
-    check_option_kinds(name, cls, options)
-    refusals = (Exception,) if name not in RULES else (TypeError, ValueError)
-    try:
-        return cls(**options)
-    except ConfigError:
-        raise
-    except refusals as exc:
-        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-        given = ", ".join(f"{key}={value!r}" for key, value in options.items())
-        what = f"bad options for rule {name!r}: {given} refused" if options else (
-            f"rule {name!r} could not be made")  # fmt: skip
-        raise ConfigError(f"{what} ({type(exc).__name__}: {reason})") from None
-
-
-def check_option_names(name: str, cls: type[Rule], options: dict[str, Any]) -> None:
-    """ConfigError naming an option a registered rule does not have, and the ones it has
-    (a plug-in's constructor is left to say it: its options may not be declared)."""
-    if name not in RULES:
-        return
-    try:
-        parameters = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):  # no signature to read: the constructor says it
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return
-    known = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    for key in options:
-        if key not in known:
-            has = f"its options are {', '.join(known)}" if known else "it takes no options"
-            raise ConfigError(f"rule {name!r} has no option {key!r}: {has}")
-
-
-def check_option_kinds(name: str, cls: type[Rule], options: dict[str, Any]) -> None:
-    """ConfigError naming an option the rule declares a number (RuleOption.kind int or
-    float) whose value is not one (a bool is not), before the rule sees it."""
-    for declared in cls.options:
-        value = options.get(declared.key)
-        if value is None or declared.kind not in (int, float):
-            continue
-        kinds = (int,) if declared.kind is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            wanted = "an integer" if declared.kind is int else "a number"
-            raise ConfigError(f"rule {name!r}: option {declared.key}={value!r} is not {wanted}")
+    """Build a registered rule by name: make_rule("ssp", staleness=2). The constructor
+    checks the values; a run's (and `minips.make_rule`: minips.run.rule_options) checks
+    the options' names and kinds first and says every refusal in one line."""
+    return rule_class(name)(**options)
 
 
 def rule_class(name: str) -> type[Rule]:
@@ -139,6 +87,6 @@ __all__ = [
     "ASGD", "DANA", "DASGD", "DCASGD", "RULES", "DANAGap", "DelayAdaptive", "FedBuff",
     "GapAware", "Ringmaster", "SSGD", "SSP", "VSGD",
     "DEFAULT_MOMENTUM", "DEFAULT_RULE", "Outcome", "Push", "Rule", "RuleOption", "Update",
-    "WorkerSide", "build_rule", "layer_of", "make_rule", "rule_class", "server_momentum",
+    "WorkerSide", "layer_of", "make_rule", "rule_class", "server_momentum",
     "worker_side",
 ]  # fmt: skip

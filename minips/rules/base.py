@@ -95,6 +95,32 @@ class Restored(Protocol):
     def absent(self, now: float, registry: WorkerRegistry) -> list[str]: ...
 
 
+# float32's largest finite value is 3.4e38; the overflow check (minips.ops.overflow) lets
+# an update write nothing past FLOAT32_SAFE, which leaves room for rounding.
+FLOAT32_SAFE = 1e38
+# The largest move of one coordinate whose square stays below FLOAT32_SAFE (Gap-Aware).
+SQUARE_SAFE_MOVE = math.sqrt(FLOAT32_SAFE)
+
+
+class FiniteCheck(Protocol):
+    """Whether what a rule keeps of a push stays finite in float32: the server's operations
+    set one as `Rule.finite` (minips.ops.overflow answers), so a rule that keeps its own
+    state refuses a push that would overflow it. Each method changes nothing."""
+
+    def step_finite(self, name: str, grad: np.ndarray) -> bool:
+        """The optimizer's step of `grad` on parameter `name` writes a finite w' and v' and
+        moves no coordinate as far as the rule's max_move."""
+        ...
+
+    def velocity_finite(
+        self, name: str, new: np.ndarray, old: np.ndarray | None, total: np.ndarray | None
+    ) -> bool:
+        """A worker's new velocity `new` is finite, so is the running sum total + (new -
+        old) (old None: total + new; total None: no sum yet), and so is the optimizer's
+        step of `new` (as `step_finite`)."""
+        ...
+
+
 @dataclass(frozen=True)
 class RuleOption:
     """One option of a rule, declared once beside the rule.
@@ -165,6 +191,9 @@ class Rule:
     # takes without overflowing (Gap-Aware squares it); the server refuses an update that
     # moves one further (`nonfinite`, minips.ops.overflow). inf: no such state.
     max_move: ClassVar[float] = math.inf
+    # Checks the rule's own state before a push is kept (DANA's velocities, DC-ASGD's
+    # compensation): set by the server's operations; None checks nothing.
+    finite: FiniteCheck | None = None
     store: ParameterStore
     registry: WorkerRegistry
     restored: Restored | None = None  # resumed per-worker state (ops/rule_state.py)

@@ -9,14 +9,14 @@ the estimate missed (the GA paper evaluates this combination).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from minips.errors import DataError
-from minips.protocol.wire import ProtocolError, all_finite, sum_of_squares
+from minips.protocol.wire import ProtocolError
 from minips.rules.base import (
+    SQUARE_SAFE_MOVE,
     Outcome,
     Push,
     RuleOption,
@@ -27,7 +27,6 @@ from minips.rules.base import (
 )
 from minips.rules.classic import ASGD
 from minips.rules.gap import GapAware, GapPenalty, PulledValues
-from minips.state.finite import SQUARE_SAFE_MOVE, step_stays_finite, sum_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.base import StateReader, StateWriter
@@ -89,13 +88,15 @@ class DANA(ASGD):
 
     def check_push(self, push: Push) -> None:
         """`nonfinite` when the push would make v_i, sum_j v_j, or the update w - eta v_i
-        non-finite (minips.ops.overflow): the server's own check sees only g. The new
+        non-finite (asked of `finite`): the server's own check sees only g. The new
         velocities are kept for `on_push` of the same push with the same gradients (computed
         once); a step sent in several pushes reaches `on_push` as its last push carrying
         the whole step's gradients (WorkerState.assemble_step), which are computed afresh."""
         step = self._next(push)
+        velocity = self._velocity.get(push.worker.worker_id, {})
         for name, new in step[2].items():
-            if not self._stays_finite(push.worker.worker_id, name, new):
+            old, total = velocity.get(name), self._sum.get(name)
+            if self.finite is not None and not self.finite.velocity_finite(name, new, old, total):
                 raise ProtocolError(
                     f"gradient {name!r} would make the worker's momentum or the parameter "
                     "non-finite",
@@ -140,17 +141,6 @@ class DANA(ASGD):
                     fresh[name] = new = np.multiply(old, gamma)
                     new += grad
         return grads, telemetry, fresh
-
-    def _stays_finite(self, worker_id: str, name: str, new: np.ndarray) -> bool:
-        """v_i' = `new` finite, sum_j v_j with it finite, and w - eta v_i' (the server's
-        SGD, weight decay included) finite and moving no coordinate past max_move."""
-        sq_new = sum_of_squares(new)
-        if not math.isfinite(sq_new) and not all_finite(new):
-            return False
-        old, total = self._velocity.get(worker_id, {}).get(name), self._sum.get(name)
-        if total is not None and not sum_stays_finite(total, old, new, sq_new):
-            return False
-        return step_stays_finite(self.store, name, new, max_move=self.max_move, sq_g=sq_new)
 
     def pull_values(self, worker: WorkerState, names: list[str]) -> dict[str, np.ndarray]:
         """w_hat = w - float32(eta * gamma) * sum_j v_j for each name (fresh arrays)."""

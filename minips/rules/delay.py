@@ -22,7 +22,6 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
-from minips.state.finite import step_stays_finite
 
 if TYPE_CHECKING:
     from minips.rules.base import StateReader, StateWriter
@@ -353,7 +352,7 @@ class DCASGD(ASGD):
         The compensation is kept for `on_push` of the same push (computed once)."""
         self._checked = (push, self.compensated(push))
         for name, grad in (self._checked[1] or {}).items():
-            if not step_stays_finite(self.store, name, grad):
+            if self.finite is not None and not self.finite.step_finite(name, grad):
                 raise ProtocolError(
                     f"gradient {name!r}, compensated, would make the parameter non-finite",
                     "nonfinite",

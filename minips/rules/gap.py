@@ -14,6 +14,7 @@ import numpy as np
 
 from minips.errors import DataError
 from minips.rules.base import (
+    SQUARE_SAFE_MOVE,
     Outcome,
     Push,
     RuleOption,
@@ -24,7 +25,6 @@ from minips.rules.base import (
     option_default,
 )
 from minips.rules.classic import ASGD
-from minips.state.finite import SQUARE_SAFE_MOVE
 
 if TYPE_CHECKING:
     from minips.rules.base import StateReader, StateWriter

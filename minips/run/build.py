@@ -24,11 +24,12 @@ from minips.results.report_text import plural
 from minips.results.rundir import check_writable
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_plan_fits
+from minips.run.plan_checks import load_plan
 from minips.run.plan_measure import choose_plan, parse_network
 from minips.run.rule_plugins import make_rule
 from minips.server.server import ParameterServer
 from minips.state.store import SGD
-from minips.transmission.plan import Plan, load_plan
+from minips.transmission.plan import Plan
 from minips.transmission.planning.plan_costs import Cluster
 
 

@@ -89,16 +89,18 @@ def check_plan_file(plan: str, model: str) -> None:
     if plan in ("dense", "auto"):
         return
     from minips.nn import build_model
-    from minips.transmission.plan import load_plan
+    from minips.run.plan_checks import load_plan
 
     check_plan_fits(load_plan(plan), build_model(model))
 
 
 def check_plan_fits(plan: Any, net: Any) -> None:
     """ConfigError unless `plan` (a Plan) names only parameters of `net` (a Sequential)
-    with codecs their layers can take (Plan.check_model)."""
+    with codecs their layers can take (minips.run.plan_checks.check_model)."""
+    from minips.run.plan_checks import check_model
+
     shapes = {name: array.shape for name, array in net.params.items()}
-    plan.check_model(shapes, {info.name: info.kind for info in net.layer_info()})
+    check_model(plan, shapes, {info.name: info.kind for info in net.layer_info()})
 
 
 def check_can_shape(netem: str | None) -> None:

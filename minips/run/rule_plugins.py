@@ -21,7 +21,8 @@ from typing import Any
 
 from minips import rules
 from minips.errors import ConfigError
-from minips.rules import RULES, Rule, build_rule, server_momentum
+from minips.rules import RULES, Rule, server_momentum
+from minips.run.rule_options import build_rule
 
 
 def rule_class(name: str) -> type[Rule]:
@@ -38,8 +39,8 @@ def rule_class(name: str) -> type[Rule]:
 
 def make_rule(name: str, **options: Any) -> Rule:
     """A rule by name or MODULE:CLASS, with `options`: make_rule("ssp", staleness=2).
-    ConfigError (one line) as minips.rules.build_rule says; a plug-in's constructor may
-    refuse its options for any reason (its code is the user's)."""
+    ConfigError (one line) as minips.run.rule_options.build_rule says; a plug-in's
+    constructor may refuse its options for any reason (its code is the user's)."""
     return build_rule(name, rule_class(name), options)
 
 

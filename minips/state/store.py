@@ -274,25 +274,6 @@ class SGD:
             np.multiply(step, -factor, out=out)
             out += weight
 
-    def norm_bounds_after(
-        self, norm_w: float, norm_v: float, norm_g: float, scale: float = 1.0
-    ) -> tuple[float, float]:
-        """Upper bounds on ||w'|| and ||v'|| after `step_one`, from bounds on ||w||, ||v||
-        and ||grad|| before it: the triangle inequality on step_one's formula,
-
-            ||scale (grad + wd w)|| <= |scale| (||grad|| + wd ||w||)
-            ||v'|| <= m ||v|| + that,   ||w'|| <= ||w|| + lr ||v'||   (v' = that, m = 0)
-
-        so the server's overflow check needs no pass over the parameters
-        (minips.ops.request_checks.OverflowCheck). (For a `plain` parameter, v' = that exactly,
-        and the bound with momentum is still an upper bound.)
-        """
-        step = abs(scale) * (norm_g + self.weight_decay * norm_w)
-        if self.momentum:
-            norm_v = self.momentum * norm_v + step
-            step = norm_v
-        return norm_w + self.lr * step, norm_v
-
     def step(self, grads: dict[str, np.ndarray], scale: float | dict[str, float] = 1.0) -> None:
         """Apply a dict of gradients; `scale` is one factor or one per parameter name."""
         for name, grad in grads.items():

@@ -276,9 +276,7 @@ class Worker:
 
     def _plan_link_trace(self, config: dict[str, Any]) -> None:
         """From hello's config: the plan and its sender, the link's token buckets, trace hooks."""
-        self.plan = plan_from_hello(config)
-        shapes = {name: a.shape for name, a in self.model.params.items()}
-        self.plan.check_model(shapes, {info.name: info.kind for info in self.model.layer_info()})
+        self.plan = plan_from_hello(config)  # checked by the server's run (run/plan_checks)
         if self.trace.enabled:
             self.model.add_grad_hook(self._trace_layer)
         self.sender = StepSender(self.client, self.model, self.plan, self.trace)

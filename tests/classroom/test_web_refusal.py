@@ -17,8 +17,8 @@ import pytest
 from test_server_support import RawPeer, running_server
 from test_web_support import Chromium, quiet_env, require_browser, wait_for
 
+from minips.run.plan_checks import load_plan
 from minips.run.refusals import Refusals
-from minips.transmission.plan import load_plan
 from minips.worker.client import PSClient
 
 JS_TESTS = Path(__file__).resolve().parents[1] / "js"

@@ -10,11 +10,15 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, running_server
 
+import minips
 from minips.nn.zoo import build_model
 from minips.ops.overflow import OverflowCheck
 from minips.ops.rule_state import rule_state
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
+from minips.rules import RULES, make_rule
+from minips.run.build import make_server
+from minips.run.config import RunConfig
 from minips.state.store import SGD, ParameterStore
 
 F32 = np.float32
@@ -244,3 +248,34 @@ def test_a_move_whose_square_gap_keeps_would_overflow_is_refused_at_its_boundary
             assert all_finite(server)
             assert push(peer, 2, -1.0) == "applied"
             assert all_finite(server)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_an_assembled_server_checks_what_every_rule_keeps(name):
+    # A rule that keeps its own state (DANA's velocities, DC-ASGD's compensation) checks
+    # it only through the `finite` its server's operations set: the assembled servers
+    # (minips.ParameterServer, a run's) must set it, to their own overflow check.
+    params = one_param()
+    public = minips.ParameterServer(params, make_rule(name), SGD(params, lr=0.01))
+    run = make_server(RunConfig(model="lenet5", rule=name, bind="tcp://127.0.0.1:*"))
+    try:
+        for server in (public, run):
+            assert server.rule.finite is server.ops.overflow
+            assert server.ops.overflow.max_move == server.rule.max_move
+    finally:
+        public.close()
+        run.close()
+
+
+def test_dana_without_its_finite_check_would_let_the_overflow_through():
+    # The seam is what keeps DANA's own state finite: against a DANA whose `finite` is
+    # unset, the server still refuses to write the weights, but v_i' = 0.9 v_i + g is kept
+    # as inf (the server's own check sees only g).
+    params = one_param()
+    with running_server(rule="dana", params=params, lr=0.01) as server:
+        with RawPeer(server.endpoint) as peer:
+            hello(peer)
+            assert push(peer, 0, BIG) == "applied"
+            server.rule.finite = None
+            assert push(peer, 1, BIG) == "nonfinite"
+            assert not all_finite(server)

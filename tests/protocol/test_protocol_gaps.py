@@ -20,7 +20,7 @@ from test_server_support import SHAPES, RawPeer, make_params, running_server, sn
 from minips.protocol import wire
 from minips.protocol.sampling import Sampler
 from minips.transmission.codecs import CODEC_CLASSES
-from minips.transmission.plan import _PARAM_KEYS, PULL_CODECS, ParamPlan, Plan
+from minips.transmission.plan import PARAM_KEYS, PULL_CODECS, ParamPlan, Plan
 from minips.worker.client import PSClient
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
@@ -67,7 +67,7 @@ def test_a_vsgd_sample_sent_as_fp16_is_refused_and_changes_nothing():
 
 def test_the_plan_tables_are_the_codes_codecs_options_and_keys():
     section = _section("### 13.8 The plan")
-    for key in (*_PARAM_KEYS, "format", "wait_free", "predicted"):
+    for key in (*PARAM_KEYS, "format", "wait_free", "predicted"):
         assert f"`{key}`" in section or f"`params.<name>.{key}`" in section, key
     for name, cls in CODEC_CLASSES.items():
         row = re.search(rf"^\| `{name}` \| (.*?) \|", section, re.M)

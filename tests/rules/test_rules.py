@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_server_support import SHAPES, copied, full, make_params, running_server, snapshot
 
+import minips
 from minips.errors import ConfigError
 from minips.protocol.sampling import (
     GOLDEN_GAMMA,
@@ -87,7 +88,7 @@ def test_dasgd_defaults_and_describe():
 )
 def test_dasgd_bad_options_are_one_line_config_errors(options, message):
     with pytest.raises(ConfigError, match=message) as info:
-        make_rule("dasgd", **options)
+        minips.make_rule("dasgd", **options)
     assert "\n" not in str(info.value)
 
 

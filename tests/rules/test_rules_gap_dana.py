@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from test_server_support import make_params, running_server, train_two_workers
 
+import minips
 from minips.cli import main
 from minips.data import load_dataset
 from minips.errors import ConfigError
 from minips.nn import build_model
 from minips.results.metrics import read_metrics
-from minips.rules import make_rule
 from minips.run.config import RunConfig
 from minips.trainer import evaluate
 from minips.transmission.plan import ParamPlan, Plan
@@ -227,7 +227,7 @@ def test_a_rule_with_its_own_momentum_sets_the_servers_and_the_others_get_the_de
 )
 def test_dana_gap_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message):
-        make_rule("dana-gap", **options)
+        minips.make_rule("dana-gap", **options)
 
 
 def _look_ahead(params, total, lr, gamma):
