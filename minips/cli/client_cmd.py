@@ -99,7 +99,7 @@ def worker(
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
     from minips.group.root import GROUPS
-    from minips.worker.client import PSClient
+    from minips.run.assembly import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -218,7 +218,7 @@ def evaluate(
     server stops.
     """
     from minips.group.root import GROUPS
-    from minips.worker.client import PSClient
+    from minips.run.assembly import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

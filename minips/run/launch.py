@@ -20,6 +20,7 @@ from typing import Any
 from minips.classroom.web.slots import SeatWatch
 from minips.errors import MinipsError
 from minips.group.root import GROUPS
+from minips.ops.client_retries import RetryingClient
 from minips.provision import keyfiles
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import (
@@ -430,7 +431,7 @@ class LocalRun(ProcessCommands):
             if self.config.keys
             else None
         )
-        return PSClient(endpoint, timeout=1.0, retries=0, keys=keys, groups=GROUPS)
+        return RetryingClient(endpoint, timeout=1.0, retries=0, keys=keys, groups=GROUPS)
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0
