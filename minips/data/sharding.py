@@ -68,16 +68,6 @@ def parse_partition(text: str) -> Partition:
     )
 
 
-def check_partition(text: str, world_size: int) -> None:
-    """ConfigError for a partition no run of `world_size` workers can use."""
-    part = parse_partition(text)
-    if part.kind == "shards" and world_size * part.k < N_CLASSES:
-        raise ConfigError(
-            f"--partition {text} with {world_size} workers: {world_size * part.k} shards "
-            f"cannot cover {N_CLASSES} labels (need workers * K >= {N_CLASSES})"
-        )
-
-
 def partition_stream(seed: int) -> int:
     """P = seed*1000 - 1 (mod 2^64): the partition's SplitMix64 seed."""
     return (seed * 1000 - 1) & MASK64
@@ -159,11 +149,3 @@ def shard_positions(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"bad shard: rank {rank} of world size {world_size}")
     return np.flatnonzero(owners(labels, world_size, text, seed) == rank)
-
-
-def label_histograms(labels: np.ndarray, world_size: int, text: str, seed: int) -> np.ndarray:
-    """Examples of each label per worker, (W, 10) int64: row w is worker w's histogram."""
-    who = owners(labels, world_size, text, seed)
-    hist = np.zeros((world_size, N_CLASSES), dtype=np.int64)
-    np.add.at(hist, (who, labels), 1)
-    return hist

@@ -414,8 +414,11 @@ class LocalRun(ProcessCommands):
         if self.progress is None:
             return 0
         from minips.data import load_dataset
+        from minips.provision.locations import find_data
 
-        train_labels = load_dataset(self.config.dataset, self.config.data_dir).y_train
+        train_labels = load_dataset(
+            self.config.dataset, self.config.data_dir, find=find_data
+        ).y_train
         self._shards = (len(train_labels), self.config.epochs, self.config.max_samples)
         total = self.config.epochs * len(train_labels)
         return min(total, self.config.max_samples) if self.config.max_samples else total

@@ -14,11 +14,11 @@ from minips.data import (
     Dataset,
     iterate_batches,
     load_dataset,
-    write_idx,
 )
 from minips.data.synthetic import make_synthetic
 from minips.errors import ConfigError, DataError, ShapeError
-from minips.provision.locations import find_dataset
+from minips.provision.fetch import write_idx
+from minips.provision.locations import find_data, find_dataset
 
 
 def write_fake_dataset(directory: Path, n_train: int = 40, n_test: int = 20, seed: int = 0):
@@ -47,7 +47,8 @@ def lookup(name, places, data_dir=False, **kw):
 
 def load(name, places, seed=0, data_dir=False):
     given = places["data_dir"] if data_dir else None
-    return load_dataset(name, given, seed, system_dir=places["system"], cache_dir=places["cache"])
+    roots = {"system_dir": places["system"], "cache_dir": places["cache"]}
+    return load_dataset(name, given, seed, find=lambda n, d: find_data(n, d, **roots))
 
 
 def test_lookup_order_data_dir_alone_else_system_then_cache(places):
