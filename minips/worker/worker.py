@@ -34,7 +34,6 @@ from minips.worker.hooks import (
     FixedSlowdown,
     NullTrace,
     ProgressFn,
-    Tracer,
 )
 from minips.worker.transmit import StepSender
 
@@ -102,7 +101,7 @@ class Worker:
         rank: int | None = None,
         progress: ProgressFn | None = None,
         bandwidth: str | None = None,
-        trace: Tracer | None = None,
+        trace: NullTrace | None = None,
         on_join: Callable[[WorkerReport, int], None] | None = None,
         conditions: Conditions | None = None,
         find_data: FindData | None = None,
