@@ -1,18 +1,9 @@
 """PSClient: the Python API of a minips worker (hello, pull, push, ...) over a DEALER socket.
 
-Every call sends one request and waits for its reply at most `timeout` seconds. On a
-timeout the client follows the ZeroMQ guide's Lazy Pirate pattern: close the socket (its
-queue may hold a request the server will never see or a reply we no longer want), open a
-new one, and send the request again, up to `retries` times; then `ServerUnavailable`.
-Each attempt has its own request id (`rid`), so a late reply to an abandoned attempt is
-recognised and dropped. A retried push re-uses its `seq`, so the server applies it once.
-
-Gradients are encoded per parameter by codec specs (minips.transmission.codecs): `push(grads, base,
-codecs={"fc1.w": {"codec": "sf"}, "fc2.w": {"codec": "topk", "ratio": 0.01}, "conv1.w":
-"fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter; a parameter without a spec
-is "dense", the identity codec (its float32 array is sent as it is, without a copy). The
-client keeps each parameter's codec state (top-k's residual) between pushes, and counts
-bytes per parameter.
+Every call sends one request, waits `timeout` s for its reply and sends it again on a new
+socket up to `retries` times (Lazy Pirate, docs/protocol.md 8; a late reply is known by
+its `rid`), then raises ServerUnavailable. Gradients travel by per-parameter codec specs
+(`push`'s `codecs`; docs/protocol.md 13), the client keeping each one's codec state.
 
 Threads: one request is on the wire at a time; a lock serialises the calls, so a sender
 thread may push while the main thread pulls. A call waits for the reply of the one before
