@@ -21,6 +21,7 @@ import numpy as np
 from minips import PSClient
 from minips.data import load_dataset
 from minips.nn import build_model, softmax_cross_entropy
+from minips.provision.locations import find_data
 from minips.worker.client import ServerUnavailable
 
 
@@ -30,7 +31,8 @@ def train(ps: PSClient, max_steps: int) -> None:
     config, rank = hello["config"], hello["rank"]
     spec = config["model"]  # {"name": "mlp", "kwargs": {...}, "seed": 0}
     model = build_model(spec["name"], seed=spec["seed"], **spec["kwargs"])
-    data = load_dataset(config["dataset"]).shard(rank, hello["world_size"])  # my disjoint part
+    data = load_dataset(config["dataset"], find=find_data)  # where `minips worker` finds it
+    data = data.shard(rank, hello["world_size"])  # my disjoint part
     batch_size = config["batch_size"]
     print(f"rank {rank} of {hello['world_size']}, model {spec['name']}, rule {config['rule']}")
     version = None  # the version of the parameters this worker holds (None: none yet)

@@ -29,7 +29,7 @@ logging.getLogger("minips").addHandler(logging.NullHandler())
 # public name -> the module that defines it
 _PUBLIC = {
     "PSClient": "minips.run.assembly",
-    "Worker": "minips.worker.worker",
+    "Worker": "minips.run.assembly",
     "ParameterServer": "minips.run.assembly",
     "ServerOptions": "minips.server.server",
     "SGD": "minips.state.store",

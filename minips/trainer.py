@@ -22,6 +22,7 @@ from minips.data import Dataset, iterate_batches, load_dataset
 from minips.errors import ConfigError
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.ops.checkpoint_file import load_store, save_store
+from minips.provision.locations import find_data
 from minips.results.metrics import MetricsLog, ProgressFn
 from minips.run.config import TrainConfig
 from minips.state.store import SGD, ParameterStore
@@ -70,7 +71,11 @@ def train(
     """
     config.validate()
     metrics = metrics if metrics is not None else MetricsLog(None)
-    data = dataset if dataset is not None else load_dataset(config.dataset, config.data_dir)
+    data = (
+        dataset
+        if dataset is not None
+        else load_dataset(config.dataset, config.data_dir, find=find_data)
+    )
     model = build_model(config.model, seed=config.seed)
     params = model.params  # one dict: the store and the optimizer must share it
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)

@@ -26,6 +26,7 @@ from typing import Any
 from minips.data.datasets import load_dataset
 from minips.nn.zoo import build_model
 from minips.ops.checkpoint_file import read_checkpoint
+from minips.provision.locations import find_data
 from minips.trainer import evaluate
 
 VERSIONS_FILE = "versions.jsonl"
@@ -61,7 +62,7 @@ def evaluate_versions(
     """The records of RUN_DIR's kept checkpoints (module docstring), also written to
     RUN_DIR/versions.jsonl."""
     config = json.loads((run_dir / "config.json").read_text())
-    data = load_dataset(config["dataset"], config.get("data_dir"))
+    data = load_dataset(config["dataset"], config.get("data_dir"), find=find_data)
     model = build_model(config["model"], seed=0)
     times = version_times(run_dir)
     records = []

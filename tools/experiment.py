@@ -37,7 +37,7 @@ from typing import Any
 
 from minips.data import load_dataset
 from minips.errors import MinipsError
-from minips.provision.locations import find_dataset
+from minips.provision.locations import find_data, find_dataset
 from minips.results.experiment_settings import FULL, Setting, settings_table
 from minips.results.experiment_table import (
     cells_of,
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     dataset = choose_dataset(args)
-    train_size = len(load_dataset(dataset, args.data_dir).y_train)
+    train_size = len(load_dataset(dataset, args.data_dir, find=find_data).y_train)
     header = header_line(args, dataset, train_size)
     print(header)
     md = ["# minips experiment: update rules x settings x seeds", "", header, "",

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from minips.data import IDX_FILES, load_dataset, read_idx, write_idx
+from minips.data import IDX_FILES, load_dataset, read_idx
 from minips.data.datasets import idx_paths
+from minips.provision.fetch import write_idx
 
 PER_CLASS_TRAIN = 550  # 5,500 training images: ~2.4 MB gzipped
 PER_CLASS_TEST = 100  # 1,000 test images: ~0.44 MB gzipped

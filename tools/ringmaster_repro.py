@@ -62,6 +62,7 @@ import numpy as np
 from minips.data.datasets import load_dataset
 from minips.nn.losses import softmax_cross_entropy
 from minips.nn.zoo import mlp
+from minips.provision.locations import find_data
 from minips.rules.delay_adaptive import DelayAdaptive
 from minips.rules.ringmaster import Ringmaster
 from minips.state.registry import Push
@@ -84,7 +85,7 @@ class Problem:
     """The data and the network: x_train (N, 784) float32, labels; a minips MLP to compute with."""
 
     def __init__(self, hidden: int, test_size: int, probe_size: int) -> None:
-        data = load_dataset("fashion-mnist", seed=0)
+        data = load_dataset("fashion-mnist", seed=0, find=find_data)
         self.x_train = data.x_train.reshape(len(data.x_train), -1)
         self.y_train = data.y_train
         self.x_test = data.x_test.reshape(len(data.x_test), -1)[:test_size]

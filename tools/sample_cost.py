@@ -48,6 +48,7 @@ import numpy as np
 from minips.data import iterate_batches, load_dataset
 from minips.nn import build_model, softmax_cross_entropy
 from minips.protocol import wire
+from minips.provision.locations import find_data
 from minips.run.plan_checks import load_plan
 from minips.server.pulls import PullEncoder
 from minips.state.registry import WorkerState
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(args.dataset)
+    data = load_dataset(args.dataset, find=find_data)
     results: dict[str, list[dict[str, Any]]] = {}
     for name in args.plans.split(","):
         label = Path(name).stem if name.endswith(".json") else name

@@ -99,10 +99,11 @@ def worker(
 ) -> None:
     """Train here for the server at --connect (everything else comes from it)."""
     from minips.group.root import GROUPS
-    from minips.worker.client import PSClient
+    from minips.run.assembly import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from minips.provision.locations import find_data
     from minips.results.trace import open_trace
     from minips.results.worker_summary import summary_line, write_report
     from minips.run.conditions import Emulated
@@ -124,7 +125,7 @@ def worker(
             click.echo(f"joined as rank {report.rank} of {world_size} (host {report.host})")
 
         extras = {"bandwidth": bandwidth, "trace": open_trace(trace), "on_join": joined,
-                  "conditions": Emulated()}  # fmt: skip
+                  "conditions": Emulated(), "find_data": find_data}  # fmt: skip
         with sigterm_as_interrupt():  # SIGTERM says bye too, as Ctrl-C
             result = _train_worker(client, data_dir, slowdown, max_steps, rank, quiet, extras)
     if report:
@@ -218,7 +219,7 @@ def evaluate(
     server stops.
     """
     from minips.group.root import GROUPS
-    from minips.worker.client import PSClient
+    from minips.run.assembly import PSClient
 
     # Retries and lost-server warnings go to stderr (the run's log for launched processes).
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

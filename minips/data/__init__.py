@@ -1,5 +1,5 @@
-"""Datasets for minips: IDX reading, the dataset registry, sharding and batching (downloading
-the official files is minips.provision.fetch's).
+"""Datasets for minips: IDX reading, the dataset registry, sharding and batching (finding,
+downloading and writing the files is minips.provision's).
 
     from minips.data import load_dataset, iterate_batches
     ds = load_dataset("sample", seed=0)          # x_train (N, 1, 28, 28) float32, normalised
@@ -8,7 +8,8 @@ the official files is minips.provision.fetch's).
         ...
 
 Names: ``sample`` (a class-balanced Fashion-MNIST subset shipped in the package),
-``fashion-mnist``, ``mnist`` (IDX files found on disk, see ``candidate_dirs``) and
+``fashion-mnist``, ``mnist`` (IDX files found on disk, see ``local_dirs``; the machine's
+system and cache directories are minips.provision.locations's ``find_data``) and
 ``synthetic`` (generated from the seed, for tests).
 """
 
@@ -17,32 +18,22 @@ from minips.data.datasets import (
     IDX_FILES,
     NORMALIZATION,
     SAMPLE_DIR,
-    SYSTEM_DATA_DIR,
     Dataset,
-    candidate_dirs,
-    default_cache_dir,
-    default_system_dir,
     iterate_batches,
     load_dataset,
     normalize,
 )
-from minips.data.idx import idx_bytes, parse_idx, read_idx, write_idx
+from minips.data.idx import parse_idx, read_idx
 
 __all__ = [
     "DATASET_NAMES",
     "IDX_FILES",
     "NORMALIZATION",
     "SAMPLE_DIR",
-    "SYSTEM_DATA_DIR",
     "Dataset",
-    "candidate_dirs",
-    "default_cache_dir",
-    "default_system_dir",
-    "idx_bytes",
     "iterate_batches",
     "load_dataset",
     "normalize",
     "parse_idx",
     "read_idx",
-    "write_idx",
 ]

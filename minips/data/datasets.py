@@ -1,22 +1,16 @@
-"""Datasets: where their files are found, how they are loaded, normalised, sharded and batched.
+"""Datasets: how they are loaded, normalised, sharded and batched.
 
-Look-up order for the IDX files of a dataset called NAME (first complete set wins):
-
-1. ``data_dir/NAME`` then ``data_dir`` itself (``--data-dir DIR``): when given, only there;
-2. the system directory ``/usr/share/datasets/NAME`` (Debian's ``dataset-fashion-mnist``
-   installs ``/usr/share/datasets/fashion-mnist``); override with ``$MINIPS_SYSTEM_DATA``;
-3. the user cache ``$MINIPS_DATA/NAME`` or ``~/.cache/minips/NAME`` (``minips data download``);
-4. for ``sample`` only, the Fashion-MNIST subset bundled in ``minips/sample/``.
-
+A dataset called NAME is read from the first directory holding its four IDX files:
+``data_dir/NAME`` then ``data_dir`` itself (``--data-dir DIR``), or without a data_dir, for
+``sample`` only, the Fashion-MNIST subset bundled in ``minips/sample/`` (`local_dirs`).
+A loader may be given another way to find them (`find`): minips.provision.locations's
+`find_data` adds the machine's system and cache directories and words what to install.
 ``synthetic`` has no files: it is generated from the seed (see minips.data.synthetic).
-Where a dataset would load from, and the check of its files before a run starts, are
-minips.provision.locations's.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +33,9 @@ IDX_FILES: dict[str, str] = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 
-SYSTEM_DATA_DIR = Path("/usr/share/datasets")
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample"
 IMAGE_SHAPE = (28, 28)
+FindData = Callable[[str, str | Path | None], Path]  # (name, data_dir) -> its files' directory
 N_CLASSES = 10
 
 # Normalisation: x = (pixel / 255 - mean) / std, with the mean and std of pixel / 255 over the
@@ -53,14 +47,6 @@ NORMALIZATION: dict[str, tuple[float, float]] = {
     "sample": (0.2860, 0.3530),
     "mnist": (0.1307, 0.3081),
     "synthetic": (SYNTHETIC_MEAN, SYNTHETIC_STD),
-}
-
-_INSTALL_HINTS: dict[str, str] = {
-    "fashion-mnist": "run `minips data download fashion-mnist`, "
-    "or `apt-get install dataset-fashion-mnist`, or pass --data-dir DIR",
-    "mnist": "run `minips data download mnist` or pass --data-dir DIR",
-    "sample": "the bundled sample is missing from this installation; reinstall minips "
-    "or pass --data-dir DIR",
 }
 
 
@@ -137,17 +123,6 @@ class Dataset:
         )
 
 
-def default_system_dir() -> Path:
-    """The system dataset directory: ``$MINIPS_SYSTEM_DATA`` or /usr/share/datasets."""
-    return Path(os.environ.get("MINIPS_SYSTEM_DATA") or SYSTEM_DATA_DIR)
-
-
-def default_cache_dir() -> Path:
-    """The user cache root: ``$MINIPS_DATA`` or ``~/.cache/minips`` (one folder per dataset)."""
-    env = os.environ.get("MINIPS_DATA")
-    return Path(env) if env else Path.home() / ".cache" / "minips"
-
-
 def check_name(name: str) -> None:
     """Raise ConfigError unless ``name`` is one of DATASET_NAMES."""
     if name not in DATASET_NAMES:
@@ -167,41 +142,22 @@ def idx_paths(directory: Path) -> dict[str, Path] | None:
     return found
 
 
-def _describe(directory: Path) -> str:
-    """``directory`` for an error message, noting what is missing if it exists."""
-    if not directory.is_dir():
-        return str(directory)
-    missing = [
-        f"{stem}[.gz]"
-        for stem in IDX_FILES.values()
-        if not (directory / stem).is_file() and not (directory / f"{stem}.gz").is_file()
-    ]
-    if len(missing) == len(IDX_FILES):
-        return f"{directory} (no IDX files)"
-    return f"{directory} (missing {', '.join(missing)})"
+def local_dirs(name: str, data_dir: str | Path | None = None) -> list[Path]:
+    """The directories looked in for ``name``'s files, in order (see the module docstring)."""
+    if data_dir is None:
+        return [SAMPLE_DIR] if name == "sample" else []
+    # A bare --data-dir full of Fashion-MNIST files must not pass for "sample".
+    return [Path(data_dir) / name] + ([Path(data_dir)] if name != "sample" else [])
 
 
-def candidate_dirs(
-    name: str,
-    data_dir: str | Path | None = None,
-    system_dir: str | Path | None = None,
-    cache_dir: str | Path | None = None,
-) -> list[Path]:
-    """The directories searched for ``name``'s files, in look-up order (see module doc)."""
-    dirs = []
-    if data_dir is not None:
-        # An explicit directory is the only place looked in: data found elsewhere would be
-        # trained on without the user knowing. A bare --data-dir full of Fashion-MNIST
-        # files must not pass for "sample".
-        dirs.append(Path(data_dir) / name)
-        if name != "sample":
-            dirs.append(Path(data_dir))
-        return dirs
-    dirs.append(Path(system_dir if system_dir is not None else default_system_dir()) / name)
-    dirs.append(Path(cache_dir if cache_dir is not None else default_cache_dir()) / name)
-    if name == "sample":
-        dirs.append(SAMPLE_DIR)
-    return dirs
+def find_files(name: str, data_dir: str | Path | None = None) -> Path:
+    """The first of `local_dirs` holding ``name``'s four IDX files; DataError if none does."""
+    dirs = local_dirs(name, data_dir)
+    for directory in dirs:
+        if idx_paths(directory) is not None:
+            return directory
+    looked = ", ".join(str(d) for d in dirs) or "nowhere: no data_dir given"
+    raise DataError(f"dataset {name!r} not found (looked in {looked})")
 
 
 def normalize(images: np.ndarray, name: str) -> np.ndarray:
@@ -257,29 +213,24 @@ def load_dataset(
     data_dir: str | Path | None = None,
     seed: int = 0,
     *,
-    system_dir: str | Path | None = None,
-    cache_dir: str | Path | None = None,
+    find: FindData | None = None,
 ) -> Dataset:
     """Load dataset ``name`` (one of DATASET_NAMES), normalised, its training set shuffled by seed.
 
-    ConfigError for an unknown name; DataError (one line saying where it looked and what to do)
-    when the files are missing, and for truncated or corrupt files.
+    find(name, data_dir): the directory holding the four IDX files, or a DataError saying
+    where it looked (default: `find_files`, data_dir and the bundled sample only).
+    ConfigError for an unknown name; DataError for missing, truncated or corrupt files.
     """
     check_name(name)
     if name == "synthetic":
         raw = make_synthetic(seed)
         return _assemble(name, raw, seed, source=f"synthetic (seed {seed})")
-    dirs = candidate_dirs(name, data_dir, system_dir, cache_dir)
-    for directory in dirs:
-        paths = idx_paths(directory)
-        if paths is not None:
-            raw = tuple(read_idx(paths[role]) for role in IDX_FILES)
-            return _assemble(name, raw, seed, source=str(directory))
-    looked = ", ".join(_describe(d) for d in dirs)
-    hint = _INSTALL_HINTS[name]
-    if data_dir is not None:
-        hint = f"--data-dir {data_dir} is the only place looked in; fix it or leave it out"
-    raise DataError(f"dataset {name!r} not found (looked in {looked}); {hint}")
+    directory = Path((find or find_files)(name, data_dir))
+    paths = idx_paths(directory)
+    if paths is None:  # a find that returned a directory without the files
+        raise DataError(f"dataset {name!r}: {directory} lacks its IDX files")
+    raw = tuple(read_idx(paths[role]) for role in IDX_FILES)
+    return _assemble(name, raw, seed, source=str(directory))
 
 
 def iterate_batches(

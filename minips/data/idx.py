@@ -1,4 +1,4 @@
-"""IDX files: the MNIST container format, read and written with NumPy.
+"""IDX files: the MNIST container format, read with NumPy (written by minips.provision.fetch).
 
 Format (http://yann.lecun.com/exdb/mnist/, "FILE FORMATS"): a 4-byte magic number
 ``0x00 0x00 <dtype code> <ndim>``, then ``ndim`` big-endian uint32 dimension sizes, then the
@@ -27,7 +27,6 @@ IDX_DTYPES: dict[int, np.dtype] = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-_CODE_FOR_KIND = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items()}
 
 # No real IDX file has more axes than this; a larger count means the header is garbage.
 MAX_NDIM = 8
@@ -98,27 +97,3 @@ def read_idx(path: str | Path) -> np.ndarray:
     """
     path = Path(path)
     return parse_idx(read_idx_bytes(path), name=str(path))
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """Encode ``array`` as IDX bytes (header + big-endian data); the inverse of parse_idx."""
-    array = np.asarray(array)
-    code = _CODE_FOR_KIND.get((array.dtype.kind, array.dtype.itemsize))
-    if code is None or array.ndim == 0 or array.ndim > MAX_NDIM:
-        raise DataError(f"cannot store dtype {array.dtype} with {array.ndim} dims in IDX")
-    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
-    return header + np.ascontiguousarray(array, dtype=IDX_DTYPES[code]).tobytes()
-
-
-def write_idx(path: str | Path, array: np.ndarray) -> Path:
-    """Write ``array`` as an IDX file, gzipped when ``path`` ends in ``.gz``.
-
-    The gzip header carries no timestamp (mtime=0) so the same array always gives the same
-    bytes: the bundled sample is reproducible and its checksums stable.
-    """
-    path = Path(path)
-    payload = idx_bytes(array)
-    if path.suffix == ".gz":
-        payload = gzip.compress(payload, compresslevel=9, mtime=0)
-    path.write_bytes(payload)
-    return path

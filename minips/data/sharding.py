@@ -5,19 +5,13 @@ worker in any language (the browser's: minips/classroom/web/static/partition.js)
 the very same partition. `labels` is the training set in its training order, N examples.
 
     iid           rank r of W: positions [r*N//W, (r+1)*N//W)
-    dirichlet:A   label skew of Hsu, Qi, Brown 2019 ("Measuring the effects of non-identical
-                  data distribution for federated visual classification"): per class c,
-                  p_c ~ Dir(A * 1_W) and class c's examples drawn among the W workers by p_c.
-                  Drawn as a Polya urn (Blackwell, MacQueen 1973), which gives exactly that
-                  Dirichlet-multinomial law with integers only: the examples of a class, in
-                  training order, each go to worker w with probability
-                  (A + k_cw) / (W*A + m_c), k_cw its class-c examples so far, m_c = sum_w k_cw
-    shards:K      the pathological non-IID split of FedAvg (McMahan et al., AISTATS 2017): the
-                  examples sorted by label cut into W*K shards of one label each, K dealt to
-                  every worker at random, so a worker sees at most K labels
+    dirichlet:A   label skew of Hsu, Qi, Brown 2019, drawn as a Polya urn (Blackwell,
+                  MacQueen 1973): example j of class c goes to worker w with probability
+                  (A + k_cw) / (W*A + m_c), k_cw its class-c examples so far
+    shards:K      FedAvg's pathological non-IID split (McMahan et al., AISTATS 2017)
 
-The draws use the stream P = seed*1000 - 1 (mod 2^64), beside the workers' streams
-seed*1000 + rank: example j's draw is key_P(j). A worker's examples keep their training order.
+The exact draws (the stream P = seed*1000 - 1, the urn's integers, the shards' cut and
+deal) are docs/model.md 4.2. A worker's examples keep their training order.
 """
 
 from __future__ import annotations
@@ -66,16 +60,6 @@ def parse_partition(text: str) -> Partition:
     raise ConfigError(
         f"bad --partition {text!r}: iid, dirichlet:ALPHA (e.g. dirichlet:0.1) or shards:K"
     )
-
-
-def check_partition(text: str, world_size: int) -> None:
-    """ConfigError for a partition no run of `world_size` workers can use."""
-    part = parse_partition(text)
-    if part.kind == "shards" and world_size * part.k < N_CLASSES:
-        raise ConfigError(
-            f"--partition {text} with {world_size} workers: {world_size * part.k} shards "
-            f"cannot cover {N_CLASSES} labels (need workers * K >= {N_CLASSES})"
-        )
 
 
 def partition_stream(seed: int) -> int:
@@ -159,11 +143,3 @@ def shard_positions(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"bad shard: rank {rank} of world size {world_size}")
     return np.flatnonzero(owners(labels, world_size, text, seed) == rank)
-
-
-def label_histograms(labels: np.ndarray, world_size: int, text: str, seed: int) -> np.ndarray:
-    """Examples of each label per worker, (W, 10) int64: row w is worker w's histogram."""
-    who = owners(labels, world_size, text, seed)
-    hist = np.zeros((world_size, N_CLASSES), dtype=np.int64)
-    np.add.at(hist, (who, labels), 1)
-    return hist

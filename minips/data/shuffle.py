@@ -1,19 +1,10 @@
 """The data order, portable: a shuffle any language computes in a few lines (docs/model.md 4).
 
-Both the training set's fixed order (load time) and each worker's batch order per epoch are
-one function of a seed, built on SplitMix64 (Steele, Lea, Flood, OOPSLA 2014), the
-generator VSGD's samples already use (docs/protocol.md 6.4):
+Both the training set's fixed order and each worker's batch order per epoch are one
+function of a seed on SplitMix64 (Steele, Lea, Flood, OOPSLA 2014), defined with its keys
+in docs/model.md 4.2-4.3 (JavaScript: minips/classroom/web/static/data.js):
 
-    key_s(i)       = SplitMix64 output i of seed s:
-                     z = s + (i + 1) * 0x9E3779B97F4A7C15; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-                     z = (z ^ (z >> 27)) * 0x94D049BB133111EB; key = z ^ (z >> 31)   (mod 2^64)
-    shuffle(s, n)  = the positions 0..n-1 in ascending order of key_s(position)
-
-The keys of one seed are all distinct (the mix is a bijection of 64-bit integers and the
-inputs differ), so the order is unique, and it is a uniformly random permutation as far as
-SplitMix64's output is random. In NumPy it is one vectorised hash and an argsort; in
-JavaScript (minips/classroom/web/static/data.js) the same with BigInt.
-
+    shuffle(s, n)    = the positions 0..n-1 in ascending order of key_s(position)
     training order   shuffle(seed, N_train)                   (seed 0 for every run)
     worker's epoch e shuffle(key_w(e), n_shard), w = seed * 1000 + rank   (mod 2^64)
 """

@@ -1,18 +1,13 @@
 """VSGD's coordinate samples: which entries of each parameter a worker reports with a push.
 
-Worker and server must pick the same coordinates without talking, and a worker written in
-another language must be able to pick them too (docs/protocol.md, "VSGD samples"). So the
-rule is a few lines of integer arithmetic, not a library's random generator:
+Worker and server pick the same coordinates without talking, by a rule a worker in any
+language computes (docs/protocol.md 6.4, with the CRC-32 and SplitMix64 spelled out):
 
-    k       = min(size, max(min_samples, ceil(rho * size)))       # size = number of entries
-    seed    = crc32(name as UTF-8)                                # zlib's CRC-32, e.g. "fc1.w"
-    key(i)  = splitmix64_mix(seed + (i + 1) * 0x9E3779B97F4A7C15)  # mod 2^64, i = 0..size-1
-    S       = the k flat (C-order) indices with the smallest key, in ascending index order
+    k = min(size, max(min_samples, ceil(rho * size)));  seed = crc32(name as UTF-8)
+    S = the k flat (C-order) indices of smallest SplitMix64 key_seed(i), ascending
 
-key(i) is the i-th output of a SplitMix64 generator seeded with `seed` (Steele et al.,
-OOPSLA 2014). The mix is a bijection of 64-bit integers and the odd increment makes the
-inputs distinct, so there are no ties: S is unique. Ranking by a hash spreads S over the
-whole tensor (a stride would alias with the rows of a weight matrix).
+Ranking by a hash spreads S over the whole tensor (a stride would alias with the rows of
+a weight matrix).
 """
 
 from __future__ import annotations

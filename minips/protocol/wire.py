@@ -3,10 +3,9 @@
     frame 0      msgpack map {"v": 1, "op": "push", ..., "arrays": [{name, dtype, shape, codec}]}
     frame 1..n   the bytes of array i (C order, little-endian), nothing else
 
-A codec that needs several arrays for one tensor (top-k: indices and values; sufficient
-factors: x and dy) sends one frame per *part*: its descriptors add `part` (which one) and
-`of` (the dense tensor's shape), and the parts of a tensor follow one another in the order
-of `CODECS`. Turning parts back into a dense gradient is `minips.transmission.codecs`' job.
+A multi-part codec (top-k, sf, lowrank) sends one frame per *part*, with `part` and `of`
+in its descriptor (docs/protocol.md 4); turning parts back into a dense gradient is
+`minips.transmission.codecs`' job.
 
 `encode` and `decode` are pure functions over lists of byte buffers, so everything here is
 tested without sockets. `decode` trusts nothing it has not checked: the checks a hostile or

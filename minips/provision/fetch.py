@@ -8,6 +8,7 @@ against corruption here, not against an attacker.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
 import os
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 import click
+import numpy as np
 
-from minips.data.datasets import IDX_FILES, check_name, default_cache_dir
-from minips.data.idx import GZIP_MAGIC, read_idx_bytes
+from minips.data.datasets import IDX_FILES, check_name
+from minips.data.idx import GZIP_MAGIC, IDX_DTYPES, MAX_NDIM, read_idx_bytes
 from minips.errors import ConfigError, DataError
+from minips.provision.locations import default_cache_dir
 
 # Official locations: Zalando's S3 bucket (as in the Fashion-MNIST README) and the MNIST mirror
 # that torchvision uses since yann.lecun.com started refusing downloads.
@@ -176,3 +179,30 @@ def download(
         finally:
             tmp.unlink(missing_ok=True)
     return target_dir
+
+
+_CODE_FOR_KIND = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items()}
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Encode ``array`` as IDX bytes (header + big-endian data); the inverse of parse_idx."""
+    array = np.asarray(array)
+    code = _CODE_FOR_KIND.get((array.dtype.kind, array.dtype.itemsize))
+    if code is None or array.ndim == 0 or array.ndim > MAX_NDIM:
+        raise DataError(f"cannot store dtype {array.dtype} with {array.ndim} dims in IDX")
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    return header + np.ascontiguousarray(array, dtype=IDX_DTYPES[code]).tobytes()
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> Path:
+    """Write ``array`` as an IDX file, gzipped when ``path`` ends in ``.gz``.
+
+    The gzip header carries no timestamp (mtime=0) so the same array always gives the same
+    bytes: the bundled sample is reproducible and its checksums stable.
+    """
+    path = Path(path)
+    payload = idx_bytes(array)
+    if path.suffix == ".gz":
+        payload = gzip.compress(payload, compresslevel=9, mtime=0)
+    path.write_bytes(payload)
+    return path

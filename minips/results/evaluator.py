@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from minips.ops.collapse import CollapseWatch, output_classes
+from minips.provision.locations import find_data
 from minips.results.metrics import MetricsLog
 from minips.trainer import evaluate
 from minips.worker.client import PSClient, ServerUnavailable
@@ -42,7 +43,7 @@ def run_evaluator(
         raise
     try:
         config = hello["config"]
-        data = dataset_from_hello(config, data_dir)
+        data = dataset_from_hello(config, data_dir, find_data)
         model = model_from_hello(config)
         rule = (config.get("rule") or {}).get("name")
         watch = CollapseWatch(

@@ -1,11 +1,12 @@
-"""minips's public `PSClient` and `ParameterServer`: the core's two classes with the usual
-parts attached, for a user who writes `from minips import PSClient, ParameterServer`.
+"""minips's public `PSClient`, `ParameterServer` and `Worker`: the core's classes with the
+usual parts attached, for a user who writes `from minips import PSClient, ParameterServer`.
 
 The core's classes are given what is not the idea by whoever builds them, so that the core
 imports no operation (docs/architecture.md): a server its operations (checks, limits,
-failures, telemetry, checkpoints: minips/ops/server_ops.py), a client its way to a server
-group (minips/group/root.py). This is the one place that builds both whole, as `minips run`
-and `minips worker` do.
+failures, telemetry, checkpoints: minips/ops/server_ops.py), a client its retries and
+its way to a server group (minips/ops/client_retries.py, minips/group/root.py), a worker
+the machine's datasets (minips/provision/locations.py). This is the one place that
+builds them whole, as `minips run` and `minips worker` do.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from minips.data.datasets import FindData
 from minips.group.root import GROUPS
+from minips.ops.client_retries import RetryingClient
 from minips.ops.server_ops import ServerOps
+from minips.provision.locations import find_data
 from minips.server.seams import Operations
 from minips.server.server import ParameterServer as CoreServer
-from minips.worker.client import PSClient as CoreClient
 from minips.worker.session import GroupSide
+from minips.worker.worker import Worker as CoreWorker
 
 
 class ParameterServer(CoreServer):
@@ -31,9 +35,18 @@ class ParameterServer(CoreServer):
         super().__init__(*args, operations=operations, **kwargs)
 
 
-class PSClient(CoreClient):
-    """The core's PSClient (minips/worker/client.py) that reaches a server group too
+class PSClient(RetryingClient):
+    """The core's PSClient (minips/worker/client.py) that says hello again, explains silence
+    (RetryingClient, minips/ops/client_retries.py) and reaches a server group too
     (`groups=GROUPS` unless it is given other groups, or None to refuse one)."""
 
     def __init__(self, *args: Any, groups: GroupSide | None = GROUPS, **kwargs: Any) -> None:
         super().__init__(*args, groups=groups, **kwargs)
+
+
+class Worker(CoreWorker):
+    """The core's Worker (minips/worker/worker.py) that finds the dataset where `minips
+    worker` does (`find_data=find_data`: the system and cache directories too)."""
+
+    def __init__(self, *args: Any, find_data: FindData | None = find_data, **kwargs: Any) -> None:
+        super().__init__(*args, find_data=find_data, **kwargs)

@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 import click
 
 from minips.data.datasets import DATASET_NAMES
-from minips.data.sharding import check_partition
 from minips.errors import ConfigError
 from minips.group.agreements import ROOT_TIMEOUT
 from minips.nn.zoo import MODEL_NAMES
@@ -39,6 +38,7 @@ from minips.run.config_checks import (
     check_browser_slots,
     check_group,
     check_hetero,
+    check_partition,
     check_plan_batch,
     check_plan_file,
     check_speed_schedule,
@@ -346,11 +346,10 @@ class RunConfig(ConfigBase):
         check_group(self.servers, self.shard, self.root, self.model)
         check_plan_batch(self.plan, self.batch_size)
         check_plan_file(self.plan, self.model)
-        from minips.data import load_dataset
-        from minips.provision.locations import find_dataset
+        from minips.provision.locations import find_data, find_dataset
 
         if find_dataset(self.dataset, self.data_dir) is None:
-            load_dataset(self.dataset, self.data_dir)  # it words the error: where it looked
+            find_data(self.dataset, self.data_dir)  # it words the error: where it looked
 
     def hello_config(self, model_spec: dict[str, Any]) -> dict[str, Any]:
         """The `config` map every worker receives in `hello` (the model as its spec)."""

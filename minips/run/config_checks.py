@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.data.sharding import N_CLASSES, parse_partition
 from minips.errors import ConfigError
 
 
@@ -140,3 +141,13 @@ def check_browser_slots(browser: int, workers: int, headless: bool, listen: str)
         from minips.classroom.web.slots import check_browser_options
 
         check_browser_options(listen, headless)
+
+
+def check_partition(text: str, world_size: int) -> None:
+    """ConfigError for a partition no run of `world_size` workers can use."""
+    part = parse_partition(text)
+    if part.kind == "shards" and world_size * part.k < N_CLASSES:
+        raise ConfigError(
+            f"--partition {text} with {world_size} workers: {world_size * part.k} shards "
+            f"cannot cover {N_CLASSES} labels (need workers * K >= {N_CLASSES})"
+        )

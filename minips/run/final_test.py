@@ -113,9 +113,10 @@ def _model(meta: dict[str, Any], path: Path) -> Sequential:
 def _accuracy(params: Params, meta: dict[str, Any], config: RunConfig) -> tuple[float, float]:
     """Test accuracy and loss of `params` (the model `meta` names) on the run's test set."""
     from minips.data import load_dataset
+    from minips.provision.locations import find_data
     from minips.trainer import evaluate
 
     model = _model(meta, Path(config.checkpoint or ""))
     model.set_params(params, strict=True)
-    data = load_dataset(config.dataset, config.data_dir)
+    data = load_dataset(config.dataset, config.data_dir, find=find_data)
     return evaluate(model, data.x_test, data.y_test)

@@ -20,6 +20,7 @@ from typing import Any
 from minips.classroom.web.slots import SeatWatch
 from minips.errors import MinipsError
 from minips.group.root import GROUPS
+from minips.ops.client_retries import RetryingClient
 from minips.provision import keyfiles
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import (
@@ -431,8 +432,11 @@ class LocalRun(ProcessCommands):
         if self.progress is None:
             return 0
         from minips.data import load_dataset
+        from minips.provision.locations import find_data
 
-        train_labels = load_dataset(self.config.dataset, self.config.data_dir).y_train
+        train_labels = load_dataset(
+            self.config.dataset, self.config.data_dir, find=find_data
+        ).y_train
         self._shards = (len(train_labels), self.config.epochs, self.config.max_samples)
         total = self.config.epochs * len(train_labels)
         return min(total, self.config.max_samples) if self.config.max_samples else total
@@ -448,7 +452,7 @@ class LocalRun(ProcessCommands):
             if self.config.keys
             else None
         )
-        return PSClient(endpoint, timeout=1.0, retries=0, keys=keys, groups=GROUPS)
+        return RetryingClient(endpoint, timeout=1.0, retries=0, keys=keys, groups=GROUPS)
 
     def _elapsed(self) -> float:
         return time.monotonic() - self.t0

@@ -88,8 +88,9 @@ def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> M
 
 def _training_set_size(config: RunConfig) -> int:
     from minips.data import load_dataset
+    from minips.provision.locations import find_data
 
-    return len(load_dataset(config.dataset, config.data_dir).y_train)
+    return len(load_dataset(config.dataset, config.data_dir, find=find_data).y_train)
 
 
 def resumed_samples(config: RunConfig) -> int:

@@ -5,27 +5,11 @@ bound, the cluster still assembling), and sends the parameters changed since the
 puller's version: as they are, the rule's own values (DANA's look-ahead), or encoded by a
 plan (`PullEncoder`: each parameter dense, fp16, or as a delta).
 
-A `delta` pull (docs/protocol.md 13.7) sends, of a parameter, the entries that changed most
-since what this worker holds. The server keeps a *replica* per worker and parameter: the
-values the worker has, bit for bit, because both sides add the same float32 numbers:
+A `delta` pull keeps, per worker and parameter, a replica of what the worker holds, bit
+for bit (when deltas are sent, the warm-up: docs/protocol.md 13.7):
 
     d = w - replica;   S = top-k(|d|);   send (S, v = d_S as the wire dtype)
     replica_S += float32(v)            (the worker does the same to its copy)
-
-What is not sent stays in w - replica and competes again at the next pull: the error
-feedback of top-k (minips/transmission/codecs/topk.py), applied to the parameters going down.
-
-A lost reply must not desynchronise the replica. The worker's `since` is the version of
-the last pull reply it applied, so the server sends deltas only when `since` equals the
-version of the last reply it sent this worker, and only when the version advanced since
-(a reply that changed no replica may be lost harmlessly). Otherwise (a first pull, a
-retry after a lost reply, a re-registered worker) the parameter goes dense and the
-replica restarts from it. Observers (the evaluator) always get dense parameters.
-
-Warm-up (`warmup` W): the first W replies after a worker's replica (re)started carry a
-delta parameter whole as fp16, and the replica becomes those values widened to float32
-(what the worker then holds), so the first steps, when every entry moves, are not
-starved; deltas follow from there.
 """
 
 from __future__ import annotations

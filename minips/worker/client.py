@@ -1,18 +1,9 @@
 """PSClient: the Python API of a minips worker (hello, pull, push, ...) over a DEALER socket.
 
-Every call sends one request and waits for its reply at most `timeout` seconds. On a
-timeout the client follows the ZeroMQ guide's Lazy Pirate pattern: close the socket (its
-queue may hold a request the server will never see or a reply we no longer want), open a
-new one, and send the request again, up to `retries` times; then `ServerUnavailable`.
-Each attempt has its own request id (`rid`), so a late reply to an abandoned attempt is
-recognised and dropped. A retried push re-uses its `seq`, so the server applies it once.
-
-Gradients are encoded per parameter by codec specs (minips.transmission.codecs): `push(grads, base,
-codecs={"fc1.w": {"codec": "sf"}, "fc2.w": {"codec": "topk", "ratio": 0.01}, "conv1.w":
-"fp16"})`, with `Factors(x, dy)` in `grads` for an sf parameter; a parameter without a spec
-is "dense", the identity codec (its float32 array is sent as it is, without a copy). The
-client keeps each parameter's codec state (top-k's residual) between pushes, and counts
-bytes per parameter.
+Every call sends one request, waits `timeout` s for its reply and sends it again on a new
+socket up to `retries` times (Lazy Pirate, docs/protocol.md 8; a late reply is known by
+its `rid`), then raises ServerUnavailable. Gradients travel by per-parameter codec specs
+(`push`'s `codecs`; docs/protocol.md 13), the client keeping each one's codec state.
 
 Threads: one request is on the wire at a time; a lock serialises the calls, so a sender
 thread may push while the main thread pulls. A call waits for the reply of the one before
@@ -51,14 +42,7 @@ from minips.protocol.address import normalize_connect
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
 from minips.transmission.codecs import Encoder, Gradient, Spec
 from minips.worker.hooks import LinkLimit
-from minips.worker.replies import (
-    PullReply,
-    PushReply,
-    ServerError,
-    ServerUnavailable,
-    nothing_answers,
-    warn_if_not_below_heartbeat,
-)
+from minips.worker.replies import PullReply, PushReply, ServerError, ServerUnavailable
 from minips.worker.session import (
     NO_PULL,
     GroupSide,
@@ -80,13 +64,14 @@ class PSClient:
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
-    how long hello waits for a server group whose shards have not all joined. first_wait: s
-    the first request waits in one attempt, then one ServerUnavailable saying why (None: off).
+    how long hello waits for a server group whose shards have not all joined.
     A server group (docs/protocol.md 16), found at hello, is used through the same calls:
     hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
     group's, through `groups` (minips.group.root.GROUPS; None: OneServerOnly, which
     refuses a group).
-    Thread-safe: calls are serialised by a lock.
+    Thread-safe: calls are serialised by a lock. A request that needs registration goes
+    through `_worker_request`, and each attempt's count, wait and failure through `_attempts`,
+    `_send_wait` and `_no_reply`: the hooks minips.ops.client_retries's RetryingClient fills.
     """
 
     def __init__(
@@ -98,11 +83,10 @@ class PSClient:
         limits: Limits = DEFAULT_LIMITS,
         keys: auth.ClientKeys | None = None,
         assemble_timeout: float = ASSEMBLE_TIMEOUT,
-        first_wait: float | None = None,
         groups: GroupSide | None = None,
     ) -> None:
-        if timeout <= 0 or retries < 0 or (first_wait is not None and first_wait <= 0):
-            raise ValueError("timeout and first_wait must be > 0 and retries >= 0")
+        if timeout <= 0 or retries < 0:
+            raise ValueError("timeout must be > 0 and retries >= 0")
         self.address = normalize_connect(address)  # AddressError now, not a silent hang
         self.keys = keys
         self.timeout = timeout
@@ -111,7 +95,6 @@ class PSClient:
         self.limits = limits
         self.rank: int | None = None
         self.config: dict[str, Any] | None = None
-        self._hello_info: dict[str, Any] | None = None  # set once hello succeeded
         self.hello_sent = False  # the server may know this client: a bye is due on the way out
         self._rid = 0
         self._seq = 0
@@ -130,7 +113,6 @@ class PSClient:
         self.groups = groups or OneServerOnly()  # hello and operators' requests go through it
         self._shards: Any = None  # the group's shards an operator's requests reached
         self.assemble_timeout = assemble_timeout
-        self.first_wait = first_wait
         self._answered = False  # any reply at all from the server yet
 
     # ------------------------------------------------------------------------ worker calls
@@ -148,8 +130,6 @@ class PSClient:
         self.hello_sent = True
         reply = self.groups.hello(self, identified(header), dict(info or {}))
         self.rank, self.config = reply["rank"], reply["config"]
-        warn_if_not_below_heartbeat(self.timeout, reply["heartbeat_timeout"])
-        self._hello_info = dict(info or {})
         keys = ("rank", "world_size", "config", "version", "heartbeat_timeout")
         return {key: reply[key] for key in keys}
 
@@ -215,8 +195,7 @@ class PSClient:
         if not finished:
             header["finished"] = False
         try:
-            with self._lock:  # forgotten first: a sender thread's late push never says hello again
-                self._hello_info = None
+            with self._lock:
                 self.session.bye(header)
         except ServerError as exc:  # unknown_worker: declared dead, or a retried bye's reply lost
             if exc.code != "unknown_worker":
@@ -268,26 +247,8 @@ class PSClient:
     def _worker_request(
         self, header: dict[str, Any], parts: list[wire.WirePart] | None = None
     ) -> Message:
-        """A request that needs registration: re-register whenever the server forgot us.
-
-        Each lost reply can get us declared dead again (a heartbeat shorter than our timeout),
-        so this may repeat, at most `retries` times; a push keeps its `seq` throughout, and
-        the server answers a retry of an applied push from memory (exactly once).
-        """
-        forgotten = 0
-        while True:
-            try:
-                return self._request(header, parts)
-            except ServerError as exc:
-                if exc.code != "unknown_worker" or self._hello_info is None:
-                    raise
-                if forgotten == self.retries:
-                    raise
-            forgotten += 1
-            log.warning(
-                "server does not know worker %s any more: saying hello again", self.worker_id
-            )
-            self.hello(self._hello_info)
+        """A request that needs registration (pull, push, ping): here one `_request`."""
+        return self._request(header, parts)
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:
@@ -297,9 +258,7 @@ class PSClient:
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
             # A DEALER with no connection to send on (e.g. its CURVE handshake was refused)
             # blocks in send: bounded like the wait for a reply.
-            sock.setsockopt(
-                zmq.SNDTIMEO, max(1, int(1000 * max(self.timeout, self.first_wait or 0)))
-            )
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(1000 * self._send_wait())))
             if self.keys is not None:
                 auth.make_curve_client(sock, self.keys)
             sock.connect(self.address)
@@ -311,7 +270,15 @@ class PSClient:
         with self._lock:
             return self._request_locked(header, parts or [])
 
-    def _abandon(self, op: str, attempt: int) -> None:
+    def _attempts(self) -> tuple[int, float]:
+        """The next request's number of attempts and each one's wait for its reply, in s."""
+        return 1 + self.retries, self.timeout
+
+    def _send_wait(self) -> float:
+        """How long, in s, a send may wait for a connection to take it."""
+        return self.timeout
+
+    def _no_reply(self, op: str, attempt: int) -> None:
         """No reply in time: the socket may hold a half-sent request or an unwanted late
         reply, so close it; the next attempt starts on a new one (Lazy Pirate)."""
         log.warning("no reply to %s from %s in %.1f s (attempt %d of %d)", op, self.address,
@@ -321,9 +288,7 @@ class PSClient:
     def _request_locked(self, header: dict[str, Any], parts: list[wire.WirePart]) -> Message:
         """One request and its reply: sent, awaited by its `rid`, sent again on a new socket
         when no reply comes in time (Lazy Pirate, docs/protocol.md 8)."""
-        # Before any reply a resend cannot help (a late server still gets the request).
-        first = self.first_wait is not None and not self._answered
-        attempts, wait = (1, self.first_wait) if first else (1 + self.retries, self.timeout)
+        attempts, wait = self._attempts()
         for attempt in range(attempts):
             rid = self._rid = self._rid + 1
             sock = self._connect()
@@ -331,10 +296,7 @@ class PSClient:
             reply = self._await_reply(sock, rid, wait) if sent else None
             if reply is not None:
                 return reply
-            if first:
-                self._close_socket()
-                raise nothing_answers(self.address, wait, self.keys)
-            self._abandon(header["op"], attempt)
+            self._no_reply(header["op"], attempt)
         raise ServerUnavailable(
             f"no reply from the parameter server at {self.address} "
             f"({1 + self.retries} attempts of {self.timeout:g} s)"

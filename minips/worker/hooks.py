@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,34 +26,12 @@ STEP, COMPUTE, SEND, RECV = "step", "compute", "send", "recv"
 COMM = (SEND, RECV)
 
 
-class Tracer(Protocol):
-    """Where a worker records its spans; times are time.perf_counter() seconds (`now`)."""
-
-    enabled: bool
-
-    def now(self) -> float: ...
-
-    def span(
-        self, name: str, cat: str, tid: str | None = None, args: dict[str, Any] | None = None
-    ) -> AbstractContextManager[Any]:
-        """`with trace.span("conv1", COMPUTE):` records the body as one span."""
-
-    def complete(
-        self,
-        name: str,
-        cat: str,
-        start: float,
-        end: float,
-        tid: str | None = None,
-        args: dict[str, Any] | None = None,
-    ) -> None:
-        """Record a span that ran from `start` to `end` on row `tid` (None: this thread's)."""
-
-    def close(self) -> None: ...
-
-
 class NullTrace:
-    """Tracing switched off: the same interface, doing nothing."""
+    """Where a worker records its spans, switched off: the interface a trace implements
+    (minips.results.trace.Trace), doing nothing. Times are time.perf_counter() seconds
+    (`now`); `with trace.span("conv1", COMPUTE):` records the body as one span, and
+    `complete(name, cat, start, end, tid=None, args=None)` one that ran from start to end
+    on row `tid` (None: this thread's)."""
 
     enabled = False
     _NOTHING = nullcontext()
@@ -79,18 +57,12 @@ class NullTrace:
         pass
 
 
-class Pacer(Protocol):
-    """One direction of a link: `wait(n)` returns once n bytes would have crossed it."""
-
-    def wait(self, nbytes: int) -> float: ...
-
-
 class LinkLimit(Protocol):
     """A worker's link (minips.run.netlimit.Link): `up` paces its requests, `down` the
-    replies."""
+    replies; each direction's `wait(n)` returns once n bytes would have crossed it."""
 
-    up: Pacer
-    down: Pacer
+    up: Any
+    down: Any
 
 
 class Speeds(Protocol):

@@ -36,7 +36,7 @@ from minips.nn import Sequential
 from minips.transmission.codecs import Factors, Gradient, parse_spec
 from minips.transmission.plan import Plan
 from minips.worker.client import PSClient, PushReply
-from minips.worker.hooks import SEND, NullTrace, Tracer
+from minips.worker.hooks import SEND, NullTrace
 
 
 @dataclass
@@ -71,7 +71,7 @@ class StepSender:
         client: PSClient,
         model: Sequential,
         plan: Plan,
-        trace: Tracer | None = None,
+        trace: NullTrace | None = None,
     ) -> None:
         self.client = client
         self.model = model

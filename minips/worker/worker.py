@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from minips.data import Dataset, iterate_batches, load_dataset
+from minips.data.datasets import FindData
 from minips.data.shuffle import EpochShuffle
 from minips.nn import Sequential, build_model, softmax_cross_entropy
 from minips.rules import WorkerSide, worker_side
@@ -33,7 +34,6 @@ from minips.worker.hooks import (
     FixedSlowdown,
     NullTrace,
     ProgressFn,
-    Tracer,
 )
 from minips.worker.transmit import StepSender
 
@@ -87,7 +87,8 @@ class Worker:
     unlimited). trace: where to record compute and send/receive spans (`--trace FILE`:
     minips.results.trace; none by default). conditions: what the run emulates, a slowdown
     schedule and the link (minips.run.conditions.Emulated; by default none: a fixed
-    slowdown at most, hooks.AsItIs).
+    slowdown at most, hooks.AsItIs). find_data: where the dataset's files are
+    (`load_dataset`'s `find`; minips.provision.locations.find_data adds the machine's).
     The transmission plan (codecs, push intervals, wait-free) comes from hello's config.
     """
 
@@ -100,11 +101,13 @@ class Worker:
         rank: int | None = None,
         progress: ProgressFn | None = None,
         bandwidth: str | None = None,
-        trace: Tracer | None = None,
+        trace: NullTrace | None = None,
         on_join: Callable[[WorkerReport, int], None] | None = None,
         conditions: Conditions | None = None,
+        find_data: FindData | None = None,
     ) -> None:
         self.client = client
+        self.find_data = find_data
         self.on_join = on_join
         self.bandwidth = bandwidth
         self.trace = trace or NullTrace()
@@ -271,7 +274,8 @@ class Worker:
         self.model = model_from_hello(config)
         self.rule_side = worker_side(config.get("rule") or {})
         self._plan_link_trace(config)
-        shard = dataset_from_hello(config, self.data_dir).shard(rank, world_size, partition, seed)
+        dataset = dataset_from_hello(config, self.data_dir, self.find_data)
+        shard = dataset.shard(rank, world_size, partition, seed)
         return shard, EpochShuffle(seed, rank)  # docs/model.md 4.3
 
     def _plan_link_trace(self, config: dict[str, Any]) -> None:
@@ -334,6 +338,8 @@ def model_from_hello(config: dict[str, Any]) -> Sequential:
     return build_model(spec["name"], seed=0, **spec.get("kwargs", {}))
 
 
-def dataset_from_hello(config: dict[str, Any], data_dir: str | None = None) -> Dataset:
+def dataset_from_hello(
+    config: dict[str, Any], data_dir: str | None = None, find: FindData | None = None
+) -> Dataset:
     """The dataset hello's config names, from `data_dir` if given (this machine's copy)."""
-    return load_dataset(config["dataset"], data_dir or config.get("data_dir"))
+    return load_dataset(config["dataset"], data_dir or config.get("data_dir"), find=find)

@@ -14,8 +14,7 @@ from test_server_support import running_server
 from minips.classroom.dashboard import run_labels
 from minips.classroom.dashboard.collector import Collector
 from minips.classroom.dashboard.page import PAGE
-from minips.data.sharding import label_histograms
-from minips.results.labels import training_labels
+from minips.results.labels import label_histograms, training_labels
 from minips.worker.client import PSClient
 
 READ_CELLS = """JSON.stringify([...document.querySelectorAll("#workers td[data-key=labels]")]

@@ -14,8 +14,7 @@ from test_server_support import running_server
 from test_web_support import quiet_env, require_browser
 
 from minips.data import load_dataset, normalize, parse_idx
-from minips.data.sharding import label_histograms
-from minips.results.labels import training_labels
+from minips.results.labels import label_histograms, training_labels
 from minips.results.loading import load_run
 
 pytest.importorskip("websockets", reason="websockets not installed: pip install '.[web]'")

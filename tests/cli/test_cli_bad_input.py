@@ -220,7 +220,8 @@ def _idx_dir(path, n_train: int, n_test: int):
     """A --data-dir holding mnist's four IDX files with these many examples."""
     import numpy as np
 
-    from minips.data import IDX_FILES, write_idx
+    from minips.data import IDX_FILES
+    from minips.provision.fetch import write_idx
 
     (path / "mnist").mkdir(parents=True)
     for role, stem in IDX_FILES.items():

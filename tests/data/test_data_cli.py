@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.data import IDX_FILES, write_idx
+from minips.data import IDX_FILES
 from minips.data.synthetic import make_synthetic
+from minips.provision.fetch import write_idx
 
 FILENAMES = [f"{stem}.gz" for stem in IDX_FILES.values()]
 

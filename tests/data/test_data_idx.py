@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minips.data import idx_bytes, parse_idx, read_idx, write_idx
+from minips.data import parse_idx, read_idx
 from minips.errors import DataError
+from minips.provision.fetch import idx_bytes, write_idx
 
 
 def assert_one_line(exc: pytest.ExceptionInfo, *fragments: str) -> None:

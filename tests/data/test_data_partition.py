@@ -12,13 +12,13 @@ import pytest
 
 from minips.data import load_dataset
 from minips.data.sharding import (
-    label_histograms,
     owners,
     parse_partition,
     shard_positions,
     shard_sizes,
 )
 from minips.errors import ConfigError
+from minips.results.labels import label_histograms
 
 NODE = shutil.which("node")
 SCRIPT = Path(__file__).resolve().parents[1] / "js" / "partition.mjs"

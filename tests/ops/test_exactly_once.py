@@ -26,6 +26,7 @@ from test_server_support import (
     send_then_fence,
 )
 
+from minips.ops.client_retries import RetryingClient
 from minips.worker.client import PSClient
 
 CLIENTS = 32
@@ -55,7 +56,9 @@ def _client(endpoint: str, index: int, acked: list[int], errors: list[BaseExcept
     gradient = np.zeros(CLIENTS, np.float32)
     gradient[index] = -1.0
     try:
-        with PSClient(endpoint, timeout=CLIENT_TIMEOUT, retries=6, worker_id=f"w{index}") as ps:
+        with RetryingClient(
+            endpoint, timeout=CLIENT_TIMEOUT, retries=6, worker_id=f"w{index}"
+        ) as ps:
             ps.hello({"role": "worker"})
             version = ps.pull().version
             for _ in range(PUSHES):

@@ -15,11 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from minips.cli import cli
-from minips.data import IDX_FILES, load_dataset, write_idx
+from minips.data import IDX_FILES, load_dataset
 from minips.data.synthetic import make_synthetic
 from minips.errors import ConfigError, DataError
 from minips.provision import fetch
-from minips.provision.fetch import download
+from minips.provision.fetch import download, write_idx
+from minips.provision.locations import find_data
 
 FILENAMES = [f"{stem}.gz" for stem in IDX_FILES.values()]
 
@@ -61,7 +62,9 @@ def test_good_download_lands_in_cache_and_loads(server, tmp_path):
     assert sorted(p.name for p in target.iterdir()) == sorted(FILENAMES)  # no .part left
     for name in FILENAMES:
         assert (target / name).read_bytes() == (served / name).read_bytes()
-    ds = load_dataset("mnist", system_dir=tmp_path / "none", cache_dir=cache)
+    ds = load_dataset(
+        "mnist", find=lambda n, d: find_data(n, d, system_dir=tmp_path / "none", cache_dir=cache)
+    )
     assert ds.source == str(target) and len(ds.y_train) == 30 and len(ds.y_test) == 10
 
 

@@ -7,8 +7,7 @@ import json
 import subprocess
 import sys
 
-from minips.data.sharding import label_histograms
-from minips.results.labels import training_labels
+from minips.results.labels import label_histograms, training_labels
 from minips.results.report_labels import label_lines, label_summary
 
 

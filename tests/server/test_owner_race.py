@@ -19,6 +19,7 @@ import time
 import numpy as np
 from test_server_support import RawPeer, make_params, running_server
 
+from minips.ops.client_retries import RetryingClient
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
@@ -118,7 +119,9 @@ def _client(endpoint: str, index: int, acked: list[int], errors: list[BaseExcept
     gradient = np.zeros(CLIENTS, np.float32)
     gradient[index] = -1.0
     try:
-        with PSClient(endpoint, timeout=CLIENT_TIMEOUT, retries=20, worker_id=f"w{index}") as ps:
+        with RetryingClient(
+            endpoint, timeout=CLIENT_TIMEOUT, retries=20, worker_id=f"w{index}"
+        ) as ps:
             ps.hello({"role": "worker"})
             version = ps.pull().version
             for _ in range(PUSHES):

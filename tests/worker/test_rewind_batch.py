@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minips.worker.client import PSClient
+from minips.ops.client_retries import RetryingClient
 from minips.worker.worker import Worker
 
 EPOCHS = 1
@@ -60,7 +60,7 @@ def test_a_worker_rewound_by_a_restarted_server_trains_every_batch(
             servers[0].wait(30)
             servers.append(_server(address, checkpoint, log, plan))
 
-    client = PSClient(address, timeout=5.0, retries=6)
+    client = RetryingClient(address, timeout=5.0, retries=6)
     try:
         report = Worker(client, progress=crash_once).run()
         client.bye(finished=report.finished)

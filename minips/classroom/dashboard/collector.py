@@ -20,9 +20,9 @@ from typing import Any
 from minips.classroom.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.classroom.web.slots import agent_name, free_ranks
 from minips.group.root import GROUPS
+from minips.ops.client_retries import RetryingClient, keys_hint
 from minips.protocol.auth import ClientKeys
-from minips.worker.client import PSClient, ServerUnavailable
-from minips.worker.replies import keys_hint
+from minips.worker.client import ServerUnavailable
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)
 RATE_WINDOW = 3.0  # seconds of server uptime a rate is averaged over
@@ -213,7 +213,7 @@ class Collector:
 
     def _run(self) -> None:
         # A short timeout and no retries: a stopped server must not freeze the page.
-        client = PSClient(self.connect, timeout=2.0, retries=0, keys=self.keys, groups=GROUPS)
+        client = RetryingClient(self.connect, timeout=2.0, retries=0, keys=self.keys, groups=GROUPS)
         with client:
             while not self._polling.is_set():
                 try:

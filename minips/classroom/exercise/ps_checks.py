@@ -12,6 +12,7 @@ import numpy as np
 
 from minips.classroom.exercise.common import CheckResult, StudentCodeError, call, student_function
 from minips.classroom.exercise.serving import serving
+from minips.ops.client_retries import RetryingClient
 from minips.worker.client import PSClient, PullReply, PushReply
 
 # ------------------------------------------------------------------------ the worker loop
@@ -20,7 +21,7 @@ SHAPES = {"fc.w": (4, 3), "fc.b": (3,)}
 SAMPLES_PER_STEP = 8
 
 
-class RecordingClient(PSClient):
+class RecordingClient(RetryingClient):
     """A PSClient that remembers every push's reply and the pushes sent after a `stop`."""
 
     def __init__(self, address: str) -> None:
@@ -101,7 +102,7 @@ def _loop_run(
     params = {n: np.zeros(s, np.float32) for n, s in SHAPES.items()}
     config = {"model": "exercise", "batch_size": SAMPLES_PER_STEP}
     with serving(params, config, max_samples=max_samples) as server:
-        with RecordingClient(server.endpoint) as ps, PSClient(server.endpoint) as observer:
+        with RecordingClient(server.endpoint) as ps, RetryingClient(server.endpoint) as observer:
             observer.hello({"role": "observer"})
             oracle = GradientOracle(observer)
             try:

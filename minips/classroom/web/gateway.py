@@ -382,10 +382,11 @@ def _is_group(connect: str) -> bool | None:
     None when it does not answer within about 30 s (a busy or starting server: asked again
     at the next browser; this one's frames are relayed as they are)."""
     from minips.group.root import GROUPS
-    from minips.worker.client import PSClient, ServerUnavailable
+    from minips.ops.client_retries import RetryingClient
+    from minips.worker.client import ServerUnavailable
 
     try:
-        with PSClient(connect, timeout=5.0, retries=5, groups=GROUPS) as probe:
+        with RetryingClient(connect, timeout=5.0, retries=5, groups=GROUPS) as probe:
             return "group" in probe.stats()
     except ServerUnavailable:
         return None

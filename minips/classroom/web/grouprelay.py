@@ -29,6 +29,7 @@ import numpy as np
 
 from minips.group.fanout import GroupVersion
 from minips.group.root import GROUPS
+from minips.ops.client_retries import RetryingClient
 from minips.protocol import wire
 from minips.protocol.wire import Message, ProtocolError
 from minips.transmission.codecs import decode_gradients
@@ -40,7 +41,7 @@ REMEMBERED_PUSHES = 64  # as a server remembers them (docs/protocol.md 8)
 BYE_TIMEOUT = 2.0  # s the relay waits for a shard to answer its bye for a tab (as 14.3's)
 
 
-class RelayedClient(PSClient):
+class RelayedClient(RetryingClient):
     """The group's client for one browser: each push goes to the shards with the `seq`
     the browser gave it (`push_seq`), not one of the client's own. A browser's retry then
     reaches every shard as a retry, whether the relay gave up on the first attempt or not."""

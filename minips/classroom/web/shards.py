@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minips.data import NORMALIZATION, Dataset, idx_bytes, load_dataset
+from minips.data import NORMALIZATION, Dataset, load_dataset
 from minips.data.sharding import owners
 from minips.errors import ConfigError
+from minips.provision.fetch import idx_bytes
+from minips.provision.locations import find_data
 
 MAX_PARTITIONS = 8  # partitions remembered per dataset (a gateway serves one run at a time)
 
@@ -128,5 +130,7 @@ class DatasetCache:
         """The dataset `name`; ConfigError / DataError (one line) when it cannot be had."""
         with self._lock:
             if name not in self._loaded:
-                self._loaded[name] = ServedDataset.from_dataset(load_dataset(name, self.data_dir))
+                self._loaded[name] = ServedDataset.from_dataset(
+                    load_dataset(name, self.data_dir, find=find_data)
+                )
             return self._loaded[name]

@@ -1,14 +1,7 @@
 """Gradient codecs: how each parameter's gradient travels from a worker to the server.
 
-One class per codec (docs/protocol.md section 13 is the normative wire layout):
-
-| codec     | class               | parts (frames)          | bytes for fc1 (800 x 500), B = 64    |
-| --------- | ------------------- | ----------------------- | ------------------------------------ |
-| `dense`   | `Identity`          | the float32 tensor      | 1,600,000                            |
-| `fp16`    | `Fp16`              | the float16 tensor      | 800,000                              |
-| `topk`    | `TopK`              | `indices`, `values`     | 8 per entry sent: 32,000 at 1%       |
-| `sf`      | `SufficientFactors` | `x` (B, in), `dy` (B, out) | 332,800 (166,400 as float16)      |
-| `lowrank` | `LowRank`           | `p` (n, r), `q` (m, r)  | 20,800 at rank 4                     |
+One class per codec (`CODEC_CLASSES`): `dense` Identity, `fp16` Fp16, `topk` TopK, `sf`
+SufficientFactors, `lowrank` LowRank; their parts and sizes are docs/protocol.md 13.1.
 
 Worker side, an `Encoder` turns a step's gradients into wire parts by a plan and keeps each
 parameter's codec state (top-k's residual). Server side, `decode_gradients(message)` turns

@@ -8,46 +8,12 @@
 planning machine by minips/run/plan_measure.py (`choose_plan` measures, chooses, and writes
 the prediction into the plan), or fixed by a test.
 
-The objective (docs/algorithms.md, "The cost model", with its sources and measurements):
+The objective, the step's cost model and the four steps of the choice (all dense without
+a link; coordinate descent over measured (push, pull) pairs, lossless then lossy; each step
+down taken only below MIN_GAIN; wait-free when compressed) are docs/algorithms.md, "The
+cost model", with their sources and measurements:
 
     T(plan) = step(plan) x samples(plan) / samples(dense)
-
-the wall time to reach an accuracy, relative to dense's samples. samples(plan) /
-samples(dense) = 1 + the measured sample cost of each tensor's (push, pull) pair
-(plan_samples.SAMPLE_COST). step(plan), one worker's step in ms (`predict_step`):
-
-    compute   the layers' CPU ms x contention: N workers and K servers share the machine's
-              cores, contention = max(1, (N + K) / cores) (or Cluster.compute_ms, given)
-    push      wait-free: one sender thread sends each layer as soon as backward produced
-              it, its encode CPU then its bytes at the worker's share r of the link
-              (without a sender thread: after backward, one after the other)
-    server    the server's CPU for one round: N x (decode a push + encode a delta pull),
-              plus each fp16 pull encoded once, shared by every worker; x contention,
-              over K servers
-    pull      the reply's bytes at r, then the worker's CPU to apply them
-    step      = end of the last push + server + pull
-
-The choice:
-
-1. No link limit: all dense (a codec only costs CPU and samples there). With a link,
-   dense is sent wait-free when that cuts T to at most WAIT_FREE_GAIN x: it costs no
-   samples and no codec CPU, and hides the push behind backward.
-2. Each weight has a ladder per direction, most faithful first (`push_ladder`,
-   `pull_ladder`); a tensor's (push, pull) pair costs samples as measured for that pair
-   (plan_samples.SAMPLE_COST; a pair measured nowhere is never picked). Coordinate
-   descent from all dense: for each tensor in turn (the most dense bytes first), among
-   its pairs whose T (given the others) is within TIE of the least, the one of least
-   sample cost, then of fewest bytes; until a sweep changes nothing. (So fp16, free in
-   samples, is taken wherever it is no slower.) Run twice: over the lossless pairs alone
-   (measured to cost no samples: dense, fp16, sf fp16), then from there over every
-   measured pair.
-3. Each step down must clearly pay: the lossless plan is taken only if its T is at most
-   MIN_GAIN x dense's (the less of dense's two ways of sending), the lossy one only if its
-   T is at most MIN_GAIN x the less lossy plans' (dense's and the lossless one's,
-   whichever is less); otherwise the less lossy plan stands. What the model leaves out
-   (cache misses, threads, a sample cost known to a few percent) all counts against
-   compressing.
-4. A compressed plan sends wait-free (minips/worker/transmit.py).
 """
 
 from __future__ import annotations
