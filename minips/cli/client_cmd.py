@@ -150,8 +150,8 @@ def _train_worker(
     more Worker keyword arguments (bandwidth, trace)."""
     from minips.errors import MinipsError
     from minips.results.evaluator import BYE_TIMEOUT
+    from minips.run.assembly import Worker
     from minips.worker.client import ServerError, ServerUnavailable
-    from minips.worker.worker import Worker
 
     with ProgressBar(label="worker") as bar:
         progress = None if quiet else bar.update

@@ -5,7 +5,8 @@ The core's classes are given what is not the idea by whoever builds them, so tha
 imports no operation (docs/architecture.md): a server its operations (checks, limits,
 failures, telemetry, checkpoints: minips/ops/server_ops.py), a client its retries and
 its way to a server group (minips/ops/client_retries.py, minips/group/root.py), a worker
-the machine's datasets (minips/provision/locations.py). This is the one place that
+the machine's datasets (minips/provision/locations.py) and its plan checked
+(minips/run/plan_checks.py). This is the one place that
 builds them whole, as `minips run` and `minips worker` do.
 """
 
@@ -19,8 +20,10 @@ from minips.group.root import GROUPS
 from minips.ops.client_retries import RetryingClient
 from minips.ops.server_ops import ServerOps
 from minips.provision.locations import find_data
+from minips.run.plan_checks import checked_plan
 from minips.server.seams import Operations
 from minips.server.server import ParameterServer as CoreServer
+from minips.transmission.plan import Plan
 from minips.worker.session import GroupSide
 from minips.worker.worker import Worker as CoreWorker
 
@@ -50,3 +53,8 @@ class Worker(CoreWorker):
 
     def __init__(self, *args: Any, find_data: FindData | None = find_data, **kwargs: Any) -> None:
         super().__init__(*args, find_data=find_data, **kwargs)
+
+    def take_plan(self, config: dict[str, Any]) -> Plan:
+        """The plan hello's config carries, checked as a run checks its own (one-line
+        ConfigError): the server may be another implementation, or a hostile one."""
+        return checked_plan(config.get("plan"), self.model)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import ConfigError
+from minips.nn.model import Sequential
 from minips.transmission.codecs import CODEC_CLASSES, Spec, parse_spec
 from minips.transmission.plan import PARAM_KEYS, PLAN_FORMAT, PULL_CODECS, Plan
 
@@ -158,3 +159,14 @@ def load_plan(source: str | Path | Mapping[str, Any] | None) -> Plan:
         raise ConfigError(f"plan file {path} is not readable JSON: {exc}") from None
     check_document(document)
     return Plan.from_dict(document)
+
+
+def checked_plan(document: Mapping[str, Any] | None, model: Sequential) -> Plan:
+    """The plan a server sent in hello (absent: all dense), checked as a document and
+    against `model` (`check_model`): ConfigError with the first reason."""
+    if document is not None and not isinstance(document, Mapping):
+        raise ConfigError(f"the server's plan is not a map: {type(document).__name__}")
+    plan = load_plan(document)
+    shapes = {name: array.shape for name, array in model.params.items()}
+    check_model(plan, shapes, {info.name: info.kind for info in model.layer_info()})
+    return plan

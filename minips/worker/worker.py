@@ -280,13 +280,18 @@ class Worker:
 
     def _plan_link_trace(self, config: dict[str, Any]) -> None:
         """From hello's config: the plan and its sender, the link's token buckets, trace hooks."""
-        self.plan = plan_from_hello(config)  # checked by the server's run (run/plan_checks)
+        self.plan = self.take_plan(config)
         if self.trace.enabled:
             self.model.add_grad_hook(self._trace_layer)
         self.sender = StepSender(self.client, self.model, self.plan, self.trace)
         self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
         self.client.link = self.conditions.link(self.report.bandwidth)
+
+    def take_plan(self, config: dict[str, Any]) -> Plan:
+        """The plan in hello's config as the server sent it (its run checked it: a worker
+        that does not trust its server checks it again, minips.run.assembly.Worker)."""
+        return plan_from_hello(config)
 
     def _pull(self, since: int | None) -> bool:
         """Fetch the parameters changed since version `since` into the model; the stop flag."""

@@ -4,19 +4,23 @@ core's own classes (minips/server/server.py, minips/worker/client.py) are given 
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import numpy as np
+import pytest
 from group_support import running_group
 from test_server_support import make_params
 
 import minips
+from minips.errors import ConfigError
 from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.server.options import ServerOptions
 from minips.server.server import ParameterServer as CoreServer
 from minips.state.store import SGD
 from minips.worker.client import PSClient as CoreClient
+from minips.worker.worker import Worker as CoreWorker
 
 
 def test_the_public_server_is_the_core_one_with_the_usual_operations_and_serves():
@@ -45,3 +49,38 @@ def test_the_public_client_reaches_a_group_where_the_core_one_is_given_none():
             stats = ps.stats()
         assert isinstance(ps, CoreClient) and len(stats["shards"]) == 2
         assert all(shard is not None for shard in stats["shards"])
+
+
+def _worker_holding(model):
+    worker = minips.Worker(CoreClient("tcp://127.0.0.1:1"), "unused")
+    worker.model = model
+    return worker
+
+
+def test_the_public_worker_refuses_a_plan_its_server_sends_that_does_not_fit_in_one_line():
+    model = minips.lenet5()
+    worker = _worker_holding(model)
+    bad = [
+        ({"params": {"fc9.w": {"push": "fp16"}}}, "which this model does not have"),
+        ({"params": {"conv1.w": {"push": "sf"}}}, "codec sf needs an fc layer's weight"),
+        ({"params": {"fc1.w": {"push": "nope"}}}, "nope"),
+        ({"format": 99, "params": {}}, "plan"),
+        ([1, 2], "not a map"),
+    ]
+    for plan, reason in bad:
+        with pytest.raises(ConfigError) as info:
+            worker.take_plan({"plan": plan})
+        assert reason in str(info.value) and "\n" not in str(info.value)
+    assert worker.take_plan({}).params == {}
+    sent = {"params": {"fc1.w": {"push": "fp16", "every": 2}}}
+    assert worker.take_plan({"plan": sent}).param("fc1.w").every == 2
+
+
+def test_minips_worker_is_the_public_worker_that_checks_its_plan():
+    from minips.cli import client_cmd
+
+    source = inspect.getsource(client_cmd)
+    assert "from minips.run.assembly import Worker" in source
+    assert "minips.worker.worker import Worker" not in source
+    core = CoreWorker.take_plan(_worker_holding(minips.lenet5()), {"plan": {"params": {}}})
+    assert core.params == {}
