@@ -30,7 +30,7 @@ from minips.ops.request_checks import (
 )
 from minips.ops.retries import answer_retry
 from minips.ops.rule_state import KeptRuleState
-from minips.ops.telemetry import Telemetry, UpdateRecord
+from minips.ops.telemetry import Telemetry, UpdateRecord, stop_record
 from minips.ops.timers import Timers
 from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import ProtocolError
@@ -217,7 +217,7 @@ class ServerOps:
         """`stats`: counters, versions, staleness, workers; why it stops; a collapse; the
         run's data (a dashboard shows each worker's labels from it)."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, stop.stopping)
-        stats.update(stop.record())
+        stats.update(stop_record(stop))
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         stats["data"] = {key: self.config[key] for key in DATA_KEYS if key in self.config}
         return stats

@@ -47,7 +47,7 @@ from minips.server.router import (
     split_envelope,
 )
 from minips.server.seams import GroupRole, Operations, operator_fields
-from minips.server.stop import Stop, stop_on_signals
+from minips.server.stop import Stop
 from minips.state.registry import Push, WorkerRegistry, WorkerState
 from minips.state.requests import HeldPull
 from minips.state.store import SGD, ParameterStore
@@ -163,14 +163,6 @@ class ParameterServer:
                 self.after_leaving(left)
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
-
-    def serve_forever(self) -> None:
-        """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
-        with stop_on_signals(self.stop):
-            try:
-                self.run()
-            finally:  # closed first: a signal while the last replies linger does not kill it
-                self.close()
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""

@@ -1,8 +1,5 @@
 """ParameterServer over real sockets: ops, versions, dedup, errors, checkpoints, stop."""
 
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -347,44 +344,6 @@ def test_constructor_validates():
         make_rule("nope")
     with pytest.raises(ConfigError):
         make_rule("ssp", staleness=-1)
-
-
-SERVE_FOREVER = """
-import sys
-import numpy as np
-from minips.state.store import SGD
-from minips.ops.server_ops import ServerOps
-from minips.rules import make_rule
-from minips.server.server import ParameterServer, ServerOptions
-params = {"fc.b": np.zeros(4, np.float32)}
-options = ServerOptions(checkpoint_path=sys.argv[1])
-server = ParameterServer(params, make_rule("asgd"), SGD(params), options, operations=ServerOps)
-print(server.endpoint, flush=True)
-server.serve_forever()
-print("clean exit", flush=True)
-"""
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_forever_shuts_down_cleanly_on_a_signal(tmp_path, sig):
-    path = tmp_path / "final.npz"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_FOREVER, str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        endpoint = proc.stdout.readline().strip()
-        with PSClient(endpoint) as ps:
-            ps.hello()
-            ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
-            ps.bye()
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and "clean exit" in out
-    with np.load(path) as saved:
-        assert int(saved["version"]) == 1
-        np.testing.assert_array_equal(saved["param/fc.b"], -0.01 * np.ones(4, np.float32))
 
 
 def test_corrupted_pushes_never_cause_an_internal_error():
