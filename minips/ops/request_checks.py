@@ -7,7 +7,7 @@
                                      `stats` always encodes): the named point
                                      `check_hello`
     require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (under
-                                     CURVE): the named point `check_operator` (kept
+                                     CURVE): `ServerOps.check_operator` (kept
                                      beside Origin, minips.state.requests, where a
                                      group's root asks it of a `join` too)
     OverflowCheck, step_stays_finite  no update writes a non-finite value: its own module,

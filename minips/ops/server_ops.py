@@ -21,6 +21,7 @@ from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures
 from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
+from minips.ops.operator_requests import Handler, OperatorRequests
 from minips.ops.overflow import OverflowCheck, refusal
 from minips.ops.request_checks import (
     check_hello_connection,
@@ -69,7 +70,7 @@ class ServerOps:
         group: GroupRole | None = None,
     ) -> None:
         self.store, self.registry, self.rule, self.options = store, registry, rule, options
-        self.config = config
+        self.config, self.group = config, group
         self.telemetry = Telemetry(on_update)
         self.counters = self.telemetry.counters
         self.collapse = CollapseWatch(  # has the model collapsed? (logged, in stats)
@@ -121,6 +122,11 @@ class ServerOps:
         connection not one its client abandoned (request_checks.py)."""
         check_info(header.get("info", {}))
         check_hello_connection(header, origin)
+
+    def handlers(self, server: Any) -> dict[str, Handler]:
+        """The requests beside training (operator_requests.py): `stats`, an operator's
+        `stop` and `checkpoint` (`check_operator`), `join` refused outside a group."""
+        return OperatorRequests(server, self.check_operator).handlers()
 
     def check_operator(self, origin: Origin) -> None:
         """Refuse a `stop` or a `checkpoint` without an operator key (under CURVE)."""
@@ -215,11 +221,13 @@ class ServerOps:
 
     def stats(self, stop: Stop) -> dict[str, Any]:
         """`stats`: counters, versions, staleness, workers; why it stops; a collapse; the
-        run's data (a dashboard shows each worker's labels from it)."""
+        run's data (a dashboard shows each worker's labels from it); a shard's group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, stop.stopping)
         stats.update(stop_record(stop))
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         stats["data"] = {key: self.config[key] for key in DATA_KEYS if key in self.config}
+        if self.group is not None:
+            stats["group"] = self.group.group()
         return stats
 
     def close(self) -> None:

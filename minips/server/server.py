@@ -34,7 +34,7 @@ import numpy as np
 import zmq
 
 from minips.protocol import address, wire
-from minips.protocol.wire import Message, ProtocolError
+from minips.protocol.wire import Message
 from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
@@ -46,7 +46,7 @@ from minips.server.router import (
     receive,
     split_envelope,
 )
-from minips.server.seams import GroupRole, Operations, operator_fields
+from minips.server.seams import GroupRole, Operations
 from minips.server.stop import Stop
 from minips.state.registry import Push, WorkerRegistry, WorkerState
 from minips.state.requests import HeldPull
@@ -107,10 +107,9 @@ class ParameterServer:
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
-            "stats": self.handle_stats,  # anyone's; stop, checkpoint (and a root's join)
-            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint, "join": refuse_join,
         }  # fmt: skip
         ops.attach(self)  # the inflow guard on the socket, failures answered by the outbox
+        self.handlers.update(ops.handlers(self))  # stats; an operator's stop, checkpoint; join
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
@@ -220,21 +219,6 @@ class ParameterServer:
         worker = self.registry.sender(request, envelope.origin)
         self.pulls.hold(worker, HeldPull(envelope, request.header.get("since")))
 
-    def handle_stats(self, envelope: Envelope, request: Message) -> None:
-        self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
-
-    def handle_stop(self, envelope: Envelope, request: Message) -> None:
-        self.ops.check_operator(envelope.origin)  # an operator's key
-        self.stop.request("an operator asked")
-        self.begin_stop()
-        self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
-
-    def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
-        self.ops.check_operator(envelope.origin)  # an operator's key
-        path, version = self.ops.checkpoint(), self.store.version
-        self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
-                                     **operator_fields(self.group)})  # fmt: skip
-
     # --------------------------------------------------------------- carrying out a rule
 
     def carry_out(self, outcome: Outcome) -> None:
@@ -291,9 +275,9 @@ class ParameterServer:
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
-        stats = self.ops.stats(self.stop)
-        return stats if self.group is None else {**stats, "group": self.group.group()}
+        """`stats`: counters, versions, staleness, workers, a collapse; a shard's group (what
+        its operations measured and say)."""
+        return self.ops.stats(self.stop)
 
 
 def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: int) -> Push:
@@ -304,8 +288,3 @@ def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: 
     return Push(worker, header["seq"], base, header.get("last", True), grads, extras,
                 staleness=version - base, reply_to=envelope, fused="pull_since" in header,
                 pull_since=header.get("pull_since"), codecs=request.codecs)  # fmt: skip
-
-
-def refuse_join(envelope: Envelope, request: Message) -> None:
-    """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
-    raise ProtocolError("op 'join' is not a request", "unknown_op")

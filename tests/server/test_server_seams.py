@@ -11,6 +11,8 @@ import pytest
 import zmq
 from test_server_support import filled, make_params
 
+import minips
+from minips.ops.operator_requests import OperatorRequests, refuse_join
 from minips.ops.retries import check_retry
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
@@ -139,3 +141,25 @@ def test_the_core_names_no_operations_a_run_builds_the_usual_ones():
         assert isinstance(server.ops, ServerOps) and server.ops.inflow is not None
     finally:
         server.close()
+
+
+def test_the_requests_beside_training_are_the_operations_own():
+    """`stats`, `stop`, `checkpoint` and `join` are not the core's: its operations add them
+    (ops/operator_requests.py), the operator's key checked by the operations' own check;
+    a run's server and the public one both have them."""
+    server, ops = _server()
+    try:
+        assert server.handlers["join"] is refuse_join
+        for op in ("stats", "stop", "checkpoint"):
+            requests = server.handlers[op].__self__
+            assert isinstance(requests, OperatorRequests) and requests.server is server
+            assert requests.check_operator == ops.check_operator
+    finally:
+        server.close()
+    params = make_params()
+    for built in (make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*")),
+                  minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
+        try:
+            assert set(built.handlers) >= {"stats", "stop", "checkpoint", "join"}
+        finally:
+            built.close()
