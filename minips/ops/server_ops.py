@@ -26,6 +26,7 @@ from minips.ops.overflow import OverflowCheck, refusal
 from minips.ops.request_checks import (
     check_hello_connection,
     check_info,
+    check_push_fits,
     clip_gradients,
     require_operator,
 )
@@ -140,10 +141,10 @@ class ServerOps:
 
     def check_push(self, push: Push, request: Message) -> None:
         """Refuse a push before it is accepted (nothing booked): its base and gradients
-        against the model (the store's check), then clipped (--clip-norm), the overflow
+        against the model (`check_push_fits`), then clipped (--clip-norm), the overflow
         check (on the norms before clipping: upper bounds), the rule's own check."""
         closes_step = push.worker.partial_step is not None or self.stop.stopping
-        self.store.check_push(push.base, push.grads, closes_step)
+        check_push_fits(self.store, push.base, push.grads, closes_step)
         push.grads = clip_gradients(push.grads, self.options.clip_norm)
         self.overflow.check(push.grads, request.sq_norms)
         self.rule.check_push(push)
