@@ -22,6 +22,7 @@ from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures
 from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
 from minips.ops.operator_requests import Handler, OperatorRequests
+from minips.ops.ops_options import OpsOptions
 from minips.ops.overflow import OverflowCheck, refusal
 from minips.ops.request_checks import (
     check_hello_connection,
@@ -70,7 +71,8 @@ class ServerOps:
         on_update: Callable[[dict[str, Any]], None] | None = None,
         group: GroupRole | None = None,
     ) -> None:
-        self.store, self.registry, self.rule, self.options = store, registry, rule, options
+        self.options = options = OpsOptions.of(options)  # the operations' settings too
+        self.store, self.registry, self.rule = store, registry, rule
         self.config, self.group = config, group
         self.telemetry = Telemetry(on_update)
         self.counters = self.telemetry.counters

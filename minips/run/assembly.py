@@ -1,5 +1,6 @@
 """minips's public `PSClient` and `ParameterServer`: the core's two classes with the usual
-parts attached, for a user who writes `from minips import PSClient, ParameterServer`.
+parts attached, for a user who writes `from minips import PSClient, ParameterServer`; and
+its `ServerOptions`, the core's with the usual operations' settings (OpsOptions).
 
 The core's classes are given what is not the idea by whoever builds them, so that the core
 imports no operation (docs/architecture.md): a server its operations (checks, limits,
@@ -14,11 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from minips.group.root import GROUPS
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.server.seams import Operations
 from minips.server.server import ParameterServer as CoreServer
 from minips.worker.client import PSClient as CoreClient
 from minips.worker.session import GroupSide
+
+# The public ServerOptions: the core's settings and the usual operations' (checkpoints,
+# the sample budget, clipping), which `ServerOps` reads.
+ServerOptions = OpsOptions
 
 
 class ParameterServer(CoreServer):

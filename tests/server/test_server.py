@@ -9,6 +9,7 @@ from test_server_support import SHAPES, RawPeer, make_params, packb, running_ser
 
 from minips.errors import ConfigError, ShapeError
 from minips.ops.checkpoint_file import read_checkpoint
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
@@ -235,7 +236,7 @@ def test_checkpoint_and_resume(tmp_path):
     velocity = {k: v.copy() for k, v in server.store.optimizer.velocity.items()}
     fresh = make_params(seed=1)
     optimizer = SGD(fresh, lr=0.5, momentum=0.9)
-    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, ServerOptions(resume=path),
+    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, OpsOptions(resume=path),
                               operations=ServerOps)  # fmt: skip
     try:
         assert resumed.store.version == 3
@@ -257,7 +258,7 @@ def test_resume_rejects_a_different_model(tmp_path):
     assert path.exists()
     other = {"fc.w": np.zeros((4, 3), np.float32), "fc.b": np.zeros(4, np.float32)}
     with pytest.raises(ShapeError):
-        ParameterServer(other, make_rule("asgd"), SGD(other), ServerOptions(resume=path),
+        ParameterServer(other, make_rule("asgd"), SGD(other), OpsOptions(resume=path),
                         operations=ServerOps)  # fmt: skip
 
 

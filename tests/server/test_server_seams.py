@@ -13,6 +13,7 @@ from test_server_support import filled, make_params
 
 import minips
 from minips.ops.operator_requests import OperatorRequests, refuse_join
+from minips.ops.ops_options import OpsOptions
 from minips.ops.retries import check_retry
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
@@ -20,7 +21,6 @@ from minips.protocol.wire import ProtocolError
 from minips.rules import make_rule
 from minips.run.build import make_server
 from minips.run.config import RunConfig
-from minips.server.options import ServerOptions
 from minips.server.server import ParameterServer
 from minips.state.registry import WorkerRegistry
 from minips.state.requests import Origin
@@ -93,7 +93,7 @@ def test_a_refused_push_passes_no_point_after_its_check():
 
 
 def test_the_sample_budget_asks_a_planned_stop_once_reached():
-    server, ops = _server(ServerOptions(max_samples=64))
+    server, ops = _server(OpsOptions(max_samples=64))
     try:
         server.serve(_frames({"op": "hello", "worker": "w", "rid": 1}))
         for seq in range(2):
