@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
-from minips.ops.failures import Failures
-from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
+from minips.ops.failures import Failures, answer_error
+from minips.ops.inflow import InflowGuard, InflowLimits, cap_router, give_back_freed_memory
 from minips.ops.operator_requests import Handler, OperatorRequests
 from minips.ops.ops_options import OpsOptions
 from minips.ops.overflow import OverflowCheck, refusal
@@ -90,10 +90,12 @@ class ServerOps:
         self.overflow = OverflowCheck(store, rule.max_move)
 
     def attach(self, server: Any) -> None:
-        """The server's socket exists: the inflow guard watches it; failures are answered
-        through its outbox; the sample budget asks its stop."""
+        """The server's socket exists and is not bound yet: ZeroMQ's caps are set on it
+        (inflow.py) and the inflow guard watches it; failures are answered through its
+        outbox; the sample budget asks its stop."""
         self.stop: Stop = server.stop
         self.outbox, self.pulls = server.outbox, server.pulls
+        cap_router(server.socket, self.options.limits, self.options.send_hwm)
         self.inflow = InflowGuard(server.socket, InflowLimits.for_limits(self.options.limits))
         self.failures = Failures(self.registry, server.outbox)
 
@@ -114,7 +116,7 @@ class ServerOps:
         try:
             yield
         except ProtocolError as exc:
-            self.outbox.error(envelope, exc, body)
+            answer_error(self.outbox, envelope, exc, body)
             if exc.code == "nonfinite":  # the model may have diverged (collapse.py)
                 self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
         except Exception as exc:  # a bug: say so, answer `internal`, keep serving
@@ -178,7 +180,7 @@ class ServerOps:
         if name is None:
             return False
         for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
-            self.outbox.error(push.reply_to, error, [])
+            answer_error(self.outbox, push.reply_to, error, [])
             self.collapse.on_nonfinite(push.reply_to.origin.routing_id.hex())
         return True
 

@@ -57,7 +57,8 @@ class Turn(Protocol):
 
 class Operations(Protocol):
     """What the server asks of its operations (module docstring). `attach(server)` is called
-    once the server's socket, outbox and pulls exist; `counters` before (the outbox's)."""
+    once the server's socket, outbox and pulls exist, before the socket binds (its caps are
+    the operations'); `counters` before (the outbox's)."""
 
     counters: Counting
 

@@ -95,8 +95,7 @@ class ParameterServer:
                                     on_update, group)  # fmt: skip
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
-        self.socket, self._gatekeeper = open_router(self._context, options.limits,
-                                                    options.send_hwm, options.keys)  # fmt: skip
+        self.socket, self._gatekeeper = open_router(self._context, options.keys)
         self.outbox = outbox = Outbox(self.socket, ops.counters)
         # routing id, a REQ delimiter, the header, the array frames, and one to see more
         self._keep_frames = 3 + options.limits.max_arrays + 1
@@ -108,7 +107,7 @@ class ParameterServer:
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
         }  # fmt: skip
-        ops.attach(self)  # the inflow guard on the socket, failures answered by the outbox
+        ops.attach(self)  # the socket's caps (before it binds), the inflow guard, failures
         self.handlers.update(ops.handlers(self))  # stats; an operator's stop, checkpoint; join
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         self.group = members.group = group  # a shard of a server group (group/shard.py)

@@ -12,6 +12,7 @@ import zmq
 from test_server_support import filled, make_params
 
 import minips
+from minips.ops.inflow import LISTEN_BACKLOG, RECEIVE_HWM
 from minips.ops.operator_requests import OperatorRequests, refuse_join
 from minips.ops.ops_options import OpsOptions
 from minips.ops.retries import check_retry
@@ -161,5 +162,23 @@ def test_the_requests_beside_training_are_the_operations_own():
                   minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
         try:
             assert set(built.handlers) >= {"stats", "stop", "checkpoint", "join"}
+        finally:
+            built.close()
+
+
+def test_the_socket_caps_are_set_by_the_operations_before_the_server_binds():
+    """ZeroMQ's caps on the ROUTER socket are the operations' (ops/inflow.py's
+    `cap_router`, from ServerOps.attach, which runs before the bind): a run's server and
+    the public one have them all."""
+    params = make_params()
+    for built in (make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*")),
+                  minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
+        try:
+            limits, socket = built.options.limits, built.socket
+            assert socket.getsockopt(zmq.MAXMSGSIZE) == max(limits.max_frame_bytes,
+                                                            limits.max_header_bytes)  # fmt: skip
+            assert socket.getsockopt(zmq.SNDHWM) == built.options.send_hwm
+            assert socket.getsockopt(zmq.RCVHWM) == RECEIVE_HWM
+            assert socket.getsockopt(zmq.BACKLOG) == LISTEN_BACKLOG
         finally:
             built.close()
