@@ -3,9 +3,8 @@
 `ParameterStore`: named float32 arrays; a global version counter `t` (one per applied
 update) and, per parameter, the version at which it last changed, so a pull can send only
 what changed since the puller's version; snapshots, and a whole state restored (a
-checkpoint's: minips/ops/checkpoint_file.py). `SGD`: momentum and
-weight decay, the one optimizer, shared by the server's store and the single-process
-trainer.
+checkpoint's: minips/ops/checkpoint_file.py). `SGD`: momentum and weight decay, the one
+optimizer, shared by the server's store and the single-process trainer.
 """
 
 from __future__ import annotations
