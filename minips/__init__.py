@@ -31,7 +31,7 @@ _PUBLIC = {
     "PSClient": "minips.run.assembly",
     "Worker": "minips.run.assembly",
     "ParameterServer": "minips.run.assembly",
-    "ServerOptions": "minips.server.server",
+    "ServerOptions": "minips.run.assembly",
     "SGD": "minips.state.store",
     "Rule": "minips.rules",
     "RULES": "minips.rules",

@@ -9,10 +9,11 @@ import msgpack
 import numpy as np
 import zmq
 
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
-from minips.server.server import ParameterServer, ServerOptions
+from minips.server.server import ParameterServer
 from minips.state.store import SGD
 
 SHAPES = {"fc.w": (3, 4), "fc.b": (4,)}
@@ -47,7 +48,7 @@ def running_server(
     kw.setdefault("stop_grace", 0.2)
     kw.setdefault("poll_interval", 0.02)
     on_update = kw.pop("on_update", None)
-    options = ServerOptions(**kw)
+    options = OpsOptions(**kw)
     server = ParameterServer(params, rule, optimizer, options, config=config or {"model": "test"},
                              on_update=on_update, operations=ServerOps)  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)

@@ -34,6 +34,7 @@ import zmq  # noqa: E402
 
 from minips.nn import lenet5  # noqa: E402
 from minips.ops.server_ops import ServerOps  # noqa: E402
+from minips.ops.signals import serve_forever  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
@@ -54,7 +55,7 @@ def serve(endpoint_queue: mp.Queue) -> None:
     server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.01), ServerOptions(),
                              operations=ServerOps)  # fmt: skip
     endpoint_queue.put(server.endpoint)
-    server.serve_forever()
+    serve_forever(server)
 
 
 def memory(pid: int) -> tuple[float, float]:

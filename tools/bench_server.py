@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 from minips.nn import lenet5  # noqa: E402
 from minips.ops.server_ops import ServerOps  # noqa: E402
+from minips.ops.signals import serve_forever  # noqa: E402
 from minips.rules import make_rule  # noqa: E402
 from minips.server.server import ParameterServer, ServerOptions  # noqa: E402
 from minips.state.store import SGD  # noqa: E402
@@ -73,7 +74,7 @@ def serve(endpoint_queue: mp.Queue, bind: str) -> None:
     server = ParameterServer(params, make_rule("asgd"), optimizer, ServerOptions(bind=bind),
                              operations=ServerOps)  # fmt: skip
     endpoint_queue.put(server.endpoint)
-    server.serve_forever()
+    serve_forever(server)
 
 
 def shard_tensors(servers: int, shard: int) -> list[np.ndarray]:

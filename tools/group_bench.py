@@ -25,6 +25,7 @@ def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
     from minips.group.shard import Joiner, ShardRole, shard_params
     from minips.nn import lenet5
     from minips.ops.server_ops import ServerOps
+    from minips.ops.signals import serve_forever
     from minips.rules import make_rule
     from minips.server.server import ParameterServer, ServerOptions
     from minips.state.store import SGD
@@ -41,7 +42,7 @@ def serve_shard(queue, bind: str, servers: int, shard: int, root: str | None,
                              ServerOptions(bind=bind), config={"model": LENET5_SPEC},
                              group=group, operations=ServerOps)  # fmt: skip
     queue.put(server.endpoint)
-    server.serve_forever()
+    serve_forever(server)
 
 
 def shard_bind(bind: str, shard: int) -> str:

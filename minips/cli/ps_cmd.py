@@ -185,6 +185,7 @@ def serve(
 ) -> None:
     """`minips server`'s work once its run directories are held: serve `config` (a whole
     group here, or one server or shard) until stopped, then print its summary line."""
+    from minips.ops.signals import serve_forever
     from minips.results.metrics import MetricsLog
     from minips.results.whole_file import write_whole
     from minips.run.build import join_root, make_server, server_summary
@@ -228,7 +229,7 @@ def serve(
             click.echo(ps.ops.checkpoints.said)
         if endpoint_file:  # whole or not at all: the launcher never reads half an address
             write_whole(endpoint_file, ps.endpoint + "\n")
-        ps.serve_forever()
+        serve_forever(ps)
         updates.write("server", stats=ps.stats())
     click.echo(server_summary(ps))
 

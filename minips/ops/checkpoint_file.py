@@ -225,7 +225,7 @@ def save_store(
     """Write `store`'s parameters, versions and optimizer state to `path` (.npz), atomically
     (`write_checkpoint`). extra: more arrays by key (the rule's state, "rule/...").
     keep_previous: the checkpoint it replaces is kept beside it."""
-    arrays = {**store.arrays(), **(extra or {})}
+    arrays = {**store_arrays(store), **(extra or {})}
     # The list of arrays: a file that lost some (a damaged zip directory) is refused.
     meta = {"format": CHECKPOINT_FORMAT, **(meta or {}), "arrays": sorted(arrays)}
     arrays["meta"] = np.array(json.dumps(meta))
@@ -239,18 +239,48 @@ def load_store(store: ParameterStore, path: str | Path) -> dict[str, Any]:
 
 
 def restore_store(store: ParameterStore, checkpoint: Checkpoint) -> dict[str, Any]:
-    """`store` takes a checked checkpoint's parameters, versions and optimizer state; its
-    meta. Names and shapes must match the model exactly (ShapeError otherwise); nothing
-    is changed unless the whole checkpoint fits."""
+    """`store` takes a checked checkpoint's parameters, versions and optimizer state
+    (`ParameterStore.restore`); its meta. Names and shapes must match the model exactly
+    (ShapeError otherwise); nothing is changed unless the whole checkpoint fits."""
     checkpoint.check_params(store.params)
     contents = checkpoint.arrays
-    store.take(
+    store.restore(
         {name: contents[f"param/{name}"] for name in store.params},
         {name: contents[f"param_version/{name}"] for name in store.params},
         checkpoint.version,
-        checkpoint.section("optim/"),
+        velocities(checkpoint.section("optim/"), store.params),
     )
     return checkpoint.meta
+
+
+def store_arrays(store: ParameterStore) -> dict[str, np.ndarray]:
+    """A store's state by key, as a checkpoint holds it (module docstring): `version`,
+    `param/<name>`, `param_version/<name>`, `optim/velocity/<name>`."""
+    arrays: dict[str, np.ndarray] = {"version": np.array(store.version, dtype=np.int64)}
+    for name, array in store.params.items():
+        arrays[f"param/{name}"] = array
+        arrays[f"param_version/{name}"] = np.array(store.param_versions[name], np.int64)
+    for name, buf in store.optimizer.velocity.items():
+        arrays[f"optim/velocity/{name}"] = buf
+    return arrays
+
+
+def velocities(
+    optim: dict[str, np.ndarray], params: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The momentum buffers among a checkpoint's `optim/` arrays (keyed `velocity/<name>`), by
+    parameter name; other keys and unknown parameters ignored. ShapeError, before anything
+    is restored, unless each fits its parameter."""
+    found = {}
+    for key, buf in optim.items():
+        name = key.removeprefix("velocity/")
+        weight = params.get(name)
+        if name == key or weight is None:
+            continue
+        if np.shape(buf) != weight.shape:
+            raise ShapeError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
+        found[name] = buf
+    return found
 
 
 def file_version(path: str | Path) -> int | None:

@@ -1,10 +1,11 @@
 """What the server does when it fails (a bug): nobody is left waiting, and it keeps serving.
 
 A failure is anything a handler, a rule or a timer raises that is not a refusal the
-protocol names (those are ProtocolErrors, answered with their own code). The request it
-happened in is answered `internal`; so is every push the failed step was deciding on and
-that is still held, whoever sent it: an ssgd round's other pushes wait for that round,
-which will not come. Each failed push is remembered with its error, so a retry of its
+protocol names (those are ProtocolErrors, answered with their own code: `answer_error`
+sends every error reply, counted, one per request at most). The request it happened in
+is answered `internal`; so is every push the failed step was deciding on and that is
+still held, whoever sent it: an ssgd round's other pushes wait for that round, which
+will not come. Each failed push is remembered with its error, so a retry of its
 `seq` gets the same error and is never applied (docs/protocol.md 8, 9).
 """
 
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
 
 if TYPE_CHECKING:
@@ -24,6 +26,19 @@ if TYPE_CHECKING:
     from minips.state.registry import Push, WorkerRegistry
 
 log = logging.getLogger("minips.server")
+
+
+def answer_error(outbox: Outbox, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
+    """Answer a request that failed with `error` through `outbox` (its rid read from `body`
+    if need be), counted; nothing when it was answered already (a failure after its reply:
+    logged, no second)."""
+    if envelope.answered:
+        return
+    envelope.answered = True
+    outbox.counters.errors += 1
+    log.debug("error reply (%s): %s", error.code, error.reason)
+    rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
+    outbox.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
 
 
 def internal(exc: BaseException) -> ProtocolError:
@@ -45,7 +60,7 @@ class Failures:
         log.exception("internal error handling a request")
         error = internal(exc)
         self.fail_held(envelope, error)
-        self.outbox.error(envelope, error, body)
+        answer_error(self.outbox, envelope, error, body)
 
     def fail_held(self, reply_to: Envelope, error: ProtocolError) -> None:
         """What is held for the request whose reply goes to `reply_to`, once handling it
@@ -69,7 +84,7 @@ class Failures:
         except Exception as exc:  # the round's other pushes would wait for ever
             error = internal(exc)
             for push in self.fail_pushes(_pushes_of(outcome), error):
-                self.outbox.error(push.reply_to, error, [])
+                answer_error(self.outbox, push.reply_to, error, [])
             raise
 
     def fail_pushes(self, pushes: list[Push], error: ProtocolError) -> list[Push]:

@@ -30,6 +30,9 @@ docs/protocol.md section 10 states the overshoot as measured. Without TCP_INFO o
 (not Linux) the guard switches itself off and says so; ipc:// connections (local, guarded
 by file permissions) and inproc are not watched.
 
+ZeroMQ's own caps on the ROUTER socket (`cap_router`: the largest frame, the replies and
+whole requests queued per connection, the listen backlog) are set before it binds.
+
 After a message of many frames (the frames past the most a request may have are read and
 let go), the freed memory is given back to the system (`give_back_freed_memory`), so an
 attack leaves no peak behind.
@@ -62,6 +65,8 @@ FAST_CHECK = 0.005  # seconds between checks while a big message is arriving
 SWEEP_COST = 5e-6  # seconds to measure one connection (about 3 us measured)
 MAX_SWEEP_GAP = 0.05  # seconds: the longest a sweep waits, whatever the connections
 WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+RECEIVE_HWM = 16  # whole requests queued per connection (docs/protocol.md 10)
+LISTEN_BACKLOG = 1024  # connections waiting to be accepted
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,21 @@ class InflowLimits:
     def for_limits(cls, limits: Limits) -> InflowLimits:
         """The per-connection bound that lets the largest message `limits` allow through."""
         return cls(per_connection=limits.max_message_bytes + limits.max_header_bytes + MiB)
+
+
+def cap_router(socket: zmq.Socket, limits: Limits, send_hwm: int) -> None:
+    """ZeroMQ's own caps on the server's ROUTER socket, set before it binds (they hold for
+    the connections made after): what it buffers is bounded before anything arrives."""
+    # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
+    # buffering it, and queues at most send_hwm replies for a client that does not read.
+    socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
+    socket.setsockopt(zmq.SNDHWM, send_hwm)
+    # Whole requests not yet read: a client sending faster than the server reads is slowed
+    # by TCP, not buffered (what is still arriving is bounded by the guard below).
+    socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+    # A class connecting at once: past ZeroMQ's default backlog of 100 the SYNs are dropped
+    # and retried after 1, 3, 7 ... s; the kernel caps this at net.core.somaxconn.
+    socket.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
 
 
 def wire_bytes(frame_bytes: int, curve: bool) -> int:

@@ -284,9 +284,9 @@ class ReplicatedServer(ParameterServer):
             self.stop.deadline = started + self.options.stop_grace
         self.options = replace(self.options, checkpoint_path=self.replica.checkpoint_path)
         ops: Any = self.ops  # the usual operations (minips/ops/server_ops.py) hold both
-        ops.options = self.options
-        ops.checkpoints.write_to(self.replica.checkpoint_path, self.options.checkpoint_every,
-                                 self.options.checkpoint_interval)  # fmt: skip
+        ops.options = settings = replace(ops.options, checkpoint_path=self.replica.checkpoint_path)
+        ops.checkpoints.write_to(self.replica.checkpoint_path, settings.checkpoint_every,
+                                 settings.checkpoint_interval)  # fmt: skip
         self.endpoint = bind_retrying(self.socket, self.client_address)
         # for the backup that replaces this one; inputs numbered on from the last one
         self.link = PrimaryLink(self._link_ctx, self.replica.link_bind, self.replies, self.sent,

@@ -1,5 +1,9 @@
 """What the server refuses from a client it cannot trust, and the optional clipping.
 
+    check_push_fits(store, base, grads, closes_step)
+                                     a push's base is no newer than t, its gradients
+                                     name parameters of the model, with their shapes,
+                                     as float32: part of the named point `check_push`
     clip_gradients(grads, max_norm)  the optional --clip-norm: g <- g * min(1, c / ||g||)
     check_hello_connection(header, origin), check_info(info)
                                      a hello's connection is the client's own (not one
@@ -7,7 +11,7 @@
                                      `stats` always encodes): the named point
                                      `check_hello`
     require_operator(origin, keys)   `stop` and `checkpoint` need an operator key (under
-                                     CURVE): the named point `check_operator` (kept
+                                     CURVE): `ServerOps.check_operator` (kept
                                      beside Origin, minips.state.requests, where a
                                      group's root asks it of a `join` too)
     OverflowCheck, step_stays_finite  no update writes a non-finite value: its own module,
@@ -31,10 +35,45 @@ from minips.state.requests import require_operator
 
 if TYPE_CHECKING:
     from minips.state.requests import Origin
+    from minips.state.store import ParameterStore
 
 __all__ = ["MAX_INFO_BYTES", "MAX_INFO_DEPTH", "OverflowCheck", "check_hello_connection",
-           "check_info", "clip_gradients", "depth", "require_operator",
+           "check_info", "check_push_fits", "clip_gradients", "depth", "require_operator",
            "step_stays_finite"]  # fmt: skip
+
+
+def check_push_fits(
+    store: ParameterStore, base: int, grads: dict[str, np.ndarray], closes_step: bool = False
+) -> None:
+    """Check a push's `base` and decoded gradients against the store's parameters.
+
+    closes_step: the worker has pushes of its step kept (`last: false`), or the server
+    is stopping (it keeps none), so this one may carry no gradient: a shard of a group
+    closes a step so (docs/protocol.md 16.5).
+    Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
+    nothing: every check runs before any parameter is touched.
+    """
+    if base > store.version:
+        raise ProtocolError(
+            f"base {base} is newer than the server's version {store.version}", "bad_base"
+        )
+    if not grads and not closes_step:
+        raise ProtocolError("a push must carry at least one gradient", "unknown_param")
+    for name, grad in grads.items():
+        param = store.params.get(name)
+        if param is None:
+            raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
+        if grad.shape != param.shape:
+            raise ProtocolError(
+                f"gradient {name!r} has shape {list(grad.shape)}, "
+                f"the parameter has {list(param.shape)}",
+                "shape",
+            )
+        if grad.dtype != np.float32:
+            raise ProtocolError(
+                f"gradient {name!r} must be float32 (dense) or float16 (fp16), got {grad.dtype}",
+                "dtype",
+            )
 
 
 def clip_gradients(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:

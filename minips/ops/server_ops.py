@@ -19,18 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
-from minips.ops.failures import Failures
-from minips.ops.inflow import InflowGuard, InflowLimits, give_back_freed_memory
+from minips.ops.failures import Failures, answer_error
+from minips.ops.inflow import InflowGuard, InflowLimits, cap_router, give_back_freed_memory
+from minips.ops.operator_requests import Handler, OperatorRequests
+from minips.ops.ops_options import OpsOptions
 from minips.ops.overflow import OverflowCheck, refusal
 from minips.ops.request_checks import (
     check_hello_connection,
     check_info,
+    check_push_fits,
     clip_gradients,
     require_operator,
 )
 from minips.ops.retries import answer_retry
 from minips.ops.rule_state import KeptRuleState
-from minips.ops.telemetry import Telemetry, UpdateRecord
+from minips.ops.telemetry import Telemetry, UpdateRecord, stop_record
 from minips.ops.timers import Timers
 from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import ProtocolError
@@ -68,8 +71,9 @@ class ServerOps:
         on_update: Callable[[dict[str, Any]], None] | None = None,
         group: GroupRole | None = None,
     ) -> None:
-        self.store, self.registry, self.rule, self.options = store, registry, rule, options
-        self.config = config
+        self.options = options = OpsOptions.of(options)  # the operations' settings too
+        self.store, self.registry, self.rule = store, registry, rule
+        self.config, self.group = config, group
         self.telemetry = Telemetry(on_update)
         self.counters = self.telemetry.counters
         self.collapse = CollapseWatch(  # has the model collapsed? (logged, in stats)
@@ -87,10 +91,12 @@ class ServerOps:
         rule.finite = self.overflow  # what the rule keeps of a push is checked too
 
     def attach(self, server: Any) -> None:
-        """The server's socket exists: the inflow guard watches it; failures are answered
-        through its outbox; the sample budget asks its stop."""
+        """The server's socket exists and is not bound yet: ZeroMQ's caps are set on it
+        (inflow.py) and the inflow guard watches it; failures are answered through its
+        outbox; the sample budget asks its stop."""
         self.stop: Stop = server.stop
         self.outbox, self.pulls = server.outbox, server.pulls
+        cap_router(server.socket, self.options.limits, self.options.send_hwm)
         self.inflow = InflowGuard(server.socket, InflowLimits.for_limits(self.options.limits))
         self.failures = Failures(self.registry, server.outbox)
 
@@ -111,7 +117,7 @@ class ServerOps:
         try:
             yield
         except ProtocolError as exc:
-            self.outbox.error(envelope, exc, body)
+            answer_error(self.outbox, envelope, exc, body)
             if exc.code == "nonfinite":  # the model may have diverged (collapse.py)
                 self.collapse.on_nonfinite(envelope.origin.routing_id.hex())
         except Exception as exc:  # a bug: say so, answer `internal`, keep serving
@@ -122,6 +128,11 @@ class ServerOps:
         connection not one its client abandoned (request_checks.py)."""
         check_info(header.get("info", {}))
         check_hello_connection(header, origin)
+
+    def handlers(self, server: Any) -> dict[str, Handler]:
+        """The requests beside training (operator_requests.py): `stats`, an operator's
+        `stop` and `checkpoint` (`check_operator`), `join` refused outside a group."""
+        return OperatorRequests(server, self.check_operator).handlers()
 
     def check_operator(self, origin: Origin) -> None:
         """Refuse a `stop` or a `checkpoint` without an operator key (under CURVE)."""
@@ -135,10 +146,10 @@ class ServerOps:
 
     def check_push(self, push: Push, request: Message) -> None:
         """Refuse a push before it is accepted (nothing booked): its base and gradients
-        against the model (the store's check), then clipped (--clip-norm), the overflow
+        against the model (`check_push_fits`), then clipped (--clip-norm), the overflow
         check (on the norms before clipping: upper bounds), the rule's own check."""
         closes_step = push.worker.partial_step is not None or self.stop.stopping
-        self.store.check_push(push.base, push.grads, closes_step)
+        check_push_fits(self.store, push.base, push.grads, closes_step)
         push.grads = clip_gradients(push.grads, self.options.clip_norm)
         self.overflow.check(push.grads, request.sq_norms)
         self.rule.check_push(push)
@@ -170,7 +181,7 @@ class ServerOps:
         if name is None:
             return False
         for push in self.failures.fail_pushes(update.pushes, error := refusal(name)):
-            self.outbox.error(push.reply_to, error, [])
+            answer_error(self.outbox, push.reply_to, error, [])
             self.collapse.on_nonfinite(push.reply_to.origin.routing_id.hex())
         return True
 
@@ -216,11 +227,13 @@ class ServerOps:
 
     def stats(self, stop: Stop) -> dict[str, Any]:
         """`stats`: counters, versions, staleness, workers; why it stops; a collapse; the
-        run's data (a dashboard shows each worker's labels from it)."""
+        run's data (a dashboard shows each worker's labels from it); a shard's group."""
         stats = self.telemetry.stats(self.store, self.registry, self.rule, stop.stopping)
-        stats.update(stop.record())
+        stats.update(stop_record(stop))
         stats["collapse"] = self.collapse.collapse and self.collapse.collapse.record()
         stats["data"] = {key: self.config[key] for key in DATA_KEYS if key in self.config}
+        if self.group is not None:
+            stats["group"] = self.group.group()
         return stats
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from minips.protocol.wire import Message, WirePart
     from minips.rules import Rule, Update
+    from minips.server.stop import Stop
     from minips.state.registry import Push, WorkerRegistry, WorkerState
     from minips.state.store import ParameterStore
 
@@ -165,6 +166,13 @@ class Telemetry:
             **self.counters.summary(),
             "workers": [worker_row(w, now) for w in registry.by_id.values()],
         }
+
+
+def stop_record(stop: Stop) -> dict[str, Any]:
+    """`stats`' stop fields: why the server stops (None while serving), and whether that is
+    the run's own end (docs/protocol.md 5.5)."""
+    return {"stop_why": stop.why if stop.stopping else None,
+            "stop_planned": stop.stopping and stop.planned}  # fmt: skip
 
 
 def worker_row(worker: WorkerState, now: float) -> dict[str, Any]:

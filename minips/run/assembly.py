@@ -1,5 +1,6 @@
 """minips's public `PSClient`, `ParameterServer` and `Worker`: the core's classes with the
-usual parts attached, for a user who writes `from minips import PSClient, ParameterServer`.
+usual parts attached, for a user who writes `from minips import PSClient, ParameterServer`;
+and its `ServerOptions`, the core's with the usual operations' settings (OpsOptions).
 
 The core's classes are given what is not the idea by whoever builds them, so that the core
 imports no operation (docs/architecture.md): a server its operations (checks, limits,
@@ -18,6 +19,7 @@ from typing import Any
 from minips.data.datasets import FindData
 from minips.group.root import GROUPS
 from minips.ops.client_retries import RetryingClient
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.provision.locations import find_data
 from minips.run.plan_checks import checked_plan
@@ -26,6 +28,10 @@ from minips.server.server import ParameterServer as CoreServer
 from minips.transmission.plan import Plan
 from minips.worker.session import GroupSide
 from minips.worker.worker import Worker as CoreWorker
+
+# The public ServerOptions: the core's settings and the usual operations' (checkpoints,
+# the sample budget, clipping), which `ServerOps` reads.
+ServerOptions = OpsOptions
 
 
 class ParameterServer(CoreServer):

@@ -3,9 +3,9 @@
 A distributed run is configured by the fields of `RunConfig`; the single-process trainer's
 `TrainConfig` is derived from the same fields (those `minips train` takes). Each field is
 declared once with `setting(...)`: its default, help, range, the commands that take it,
-whether workers receive it in `hello`, and which `ServerOptions` field it sets. The rest is
-derived from those declarations (the declaring itself: minips.run.settings), so a new
-field is one declaration:
+whether workers receive it in `hello`, and which server option it sets (`OpsOptions`).
+The rest is derived from those declarations (the declaring itself: minips.run.settings),
+so a new field is one declaration:
 
     config_options(cls, command)      the click options of `minips run` / `server` / `train`
                                       (minips.cli.click_options; for `rule_options`, each rule's
@@ -14,7 +14,7 @@ field is one declaration:
     config.validate()                 the same ranges the CLI enforces, plus cross-field checks
     config.to_json(), cls.from_json() config.json of a run directory, which its server reads
     config.hello_config(model_spec)   the `config` map workers receive in `hello`
-    config.server_options()           the server's ServerOptions
+    config.server_options()           the server's options (OpsOptions: its operations' too)
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from minips.data.datasets import DATASET_NAMES
 from minips.errors import ConfigError
 from minips.group.agreements import ROOT_TIMEOUT
 from minips.nn.zoo import MODEL_NAMES
+from minips.ops.ops_options import OpsOptions
 from minips.provision.keyfiles import load_server_keys
 from minips.rules import DEFAULT_MOMENTUM, DEFAULT_RULE, RULES, RuleOption
 from minips.run.config_checks import (
@@ -258,14 +259,14 @@ class RunConfig(ConfigBase):
     rule_options: dict[str, Any] = setting({}, "Extra rule option KEY=VALUE.",
                                            flag="--rule-option", multiple=True,
                                            parse=_rule_option_pairs)
-    # how the server runs (defaults: ServerOptions')
-    max_samples: int = setting(ServerOptions.max_samples, "Stop once all workers together "
+    # how the server runs (defaults: OpsOptions', minips/ops/ops_options.py)
+    max_samples: int = setting(OpsOptions.max_samples, "Stop once all workers together "
                                "processed this many samples (0: no limit; `epochs` stays "
                                "each worker's bound).", minimum=0, server_option="max_samples")
     heartbeat_timeout: float = setting(ServerOptions.heartbeat_timeout, "Seconds of silence "
                                        "before a worker is declared dead.", minimum=0,
                                        min_open=True, server_option="heartbeat_timeout")
-    checkpoint_every: int = setting(ServerOptions.checkpoint_every, "Checkpoint every N "
+    checkpoint_every: int = setting(OpsOptions.checkpoint_every, "Checkpoint every N "
                                     "updates (0: at the end).", minimum=0,
                                     server_option="checkpoint_every")
     checkpoint_interval: float = setting(5.0, "Also checkpoint every this many seconds when "
@@ -282,7 +283,7 @@ class RunConfig(ConfigBase):
                                  "`minips train --save`'s).", server_option="resume",
                                  commands=TRAIN_RUN_SERVER,
                                  cli_type=click.Path(dir_okay=False, exists=True))
-    clip_norm: float = setting(ServerOptions.clip_norm, "Clip each push's gradients to this "
+    clip_norm: float = setting(OpsOptions.clip_norm, "Clip each push's gradients to this "
                                "global L2 norm (0: never).", minimum=0,
                                server_option="clip_norm")
     # authentication (docs/protocol.md 15)
@@ -361,10 +362,10 @@ class RunConfig(ConfigBase):
         }
         return copy.deepcopy({**sent, "model": model_spec})
 
-    def server_options(self) -> ServerOptions:
-        """The ServerOptions this run's server is built with."""
+    def server_options(self) -> OpsOptions:
+        """The options this run's server and its operations are built with."""
         chosen = {setting_of(f).server_option: getattr(self, f.name) for f in fields(self)}
-        options = ServerOptions(**{key: value for key, value in chosen.items() if key})
+        options = OpsOptions(**{key: value for key, value in chosen.items() if key})
         # CURVE keys from the `keys` directory; without one, no authentication
         return replace(options, keys=load_server_keys(self.keys) if self.keys else None)
 

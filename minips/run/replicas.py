@@ -22,6 +22,7 @@ from typing import Any
 
 from minips.group.shard import Joiner
 from minips.ops.replication import BACKUP, PRIMARY, ReplicaSettings, ReplicatedServer
+from minips.ops.signals import serve_forever
 from minips.results.metrics import MetricsLog, read_metrics
 from minips.results.whole_file import write_whole
 from minips.run.config import RunConfig
@@ -134,7 +135,7 @@ def serve_replica(
             click.echo(f"minips server: backup of {config.backup_of}, rule {config.rule}")
         else:
             listening()
-        ps.serve_forever()
+        serve_forever(ps)
         if ps.role == PRIMARY:  # a backup that never took over leaves no record
             log.write("server", stats=ps.stats(), failovers=ps.failovers)
         return ps

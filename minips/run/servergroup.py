@@ -28,12 +28,13 @@ import click
 
 from minips.ops import checkpoints
 from minips.ops.checkpoint_file import file_version
+from minips.ops.signals import serve_forever, stop_on_signals
 from minips.results.metrics import MetricsLog
 from minips.results.whole_file import write_whole
 from minips.run.build import make_server, server_summary
 from minips.run.config import RunConfig
 from minips.run.shardwatch import ShardWatch, dead_shards_error
-from minips.server.stop import Stop, stop_on_signals
+from minips.server.stop import Stop
 
 log = logging.getLogger("minips.server")
 
@@ -91,7 +92,7 @@ def serve_group_here(
         try:
             _announce(config, root.endpoint, resumes, endpoint_file)
             with ShardWatch(shards):  # a shard that dies meanwhile is said at once
-                root.serve_forever()
+                serve_forever(root)
         finally:
             with stop_on_signals(Stop()):  # another Ctrl-C must not orphan the shards
                 _wait_for(shards)

@@ -33,7 +33,8 @@ class Setting:
     """How one configuration field is offered and where it goes (its dataclass metadata).
 
     help: the option's help. commands: the commands that take it as an option. to_workers:
-    sent to workers in hello's config. server_option: the ServerOptions field it sets.
+    sent to workers in hello's config. server_option: the server option it sets (an
+    OpsOptions field, minips/ops/ops_options.py).
     minimum / maximum (`*_open`: the bound itself excluded) and choices: its range, checked
     by the CLI and by `validate()`. kind: the value's type when the default does not say
     it (a default of None that stands for a number: `momentum`; else a None default

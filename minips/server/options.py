@@ -15,36 +15,26 @@ from minips.protocol.wire import DEFAULT_LIMITS, Limits
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """How a server runs (not what it trains): address, cluster size, timers, checkpoints.
+    """How a server runs (not what it trains): address, cluster size, timers, checkpoint.
 
     bind: the address to listen on ("tcp://127.0.0.1:*" picks a free port). world_size:
     ranks 0..world_size-1 (None: no limit). heartbeat_timeout: seconds of silence before a
-    worker is declared dead. checkpoint_path / checkpoint_every / checkpoint_interval: a
-    checkpoint every N updates and every S seconds when the version moved (0: only at
-    shutdown). keep_checkpoints: each checkpoint also stays as NAME-vVERSION.npz (a run's
-    curve evaluated afterwards at the same versions in every run). resume: a checkpoint to
-    start from (its update and sample counts too). max_samples: stop once pushes reported
-    this many training samples in total (0: no limit). stop_grace: seconds a stopping
-    server waits for clients to leave. observers_awaited: the stop once every rank finished
-    waits until this many observers have said hello (docs/protocol.md 5.6).
-    poll_interval: seconds between looks at the clock when idle.
+    worker is declared dead. checkpoint_path: where the final checkpoint is written (how
+    often else, and a resume: the operations' OpsOptions, minips/ops/ops_options.py).
+    stop_grace: seconds a stopping server waits for clients to leave. observers_awaited:
+    the stop once every rank finished waits until this many observers have said hello
+    (docs/protocol.md 5.6). poll_interval: seconds between looks at the clock when idle.
     """
 
     bind: str = "tcp://127.0.0.1:*"
     world_size: int | None = None
     heartbeat_timeout: float = 30.0  # > a client's reply timeout (10 s): docs/protocol.md 7
     checkpoint_path: str | Path | None = None
-    checkpoint_every: int = 0
-    checkpoint_interval: float = 0.0  # also checkpoint every this many seconds (0: never)
-    keep_checkpoints: bool = False
     observers_awaited: int = 0
-    resume: str | Path | None = None
-    max_samples: int = 0
     limits: Limits = DEFAULT_LIMITS
     stop_grace: float = 5.0
     poll_interval: float = 0.05
     keys: auth.ServerKeys | None = None  # CURVE: the server's pair, allowed and operator keys
-    clip_norm: float = 0.0  # clip each push's gradients to this global L2 norm (0: never)
     send_hwm: int = 32  # replies queued per connection before ZeroMQ drops (docs/protocol.md 10)
 
     def __post_init__(self) -> None:

@@ -5,12 +5,12 @@ a reply sent with that id goes back to the same peer. `receive` reads one messag
 at most as many frames as a request may have (the rest are read and dropped, so a message
 of a million empty frames costs no memory of ours: docs/protocol.md 10); `split_envelope`
 takes the id (and a REQ peer's empty delimiter) off a request, `Outbox` sends replies on it
-and counts their bytes. Nothing here knows what a request means.
+and counts their bytes (an error reply: minips/ops/failures.py). Nothing here knows what
+a request means.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,16 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from minips.protocol import auth, wire
-from minips.protocol.wire import ProtocolError
 from minips.state.requests import Origin
 
 if TYPE_CHECKING:
-    from minips.protocol.wire import Limits
     from minips.state.registry import WorkerState
-
-log = logging.getLogger("minips.server")
-
-RECEIVE_HWM = 16  # whole requests queued per connection (docs/protocol.md 10)
 
 
 @dataclass(eq=False)
@@ -80,27 +74,14 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
     return Envelope(routing=frames[:split], origin=origin), frames[split:]
 
 
-LISTEN_BACKLOG = 1024  # connections waiting to be accepted
-
-
 def open_router(
-    context: zmq.Context, limits: Limits, send_hwm: int, keys: auth.ServerKeys | None
+    context: zmq.Context, keys: auth.ServerKeys | None
 ) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
-    """The server's ROUTER socket, its memory bounded before anything is buffered, and
-    (with keys) CURVE and the thread that checks every client's key."""
+    """The server's ROUTER socket and (with keys) CURVE and the thread that checks every
+    client's key. Its memory caps are the operations' (set before it binds)."""
     socket = context.socket(zmq.ROUTER)
-    # ZeroMQ refuses (drops the connection on) a frame over the real frame limit before
-    # buffering it, and queues at most send_hwm replies for a client that does not read.
-    socket.setsockopt(zmq.MAXMSGSIZE, max(limits.max_frame_bytes, limits.max_header_bytes))
-    socket.setsockopt(zmq.SNDHWM, send_hwm)
-    # Whole requests not yet read: a client sending faster than the server reads is slowed
-    # by TCP, not buffered (what is still arriving is bounded by minips/ops/inflow.py).
-    socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
-    # A class connecting at once: past ZeroMQ's default backlog of 100 the SYNs are dropped
-    # and retried after 1, 3, 7 ... s; the kernel caps this at net.core.somaxconn.
-    socket.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
     gatekeeper = None
     if keys is not None:
         gatekeeper = auth.start_gatekeeper(context, keys)
@@ -109,7 +90,8 @@ def open_router(
 
 
 class Counting(Protocol):
-    """The counters the sending side adds to (ops/telemetry.py's Counters)."""
+    """The counters the sending side adds to (ops/telemetry.py's Counters; `errors`: the
+    error replies, ops/failures.py)."""
 
     bytes_out: int
     errors: int
@@ -137,17 +119,6 @@ class Outbox:
         if worker is not None:
             worker.bytes_out += nbytes
             worker.last_answered = time.monotonic()
-
-    def error(self, envelope: Envelope, error: ProtocolError, body: list[Any]) -> None:
-        """Answer a request that failed with `error` (its rid read from `body` if need be);
-        nothing when it was answered already (a failure after its reply: logged, no second)."""
-        if envelope.answered:
-            return
-        envelope.answered = True
-        self.counters.errors += 1
-        log.debug("error reply (%s): %s", error.code, error.reason)
-        rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
-        self.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
 
     def send(self, routing: list[Any], frames: list[Any]) -> int:
         """Send frames without copying; returns their bytes (the routing frames left out)."""

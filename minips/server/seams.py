@@ -11,7 +11,6 @@ telemetry, checkpoints, the timers, the sample budget), and a test may hand it o
     received(body, dropped)      a request counted; frames past the limit refused
     check_hello(header, origin)  before a hello registers anyone: its connection is the
                                  client's own, its `info` small and shallow
-    check_operator(origin)       before a `stop` or a `checkpoint`: an operator's key
     answering(envelope, body)    around a request: a refusal answered with its code, a
                                  failure (a bug) answered `internal`, nobody left waiting
     answer_retry(worker, envelope, header)
@@ -31,10 +30,14 @@ telemetry, checkpoints, the timers, the sample budget), and a test may hand it o
     timers(server)               the jobs of every turn of the loop (liveness, the inflow
                                  guard, the timed checkpoint, the assembly's end, the
                                  rule's own timers), each contained: a `Turn`
+    handlers(server)             the requests beside training, added to the server's
+                                 `handlers`: `stats`; an operator's `stop` and
+                                 `checkpoint`; `join` (refused unless in a group)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,7 +57,8 @@ class Turn(Protocol):
 
 class Operations(Protocol):
     """What the server asks of its operations (module docstring). `attach(server)` is called
-    once the server's socket, outbox and pulls exist; `counters` before (the outbox's)."""
+    once the server's socket, outbox and pulls exist, before the socket binds (its caps are
+    the operations'); `counters` before (the outbox's)."""
 
     counters: Counting
 
@@ -62,7 +66,6 @@ class Operations(Protocol):
     def received(self, body: list[Any], dropped: int) -> None: ...
     def answering(self, envelope: Envelope, body: list[Any]) -> AbstractContextManager[None]: ...
     def check_hello(self, header: dict[str, Any], origin: Origin) -> None: ...
-    def check_operator(self, origin: Origin) -> None: ...
     def answer_retry(
         self, worker: WorkerState, envelope: Envelope, header: dict[str, Any]
     ) -> None: ...
@@ -74,6 +77,7 @@ class Operations(Protocol):
     def dropped(self, push: Push) -> None: ...
     def pulled(self, parts: list[WirePart]) -> None: ...
     def timers(self, server: Any) -> Turn: ...
+    def handlers(self, server: Any) -> dict[str, Callable[[Envelope, Message], Outcome | None]]: ...
     def wait(self, poll_interval: float) -> float: ...
     def delivered(self, frames: list[Any], dropped: int, dropped_bytes: int) -> None: ...
     def checkpoint(self) -> Any: ...
@@ -95,9 +99,3 @@ class GroupRole(Protocol):
     def check_hello(self) -> None: ...
     def tick(self, now: float) -> None: ...
     def close(self) -> None: ...
-
-
-def operator_fields(group: GroupRole | None) -> dict[str, Any]:
-    """What a root adds to its replies to `stop` and `checkpoint`: where its shards are
-    (docs/protocol.md 16.7); nothing for any other server."""
-    return {"group": group.group()} if group is not None and group.is_root else {}

@@ -34,7 +34,7 @@ import numpy as np
 import zmq
 
 from minips.protocol import address, wire
-from minips.protocol.wire import Message, ProtocolError
+from minips.protocol.wire import Message
 from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
 from minips.server.options import ServerOptions, hello_config
@@ -46,8 +46,8 @@ from minips.server.router import (
     receive,
     split_envelope,
 )
-from minips.server.seams import GroupRole, Operations, operator_fields
-from minips.server.stop import Stop, stop_on_signals
+from minips.server.seams import GroupRole, Operations
+from minips.server.stop import Stop
 from minips.state.registry import Push, WorkerRegistry, WorkerState
 from minips.state.requests import HeldPull
 from minips.state.store import SGD, ParameterStore
@@ -95,8 +95,7 @@ class ParameterServer:
                                     on_update, group)  # fmt: skip
         self.stop = stop = Stop()  # requested by anyone; begun by begin_stop alone
         self._context = zmq.Context()
-        self.socket, self._gatekeeper = open_router(self._context, options.limits,
-                                                    options.send_hwm, options.keys)  # fmt: skip
+        self.socket, self._gatekeeper = open_router(self._context, options.keys)
         self.outbox = outbox = Outbox(self.socket, ops.counters)
         # routing id, a REQ delimiter, the header, the array frames, and one to see more
         self._keep_frames = 3 + options.limits.max_arrays + 1
@@ -107,10 +106,9 @@ class ParameterServer:
         self.handlers: dict[str, Callable[[Envelope, Message], Outcome | None]] = {
             "push": self.handle_push, "pull": self.handle_pull,  # gradients -> updates
             "hello": members.hello, "ping": members.ping, "bye": members.bye,  # membership.py
-            "stats": self.handle_stats,  # anyone's; stop, checkpoint (and a root's join)
-            "stop": self.handle_stop, "checkpoint": self.handle_checkpoint, "join": refuse_join,
         }  # fmt: skip
-        ops.attach(self)  # the inflow guard on the socket, failures answered by the outbox
+        ops.attach(self)  # the socket's caps (before it binds), the inflow guard, failures
+        self.handlers.update(ops.handlers(self))  # stats; an operator's stop, checkpoint; join
         self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
@@ -163,14 +161,6 @@ class ParameterServer:
                 self.after_leaving(left)
         if self.stop.due():  # asked for by this request: the next one sees it begun
             self.begin_stop()
-
-    def serve_forever(self) -> None:
-        """`run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then `close()`."""
-        with stop_on_signals(self.stop):
-            try:
-                self.run()
-            finally:  # closed first: a signal while the last replies linger does not kill it
-                self.close()
 
     def request_stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler or another thread)."""
@@ -228,21 +218,6 @@ class ParameterServer:
         worker = self.registry.sender(request, envelope.origin)
         self.pulls.hold(worker, HeldPull(envelope, request.header.get("since")))
 
-    def handle_stats(self, envelope: Envelope, request: Message) -> None:
-        self.outbox.reply(envelope, {"op": "stats", "stats": self.stats()})
-
-    def handle_stop(self, envelope: Envelope, request: Message) -> None:
-        self.ops.check_operator(envelope.origin)  # an operator's key
-        self.stop.request("an operator asked")
-        self.begin_stop()
-        self.outbox.reply(envelope, {"op": "stop", **operator_fields(self.group)})
-
-    def handle_checkpoint(self, envelope: Envelope, request: Message) -> None:
-        self.ops.check_operator(envelope.origin)  # an operator's key
-        path, version = self.ops.checkpoint(), self.store.version
-        self.outbox.reply(envelope, {"op": "checkpoint", "path": str(path), "version": version,
-                                     **operator_fields(self.group)})  # fmt: skip
-
     # --------------------------------------------------------------- carrying out a rule
 
     def carry_out(self, outcome: Outcome) -> None:
@@ -299,9 +274,9 @@ class ParameterServer:
         self.pulls.use_plan(plan)
 
     def stats(self) -> dict[str, Any]:
-        """`stats`: counters, versions, staleness, workers, a collapse; a shard's group."""
-        stats = self.ops.stats(self.stop)
-        return stats if self.group is None else {**stats, "group": self.group.group()}
+        """`stats`: counters, versions, staleness, workers, a collapse; a shard's group (what
+        its operations measured and say)."""
+        return self.ops.stats(self.stop)
 
 
 def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: int) -> Push:
@@ -312,8 +287,3 @@ def push_of(worker: WorkerState, request: Message, envelope: Envelope, version: 
     return Push(worker, header["seq"], base, header.get("last", True), grads, extras,
                 staleness=version - base, reply_to=envelope, fused="pull_since" in header,
                 pull_since=header.get("pull_since"), codecs=request.codecs)  # fmt: skip
-
-
-def refuse_join(envelope: Envelope, request: Message) -> None:
-    """`join` to a server that is not in a group (docs/protocol.md 16.3)."""
-    raise ProtocolError("op 'join' is not a request", "unknown_op")

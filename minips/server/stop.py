@@ -8,14 +8,7 @@ right after the request that asked, so the messages after that one see it.
 
 from __future__ import annotations
 
-import logging
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-log = logging.getLogger("minips.server")
 
 
 @dataclass
@@ -39,12 +32,6 @@ class Stop:
             self.planned = planned or by_workers
         self.requested = True
 
-    def record(self) -> dict[str, Any]:
-        """`stats`' stop fields: why it stops (None while serving), and whether that is the
-        run's own end (docs/protocol.md 5.5)."""
-        return {"stop_why": self.why if self.stopping else None,
-                "stop_planned": self.stopping and self.planned}  # fmt: skip
-
     def begin(self, deadline: float) -> None:
         """The loop begins the stop: clients are waited for until `deadline` (not at all
         once cut: a second signal may come before the loop began the first one's stop)."""
@@ -59,23 +46,3 @@ class Stop:
     def due(self) -> bool:
         """A stop was asked for and not begun yet."""
         return self.requested and not self.stopping
-
-
-@contextmanager
-def stop_on_signals(stop: Stop) -> Iterator[None]:
-    """SIGINT and SIGTERM request `stop` while inside (a second one cuts the grace); the
-    previous handlers come back on leaving."""
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping", signum)
-        if stop.requested:
-            stop.cut, stop.deadline = True, 0.0
-        stop.request(f"signal {signum}")
-        stop.signalled = True
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

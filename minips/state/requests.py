@@ -1,8 +1,9 @@
 """What the server holds of a request besides the push itself: who sent it (`Origin`), and
 a pull answered later (`HeldPull`). Booked per worker in minips.state.registry (beside
 `Push`, which names its worker). The checks of who sent a request (a hello's connection
-and `info`, an operator's key) are operations, asked at the server's named points
-`check_hello` and `check_operator` (minips/server/seams.py, minips/ops/request_checks.py);
+and `info`, an operator's key) are operations: the server's named point `check_hello`
+(minips/server/seams.py) and the operations' own `stop` and `checkpoint` handlers
+(minips/ops/request_checks.py, minips/ops/operator_requests.py);
 `require_operator` stays beside `Origin`, which it reads, as a group's root asks it too.
 """
 

@@ -2,10 +2,9 @@
 
 `ParameterStore`: named float32 arrays; a global version counter `t` (one per applied
 update) and, per parameter, the version at which it last changed, so a pull can send only
-what changed since the puller's version; snapshots, and its state as named arrays (which
-a checkpoint file holds: minips/ops/checkpoint_file.py). `SGD`: momentum and
-weight decay, the one optimizer, shared by the server's store and the single-process
-trainer.
+what changed since the puller's version; snapshots, and a whole state restored (a
+checkpoint's: minips/ops/checkpoint_file.py). `SGD`: momentum and weight decay, the one
+optimizer, shared by the server's store and the single-process trainer.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError, ShapeError
-from minips.protocol.wire import ProtocolError
 
 
 class ParameterStore:
@@ -59,40 +57,6 @@ class ParameterStore:
             for name, array in params.items():
                 params[name] = _published(array.copy())
 
-    def check_push(
-        self, base: int, grads: dict[str, np.ndarray], closes_step: bool = False
-    ) -> None:
-        """Check a push's `base` and decoded gradients against the parameters.
-
-        closes_step: the worker has pushes of its step kept (`last: false`), or the server
-        is stopping (it keeps none), so this one may carry no gradient: a shard of a group
-        closes a step so (docs/protocol.md 16.5).
-        Raises ProtocolError (`bad_base`, `unknown_param`, `shape`, `dtype`) and changes
-        nothing: every check runs before any parameter is touched.
-        """
-        if base > self.version:
-            raise ProtocolError(
-                f"base {base} is newer than the server's version {self.version}", "bad_base"
-            )
-        if not grads and not closes_step:
-            raise ProtocolError("a push must carry at least one gradient", "unknown_param")
-        for name, grad in grads.items():
-            param = self.params.get(name)
-            if param is None:
-                raise ProtocolError(f"gradient for unknown parameter {name!r}", "unknown_param")
-            if grad.shape != param.shape:
-                raise ProtocolError(
-                    f"gradient {name!r} has shape {list(grad.shape)}, "
-                    f"the parameter has {list(param.shape)}",
-                    "shape",
-                )
-            if grad.dtype != np.float32:
-                raise ProtocolError(
-                    f"gradient {name!r} must be float32 (dense) or float16 (fp16), "
-                    f"got {grad.dtype}",
-                    "dtype",
-                )
-
     def write(self, steps: list[tuple[str, np.ndarray, float]]) -> int:
         """Write the next version, t + 1: `optimizer.step_one(name, grad, scale)` for each
         step. Returns the new version t.
@@ -121,30 +85,16 @@ class ParameterStore:
         """The parameter at the current version: a read-only array that never changes."""
         return self.params[name]
 
-    # ------------------------------------------------------------------------- its state
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The store's state by name, as a checkpoint holds it (minips/ops/checkpoint_file.py):
-        `version`, `param/<name>`, `param_version/<name>`, `optim/<key>`."""
-        arrays: dict[str, np.ndarray] = {"version": np.array(self.version, dtype=np.int64)}
-        for name, array in self.params.items():
-            arrays[f"param/{name}"] = array
-            arrays[f"param_version/{name}"] = np.array(self.param_versions[name], np.int64)
-        for key, array in self.optimizer.state_dict().items():
-            arrays[f"optim/{key}"] = array
-        return arrays
-
-    def take(
+    def restore(
         self,
         params: dict[str, np.ndarray],
         param_versions: dict[str, int],
         version: int,
-        optimizer_state: dict[str, np.ndarray],
+        velocity: dict[str, np.ndarray],
     ) -> None:
-        """Take a whole state (a checkpoint's, its names and shapes checked against the model
-        by its reader): every parameter, its version, the version t, the optimizer's state.
-        ShapeError, and nothing changed, unless the optimizer's state fits."""
-        self.optimizer.check_state_dict(optimizer_state)
+        """Take a whole state whose names and shapes were checked against the model (a
+        checkpoint's, minips/ops/checkpoint_file.py): every parameter, its version, the
+        version t, and the optimizer's momentum buffers by parameter name."""
         for name, param in self.params.items():
             if self.in_place:
                 param[...] = params[name]
@@ -152,7 +102,8 @@ class ParameterStore:
                 self.params[name] = _published(params[name].astype(param.dtype))
             self.param_versions[name] = int(param_versions[name])
         self.version = version
-        self.optimizer.load_state_dict(optimizer_state)
+        for name, buf in velocity.items():  # each takes its parameter's dtype
+            self.optimizer.velocity[name] = np.array(buf, dtype=self.params[name].dtype)
 
 
 class SGD:
@@ -279,30 +230,6 @@ class SGD:
         for name, grad in grads.items():
             factor = scale[name] if isinstance(scale, dict) else scale
             self.step_one(name, grad, factor)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Velocity buffers, keyed `velocity/<param>`, for checkpoints."""
-        return {f"velocity/{name}": buf for name, buf in self.velocity.items()}
-
-    def check_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """ShapeError unless every velocity in `state` fits its parameter."""
-        for key, buf in state.items():
-            name = key.removeprefix("velocity/")
-            weight = self.params.get(name)
-            if name != key and weight is not None and np.shape(buf) != weight.shape:
-                raise ShapeError(f"velocity/{name} has shape {np.shape(buf)}, not {weight.shape}")
-
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Restore what `state_dict` returned (unknown keys are ignored).
-
-        Each buffer takes its parameter's dtype; a wrong shape is a ShapeError.
-        """
-        self.check_state_dict(state)
-        for key, buf in state.items():
-            name = key.removeprefix("velocity/")
-            if name == key or name not in self.params:
-                continue
-            self.velocity[name] = np.array(buf, dtype=self.params[name].dtype)
 
 
 def _check_steps(params: dict[str, np.ndarray], steps: list[tuple[str, np.ndarray, float]]) -> None:

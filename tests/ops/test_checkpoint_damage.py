@@ -27,9 +27,10 @@ from minips.ops.checkpoint_file import (
     restore_store,
     save_store,
 )
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
-from minips.server.server import ParameterServer, ServerOptions
+from minips.server.server import ParameterServer
 from minips.state.store import SGD, ParameterStore
 
 
@@ -138,7 +139,7 @@ def test_each_damaged_checkpoint_is_one_data_error_saying_what_is_wrong(tmp_path
 def test_no_server_is_built_from_a_damaged_checkpoint(tmp_path):
     for _name, path, _words in _all_damage(tmp_path):
         params = make_params()
-        options = ServerOptions(resume=path, stop_grace=0.1)
+        options = OpsOptions(resume=path, stop_grace=0.1)
         with pytest.raises(DataError, match="checkpoint"):
             ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
                             operations=ServerOps)  # fmt: skip

@@ -17,10 +17,11 @@ import pytest
 from test_server_support import SHAPES, make_params
 
 from minips.ops.checkpoint_file import file_version, previous_path, save_store, write_checkpoint
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.run.config import RunConfig
-from minips.server.server import ParameterServer, ServerOptions
+from minips.server.server import ParameterServer
 from minips.state.store import SGD, ParameterStore
 
 
@@ -36,7 +37,7 @@ def _saved(path: Path, version: int, params=None) -> None:
 def _serve_and_stop(path: Path, params=None, **options) -> ParameterServer:
     """A server with checkpoint path `path`, stopped at once (its final checkpoint written)."""
     params = make_params() if params is None else params
-    options = ServerOptions(checkpoint_path=path, stop_grace=0.1, **options)
+    options = OpsOptions(checkpoint_path=path, stop_grace=0.1, **options)
     server = ParameterServer(params, make_rule("asgd"), SGD(params, lr=0.1), options,
                              operations=ServerOps)  # fmt: skip
     try:

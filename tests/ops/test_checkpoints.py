@@ -1,6 +1,7 @@
 """The Checkpointer (minips/ops/checkpoints.py) on a real store and real files: when an
 update-count checkpoint is written, what its meta records, what a resume takes back (the
-counters, each parameter's version, the rule's own state), and a disk that refuses one."""
+counters, each parameter's version, the rule's own state), and a disk that refuses one;
+a store's state through its file (checkpoint_file.py: the optimizer's velocity too)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import logging
 import numpy as np
 import pytest
 
-from minips.ops.checkpoint_file import load_checkpoint, versioned_path
+from minips.errors import ShapeError
+from minips.ops.checkpoint_file import (
+    load_checkpoint,
+    load_store,
+    save_store,
+    velocities,
+    versioned_path,
+)
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.telemetry import Counters
 from minips.state.store import SGD, ParameterStore
@@ -112,3 +120,32 @@ def test_the_rules_own_state_comes_back_to_the_same_rule_only(tmp_path):
         path
     )
     assert other.loaded is None  # another rule's state is not taken
+
+
+def test_a_store_restored_from_its_file_continues_the_same_trajectory(tmp_path):
+    def with_momentum() -> ParameterStore:
+        params = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+        return ParameterStore(params, SGD(params, lr=0.5, momentum=0.9))
+
+    first, again = with_momentum(), with_momentum()
+    step(first)
+    save_store(first, tmp_path / "c.npz")
+    load_store(again, tmp_path / "c.npz")
+    assert again.version == first.version == 1 and again.param_versions == first.param_versions
+    step(first), step(again)
+    velocity = again.optimizer.velocity
+    for name in first.params:
+        np.testing.assert_array_equal(first.params[name], again.params[name])
+        np.testing.assert_array_equal(first.optimizer.velocity[name], velocity[name])
+        assert not again.params[name].flags.writeable  # published read-only, as every version
+
+
+def test_a_velocity_of_the_wrong_shape_is_refused_and_one_restored_takes_its_dtype():
+    store = new_store()
+    with pytest.raises(ShapeError, match="shape"):
+        velocities({"velocity/b": np.zeros(4, np.float32)}, store.params)
+    found = velocities({"velocity/b": np.ones(3), "other": np.ones(1), "velocity/x": np.ones(1)},
+                       store.params)  # fmt: skip
+    assert list(found) == ["b"]
+    store.restore(dict(store.params), dict(store.param_versions), 0, found)
+    assert store.optimizer.velocity["b"].dtype == np.float32

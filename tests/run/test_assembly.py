@@ -14,6 +14,7 @@ from test_server_support import make_params
 
 import minips
 from minips.errors import ConfigError
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
 from minips.server.options import ServerOptions
@@ -84,3 +85,17 @@ def test_minips_worker_is_the_public_worker_that_checks_its_plan():
     assert "minips.worker.worker import Worker" not in source
     core = CoreWorker.take_plan(_worker_holding(minips.lenet5()), {"plan": {"params": {}}})
     assert core.params == {}
+
+
+def test_the_public_server_options_are_the_core_ones_with_the_operations_settings():
+    """`minips.ServerOptions` takes the operations' settings (checkpoints, the sample
+    budget, clipping) as it always did; the core's are read by the usual operations as
+    those at their defaults."""
+    assert minips.ServerOptions is OpsOptions and issubclass(OpsOptions, ServerOptions)
+    options = minips.ServerOptions(checkpoint_every=3, max_samples=4, clip_norm=1.0)
+    assert (options.checkpoint_every, options.max_samples, options.clip_norm) == (3, 4, 1.0)
+    plain = ServerOptions(bind="ipc:///nowhere", stop_grace=0.5)
+    read = OpsOptions.of(plain)
+    assert (read.bind, read.stop_grace, read.checkpoint_every, read.max_samples) == (
+        "ipc:///nowhere", 0.5, 0, 0)  # fmt: skip
+    assert OpsOptions.of(options) is options

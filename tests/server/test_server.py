@@ -1,8 +1,5 @@
 """ParameterServer over real sockets: ops, versions, dedup, errors, checkpoints, stop."""
 
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -12,6 +9,7 @@ from test_server_support import SHAPES, RawPeer, make_params, packb, running_ser
 
 from minips.errors import ConfigError, ShapeError
 from minips.ops.checkpoint_file import read_checkpoint
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.rules import make_rule
@@ -238,7 +236,7 @@ def test_checkpoint_and_resume(tmp_path):
     velocity = {k: v.copy() for k, v in server.store.optimizer.velocity.items()}
     fresh = make_params(seed=1)
     optimizer = SGD(fresh, lr=0.5, momentum=0.9)
-    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, ServerOptions(resume=path),
+    resumed = ParameterServer(fresh, make_rule("asgd"), optimizer, OpsOptions(resume=path),
                               operations=ServerOps)  # fmt: skip
     try:
         assert resumed.store.version == 3
@@ -260,7 +258,7 @@ def test_resume_rejects_a_different_model(tmp_path):
     assert path.exists()
     other = {"fc.w": np.zeros((4, 3), np.float32), "fc.b": np.zeros(4, np.float32)}
     with pytest.raises(ShapeError):
-        ParameterServer(other, make_rule("asgd"), SGD(other), ServerOptions(resume=path),
+        ParameterServer(other, make_rule("asgd"), SGD(other), OpsOptions(resume=path),
                         operations=ServerOps)  # fmt: skip
 
 
@@ -347,44 +345,6 @@ def test_constructor_validates():
         make_rule("nope")
     with pytest.raises(ConfigError):
         make_rule("ssp", staleness=-1)
-
-
-SERVE_FOREVER = """
-import sys
-import numpy as np
-from minips.state.store import SGD
-from minips.ops.server_ops import ServerOps
-from minips.rules import make_rule
-from minips.server.server import ParameterServer, ServerOptions
-params = {"fc.b": np.zeros(4, np.float32)}
-options = ServerOptions(checkpoint_path=sys.argv[1])
-server = ParameterServer(params, make_rule("asgd"), SGD(params), options, operations=ServerOps)
-print(server.endpoint, flush=True)
-server.serve_forever()
-print("clean exit", flush=True)
-"""
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_forever_shuts_down_cleanly_on_a_signal(tmp_path, sig):
-    path = tmp_path / "final.npz"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_FOREVER, str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        endpoint = proc.stdout.readline().strip()
-        with PSClient(endpoint) as ps:
-            ps.hello()
-            ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
-            ps.bye()
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and "clean exit" in out
-    with np.load(path) as saved:
-        assert int(saved["version"]) == 1
-        np.testing.assert_array_equal(saved["param/fc.b"], -0.01 * np.ones(4, np.float32))
 
 
 def test_corrupted_pushes_never_cause_an_internal_error():

@@ -11,6 +11,10 @@ import pytest
 import zmq
 from test_server_support import filled, make_params
 
+import minips
+from minips.ops.inflow import LISTEN_BACKLOG, RECEIVE_HWM
+from minips.ops.operator_requests import OperatorRequests, refuse_join
+from minips.ops.ops_options import OpsOptions
 from minips.ops.retries import check_retry
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
@@ -18,7 +22,6 @@ from minips.protocol.wire import ProtocolError
 from minips.rules import make_rule
 from minips.run.build import make_server
 from minips.run.config import RunConfig
-from minips.server.options import ServerOptions
 from minips.server.server import ParameterServer
 from minips.state.registry import WorkerRegistry
 from minips.state.requests import Origin
@@ -91,7 +94,7 @@ def test_a_refused_push_passes_no_point_after_its_check():
 
 
 def test_the_sample_budget_asks_a_planned_stop_once_reached():
-    server, ops = _server(ServerOptions(max_samples=64))
+    server, ops = _server(OpsOptions(max_samples=64))
     try:
         server.serve(_frames({"op": "hello", "worker": "w", "rid": 1}))
         for seq in range(2):
@@ -139,3 +142,43 @@ def test_the_core_names_no_operations_a_run_builds_the_usual_ones():
         assert isinstance(server.ops, ServerOps) and server.ops.inflow is not None
     finally:
         server.close()
+
+
+def test_the_requests_beside_training_are_the_operations_own():
+    """`stats`, `stop`, `checkpoint` and `join` are not the core's: its operations add them
+    (ops/operator_requests.py), the operator's key checked by the operations' own check;
+    a run's server and the public one both have them."""
+    server, ops = _server()
+    try:
+        assert server.handlers["join"] is refuse_join
+        for op in ("stats", "stop", "checkpoint"):
+            requests = server.handlers[op].__self__
+            assert isinstance(requests, OperatorRequests) and requests.server is server
+            assert requests.check_operator == ops.check_operator
+    finally:
+        server.close()
+    params = make_params()
+    for built in (make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*")),
+                  minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
+        try:
+            assert set(built.handlers) >= {"stats", "stop", "checkpoint", "join"}
+        finally:
+            built.close()
+
+
+def test_the_socket_caps_are_set_by_the_operations_before_the_server_binds():
+    """ZeroMQ's caps on the ROUTER socket are the operations' (ops/inflow.py's
+    `cap_router`, from ServerOps.attach, which runs before the bind): a run's server and
+    the public one have them all."""
+    params = make_params()
+    for built in (make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*")),
+                  minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
+        try:
+            limits, socket = built.options.limits, built.socket
+            assert socket.getsockopt(zmq.MAXMSGSIZE) == max(limits.max_frame_bytes,
+                                                            limits.max_header_bytes)  # fmt: skip
+            assert socket.getsockopt(zmq.SNDHWM) == built.options.send_hwm
+            assert socket.getsockopt(zmq.RCVHWM) == RECEIVE_HWM
+            assert socket.getsockopt(zmq.BACKLOG) == LISTEN_BACKLOG
+        finally:
+            built.close()

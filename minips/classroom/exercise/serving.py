@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.rules import make_rule
-from minips.server.server import ParameterServer, ServerOptions
+from minips.server.server import ParameterServer
 from minips.state.store import SGD
 
 
@@ -31,7 +32,7 @@ def serving(
         params,
         make_rule("asgd"),
         SGD(params, lr=lr, momentum=0.0),
-        ServerOptions(
+        OpsOptions(
             bind="tcp://127.0.0.1:*",
             world_size=1,
             heartbeat_timeout=30.0,
