@@ -114,11 +114,14 @@ def test_no_two_packages_import_each_other():
 
 def test_minips_own_modules_stay_few_and_errors_import_nothing():
     """minips/ itself holds the public API (__init__.py), the entry point, the errors every
-    package raises (a leaf) and the single-process trainer; everything else is in a folder."""
+    package raises (a leaf), the stop signals held while a child starts (a leaf: run/ and
+    classroom/ both start children) and the single-process trainer; everything else is in
+    a folder."""
     top = {p.name for p in PACKAGE.glob("*.py")}
-    assert top <= {"__init__.py", "__main__.py", "errors.py", "trainer.py"}, top
+    assert top <= {"__init__.py", "__main__.py", "errors.py", "held_signals.py", "trainer.py"}, top
     _, graph = _graph()
     assert not graph["minips.errors"]
+    assert not graph["minips.held_signals"]
 
 
 def test_no_two_modules_share_a_name():

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from minips.errors import MinipsError
-from minips.run.held_signals import held_during_start, released_in_child
+from minips.held_signals import held_during_start, released_in_child
 
 Command = Callable[[int], list[str]]  # generation -> argv
 

@@ -7,7 +7,8 @@ line, so it starts on about:blank with a DevTools endpoint on loopback and each 
 through that endpoint's HTTP interface (`PUT /json/new?URL`). SIGTERM (the launcher's
 stop) closes Chromium first, so no browser process outlives the run. Chromium's profile is
 `--profile DIR` (`minips run`: RUN_DIR/logs/chromium-profile), emptied before Chromium
-starts and removed at exit; should this process be killed before it could remove it (a
+starts and removed at exit (a SIGTERM while Chromium starts waits until it is known:
+minips.held_signals); should this process be killed before it could remove it (a
 launcher out of patience), it is left where the next run clears it, not in /tmp. Chromium's
 TMPDIR is a folder made for it (`minips-chr-*`, in TMPDIR or /tmp) and removed with the
 profile.
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from minips.classroom.web.slots import find_chromium
+from minips.held_signals import held_during_start, released_in_child
 
 # Flags for unattended tabs: no sandbox (CI runs as root), no GPU, and no throttling of
 # tabs in the background: every tab is a worker that must keep its pace.
@@ -93,26 +95,37 @@ def run_tabs(binary: str, url: str, tabs: int, profile: Path) -> None:
     when it is stopped)."""
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=chromium_tmpdir()))
+    chromium: subprocess.Popen | None = None
     try:
-        chromium = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(scratch)}
-        )
-        try:
-            port = devtools_port(profile, chromium)
-            for _ in range(tabs):
-                open_tab(port, url)
-            print(f"opened {tabs} tab(s) at {url}", flush=True)
-            chromium.wait()
-        finally:
-            chromium.terminate()
-            try:
-                chromium.wait(10)
-            except subprocess.TimeoutExpired:
-                chromium.kill()
-                chromium.wait()
-            remove_profile(profile)
+        # A SIGTERM inside Popen would leave Chromium started and unknown here, so never
+        # closed: it is held until `chromium` is set, then raised where `finally` closes it.
+        with held_during_start():
+            chromium = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "TMPDIR": str(scratch)},
+                preexec_fn=released_in_child(),
+            )
+        port = devtools_port(profile, chromium)
+        for _ in range(tabs):
+            open_tab(port, url)
+        print(f"opened {tabs} tab(s) at {url}", flush=True)
+        chromium.wait()
     finally:
+        if chromium is not None:
+            close_chromium(chromium)
+            remove_profile(profile)
         remove_profile(scratch)
+
+
+def close_chromium(chromium: subprocess.Popen, patience: float = 10.0) -> None:
+    """Terminate Chromium (it closes its helper processes), killed after `patience` s."""
+    chromium.terminate()
+    try:
+        chromium.wait(patience)
+    except subprocess.TimeoutExpired:
+        chromium.kill()
+        chromium.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,14 +1,16 @@
-"""A child's start is never cut in two by the launcher's own stop signals.
+"""A child's start is never cut in two by its parent's own stop signals.
 
 `minips run` and `minips launch` turn SIGINT and SIGTERM into KeyboardInterrupt wherever
-the launcher is (minips.run.processes.signals_stop_the_run). Inside `subprocess.Popen`
-that is too early or too late: raised after the fork but before Popen returns, the child
-runs on unknown to the launcher (nobody stops it); raised in an at-fork handler (logging
-has some), Python prints "Exception ignored" and drops it, and the launcher, which ignores
-every signal after the first, runs on and cannot be stopped. So while a child starts the
-two signals are held (`held_during_start`) and handled once the child is known;
-the child gets them back, at their defaults, before its program starts
-(`released_in_child`).
+the launcher is (minips.run.processes.signals_stop_the_run); the headless Chromium of
+browser slots (minips.classroom.web.headless) turns SIGTERM into SystemExit. Inside
+`subprocess.Popen` that is too early or too late: raised after the fork but before Popen
+returns, the child runs on unknown to its parent (nobody stops it); raised in an at-fork
+handler (logging has some), Python prints "Exception ignored" and drops it, and a launcher,
+which ignores every signal after the first, runs on and cannot be stopped. So while a
+child starts the two signals are held (`held_during_start`) and handled once the child is
+known; the child gets them back, at their defaults, before its program starts
+(`released_in_child`). A leaf beside errors.py: run/ and classroom/ both start children,
+and classroom/ may not import run/ (run/ imports classroom/).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def held_during_start() -> Iterator[set[signal.Signals]]:
     Two holds, as Python handles a signal in two steps: the calling thread's signal mask
     blocks them (the kernel keeps one sent to it pending), and the Python handlers are
     swapped for one that only notes them (one the kernel gave another thread of the
-    launcher: a dashboard's, a gateway's). At the end the handlers come back, the mask is
+    process: a dashboard's, a gateway's). At the end the handlers come back, the mask is
     restored (a pending signal is handled there) and each noted one is raised again.
     Only in the main thread: elsewhere Python runs no handler, so nothing can cut a start.
     Yields the set of signals noted so far."""
