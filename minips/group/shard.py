@@ -35,7 +35,8 @@ from minips.group.agreements import (
     group_map,
 )
 from minips.group.partition import Partition
-from minips.protocol import address, auth, wire
+from minips.guard import addresses
+from minips.protocol import auth, wire
 from minips.protocol.wire import Message, ProtocolError
 from minips.state.requests import require_operator
 
@@ -274,7 +275,7 @@ def advertised(endpoint: str, root: str) -> str:
     root from (a wildcard host would be read as the root's, docs/protocol.md 16.4)."""
     match = re.match(r"^tcp://(\*|0\.0\.0\.0):(\d+)$", endpoint)
     root_host = re.match(r"^tcp://([^:/]+):\d+$", root)
-    if match is None or root_host is None or address.is_loopback(root):
+    if match is None or root_host is None or addresses.is_loopback(root):
         return endpoint
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
+from minips.guard import addresses
 from minips.ops.snapshot import quiet, write_snapshot
-from minips.protocol import address, auth
+from minips.protocol import auth
 
 if TYPE_CHECKING:
     from minips.server.server import ParameterServer
@@ -92,7 +93,7 @@ class PrimaryLink:
         if keys is not None:  # before the bind: no connection ever skips the check
             self._gatekeeper = auth.start_gatekeeper(context, link_keys(keys))
             auth.make_curve_server(self.socket, keys)
-        self.endpoint = address.bind(self.socket, where)
+        self.endpoint = addresses.bind(self.socket, where)
         self._snapshots = snapshots_dir()
         self.replies, self.sent = replies, first
         replies.current = replies.acked = first

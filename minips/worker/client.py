@@ -38,7 +38,6 @@ import numpy as np
 import zmq
 
 from minips.protocol import auth, wire
-from minips.protocol.address import normalize_connect
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
 from minips.transmission.codecs import Encoder, Gradient, Spec
 from minips.worker.hooks import LinkLimit
@@ -60,7 +59,8 @@ ASSEMBLE_TIMEOUT = 60.0  # s the first hello waits for a server group to assembl
 class PSClient:
     """A worker's connection to a ParameterServer.
 
-    address: the server endpoint ("tcp://host:port" or "ipc:///path"). timeout: seconds to
+    address: the server endpoint ("tcp://host:port" or "ipc:///path"), taken as given (its
+    builder checks a user's: minips.PSClient, minips/guard/addresses.py). timeout: seconds to
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
@@ -87,7 +87,7 @@ class PSClient:
     ) -> None:
         if timeout <= 0 or retries < 0:
             raise ValueError("timeout must be > 0 and retries >= 0")
-        self.address = normalize_connect(address)  # AddressError now, not a silent hang
+        self.address = address
         self.keys = keys
         self.timeout = timeout
         self.retries = retries
