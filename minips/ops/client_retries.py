@@ -105,7 +105,7 @@ class RetryingClient(PSClient):
         super()._no_reply(op, attempt)
 
 
-def keys_hint(keys: auth.ClientKeys | None) -> str:
+def keys_hint(keys: auth.ClientSocketKeys | None) -> str:
     """What to check about CURVE keys, for a client given `keys` (None: none given)."""
     if keys is None:
         return (
@@ -118,7 +118,9 @@ def keys_hint(keys: auth.ClientKeys | None) -> str:
     )
 
 
-def nothing_answers(address: str, waited: float, keys: auth.ClientKeys | None) -> ServerUnavailable:
+def nothing_answers(
+    address: str, waited: float, keys: auth.ClientSocketKeys | None
+) -> ServerUnavailable:
     """The error of a first request that got no reply in `waited` seconds."""
     return ServerUnavailable(
         f"nothing answers at {address} (no reply in {waited:g} s): is the server started, "

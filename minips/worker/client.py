@@ -64,7 +64,8 @@ class PSClient:
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
-    how long hello waits for a server group whose shards have not all joined.
+    how long hello waits for a server group whose shards have not all joined. keys: CURVE
+    keys that secure its socket (minips/guard/curve.py's ClientKeys; None: plain).
     A server group (docs/protocol.md 16), found at hello, is used through the same calls:
     hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
     group's, through `groups` (minips.group.root.GROUPS; None: OneServerOnly, which
@@ -81,7 +82,7 @@ class PSClient:
         retries: int = 3,
         worker_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
-        keys: auth.ClientKeys | None = None,
+        keys: auth.ClientSocketKeys | None = None,
         assemble_timeout: float = ASSEMBLE_TIMEOUT,
         groups: GroupSide | None = None,
     ) -> None:
@@ -260,7 +261,7 @@ class PSClient:
             # blocks in send: bounded like the wait for a reply.
             sock.setsockopt(zmq.SNDTIMEO, max(1, int(1000 * self._send_wait())))
             if self.keys is not None:
-                auth.make_curve_client(sock, self.keys)
+                self.keys.secure(sock)  # CURVE, before it connects
             sock.connect(self.address)
             self._socket = sock
         return self._socket
