@@ -16,7 +16,7 @@ PACKAGE = ROOT / "minips"
 DOC = ROOT / "docs" / "architecture.md"
 
 CORE = ("nn", "data", "protocol", "state", "rules", "transmission", "server", "worker")
-OPERATIONS = ("ops", "group", "run", "results", "classroom", "cli", "provision")
+OPERATIONS = ("guard", "ops", "group", "run", "results", "classroom", "cli", "provision")
 
 # The core's imports of an operation, (importer, imported): none. What the core is not
 # (a server's operations, a client's way to a group) it is given by whoever builds it.

@@ -20,7 +20,7 @@ from minips.cli.progress import ProgressBar
 from minips.cli.terminate import sigterm_as_interrupt
 
 if TYPE_CHECKING:
-    from minips.protocol.auth import ClientKeys
+    from minips.guard.curve import ClientKeys
 
 
 def client_key_options(command: Callable) -> Callable:

@@ -45,7 +45,7 @@ def dashboard(
     stops, the page keeps its last numbers. Ctrl-C stops it.
     """
     from minips.classroom.dashboard import start_dashboard
-    from minips.protocol.address import normalize
+    from minips.guard.addresses import normalize
     from minips.provision.keyfiles import load_client_keys
 
     connect = normalize(connect, "--connect", wildcard_port=False)  # not in the polling thread

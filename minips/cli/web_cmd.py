@@ -71,7 +71,7 @@ def web(
     this gateway. Needs pip install 'minips[web]'.
     """  # fmt: skip
     from minips.classroom.web.gateway import Gateway, check_installed, parse_listen
-    from minips.protocol.address import normalize
+    from minips.guard.addresses import normalize
     from minips.results.rundir import check_writable
     from minips.results.whole_file import write_whole
 

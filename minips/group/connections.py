@@ -16,7 +16,8 @@ from typing import Any
 
 import zmq
 
-from minips.protocol import auth, wire
+from minips.guard.curve import ClientKeys
+from minips.protocol import wire
 from minips.protocol.wire import Limits, Message
 from minips.worker.client import new_socket_if_interrupted
 from minips.worker.replies import ServerUnavailable
@@ -44,7 +45,7 @@ class Connection:
         address: str,
         routing_id: bytes,
         limits: Limits,
-        keys: auth.ClientKeys | None = None,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.context, self.address, self.routing_id = context, address, routing_id
         self.limits, self.keys = limits, keys
@@ -75,7 +76,7 @@ class Connection:
             socket.setsockopt(zmq.ROUTING_ID, self.routing_id)
             socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
             if self.keys is not None:
-                auth.make_curve_client(socket, self.keys)
+                self.keys.secure(socket)
             socket.connect(self.address)
         except BaseException:
             socket.close(linger=0)

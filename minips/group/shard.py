@@ -35,9 +35,10 @@ from minips.group.agreements import (
     group_map,
 )
 from minips.group.partition import Partition
-from minips.protocol import address, auth, wire
+from minips.guard import addresses
+from minips.guard.curve import ClientKeys, require_operator
+from minips.protocol import wire
 from minips.protocol.wire import Message, ProtocolError
-from minips.state.requests import require_operator
 
 if TYPE_CHECKING:
     from minips.server.router import Envelope
@@ -172,7 +173,7 @@ class Joiner:
     """
 
     def __init__(self, root: str, shard: int | None, servers: int,
-                 keys: auth.ClientKeys | None = None,
+                 keys: ClientKeys | None = None,
                  root_timeout: float = ROOT_TIMEOUT) -> None:  # fmt: skip
         self.root, self.shard, self.servers = root, shard, servers
         self.root_timeout = root_timeout
@@ -183,7 +184,7 @@ class Joiner:
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # no joins queued while the root is away
         self.socket.setsockopt(zmq.SNDHWM, 4)
         if keys is not None:
-            auth.make_curve_client(self.socket, keys)
+            keys.secure(self.socket)
         self.socket.connect(root)
         self.addresses: list[str | None] = [root] + [None] * (servers - 1)
         self.root_stopping = False
@@ -274,7 +275,7 @@ def advertised(endpoint: str, root: str) -> str:
     root from (a wildcard host would be read as the root's, docs/protocol.md 16.4)."""
     match = re.match(r"^tcp://(\*|0\.0\.0\.0):(\d+)$", endpoint)
     root_host = re.match(r"^tcp://([^:/]+):\d+$", root)
-    if match is None or root_host is None or address.is_loopback(root):
+    if match is None or root_host is None or addresses.is_loopback(root):
         return endpoint
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

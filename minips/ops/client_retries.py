@@ -1,8 +1,8 @@
 """RetryingClient: the core's PSClient (minips/worker/client.py) as users and launchers get it,
-which says hello again when the server forgot it, waits `first_wait` for a first reply and
-says in one line why nothing may answer, and warns of a reply timeout that outlasts the
-server's heartbeat. minips.PSClient (minips/run/assembly.py) is this client with a way
-to reach a server group.
+which checks its address first (minips/guard/addresses.py), says hello again when the
+server forgot it, waits `first_wait` for a first reply and says in one line why nothing may
+answer, and warns of a reply timeout that outlasts the server's heartbeat. minips.PSClient
+(minips/run/assembly.py) is this client with a way to reach a server group.
 
 No reply at all to a first request gets one line that says what may cause it (no server
 there yet, a wrong address, CURVE keys). A ZeroMQ client cannot tell "nothing listens"
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from minips.guard.addresses import normalize_connect
 from minips.protocol import auth, wire
 from minips.protocol.wire import Message
 from minips.worker.client import PSClient
@@ -25,7 +26,8 @@ log = logging.getLogger("minips.client")
 
 
 class RetryingClient(PSClient):
-    """A PSClient (same arguments) that keeps its registration and explains silence.
+    """A PSClient (same arguments) that keeps its registration and explains silence; its
+    address is checked and resolved first (AddressError, one line, not a silent hang).
 
     first_wait: s the first request waits in one attempt, then one ServerUnavailable saying
     why (None: off). A request that needs registration and meets `unknown_worker` (the
@@ -44,7 +46,8 @@ class RetryingClient(PSClient):
     ) -> None:
         if timeout <= 0 or retries < 0 or (first_wait is not None and first_wait <= 0):
             raise ValueError("timeout and first_wait must be > 0 and retries >= 0")
-        super().__init__(address, timeout, retries, *args, **kwargs)
+        # checked and resolved now: ZeroMQ would wait in silence on a bad address
+        super().__init__(normalize_connect(address), timeout, retries, *args, **kwargs)
         self.first_wait = first_wait
         self._hello_info: dict[str, Any] | None = None  # set once hello succeeded
         self._first = False  # the request under way is the first one, waiting first_wait
@@ -102,7 +105,7 @@ class RetryingClient(PSClient):
         super()._no_reply(op, attempt)
 
 
-def keys_hint(keys: auth.ClientKeys | None) -> str:
+def keys_hint(keys: auth.ClientSocketKeys | None) -> str:
     """What to check about CURVE keys, for a client given `keys` (None: none given)."""
     if keys is None:
         return (
@@ -115,7 +118,9 @@ def keys_hint(keys: auth.ClientKeys | None) -> str:
     )
 
 
-def nothing_answers(address: str, waited: float, keys: auth.ClientKeys | None) -> ServerUnavailable:
+def nothing_answers(
+    address: str, waited: float, keys: auth.ClientSocketKeys | None
+) -> ServerUnavailable:
     """The error of a first request that got no reply in `waited` seconds."""
     return ServerUnavailable(
         f"nothing answers at {address} (no reply in {waited:g} s): is the server started, "

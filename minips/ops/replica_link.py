@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
+from minips.guard import addresses, curve
 from minips.ops.snapshot import quiet, write_snapshot
-from minips.protocol import address, auth
+from minips.protocol import auth
 
 if TYPE_CHECKING:
     from minips.server.server import ParameterServer
@@ -83,16 +84,16 @@ class PrimaryLink:
     seconds without an acknowledgement after which the backup is let go."""
 
     def __init__(self, context: zmq.Context, where: str, replies: HeldReplies, first: int = 0,
-                 keys: auth.ServerKeys | None = None,
+                 keys: curve.ServerKeys | None = None,
                  bound: float = FAILOVER_AFTER) -> None:  # fmt: skip
         self.bound = bound
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self._gatekeeper = None
         if keys is not None:  # before the bind: no connection ever skips the check
-            self._gatekeeper = auth.start_gatekeeper(context, link_keys(keys))
-            auth.make_curve_server(self.socket, keys)
-        self.endpoint = address.bind(self.socket, where)
+            self._gatekeeper = curve.start_gatekeeper(context, link_keys(keys))
+            curve.make_curve_server(self.socket, keys)
+        self.endpoint = addresses.bind(self.socket, where)
         self._snapshots = snapshots_dir()
         self.replies, self.sent = replies, first
         replies.current = replies.acked = first
@@ -245,17 +246,17 @@ def link_message(frames: list[bytes]) -> tuple[bytes | None, dict[str, Any]]:
     return frames[0], body if isinstance(body, dict) else {}
 
 
-def link_keys(keys: auth.ServerKeys) -> auth.ServerKeys:
+def link_keys(keys: curve.ServerKeys) -> curve.ServerKeys:
     """The link's admission: the server's own public key alone (a backup is a replica of
     this server, so it holds the server's pair; the clients' keys admit no one here)."""
-    return auth.ServerKeys(keys.pair, frozenset({keys.pair.public}), frozenset())
+    return curve.ServerKeys(keys.pair, frozenset({keys.pair.public}), frozenset())
 
 
-def link_client(socket: zmq.Socket, keys: auth.ServerKeys | None) -> None:
+def link_client(socket: zmq.Socket, keys: curve.ServerKeys | None) -> None:
     """A backup's link socket: under keys a CURVE client with the server's own pair, which
     the primary admits and no one without the server's secret key can present."""
     if keys is not None:
-        auth.make_curve_client(socket, auth.ClientKeys(keys.pair, keys.pair.public))
+        curve.make_curve_client(socket, curve.ClientKeys(keys.pair, keys.pair.public))
 
 
 def input_header(frames: list[Any], dropped: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from typing import Any
 import zmq
 
 from minips.errors import MinipsError
+from minips.guard import addresses
 from minips.ops.replica_link import (
     FAILOVER_AFTER,
     HeldReplies,
@@ -53,7 +54,6 @@ from minips.ops.replica_link import (
 )
 from minips.ops.snapshot import read_snapshot
 from minips.ops.timers import Timers
-from minips.protocol import address
 from minips.server.server import ParameterServer
 
 log = logging.getLogger("minips.server")
@@ -198,7 +198,7 @@ class ReplicatedServer(ParameterServer):
         link = self._link_ctx.socket(zmq.DEALER)
         link.setsockopt(zmq.LINGER, 0)
         link_client(link, self.options.keys)
-        link.connect(address.normalize_connect(self.replica.backup_of))
+        link.connect(addresses.normalize_connect(self.replica.backup_of))
         link.send(pack({"r": "join"}))
         welcome = self._welcome(link)
         if welcome is None:  # stopped by a signal before the primary welcomed it
@@ -373,7 +373,7 @@ def bind_retrying(socket: zmq.Socket, where: str, timeout: float = 5.0) -> str:
         try:
             if still_listening(where):
                 raise MinipsError(f"{where} still answers: the primary lives (it stalled)")
-            return address.bind(socket, where)
+            return addresses.bind(socket, where)
         except MinipsError:
             if time.monotonic() > deadline:
                 raise

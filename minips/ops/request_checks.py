@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
+from minips.guard.curve import require_operator
 from minips.ops.overflow import OverflowCheck, step_stays_finite
 from minips.protocol.wire import ProtocolError
-from minips.state.requests import require_operator
 
 if TYPE_CHECKING:
     from minips.state.requests import Origin

@@ -17,6 +17,9 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
+from minips.guard import addresses
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures, answer_error
@@ -99,6 +102,16 @@ class ServerOps:
         cap_router(server.socket, self.options.limits, self.options.send_hwm)
         self.inflow = InflowGuard(server.socket, InflowLimits.for_limits(self.options.limits))
         self.failures = Failures(self.registry, server.outbox)
+
+    def bind(self, socket: zmq.Socket, address: str) -> str:
+        """Bind the server's socket to `address` (--bind, checked and resolved first; a bind
+        error is one AddressError line with the fix) and return the bound endpoint. Without
+        keys, an endpoint reachable from outside this machine is worth a warning."""
+        endpoint = addresses.bind(socket, addresses.normalize_bind(address))
+        if self.options.keys is None and not addresses.is_loopback(endpoint):
+            log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
+                        "this server (give it keys: minips keys)", endpoint)  # fmt: skip
+        return endpoint
 
     # ------------------------------------------------------------------- a request
 

@@ -1,5 +1,4 @@
-"""What both ends agree on: the wire format and its checks (wire.py, checks.py), addresses
-(address.py), CURVE on the sockets (auth.py; its key files are minips.provision's) and
-VSGD's coordinate samples (sampling.py; a shard's part of them is minips.group's). A
-transmission plan's format is minips.transmission.plan. docs/protocol.md is the normative
-text."""
+"""What both ends agree on: the wire format and its checks (wire.py, checks.py), CURVE on
+the sockets (auth.py; its key files are minips.provision's) and VSGD's coordinate samples
+(sampling.py; a shard's part of them is minips.group's). A transmission plan's format is
+minips.transmission.plan. docs/protocol.md is the normative text."""

@@ -1,93 +1,35 @@
-"""Keys and authentication: ZeroMQ CURVE encryption with an allow-list of client keys.
+"""Authentication as the core's sockets see it: the keys they are given secure them, and
+every frame a CURVE server receives carries its sender's public key.
 
-CURVE (ZeroMQ RFC 26, CurveZMQ) encrypts and authenticates every connection with
-Curve25519 key pairs. The server knows its own secret key and a list of allowed client
-*public* keys; a client knows its own key pair and the server's public key. The server
-checks each connecting client's key through ZAP (ZeroMQ RFC 27), the pattern the ZeroMQ
-guide calls "Ironhouse": a client whose key is not on the list never completes the
-handshake, so it can send nothing at all. Every message that does arrive carries its
-sender's public key (the ZMTP metadata property "User-Id", the key's Z85 text), which the
-server uses to recognise operators and, with the connection's routing id, to bind a worker
-id to the client that registered it (a key admits clients; several may share one).
-
-The key files that hold the keys (`minips keys DIR`) are minips/provision/keyfiles.py's.
+A server's keys make its ROUTER a CURVE server and start the gatekeeper that admits only
+allowed client keys (before it binds); a client's make its DEALER a CURVE client of the
+server (before it connects). The keys, the allow-list and the operators are
+minips/guard/curve.py's (docs/protocol.md 15); the core asks only `keys.secure(...)`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 
-if TYPE_CHECKING:
-    from zmq.auth.thread import ThreadAuthenticator
+
+class Gatekeeper(Protocol):
+    """The thread that checks each connecting client's key, until `stop()`."""
+
+    def stop(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    """A Curve25519 key pair as 40-character Z85 texts (bytes); `secret` None: public only."""
+class ServerSocketKeys(Protocol):
+    """A server's keys (guard/curve.py's ServerKeys): secure its socket, before it binds."""
 
-    public: bytes
-    secret: bytes | None = None
+    def secure(self, context: zmq.Context, socket: zmq.Socket) -> Gatekeeper: ...
 
 
-@dataclass(frozen=True)
-class ServerKeys:
-    """What a CURVE server needs: its own pair, the allowed client keys, the operator keys.
+class ClientSocketKeys(Protocol):
+    """A client's keys (guard/curve.py's ClientKeys): secure its socket, before it connects."""
 
-    allowed and operators: Z85 public keys; every operator key is also allowed.
-    """
-
-    pair: KeyPair
-    allowed: frozenset[bytes]
-    operators: frozenset[bytes]
-
-
-@dataclass(frozen=True)
-class ClientKeys:
-    """What a CURVE client needs: its own pair and the server's public key."""
-
-    pair: KeyPair
-    server_public: bytes
-
-
-class AllowList:
-    """The ZAP credentials check: is this client's public key on the list?"""
-
-    def __init__(self, allowed: frozenset[bytes]) -> None:
-        self.allowed = allowed
-
-    def callback(self, domain: str, z85_key: bytes) -> bool:
-        return z85_key in self.allowed
-
-
-def start_gatekeeper(context: zmq.Context, keys: ServerKeys) -> ThreadAuthenticator:
-    """Start the ZAP handler for every CURVE server socket of `context`; `.stop()` it later.
-
-    It admits exactly the keys in `keys.allowed` (all domains). Start it before binding.
-    """
-    # Imported here: it pulls in asyncio (about 40 ms), which a process without CURVE never needs.
-    from zmq.auth.thread import ThreadAuthenticator
-
-    authenticator = ThreadAuthenticator(context)
-    authenticator.start()
-    authenticator.configure_curve_callback("*", credentials_provider=AllowList(keys.allowed))
-    return authenticator
-
-
-def make_curve_server(socket: zmq.Socket, keys: ServerKeys) -> None:
-    """Make `socket` a CURVE server with the server's pair (before bind)."""
-    socket.curve_secretkey = keys.pair.secret
-    socket.curve_publickey = keys.pair.public
-    socket.curve_server = True
-
-
-def make_curve_client(socket: zmq.Socket, keys: ClientKeys) -> None:
-    """Make `socket` a CURVE client of the server whose public key it holds (before connect)."""
-    socket.curve_secretkey = keys.pair.secret
-    socket.curve_publickey = keys.pair.public
-    socket.curve_serverkey = keys.server_public
+    def secure(self, socket: zmq.Socket) -> None: ...
 
 
 def sender_key(frame: zmq.Frame) -> bytes | None:

@@ -1,5 +1,5 @@
 """CURVE key files: a key directory written (`minips keys DIR`) and read back into the keys
-the server and its clients put on their sockets (minips/protocol/auth.py).
+the server and its clients put on their sockets (minips/guard/curve.py).
 
 A key directory, as `minips keys DIR` writes it (ZeroMQ's certificate format, the files
 `zmq.auth.create_certificates` writes and every binding can read: Z85 text keys):
@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq.auth
 
 from minips.errors import ConfigError
-from minips.protocol.auth import ClientKeys, KeyPair, ServerKeys
+from minips.guard.curve import ClientKeys, KeyPair, ServerKeys
 
 SERVER = "server"
 WORKER = "worker"

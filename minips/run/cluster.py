@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from minips.errors import ConfigError, MinipsError
-from minips.protocol import address
+from minips.guard import addresses
 from minips.results.metrics import ProgressFn
 from minips.results.rundir import RunDir
 from minips.run import shardrank
@@ -93,7 +93,7 @@ def role_of(env: LaunchEnv, servers: int) -> Role:
 def root_bind(env: LaunchEnv) -> str:
     """Where the root listens: its port on loopback for a job on one machine, else on every
     interface (the other processes connect to `env.root`)."""
-    loopback = env.root_host == "localhost" or address.is_loopback(env.root)
+    loopback = env.root_host == "localhost" or addresses.is_loopback(env.root)
     return f"tcp://{'127.0.0.1' if loopback else '*'}:{env.root_port}"
 
 

@@ -34,7 +34,7 @@ class ServerOptions:
     limits: Limits = DEFAULT_LIMITS
     stop_grace: float = 5.0
     poll_interval: float = 0.05
-    keys: auth.ServerKeys | None = None  # CURVE: the server's pair, allowed and operator keys
+    keys: auth.ServerSocketKeys | None = None  # CURVE: guard/curve.py's ServerKeys
     send_hwm: int = 32  # replies queued per connection before ZeroMQ drops (docs/protocol.md 10)
 
     def __post_init__(self) -> None:

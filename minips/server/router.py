@@ -75,17 +75,14 @@ def split_envelope(frames: list[Any]) -> tuple[Envelope, list[Any]]:
 
 
 def open_router(
-    context: zmq.Context, keys: auth.ServerKeys | None
-) -> tuple[zmq.Socket, auth.ThreadAuthenticator | None]:
+    context: zmq.Context, keys: auth.ServerSocketKeys | None
+) -> tuple[zmq.Socket, auth.Gatekeeper | None]:
     """The server's ROUTER socket and (with keys) CURVE and the thread that checks every
     client's key. Its memory caps are the operations' (set before it binds)."""
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker's reconnection takes its id over
     socket.setsockopt(zmq.LINGER, 1000)  # let final replies leave on close
-    gatekeeper = None
-    if keys is not None:
-        gatekeeper = auth.start_gatekeeper(context, keys)
-        auth.make_curve_server(socket, keys)
+    gatekeeper = keys.secure(context, socket) if keys is not None else None
     return socket, gatekeeper
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.protocol import address, wire
+from minips.protocol import wire
 from minips.protocol.wire import Message
 from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
@@ -109,14 +109,11 @@ class ParameterServer:
         }  # fmt: skip
         ops.attach(self)  # the socket's caps (before it binds), the inflow guard, failures
         self.handlers.update(ops.handlers(self))  # stats; an operator's stop, checkpoint; join
-        self.endpoint: str = address.bind(self.socket, address.normalize_bind(options.bind))
+        self.endpoint: str = ops.bind(self.socket, options.bind)  # checked, explained, bound
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
         self.timers = ops.timers(self)  # each turn's jobs: liveness, checkpoints, the rule's
-        if options.keys is None and not address.is_loopback(self.endpoint):
-            log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
-                        "this server (give it keys: minips keys)", self.endpoint)  # fmt: skip
         authenticated = ", authenticated (CURVE keys)" if options.keys is not None else ""
         log.info("serving %d parameters on %s, rule %s%s", len(params), self.endpoint, rule.name,
                  authenticated)  # fmt: skip

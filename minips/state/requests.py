@@ -3,19 +3,14 @@ a pull answered later (`HeldPull`). Booked per worker in minips.state.registry (
 `Push`, which names its worker). The checks of who sent a request (a hello's connection
 and `info`, an operator's key) are operations: the server's named point `check_hello`
 (minips/server/seams.py) and the operations' own `stop` and `checkpoint` handlers
-(minips/ops/request_checks.py, minips/ops/operator_requests.py);
-`require_operator` stays beside `Origin`, which it reads, as a group's root asks it too.
+(minips/ops/request_checks.py, minips/ops/operator_requests.py; an operator's key:
+minips/guard/curve.py's `require_operator`, which a group's root asks too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from minips.protocol.wire import ProtocolError
-
-if TYPE_CHECKING:
-    from minips.protocol.auth import ServerKeys
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,12 +19,6 @@ class Origin:
 
     routing_id: bytes
     key: bytes | None = None
-
-
-def require_operator(origin: Origin, keys: ServerKeys | None) -> None:
-    """Under CURVE only an operator key may stop or checkpoint (error `operator`)."""
-    if keys is not None and origin.key not in keys.operators:
-        raise ProtocolError("only an operator key may stop or checkpoint the server", "operator")
 
 
 @dataclass(eq=False)

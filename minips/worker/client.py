@@ -38,7 +38,6 @@ import numpy as np
 import zmq
 
 from minips.protocol import auth, wire
-from minips.protocol.address import normalize_connect
 from minips.protocol.wire import DEFAULT_LIMITS, Limits, Message, frames_nbytes
 from minips.transmission.codecs import Encoder, Gradient, Spec
 from minips.worker.hooks import LinkLimit
@@ -60,11 +59,13 @@ ASSEMBLE_TIMEOUT = 60.0  # s the first hello waits for a server group to assembl
 class PSClient:
     """A worker's connection to a ParameterServer.
 
-    address: the server endpoint ("tcp://host:port" or "ipc:///path"). timeout: seconds to
+    address: the server endpoint ("tcp://host:port" or "ipc:///path"), taken as given (its
+    builder checks a user's: minips.PSClient, minips/guard/addresses.py). timeout: seconds to
     wait for each reply. retries: how many times a request is re-sent after a timeout (so at
     most 1 + retries attempts). worker_id: this worker's name for the whole run (a random
     one by default); the server gives the same rank back to the same id. assemble_timeout:
-    how long hello waits for a server group whose shards have not all joined.
+    how long hello waits for a server group whose shards have not all joined. keys: CURVE
+    keys that secure its socket (minips/guard/curve.py's ClientKeys; None: plain).
     A server group (docs/protocol.md 16), found at hello, is used through the same calls:
     hello chooses the `session` they go to (minips.worker.session), a `OneServer` or the
     group's, through `groups` (minips.group.root.GROUPS; None: OneServerOnly, which
@@ -81,13 +82,13 @@ class PSClient:
         retries: int = 3,
         worker_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
-        keys: auth.ClientKeys | None = None,
+        keys: auth.ClientSocketKeys | None = None,
         assemble_timeout: float = ASSEMBLE_TIMEOUT,
         groups: GroupSide | None = None,
     ) -> None:
         if timeout <= 0 or retries < 0:
             raise ValueError("timeout must be > 0 and retries >= 0")
-        self.address = normalize_connect(address)  # AddressError now, not a silent hang
+        self.address = address
         self.keys = keys
         self.timeout = timeout
         self.retries = retries
@@ -260,7 +261,7 @@ class PSClient:
             # blocks in send: bounded like the wait for a reply.
             sock.setsockopt(zmq.SNDTIMEO, max(1, int(1000 * self._send_wait())))
             if self.keys is not None:
-                auth.make_curve_client(sock, self.keys)
+                self.keys.secure(sock)  # CURVE, before it connects
             sock.connect(self.address)
             self._socket = sock
         return self._socket

@@ -142,7 +142,7 @@ def test_the_documented_timeouts_are_the_defaults():
 
 def test_section_15_names_the_socket_options_the_code_sets():
     section = DOC.split("## 15. Keys and authentication")[1]
-    auth_source = (SOURCES / "protocol" / "auth.py").read_text()
+    auth_source = (SOURCES / "guard" / "curve.py").read_text()
     for option in ("curve_server", "curve_secretkey", "curve_publickey", "curve_serverkey"):
         assert option in auth_source and option.upper() in section
     for name in ("server.key", "server.key_secret", "allowed/", "operators/", "User-Id"):

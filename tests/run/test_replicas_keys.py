@@ -33,7 +33,8 @@ from test_replicas_group import _endpoint
 from test_replicas_group import _start as _start_group
 from test_run_auth import _refused_as, _unanswered
 
-from minips.protocol import auth, wire
+from minips.guard import curve
+from minips.protocol import wire
 from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError
 
@@ -55,7 +56,7 @@ def _stats(out: Path, endpoint_file: str = "endpoint") -> dict | None:
         return None
     with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
         socket.linger = 0
-        auth.make_curve_client(socket, keys)
+        curve.make_curve_client(socket, keys)
         socket.connect(endpoint)
         socket.send_multipart(wire.encode({"op": "stats", "rid": 1}))
         if not socket.poll(2000):
@@ -99,12 +100,12 @@ def _stop_all(*procs) -> None:
             running.communicate()
 
 
-def _strangers(tmp_path: Path, out: Path) -> tuple[auth.ClientKeys, auth.ClientKeys]:
+def _strangers(tmp_path: Path, out: Path) -> tuple[curve.ClientKeys, curve.ClientKeys]:
     """The run's operator keys, and a pair the run never allowed (it knows the server's key)."""
     operator = keyfiles.load_client_keys(out / "keys", keyfiles.OPERATOR)
     keyfiles.make_keys(tmp_path / "other")
     stranger = keyfiles.load_client_keys(tmp_path / "other", keyfiles.OPERATOR)
-    return operator, auth.ClientKeys(stranger.pair, operator.server_public)
+    return operator, curve.ClientKeys(stranger.pair, operator.server_public)
 
 
 def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(
@@ -154,14 +155,14 @@ def test_a_keyed_primary_killed_changes_nothing_and_its_backup_keeps_the_keys(
     assert _killed(replication["backups_lost"]) == []  # a stalled primary's backup may be lost
 
 
-def _join(link: str, keys: auth.ClientKeys | None, join: bool = True) -> tuple[bool, bool]:
+def _join(link: str, keys: curve.ClientKeys | None, join: bool = True) -> tuple[bool, bool]:
     """A socket with `keys` (None: no CURVE) connected to the link, sending a `join` if
     `join`: whether its CURVE handshake succeeded, and whether anything answered, within
     3 s (a socket that asks nothing: until its handshake succeeded, at most 20 s)."""
     with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
         socket.linger = 0
         if keys is not None:
-            auth.make_curve_client(socket, keys)
+            curve.make_curve_client(socket, keys)
         monitor = socket.get_monitor_socket()
         socket.connect(link)
         if join:
@@ -194,7 +195,7 @@ def test_only_a_holder_of_the_server_secret_key_joins_the_replication_link(tmp_p
             # server's own pair does (it asks nothing: a join would be welcomed were the
             # live backup let go meanwhile, as a replacement is); side by side, so that the
             # workers are paused 3 s, not 12
-            tries = [(auth.ClientKeys(server, server.public), False), (None, True),
+            tries = [(curve.ClientKeys(server, server.public), False), (None, True),
                      (worker, True), (operator, True), (wrong, True)]  # fmt: skip
             with ThreadPoolExecutor(len(tries)) as pool:
                 outcomes = list(pool.map(lambda t: _join(link, *t), tries))

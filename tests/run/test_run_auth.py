@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from run_support import assert_clean_exits
 
 from minips.cli.ps_cmd import server_command
-from minips.protocol import auth, wire
+from minips.guard import curve
+from minips.protocol import wire
 from minips.provision import keyfiles
 from minips.run.build import make_server
 from minips.run.config import RunConfig
@@ -71,13 +72,13 @@ def _unanswered(client: PSClient) -> None:
                 call()
 
 
-def _refused_as(endpoint: str, keys: auth.ClientKeys, victim: str) -> list[str]:
+def _refused_as(endpoint: str, keys: curve.ClientKeys, victim: str) -> list[str]:
     """The codes a second client with `keys` gets for hello, ping, pull, a push with seq
     2^62 and bye under worker id `victim`."""
     context = zmq.Context()
     peer = context.socket(zmq.DEALER)
     peer.setsockopt(zmq.LINGER, 0)
-    auth.make_curve_client(peer, keys)
+    curve.make_curve_client(peer, keys)
     peer.connect(endpoint)
     grads = {"fc1.b": np.ones(256, np.float32)}
     requests = [({"op": "hello", "worker": victim}, None), ({"op": "ping", "worker": victim}, None),
@@ -107,7 +108,7 @@ def test_an_authenticated_run_trains_and_only_its_operator_key_stops_it(tmp_path
         _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder"))
         keyfiles.make_keys(tmp_path / "other")
         stranger = keyfiles.load_client_keys(tmp_path / "other", keyfiles.OPERATOR)
-        wrong = auth.ClientKeys(stranger.pair, operator_keys.server_public)
+        wrong = curve.ClientKeys(stranger.pair, operator_keys.server_public)
         _unanswered(PSClient(endpoint, timeout=0.5, retries=0, worker_id="intruder", keys=wrong))
         # A worker's key connects, but cannot stop the run.
         worker_keys = keyfiles.load_client_keys(keys_dir, keyfiles.WORKER)

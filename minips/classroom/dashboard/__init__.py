@@ -34,7 +34,7 @@ from minips.classroom.dashboard.collector import Collector
 from minips.classroom.dashboard.page import PAGE
 from minips.classroom.dashboard.tails import UpdateTail, run_logs, single_log
 from minips.errors import ConfigError
-from minips.protocol.auth import ClientKeys
+from minips.guard.curve import ClientKeys
 
 KEEPALIVE = 15.0  # seconds between SSE comments when nothing changed (proxies close idle streams)
 MAX_THREADS = 32  # requests served at once

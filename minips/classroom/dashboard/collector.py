@@ -20,8 +20,8 @@ from typing import Any
 from minips.classroom.dashboard.tails import EvalTail, UpdateTail, single_log
 from minips.classroom.web.slots import agent_name, free_ranks
 from minips.group.root import GROUPS
+from minips.guard.curve import ClientKeys
 from minips.ops.client_retries import RetryingClient, keys_hint
-from minips.protocol.auth import ClientKeys
 from minips.worker.client import ServerUnavailable
 
 HISTORY = 900  # points of updates/s and samples kept for the chart (15 min at 1 s)

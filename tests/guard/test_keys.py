@@ -1,5 +1,5 @@
-"""`minips keys` and CURVE: key files (provision/keyfiles.py), the allow-list, the sender's key
-on each frame (protocol/auth.py)."""
+"""`minips keys` and CURVE: key files (provision/keyfiles.py), the allow-list (guard/curve.py),
+the sender's key on each frame (protocol/auth.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+from minips.guard import curve
 from minips.ops.server_ops import ServerOps
 from minips.protocol import auth
 from minips.provision import keyfiles
@@ -52,12 +53,12 @@ def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
     (tmp_path / "allowed" / "banned.key").unlink()
     keys = keyfiles.load_server_keys(tmp_path)
     context = zmq.Context()
-    gatekeeper = auth.start_gatekeeper(context, keys)
+    gatekeeper = curve.start_gatekeeper(context, keys)
     sockets = []
     try:
         server = context.socket(zmq.ROUTER)
         sockets.append(server)
-        auth.make_curve_server(server, keys)
+        curve.make_curve_server(server, keys)
         server.bind("tcp://127.0.0.1:*")
         endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -65,7 +66,7 @@ def test_only_allowed_keys_get_through_and_carry_their_key(tmp_path):
             sock = context.socket(zmq.DEALER)
             sockets.append(sock)
             if name is not None:
-                auth.make_curve_client(sock, keyfiles.load_client_keys(tmp_path, name))
+                curve.make_curve_client(sock, keyfiles.load_client_keys(tmp_path, name))
             sock.connect(endpoint)
             sock.send(name.encode() if name else b"plain")
             return sock
@@ -102,3 +103,35 @@ def test_the_start_line_says_whether_the_server_is_authenticated(tmp_path, caplo
         lines[name] = next(r.getMessage() for r in caplog.records if "serving" in r.getMessage())
     assert "authenticated" not in lines["open"]
     assert lines["keyed"].endswith("authenticated (CURVE keys)"), lines
+
+
+def test_the_core_sockets_are_secured_by_the_keys_they_are_given(tmp_path):
+    """The core asks only `keys.secure(...)`: a server's keys start the gatekeeper and make
+    its ROUTER a CURVE server; a client's make its DEALER a client of that server."""
+    from minips.ops import request_checks
+    from minips.server.router import open_router
+
+    keyfiles.make_keys(tmp_path)
+    keys, worker = keyfiles.load_server_keys(tmp_path), keyfiles.load_client_keys(tmp_path)
+    context = zmq.Context()
+    router, gatekeeper = open_router(context, keys)
+    dealer = context.socket(zmq.DEALER)
+    try:
+        assert router.curve_server and gatekeeper is not None
+        router.bind("tcp://127.0.0.1:*")
+        worker.secure(dealer)
+        dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+        dealer.send(b"hello")
+        assert router.poll(10_000)
+        frames = router.recv_multipart(copy=False)
+        assert auth.sender_key(frames[-1]) == worker.pair.public
+        plain, none = open_router(context, None)
+        is_plain = not plain.curve_server
+        plain.close(0)
+        assert none is None and is_plain  # no keys: a plain socket, no gatekeeper
+    finally:
+        dealer.close(0)
+        router.close(0)
+        gatekeeper.stop()
+        context.term()
+    assert request_checks.require_operator is curve.require_operator  # the server's check

@@ -1,17 +1,24 @@
-"""Addresses are checked before any socket sees them; bind errors are one line with the fix."""
+"""Addresses are checked before any socket sees them; bind errors are one line with the fix.
+The core takes an address as given: the server's and the client's builders check it."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import zmq
+from test_server_support import make_params
 
-from minips.protocol.address import (
+import minips
+from minips.guard.addresses import (
     AddressError,
     bind,
     is_loopback,
     normalize_bind,
     normalize_connect,
 )
+from minips.state.store import SGD
+from minips.worker.client import PSClient as CoreClient
 
 
 @pytest.mark.parametrize(
@@ -69,3 +76,24 @@ def test_bind_errors_say_what_to_do():
         first.close(0)
         second.close(0)
         context.term()
+
+
+def test_the_public_client_checks_its_address_and_the_core_takes_it_as_given():
+    with pytest.raises(AddressError, match="'nonsense' needs a host and a port"):
+        minips.PSClient("nonsense")
+    with minips.PSClient("127.0.0.1:9") as public, CoreClient("tcp://127.0.0.1:9") as core:
+        assert public.address == core.address == "tcp://127.0.0.1:9"
+
+
+def test_the_usual_server_operations_check_bind_and_warn_off_loopback(caplog):
+    params = make_params()
+    with caplog.at_level(logging.WARNING, logger="minips.server"):
+        server = minips.ParameterServer(params, minips.make_rule("asgd"), SGD(params),
+                                        minips.ServerOptions(bind="0.0.0.0:*"))  # fmt: skip
+    try:
+        assert server.endpoint.startswith("tcp://0.0.0.0:")
+        assert f"UNAUTHENTICATED: anyone who can reach {server.endpoint}" in caplog.text
+        with pytest.raises(AddressError, match="--bind 'nonsense' needs a host and a port"):
+            server.ops.bind(server.socket, "nonsense")
+    finally:
+        server.close()
