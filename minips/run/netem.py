@@ -375,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("command", nargs="*", help="run in the root namespace, after --")
     args = parser.parse_args(argv)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_on_signal)
+    previous = {
+        sig: signal.signal(sig, _raise_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         target = parse_rate(args.rate)
         with shaped_link(args.rate, args.delay, args.queue) as link:
@@ -392,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     except (NetemError, MinipsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:  # main() may be called in a process that goes on (a test, a tool)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

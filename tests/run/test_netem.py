@@ -33,6 +33,7 @@ def test_not_root_is_one_clear_line(monkeypatch, capsys):
     assert netem.main(["--rate", "100mbit", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs root" in err
+    assert signal.getsignal(signal.SIGTERM) is not netem._raise_on_signal  # given back
 
 
 def test_bad_rate_is_refused_before_anything_is_built(capsys):
