@@ -27,8 +27,11 @@ from minips.classroom.web.slots import find_chromium
 pytestmark = pytest.mark.slow
 
 LAUNCHER = textwrap.dedent("""
-    import subprocess, sys, time
+    import signal, subprocess, sys, time
     from minips.classroom.web import headless
+
+    # Ctrl-C as a terminal's: a suite run in the background (`&`) passes SIGINT on ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     start_child = subprocess.Popen._execute_child
 

@@ -18,7 +18,7 @@ from minips.errors import ConfigError, DataError
 from minips.provision.fetch import write_idx
 from minips.provision.locations import find_data, find_dataset
 from minips.results import evaluator
-from minips.run import final_test, launch, outcome
+from minips.run import final_test, outcome, training_watch
 
 
 def test_the_core_looks_only_in_data_dir_and_the_bundled_sample(tmp_path, monkeypatch):
@@ -47,7 +47,7 @@ def test_every_builder_gives_the_loader_find_data():
     assert inspect.signature(minips.Worker).parameters["find_data"].default is find_data
     assert '"find_data": find_data' in inspect.getsource(client_cmd)
     assert "dataset_from_hello(config, data_dir, find_data)" in inspect.getsource(evaluator)
-    for module in (final_test, launch, outcome, shards, trainer):
+    for module in (final_test, training_watch, outcome, shards, trainer):
         assert "find=find_data" in inspect.getsource(module), module.__name__
 
 
