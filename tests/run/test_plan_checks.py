@@ -43,6 +43,14 @@ def test_bad_plans_are_one_line_config_errors(document, words):
         check_document(document)
 
 
+def test_the_bounds_themselves_are_plans_a_run_takes():
+    """The edges of each range are inside it: a delta pull of ratio 1 (every entry), push
+    every step, warm-up 0."""
+    edges = {"pull": {"codec": "delta", "ratio": 1, "warmup": 0}, "every": 1}
+    check_document({"params": {"fc1.w": edges}})
+    assert load_plan({"params": {"fc1.w": edges}}).param("fc1.w").every == 1
+
+
 def test_plan_is_checked_against_the_model(tmp_path):
     kinds = {"conv1": "conv", "conv2": "conv", "fc1": "fc", "fc2": "fc"}
     with pytest.raises(ConfigError, match="sf needs an fc"):
