@@ -27,6 +27,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_wire import _tensors  # noqa: E402
 
+import minips  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 from minips.server import server as server_module  # noqa: E402
 
@@ -41,7 +42,9 @@ NEW = hasattr(server_module, "ServerOptions")
 
 def _server(momentum: float, rule: str = "asgd"):
     params = _tensors()
-    cls = server_module.ParameterServer
+    # The public class: the core's server with the usual operations (the checks a run has)
+    # where the core takes them as an argument; older versions had them inside.
+    cls = getattr(minips, "ParameterServer", server_module.ParameterServer)
     optimizer = SGD(params, lr=1e-6, momentum=momentum)
     if NEW:
         server = cls(params, make_rule(rule), optimizer, server_module.ServerOptions())
