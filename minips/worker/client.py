@@ -235,7 +235,7 @@ class PSClient:
             self.session.close()
             if self._shards is not None:
                 self._shards.close()
-            self._context.destroy(linger=0)  # never blocks
+            end_context(self._context)
 
     def __enter__(self) -> PSClient:
         return self
@@ -352,3 +352,17 @@ def new_socket_if_interrupted(close_socket: Callable[[], None]) -> Iterator[None
     except KeyboardInterrupt:
         close_socket()
         raise
+
+
+def end_context(context: zmq.Context, wait: float = 1.0) -> None:
+    """Destroy `context` (its sockets closed at linger 0), waiting at most `wait` s.
+
+    A Ctrl-C that lands inside pyzmq's `Context.socket`, after the socket is made and before
+    the context records it, leaves a socket no one can close, and `term` waits for every
+    socket: the launcher stopping its run would hang there. So the context ends in a thread
+    of its own; what it cannot free, the process's exit does."""
+    ender = threading.Thread(
+        target=context.destroy, kwargs={"linger": 0}, name="minips-context-end", daemon=True
+    )
+    ender.start()
+    ender.join(wait)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
+import zmq
 from test_server_support import (
     InterruptedAfterFirstFrame,
     InterruptedAfterFirstReplyFrame,
@@ -113,3 +115,20 @@ def test_a_worker_interrupted_while_its_hello_is_answered_says_bye():
         assert [row["alive"] for row in rows.values() if row["worker"] == client.worker_id] == [
             False
         ], rows
+
+
+def test_closing_a_client_with_a_socket_a_ctrl_c_left_half_made_does_not_hang():
+    """pyzmq's `Context.socket` makes the socket, then records it: a Ctrl-C between the two
+    leaves a socket `destroy` cannot close, and `term` would wait for it forever (a launcher
+    stopping its run hung there). A socket made outside `Context.socket` is such a one."""
+    client = PSClient("tcp://127.0.0.1:1", timeout=0.2, retries=0)
+    half_made = zmq.Socket(client._context, zmq.DEALER)
+    closer = threading.Thread(target=client.close, daemon=True)
+    start = time.monotonic()
+    closer.start()
+    closer.join(10)
+    try:
+        assert not closer.is_alive(), "close() waits for a socket it cannot close"
+        assert time.monotonic() - start < 5
+    finally:
+        half_made.close(linger=0)  # the context's own end then finishes
