@@ -6,8 +6,8 @@ The core's classes are given what is not the idea by whoever builds them, so tha
 imports no operation (docs/architecture.md): a server its operations (checks, limits,
 failures, telemetry, checkpoints: minips/ops/server_ops.py), a client its retries and
 its way to a server group (minips/ops/client_retries.py, minips/group/root.py), a worker
-the machine's datasets (minips/provision/locations.py) and its plan checked
-(minips/run/plan_checks.py). This is the one place that
+the machine's datasets (minips/provision/locations.py) and hello's reply and plan checked
+(minips/run/hello_checks.py, plan_checks.py). This is the one place that
 builds them whole, as `minips run` and `minips worker` do.
 """
 
@@ -22,6 +22,7 @@ from minips.ops.client_retries import RetryingClient
 from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.provision.locations import find_data
+from minips.run.hello_checks import check_hello
 from minips.run.plan_checks import checked_plan
 from minips.server.seams import Operations
 from minips.server.server import ParameterServer as CoreServer
@@ -59,6 +60,11 @@ class Worker(CoreWorker):
 
     def __init__(self, *args: Any, find_data: FindData | None = find_data, **kwargs: Any) -> None:
         super().__init__(*args, find_data=find_data, **kwargs)
+
+    def take_hello(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """hello's reply, its form checked (one-line ProtocolError naming the field)."""
+        check_hello(hello)
+        return hello
 
     def take_plan(self, config: dict[str, Any]) -> Plan:
         """The plan hello's config carries, checked as a run checks its own (one-line

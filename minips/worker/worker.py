@@ -138,6 +138,7 @@ class Worker:
                 raise
             # The run ended (e.g. its sample budget was spent) before this worker arrived.
             return WorkerReport(stopped_by_server=True, wall_s=time.monotonic() - start)
+        hello = self.take_hello(hello)
         config = hello["config"]
         shard, rng = self._join(hello)
         if self.on_join is not None:
@@ -287,6 +288,11 @@ class Worker:
         self.model.add_grad_hook(self.sender.layer_ready)
         self.report.bandwidth = self.bandwidth or config.get("bandwidth")
         self.client.link = self.conditions.link(self.report.bandwidth)
+
+    def take_hello(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """hello's reply as the server sent it (a worker that does not trust its server
+        checks its form first, minips.run.assembly.Worker)."""
+        return hello
 
     def take_plan(self, config: dict[str, Any]) -> Plan:
         """The plan in hello's config as the server sent it (its run checked it: a worker
