@@ -28,7 +28,13 @@ from minips.run.commands import ProcessCommands
 from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
 from minips.run.group_recovery import GroupRollback, final_group_checkpoint
-from minips.run.outcome import crashed_workers, failed_workers, lost_workers_line, workers_failed
+from minips.run.outcome import (
+    crashed_workers,
+    failed_workers,
+    lost_workers_line,
+    short_of_samples_line,
+    workers_failed,
+)
 from minips.run.prepare import prepare_run_dir, server_links
 from minips.run.processes import (
     SINGLE_THREADED_BLAS,
@@ -184,6 +190,7 @@ class LocalRun(ProcessCommands, TrainingWatch):
         if wrap_up.interrupted:
             wall = self.training_ended or self._elapsed()
         untested = None  # the accuracy is the final model's, or why not; did workers train?
+        lost = None
         if failure is None:
             with wrap_up.cut_short():
                 if not wrap_up.interrupted:
@@ -199,6 +206,10 @@ class LocalRun(ProcessCommands, TrainingWatch):
             if lost:
                 self.announce(lost)
         restarts = self.processes.restart_records()
+        if failure is None and not lost and not wrap_up.interrupted:
+            short = short_of_samples_line(self.dir, self.config, restarts)
+            if short:
+                self.announce(short)
         codes, ended = self.processes.exit_codes, None if failure is None else f"error: {failure}"
         summary = wrap_up.finish(
             lambda: write_results(self.dir, self.config.rule, self.config.workers, wall, codes,

@@ -9,7 +9,9 @@ whose workers failed only after training every sample (a goodbye a stopped serve
 answered) did train; a run with browser slots is judged by its seats (minips.classroom.web.slots).
 When only some workers failed before their shard was done, the run goes on without them
 and says so in one `warning:` line (`lost_workers_line`): it trained fewer samples than it
-was to.
+was to. A server that restarted from an older checkpoint lost the updates after it; when
+its final model then counts fewer samples than the run was to train, that is one
+`warning:` line too (`short_of_samples_line`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,24 @@ def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> M
     return MinipsError(
         f"every worker failed ({samples - start_samples} samples trained): "
         f"{first.name} exited with code {first.code()}: {last}"
+    )
+
+
+def short_of_samples_line(run_dir: RunDir, config: RunConfig, restarts: list[dict]) -> str | None:
+    """One `warning:` line when a server restarted (`restarts`: the run's restart records)
+    and the final model counts fewer samples than the run was to train: the updates the
+    restart lost are not in it, although every worker trained its shard. None otherwise."""
+    if not restarts or config.browser:
+        return None
+    samples = int(final_stats(run_dir)[0].get("samples") or 0) - resumed_samples(config)
+    target = config.epochs * _training_set_size(config)
+    if config.max_samples:
+        target = min(target, config.max_samples)
+    if samples >= target:
+        return None
+    return (
+        f"warning: the final model trained {samples} of the {target} samples the run was to: "
+        "the server's restart lost the updates after its last checkpoint"
     )
 
 

@@ -97,6 +97,26 @@ def test_a_server_killed_before_its_first_checkpoint_is_restarted_from_the_start
     assert summary["samples"] >= 30000 and summary["accuracy"] > 0.5
 
 
+def test_a_final_model_short_of_what_was_trained_after_a_restart_is_said(tmp_path):
+    """Restarted from the start, the server's final model lacks what the workers trained
+    before the crash: the run says how many samples its model has of those it was to."""
+    out = tmp_path / "run"
+    proc = _start(out, "--epochs", "30", "--checkpoint-interval", "1000")
+    try:
+        os.kill(_training_server(out, past=50), signal.SIGKILL)
+        code, stdout, stderr = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, stderr
+    samples = _summary(out)["samples"]
+    assert 0 < samples < 60000
+    assert (
+        f"warning: the final model trained {samples} of the 60000 samples the run was to: "
+        "the server's restart lost the updates after its last checkpoint"
+    ) in stdout.splitlines()
+
+
 def _stop_damage_kill(out: Path, damage) -> None:
     """Stop the server, damage its checkpoint files, then kill it: what the launcher finds."""
     pid = _training_server(out)
