@@ -23,6 +23,7 @@ from minips.results.report_text import plural
 from minips.results.versions import (
     accuracy_line,
     interrupted_line,
+    kept_after_interrupt,
     stopped_line,
     untested_line,
 )
@@ -108,11 +109,18 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
                     click.echo(f"projector view: {url}?projector")
 
             hooks = {"on_start": on_start, "announce": click.echo}
-            if quiet:
-                summary = run_local(config, out, eval_interval, **hooks)
-            else:
-                with ProgressBar() as bar:
-                    summary = run_local(config, out, eval_interval, progress=bar.update, **hooks)
+            try:
+                if quiet:
+                    summary = run_local(config, out, eval_interval, **hooks)
+                else:
+                    with ProgressBar() as bar:
+                        summary = run_local(
+                            config, out, eval_interval, progress=bar.update, **hooks
+                        )
+            except KeyboardInterrupt:  # before training was over: every child is stopped
+                kept = kept_after_interrupt(config.checkpoint or Path(out) / "checkpoint.npz")
+                click.echo(f"interrupted: {kept}", err=True)
+                raise SystemExit(INTERRUPTED) from None
             page.finish(summary)  # the page shows "finished" and the summary, and keeps them
         click.echo(
             f"{summary['samples']} samples, {summary['updates']} updates in "

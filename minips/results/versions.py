@@ -21,6 +21,7 @@ was over (minips.run.wrapup) says `"interrupted"`; `interrupted_line` is its one
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 Version = int | list[int]
@@ -116,6 +117,21 @@ def interrupted_line(summary: dict[str, Any]) -> str | None:
         return None
     return (f"the run was interrupted {summary['interrupted']}: its model and summary are "
             f"kept ({summary.get('samples')} samples trained)")  # fmt: skip
+
+
+def kept_after_interrupt(checkpoint: str | Path) -> str:
+    """What a run stopped during training keeps: its checkpoint's version and samples (the
+    server writes one as it stops), or that there is none."""
+    from minips.errors import MinipsError
+    from minips.ops.checkpoint_file import load_checkpoint
+
+    try:
+        kept = load_checkpoint(checkpoint)
+    except (MinipsError, OSError):
+        return f"training was cut short; no checkpoint of it is kept at {checkpoint}"
+    samples = kept.meta.get("samples")
+    return (f"training was cut short; the model at version {kept.version} ({samples} samples) "
+            f"is kept in {checkpoint}")  # fmt: skip
 
 
 def untested_line(summary: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from minips.ops.checkpoint_file import load_checkpoint
 from minips.worker.client import PSClient
 
 pytestmark = pytest.mark.slow
@@ -109,6 +110,14 @@ def test_a_signal_while_training_stops_the_whole_run(tmp_path, signum):
     _wait(lambda: (tmp_path / "run" / "endpoint").exists(), 60, "the server")
     _wait(lambda: _stats(tmp_path)["updates"] >= 20, 60, "training")
     _stop_alone(run, signum, tmp_path)
+    # It says what it keeps: the checkpoint the server wrote as it stopped.
+    checkpoint = load_checkpoint(tmp_path / "run" / "checkpoint.npz")
+    assert run.returncode == 130
+    assert (tmp_path / "stderr").read_text().splitlines()[-1] == (
+        f"interrupted: training was cut short; the model at version {checkpoint.version} "
+        f"({checkpoint.meta['samples']} samples) is kept in {tmp_path / 'run' / 'checkpoint.npz'}"
+    )
+    assert checkpoint.version >= 20
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
