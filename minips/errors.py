@@ -27,3 +27,12 @@ class RunDirError(MinipsError):
 
 class MissingExtraError(MinipsError):
     """An optional dependency (an `extras_require` of setup.cfg) is not installed."""
+
+
+class ProtocolError(MinipsError):
+    """A message broke the protocol; `code` names the rule (see docs/protocol.md, "Errors")."""
+
+    def __init__(self, reason: str, code: str = "malformed") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code

@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 
 WORKER = "fuzz"
@@ -145,7 +146,7 @@ def changes_state(frames: list[bytes]) -> bool:
     """True for a message that a correct server may legitimately apply: a valid push or
     a valid `stop` (the fuzz test keeps parameters unchanged, so it never sends these)."""
     try:
-        request = wire.decode_request(frames)
+        request = wire_checks.decode_request(frames)
     except wire.ProtocolError:
         return False
     except Exception:  # the decoder's own bugs are the server's to report, not ours

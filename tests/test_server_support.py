@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from minips.guard import wire_checks
 from minips.ops.ops_options import OpsOptions
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
@@ -80,7 +81,7 @@ class RawPeer:
 
     def recv(self, timeout: float = 5.0) -> wire.Message:
         assert self.socket.poll(timeout * 1000), "no reply from the server"
-        return wire.decode_reply(self.socket.recv_multipart())
+        return wire_checks.decode_reply(self.socket.recv_multipart())
 
     def has_reply(self, timeout: float) -> bool:
         return bool(self.socket.poll(timeout * 1000))

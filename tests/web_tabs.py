@@ -14,6 +14,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from minips.classroom.web.framing import pack_frames, unpack_frames
+from minips.guard import wire_checks
 from minips.protocol import wire
 
 
@@ -52,7 +53,7 @@ class Tab:
                 while True:
                     left = deadline - time.monotonic()
                     raw = await asyncio.wait_for(self.ws.recv(), max(left, 0.001))
-                    reply = wire.decode_reply([bytes(f) for f in unpack_frames(raw)])
+                    reply = wire_checks.decode_reply([bytes(f) for f in unpack_frames(raw)])
                     if reply.header.get("rid") == self.rid:
                         return reply
             except asyncio.TimeoutError:

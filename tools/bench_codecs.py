@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.transmission.codecs import Factors, decode_gradients, make_codec, top_k_indices
 
@@ -60,7 +61,7 @@ def main() -> None:
         encode_ms = best_ms(lambda: codec.encode("fc1.w", given), args.repeats)  # noqa: B023
         frames = [bytes(f) for f in wire.encode_parts(PUSH, codec.encode("fc1.w", given))]
         decode_ms = best_ms(
-            lambda: decode_gradients(wire.decode_request(frames)),  # noqa: B023
+            lambda: decode_gradients(wire_checks.decode_request(frames)),  # noqa: B023
             args.repeats,
         )
         nbytes = sum(len(f) for f in frames[1:])

@@ -37,6 +37,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 
 LR = np.float32(0.01)
@@ -212,7 +213,7 @@ def mutate(rng: random.Random, header: dict, frames: list[bytes], version: int) 
 def ends_the_run(frames: list[bytes]) -> bool:
     """A mutant the server may rightly obey by ending the run: a valid `bye` or `stop`."""
     try:
-        return wire.decode_request(frames).op in ("bye", "stop")
+        return wire_checks.decode_request(frames).op in ("bye", "stop")
     except Exception:
         return False
 
@@ -251,7 +252,7 @@ class Fuzz:
         if raw is None:
             return self.find(f"no reply to {frames[0][:120]!r} ({len(frames)} frames)")
         try:
-            reply = wire.decode_reply(raw)
+            reply = wire_checks.decode_reply(raw)
         except wire.ProtocolError as exc:
             return self.find(f"a reply that breaks the protocol ({exc}): {raw[0][:200]!r}")
         code = reply.header["code"] if reply.op == "error" else reply.op

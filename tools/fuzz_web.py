@@ -39,6 +39,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from minips.classroom.web.framing import pack_frames, unpack_frames
+from minips.guard import wire_checks
 from minips.protocol import wire
 
 PATHS = ["/", "/index.html", "/static/app.js", "/static/../../etc/passwd", "/static/%2e%2e/x",
@@ -132,7 +133,7 @@ class WebFuzz:
             frames = [bytes(f) for f in unpack_frames(message)]
             if len(frames) > 1 and frames[0] == b"":  # an empty first frame sent, echoed (1)
                 frames = frames[1:]
-            wire.decode_reply(frames)
+            wire_checks.decode_reply(frames)
         except Exception as exc:
             self.find(f"a reply the gateway relayed does not decode: {exc}")
 
@@ -193,7 +194,9 @@ class WebFuzz:
         for _ in range(50):  # a seat left by the last round is given back within a moment
             with connect(self.ws_url, open_timeout=10) as ws:
                 ws.send(pack_frames([msgpack.packb({"v": 1, "op": "hello", "worker": "ok"})]))
-                reply = wire.decode_reply([bytes(f) for f in unpack_frames(ws.recv(timeout=10))])
+                reply = wire_checks.decode_reply(
+                    [bytes(f) for f in unpack_frames(ws.recv(timeout=10))]
+                )
                 if reply.op == "hello":
                     bye = {"v": 1, "op": "bye", "worker": "ok", "finished": False}
                     ws.send(pack_frames([msgpack.packb(bye)]))

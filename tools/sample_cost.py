@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from minips.data import iterate_batches, load_dataset
+from minips.guard import wire_checks
 from minips.nn import build_model, softmax_cross_entropy
 from minips.protocol import wire
 from minips.provision.locations import find_data
@@ -163,7 +164,7 @@ def simulate(
         totals: dict[str, np.ndarray] = {}
         for frames, batch in pushes:
             bytes_up += sum(memoryview(f).nbytes for f in frames[1:])
-            grads, _ = decode_gradients(wire.decode_request(frames))
+            grads, _ = decode_gradients(wire_checks.decode_request(frames))
             for name, grad in grads.items():
                 totals[name] = totals[name] + grad if name in totals else np.array(grad, np.float32)
             samples += batch

@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from minips.guard import wire_checks
 from minips.guard.curve import ClientKeys
 from minips.protocol import wire
 from minips.protocol.wire import Limits, Message
@@ -94,7 +95,7 @@ class Connection:
             except zmq.Again:
                 return None, nbytes
             nbytes += sum(len(f) for f in frames)
-            message = wire.decode_reply(frames, self.limits)
+            message = wire_checks.decode_reply(frames, self.limits)
             if message.header.get("rid") == self.rid:
                 return message, nbytes
 

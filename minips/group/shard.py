@@ -35,7 +35,7 @@ from minips.group.agreements import (
     group_map,
 )
 from minips.group.partition import Partition
-from minips.guard import addresses
+from minips.guard import addresses, wire_checks
 from minips.guard.curve import ClientKeys, require_operator
 from minips.protocol import wire
 from minips.protocol.wire import Message, ProtocolError
@@ -253,7 +253,7 @@ class Joiner:
             pass
 
     def _read(self) -> dict[str, Any] | None:
-        message = wire.decode_reply(self.socket.recv_multipart(), wire.DEFAULT_LIMITS)
+        message = wire_checks.decode_reply(self.socket.recv_multipart(), wire.DEFAULT_LIMITS)
         if self._heard is not None:
             self._heard = time.monotonic()
         if message.op == "error":

@@ -1,7 +1,8 @@
 """RetryingClient: the core's PSClient (minips/worker/client.py) as users and launchers get it,
-which checks its address first (minips/guard/addresses.py), says hello again when the
-server forgot it, waits `first_wait` for a first reply and says in one line why nothing may
-answer, and warns of a reply timeout that outlasts the server's heartbeat. minips.PSClient
+which checks its address first (minips/guard/addresses.py) and every reply
+(minips/guard/wire_checks.py), says hello again when the server forgot it, waits
+`first_wait` for a first reply and says in one line why nothing may answer, and warns of
+a reply timeout that outlasts the server's heartbeat. minips.PSClient
 (minips/run/assembly.py) is this client with a way to reach a server group.
 
 No reply at all to a first request gets one line that says what may cause it (no server
@@ -17,6 +18,7 @@ import logging
 from typing import Any
 
 from minips.guard.addresses import normalize_connect
+from minips.guard.wire_checks import decode_reply
 from minips.protocol import auth, wire
 from minips.protocol.wire import Message
 from minips.worker.client import PSClient
@@ -51,6 +53,10 @@ class RetryingClient(PSClient):
         self.first_wait = first_wait
         self._hello_info: dict[str, Any] | None = None  # set once hello succeeded
         self._first = False  # the request under way is the first one, waiting first_wait
+
+    def _read_reply(self, frames: list[Any]) -> Message:
+        """A reply's frames as a message once every check of its frames and fields passed."""
+        return decode_reply(frames, self.limits)
 
     def hello(self, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """PSClient.hello, remembered for saying hello again."""

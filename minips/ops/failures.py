@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
 
@@ -37,7 +38,7 @@ def answer_error(outbox: Outbox, envelope: Envelope, error: ProtocolError, body:
     envelope.answered = True
     outbox.counters.errors += 1
     log.debug("error reply (%s): %s", error.code, error.reason)
-    rid = envelope.rid if envelope.rid is not None else wire.peek_rid(body)
+    rid = envelope.rid if envelope.rid is not None else wire_checks.peek_rid(body)
     outbox.send(envelope.routing, wire.error_frames(error.reason, error.code, rid))
 
 

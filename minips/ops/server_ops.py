@@ -2,11 +2,11 @@
 
 The server (minips/server/server.py) asks its `Operations` (minips/server/seams.py) at one
 named point each; `ServerOps` answers from the modules beside the path, each with its own
-tests: request_checks.py (who sent a request, clipping), retries.py (exactly once),
-overflow.py, inflow.py, failures.py, collapse.py, telemetry.py, checkpoints.py, timers.py
-(the jobs of every turn), and the sample budget here. Built before the server's socket (a
-resume happens first, as the checkpoints say), attached once the socket, the outbox and
-the pulls exist.
+tests: the guard's wire_checks.py (a request's frames and fields), request_checks.py (who
+sent a request, clipping), retries.py (exactly once), overflow.py, inflow.py, failures.py,
+collapse.py, telemetry.py, checkpoints.py, timers.py (the jobs of every turn), and the
+sample budget here. Built before the server's socket (a resume happens first, as the
+checkpoints say), attached once the socket, the outbox and the pulls exist.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from minips.guard import addresses
+from minips.guard.wire_checks import decode_request, too_many_frames
 from minips.ops.checkpoints import Checkpointer
 from minips.ops.collapse import CollapseWatch, output_classes
 from minips.ops.failures import Failures, answer_error
@@ -38,7 +40,6 @@ from minips.ops.retries import answer_retry
 from minips.ops.rule_state import KeptRuleState
 from minips.ops.telemetry import Telemetry, UpdateRecord, stop_record
 from minips.ops.timers import Timers
-from minips.protocol.checks import too_many_frames
 from minips.protocol.wire import ProtocolError
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ class ServerOps:
         )  # fmt: skip
         self.checkpoints.start(options.resume)  # resumes; keeps a trained model at the path
         self.overflow = OverflowCheck(store, rule.max_move)
+        # the request's frames and fields, every check with its code (docs/protocol.md 9)
+        self.decode_request = partial(decode_request, limits=options.limits)
         rule.finite = self.overflow  # what the rule keeps of a push is checked too
 
     def attach(self, server: Any) -> None:

@@ -8,11 +8,13 @@ in its descriptor (docs/protocol.md 4); turning parts back into a dense gradient
 `minips.transmission.codecs`' job.
 
 `encode` and `decode` are pure functions over lists of byte buffers, so everything here is
-tested without sockets. `decode` trusts nothing it has not checked: the checks a hostile or
-buggy peer's frames must pass sit beside it, in minips/protocol/checks.py (with the
-allow-lists, limits and field schemas they check against, re-exported here), and raise
-`ProtocolError`. docs/protocol.md is the normative description. Arrays never go through
-msgpack (no copy, no size blow-up) and nothing is ever unpickled.
+tested without sockets. `decode` checks only what keeps reading safe (each frame's size is
+its descriptor's), and anything malformed is `ProtocolError("malformed")`; the checks a
+hostile or buggy peer's frames must pass, with their normative codes, are
+minips/guard/wire_checks.py's `decode_request` and `decode_reply`, which decode through it.
+The allow-lists and limits are minips/protocol/formats.py's (re-exported here).
+docs/protocol.md is the normative description. Arrays never go through msgpack (no copy,
+no size blow-up) and nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -25,31 +27,24 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from minips.protocol import checks
-from minips.protocol.checks import (
+from minips.errors import ProtocolError
+from minips.protocol.formats import (
     CODECS,
     DEFAULT_LIMITS,
     DTYPES,
-    MAX_NAME_CHARS,
-    MAX_NDIM,
     PROTOCOL_VERSION,
     PULL_ONLY_CODECS,
-    REPLY_FIELDS,
     REPLY_OPS,
-    REQUEST_FIELDS,
     REQUEST_OPS,
     Limits,
-    ProtocolError,
     all_finite,
     sum_of_squares,
 )
 
 __all__ = [
-    "CODECS", "DEFAULT_LIMITS", "DTYPES", "MAX_NAME_CHARS", "MAX_NDIM", "PROTOCOL_VERSION",
-    "PULL_ONLY_CODECS", "REPLY_FIELDS", "REPLY_OPS", "REQUEST_FIELDS", "REQUEST_OPS", "Limits",
-    "Message", "ProtocolError", "WirePart", "all_finite", "decode", "decode_reply",
-    "decode_request", "encode", "encode_parts", "error_frames", "peek_rid", "sum_of_squares",
-    "to_float32",
+    "CODECS", "DEFAULT_LIMITS", "DTYPES", "PROTOCOL_VERSION", "PULL_ONLY_CODECS", "REPLY_OPS",
+    "REQUEST_OPS", "Limits", "Message", "ProtocolError", "WirePart", "all_finite", "decode",
+    "encode", "encode_parts", "error_frames", "sum_of_squares", "to_float32",
 ]  # fmt: skip
 
 
@@ -154,82 +149,43 @@ def encode_parts(header: Mapping[str, Any], parts: Sequence[WirePart]) -> list[b
     return [msgpack.packb(head, use_bin_type=True), *payload]
 
 
-def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Parse and structurally validate one message (any op); arrays are zero-copy views.
-
-    Checks: frame count and sizes, msgpack well-formedness, `v`, `op` known, array
-    descriptors (name, dtype allow-list, codec, shape) against the frames' sizes.
-    Use `decode_request` / `decode_reply` to also check the op's fields.
+def decode(frames: Sequence[Any], header: dict[str, Any] | None = None) -> Message:
+    """One message (any op) as its header and zero-copy array views, each view checked to
+    hold exactly its frame (shape times dtype size), so none reads past it. Anything
+    malformed is ProtocolError("malformed"). header: the header frame already unpacked.
     """
-    buffers, total = checks.bounded_buffers(frames, limits)
-    header = checks.unpack_header(buffers[0], limits)
-    message = Message(header=header, nbytes=total)
-    _decode_arrays(message, header.get("arrays", []), buffers[1:], limits)
+    try:
+        buffers = [memoryview(frame).cast("B") for frame in frames]
+        if header is None:
+            header = msgpack.unpackb(buffers[0], raw=False)
+        if not isinstance(header.get("op"), str):
+            raise ValueError("header has no op")
+        message = Message(header=header, nbytes=sum(buf.nbytes for buf in buffers))
+        descriptors = header.get("arrays", [])
+        if len(descriptors) != len(buffers) - 1:
+            raise ValueError("array descriptors and frames differ in number")
+        for desc, buf in zip(descriptors, buffers[1:], strict=True):
+            _add_frame(message, desc, buf)
+    except Exception as exc:  # msgpack and a malformed header raise many unrelated types
+        raise ProtocolError(f"malformed message ({type(exc).__name__}: {exc})"[:200]) from None
     return message
 
 
-def _decode_arrays(
-    message: Message, descriptors: Any, frames: list[memoryview], limits: Limits
-) -> None:
-    """Check each descriptor (the header's `arrays`, a list once checked) against its
-    frame; add the frames to `message` as arrays."""
-    if not isinstance(descriptors, list):
-        raise ProtocolError("header field 'arrays' must be a list", "bad_field")
-    if len(descriptors) != len(frames):
-        raise ProtocolError(
-            f"header describes {len(descriptors)} arrays but {len(frames)} array frames followed",
-            "frame_count",
-        )
-    previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
-    for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
-        name, dtype, shape, codec = checks.check_descriptor(desc, index, limits)
-        part = _check_part(desc, name, codec, message, previous, limits)
-        previous = (name, part)
-        if buf.nbytes > limits.max_frame_bytes:
-            raise ProtocolError(
-                f"array {name!r}: frame of {buf.nbytes} bytes "
-                f"exceeds the limit of {limits.max_frame_bytes}",
-                "too_large",
-            )
-        expected = math.prod(shape) * dtype.itemsize
-        if buf.nbytes != expected:
-            raise ProtocolError(
-                f"array {name!r}: shape {list(shape)} of {desc['dtype']} "
-                f"needs {expected} bytes, frame has {buf.nbytes}",
-                "shape",
-            )
-        array = np.frombuffer(buf, dtype=dtype).reshape(shape)
-        message.codecs[name] = codec
-        if part is None:
-            message.arrays[name] = array
-        else:
-            message.parts.setdefault(name, {})[part] = array
-    if previous is not None:
-        _check_complete(message, previous[0])
-
-
-def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """`decode`, then check the request's fields; a push's float arrays must be finite."""
-    message = decode(frames, limits)
-    checks.check_fields(message.header, REQUEST_FIELDS, "request")
-    if message.op == "push":
-        checks.check_samples(message.header)
-        for name, codec in message.codecs.items():
-            if codec in PULL_ONLY_CODECS:
-                raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
-            for array in message.frames_of(name):
-                if array.dtype.kind == "f":
-                    sq_norm = checks.check_finite(name, array)
-                    if sq_norm is not None and name in message.arrays:
-                        message.sq_norms[name] = sq_norm
-    return message
-
-
-def decode_reply(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """`decode`, then check the reply's fields (op is a request op or "error")."""
-    message = decode(frames, limits)
-    checks.check_fields(message.header, REPLY_FIELDS, "reply")
-    return message
+def _add_frame(message: Message, desc: dict[str, Any], buf: memoryview) -> None:
+    """One array frame as its descriptor's view, in `message`."""
+    name, codec, part, dtype = desc["name"], desc["codec"], desc.get("part"), DTYPES[desc["dtype"]]
+    shape = tuple(desc["shape"])
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"array {name!r}: shape {shape} is not a list of sizes")
+    if math.prod(shape) * dtype.itemsize != buf.nbytes:
+        raise ValueError(f"array {name!r}: its frame does not hold shape {shape}")
+    array = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    message.codecs[name] = codec
+    if part is None:
+        message.arrays[name] = array
+    else:
+        message.parts.setdefault(name, {})[part] = array
+        message.dense_shapes[name] = tuple(desc["of"])
 
 
 def error_frames(reason: str, code: str, rid: int | None = None) -> list[bytes | memoryview]:
@@ -240,75 +196,11 @@ def error_frames(reason: str, code: str, rid: int | None = None) -> list[bytes |
     return encode(header)
 
 
-def peek_rid(frames: Sequence[Any]) -> int | None:
-    """The `rid` of a message that failed validation, if its header can be read at all."""
-    try:
-        header = msgpack.unpackb(frames[0], raw=False)
-        rid = header.get("rid")
-    except Exception:  # anything unreadable simply has no rid
-        return None
-    return rid if checks.is_uint(rid) else None
-
-
 def to_float32(array: np.ndarray, codec: str) -> np.ndarray:
     """The float32 tensor a gradient frame stands for (widens fp16; dense is returned as is)."""
     if codec == "fp16":
         return array.astype(np.float32)
     return array
-
-
-# ------------------------------------------------------- where a part stands in a tensor
-
-
-def _check_part(
-    desc: dict[str, Any],
-    name: str,
-    codec: str,
-    message: Message,
-    previous: tuple[str, str | None] | None,
-    limits: Limits,
-) -> str | None:
-    """Check where a descriptor stands among its tensor's parts; return its part (or None).
-
-    The parts of a tensor are consecutive, in CODECS order, with one codec and one `of`.
-    """
-    part = desc.get("part")
-    continuing = (
-        part is not None and previous is not None and previous[0] == name and name in message.parts
-    )
-    if previous is not None and previous[0] != name:
-        _check_complete(message, previous[0])  # the tensor before this one is finished
-    if not continuing and name in message.codecs:
-        raise ProtocolError(f"array name {name!r} appears twice", "bad_field")
-    if part is None:
-        return None
-    of = desc.get("of")
-    checks.check_shape(of, f"array {name!r}: `of`", limits)
-    if math.prod(of) * 4 > limits.max_frame_bytes:
-        raise ProtocolError(
-            f"array {name!r}: dense shape {of} exceeds the frame limit of "
-            f"{limits.max_frame_bytes} bytes as float32",
-            "too_large",
-        )
-    if continuing and (message.codecs[name], message.dense_shapes[name]) != (codec, tuple(of)):
-        raise ProtocolError(f"array {name!r}: its parts disagree on codec or `of`", "bad_field")
-    order = list(CODECS[codec])
-    done = len(message.parts[name]) if continuing else 0
-    if done >= len(order) or part != order[done]:
-        expected = repr(order[done]) if done < len(order) else "no more parts"
-        raise ProtocolError(
-            f"array {name!r}: part {part!r} where codec {codec} expects {expected}", "bad_field"
-        )
-    message.dense_shapes[name] = tuple(of)
-    return part
-
-
-def _check_complete(message: Message, name: str) -> None:
-    """A multi-part tensor must carry every part of its codec."""
-    codec = message.codecs[name]
-    if name in message.parts and len(message.parts[name]) != len(CODECS[codec]):
-        missing = [p for p in CODECS[codec] if p not in message.parts[name]]
-        raise ProtocolError(f"array {name!r}: codec {codec} lacks part(s) {missing}", "bad_field")
 
 
 def _wire_dtype_name(dtype: np.dtype) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from minips.errors import ConfigError
+from minips.guard import wire_checks
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.protocol import wire
 from minips.server.pulls import PullEncoder
@@ -176,7 +177,7 @@ def push_time(spec: Spec, shape: tuple[int, ...], batch_size: int, repeats: int 
     worker_ms = _best_ms(lambda: encoder.encode({"p": grad}, {"p": spec}), repeats)
     header = {"op": "push", "worker": "planner", "seq": 0, "base": 0, "last": True}
     frames = wire.encode_parts(header, encoder.encode({"p": grad}, {"p": spec}))
-    server_ms = _best_ms(lambda: decode_gradients(wire.decode_request(frames)), repeats)
+    server_ms = _best_ms(lambda: decode_gradients(wire_checks.decode_request(frames)), repeats)
     return CodecTime(worker_ms, server_ms)
 
 

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from minips.protocol import wire
 from minips.protocol.wire import Message
 from minips.rules import Outcome, Rule
 from minips.server.membership import Membership
@@ -152,7 +151,7 @@ class ParameterServer:
         envelope, body = split_envelope(frames)
         with self.ops.answering(envelope, body):  # one reply: its error, or `internal`
             self.ops.received(body, dropped)  # counted; frames past the limit refused
-            request = wire.decode_request(body, self.options.limits)
+            request = self.ops.decode_request(body)  # decoded, every check passed
             envelope.rid = request.header.get("rid")
             if (left := self.handlers[request.op](envelope, request)) is not None:
                 self.after_leaving(left)

@@ -26,6 +26,7 @@ from minips.classroom.dashboard.collector import Collector, worker_rows
 from minips.classroom.dashboard.tails import EvalTail
 from minips.classroom.web.headless import remove_profile
 from minips.errors import ConfigError
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.rules import DEFAULT_RULE
 from minips.worker.client import PSClient
@@ -434,7 +435,7 @@ def scripted_stats(script, then="repeat"):
             if not router.poll(20):
                 continue
             routing, *frames = router.recv_multipart()
-            request = wire.decode_request(frames)
+            request = wire_checks.decode_request(frames)
             if answered >= len(script) and then == "gone":
                 continue
             stats = script[min(answered, len(script) - 1)]

@@ -24,6 +24,7 @@ from web_tabs import Tab, ssgd_rounds, ws_url  # noqa: E402
 
 from minips.classroom.web import start_gateway  # noqa: E402
 from minips.classroom.web.grouprelay import GroupRelay  # noqa: E402
+from minips.guard import wire_checks  # noqa: E402
 from minips.nn import build_model  # noqa: E402
 from minips.protocol import wire  # noqa: E402
 
@@ -48,7 +49,7 @@ def _frames(header: dict, grads=None) -> list:
 
 
 def _reply(frames) -> wire.Message | None:
-    return None if frames is None else wire.decode_reply([bytes(f) for f in frames])
+    return None if frames is None else wire_checks.decode_reply([bytes(f) for f in frames])
 
 
 def test_a_retried_push_is_applied_once_on_every_shard():

@@ -19,6 +19,7 @@ from minips.classroom.dashboard.collector import Collector
 from minips.classroom.web.grouprelay import GroupRelay
 from minips.group.partition import group_gain
 from minips.group.root import GROUPS
+from minips.guard import wire_checks
 from minips.nn import build_model
 from minips.protocol import wire
 from minips.worker.client import PSClient
@@ -122,7 +123,7 @@ def test_the_planner_counts_k_links(tmp_path):
 
 def _request(relay: GroupRelay, header: dict, parts=()) -> wire.Message:
     frames = relay.handle(list(wire.encode_parts(header, list(parts))))
-    return wire.decode_reply(frames)
+    return wire_checks.decode_reply(frames)
 
 
 def test_the_gateway_relays_a_browser_to_a_group_as_to_one_server():

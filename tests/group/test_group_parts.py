@@ -21,6 +21,7 @@ from minips.group.connections import Connection, exchange
 from minips.group.fanout import GroupClient, GroupVersion
 from minips.group.partition import SliceSampler, partition, sample_rows
 from minips.group.shard import RootTable
+from minips.guard import wire_checks
 from minips.ops.server_ops import ServerOps
 from minips.protocol import wire
 from minips.protocol.sampling import sample_indices
@@ -130,7 +131,7 @@ def _echo_shard(router: zmq.Socket, stop: threading.Event, ignore_first: bool) -
         if not router.poll(50):
             continue
         routing, *frames = router.recv_multipart()
-        request = wire.decode_request(frames)
+        request = wire_checks.decode_request(frames)
         if not dropped:
             dropped = True
             continue
@@ -203,7 +204,7 @@ def test_a_late_reply_to_an_earlier_request_is_dropped_not_taken_as_the_answer()
             connection.send({"op": "ping", "worker": "w"}, [])
             assert router.poll(5000)
             routing, *frames = router.recv_multipart()
-            asked.append(wire.decode_request(frames).header["rid"])
+            asked.append(wire_checks.decode_request(frames).header["rid"])
         assert asked == [1, 2] and connection.rid == 2
 
         def answer(rid, version):

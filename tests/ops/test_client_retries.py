@@ -16,6 +16,8 @@ from minips.classroom.dashboard import collector
 from minips.classroom.web import gateway, grouprelay
 from minips.cli import client_cmd
 from minips.ops.client_retries import RetryingClient
+from minips.protocol import wire
+from minips.protocol.wire import ProtocolError
 from minips.run import launch
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
 
@@ -97,3 +99,15 @@ def test_every_user_and_launcher_client_is_the_retrying_one():
     for module in (launch, collector, gateway):
         assert "RetryingClient(" in inspect.getsource(module), module.__name__
     assert "from minips.run.assembly import PSClient" in inspect.getsource(client_cmd)
+
+
+def test_the_assembled_client_checks_every_reply_the_core_one_only_reads_it():
+    """minips.PSClient (a RetryingClient) reads replies through the guard's decode_reply,
+    whose field checks the bare core client does without (wire.decode: well-formed only)."""
+    assert issubclass(minips.PSClient, RetryingClient)
+    lacking = wire.encode({"op": "ping", "rid": 1})  # a ping reply lacks version and stop
+    with RetryingClient("tcp://127.0.0.1:9") as checked, PSClient("tcp://127.0.0.1:9") as bare:
+        with pytest.raises(ProtocolError) as refused:
+            checked._read_reply(lacking)
+        assert refused.value.code == "bad_field"
+        assert bare._read_reply(lacking).header == {"v": 1, "op": "ping", "rid": 1}

@@ -14,7 +14,7 @@ import zmq
 from fuzz_messages import WORKER, changes_state, message
 from test_server_support import RawPeer, running_server, snapshot
 
-from minips.protocol import wire
+from minips.guard import wire_checks
 
 MESSAGES = 10_000
 BATCH = 4  # requests in flight at once (within the server's send high-water mark)
@@ -46,7 +46,7 @@ def test_fuzzed_requests_never_break_the_server():
                 peer.socket.send_multipart(frames)
             for index in range(len(batch)):
                 assert peer.socket.poll(60_000), f"no reply to message {start + index}"  # a hang
-                reply = wire.decode_reply(peer.socket.recv_multipart(zmq.NOBLOCK))
+                reply = wire_checks.decode_reply(peer.socket.recv_multipart(zmq.NOBLOCK))
                 code = reply.header.get("code", reply.op) if reply.op == "error" else reply.op
                 codes[code] = codes.get(code, 0) + 1
                 assert code != "internal", (start + index, reply.header, batch[index][:1])

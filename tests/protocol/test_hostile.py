@@ -15,7 +15,7 @@ from test_server_support import (
     snapshot,
 )
 
-from minips.protocol.checks import MAX_PUSH_SAMPLES
+from minips.guard.wire_checks import MAX_PUSH_SAMPLES
 
 
 def test_huge_samples_cannot_break_stats():

@@ -15,9 +15,9 @@ import pytest
 import zmq
 from test_server_support import RawPeer, running_server
 
+from minips.guard.wire_checks import MAX_PUSH_SAMPLES
 from minips.ops import request_checks as checks
 from minips.protocol import wire
-from minips.protocol.checks import MAX_PUSH_SAMPLES
 from minips.server.server import ServerOptions
 from minips.state import registry
 

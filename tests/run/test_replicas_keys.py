@@ -33,7 +33,7 @@ from test_replicas_group import _endpoint
 from test_replicas_group import _start as _start_group
 from test_run_auth import _refused_as, _unanswered
 
-from minips.guard import curve
+from minips.guard import curve, wire_checks
 from minips.protocol import wire
 from minips.provision import keyfiles
 from minips.worker.client import PSClient, ServerError
@@ -61,7 +61,7 @@ def _stats(out: Path, endpoint_file: str = "endpoint") -> dict | None:
         socket.send_multipart(wire.encode({"op": "stats", "rid": 1}))
         if not socket.poll(2000):
             return None
-        return wire.decode_reply(socket.recv_multipart()).header["stats"]
+        return wire_checks.decode_reply(socket.recv_multipart()).header["stats"]
 
 
 def _wait_for(out: Path, ready, what: str, endpoint_file: str = "endpoint") -> dict:

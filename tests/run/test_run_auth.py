@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from run_support import assert_clean_exits
 
 from minips.cli.ps_cmd import server_command
-from minips.guard import curve
+from minips.guard import curve, wire_checks
 from minips.protocol import wire
 from minips.provision import keyfiles
 from minips.run.build import make_server
@@ -90,7 +90,7 @@ def _refused_as(endpoint: str, keys: curve.ClientKeys, victim: str) -> list[str]
         for header, arrays in requests:
             peer.send_multipart(wire.encode(header, arrays))
             assert peer.poll(10_000), f"no reply to {header['op']}"
-            codes.append(wire.decode_reply(peer.recv_multipart()).header.get("code"))
+            codes.append(wire_checks.decode_reply(peer.recv_multipart()).header.get("code"))
     finally:
         peer.close()
         context.term()

@@ -9,6 +9,7 @@ parameter must be exactly those numbers.
 import numpy as np
 from test_server_support import RawPeer, running_server
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 
 
@@ -26,7 +27,7 @@ class CountingPeer(RawPeer):
         reply = self.socket.recv_multipart()
         sizes = (sum(memoryview(f).nbytes for f in frames), sum(len(f) for f in reply))
         self.log.append((header["op"], *sizes))
-        return wire.decode_reply(reply)
+        return wire_checks.decode_reply(reply)
 
     def sent(self, ops=None) -> int:
         return sum(out for op, out, _ in self.log if ops is None or op in ops)

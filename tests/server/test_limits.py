@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from test_server_support import RawPeer, make_params, running_server
 
+from minips.guard.wire_checks import MAX_NAME_CHARS, MAX_NDIM, decode_request
 from minips.ops.request_checks import MAX_INFO_BYTES, MAX_INFO_DEPTH
 from minips.protocol import wire
-from minips.protocol.checks import MAX_NAME_CHARS, MAX_NDIM, all_finite
-from minips.protocol.wire import Limits, WirePart, decode_request
+from minips.protocol.wire import Limits, WirePart, all_finite
 from minips.state.registry import MAX_OBSERVERS, MAX_REGISTERED, SEQ_WINDOW
 from minips.transmission.codecs.base import to_wire_float
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.worker.client import PSClient
 
@@ -353,10 +354,11 @@ def _answers(
             selector.unregister(key.fileobj)
             frames = read_reply(key.fileobj)
             if key.fileobj is turn:
-                assert wire.decode_reply(frames).header["op"] == "stats"
+                assert wire_checks.decode_reply(frames).header["op"] == "stats"
                 names.append("honest")
             else:  # its first empty frame was taken for a REQ delimiter, and echoed
-                assert frames[0] == b"" and wire.decode_reply(frames[1:]).header["op"] == "error"
+                reply = wire_checks.decode_reply(frames[1:])
+                assert frames[0] == b"" and reply.header["op"] == "error"
                 names.append("flood")
             replies[key.fileobj] = sum(2 + len(frame) for frame in frames)
         wakes.append(names)

@@ -12,6 +12,7 @@ import zmq
 from test_server_support import filled, make_params
 
 import minips
+from minips.guard import wire_checks
 from minips.ops.inflow import LISTEN_BACKLOG, RECEIVE_HWM
 from minips.ops.operator_requests import OperatorRequests, refuse_join
 from minips.ops.ops_options import OpsOptions
@@ -27,8 +28,8 @@ from minips.state.registry import WorkerRegistry
 from minips.state.requests import Origin
 from minips.state.store import SGD
 
-POINTS = ("received", "check_push", "accepted", "carrying_out", "refuse_update", "updated",
-          "dropped", "pulled")  # fmt: skip
+POINTS = ("received", "decode_request", "check_push", "accepted", "carrying_out",
+          "refuse_update", "updated", "dropped", "pulled")  # fmt: skip
 
 
 class Recorded(ServerOps):
@@ -73,8 +74,8 @@ def test_one_fused_push_asks_each_named_point_in_the_order_of_the_idea():
         ops.calls.clear()
         header = {"op": "push", "worker": "w", "seq": 0, "base": 0, "pull_since": 0, "rid": 2}
         server.serve(_frames(header, filled(0.5)))
-        assert ops.calls == ["received", "check_push", "accepted", "carrying_out",
-                             "refuse_update", "updated", "pulled"]  # fmt: skip
+        assert ops.calls == ["received", "decode_request", "check_push", "accepted",
+                             "carrying_out", "refuse_update", "updated", "pulled"]  # fmt: skip
         assert server.store.version == 1 and ops.counters.updates == 1
     finally:
         server.close()
@@ -87,7 +88,7 @@ def test_a_refused_push_passes_no_point_after_its_check():
         ops.calls.clear()
         header = {"op": "push", "worker": "w", "seq": 0, "base": 5, "rid": 2}  # base > t
         server.serve(_frames(header, filled(0.5)))
-        assert ops.calls == ["received", "check_push"]
+        assert ops.calls == ["received", "decode_request", "check_push"]
         assert server.store.version == 0 and ops.counters.errors == 1
     finally:
         server.close()
@@ -142,6 +143,20 @@ def test_the_core_names_no_operations_a_run_builds_the_usual_ones():
         assert isinstance(server.ops, ServerOps) and server.ops.inflow is not None
     finally:
         server.close()
+
+
+def test_every_server_checks_a_request_with_the_guards_checks():
+    """A request is decoded by the guard's checks (minips/guard/wire_checks.py) with the
+    server's limits, in a run's server and the public one: a builder that dropped them, or
+    a refactor that replaced them, fails here (the core's `wire.decode` checks no field)."""
+    params = make_params()
+    for built in (make_server(RunConfig(model="lenet5", bind="tcp://127.0.0.1:*")),
+                  minips.ParameterServer(params, make_rule("asgd"), SGD(params))):  # fmt: skip
+        try:
+            assert built.ops.decode_request.func is wire_checks.decode_request
+            assert built.ops.decode_request.keywords == {"limits": built.options.limits}
+        finally:
+            built.close()
 
 
 def test_the_requests_beside_training_are_the_operations_own():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from minips.errors import ConfigError
+from minips.guard import wire_checks
 from minips.nn import Sequential, softmax_cross_entropy
 from minips.nn.layers import Dense, ReLU
 from minips.protocol import wire
@@ -20,7 +21,7 @@ PUSH = {"op": "push", "worker": "w", "seq": 0, "base": 0}
 def _through_wire(parts):
     """Encode, deliver as plain bytes, decode, decode the codecs: what the server will get."""
     frames = wire.encode_parts(PUSH, parts)
-    return decode_gradients(wire.decode_request([bytes(f) for f in frames]))
+    return decode_gradients(wire_checks.decode_request([bytes(f) for f in frames]))
 
 
 def _rel(a, b):

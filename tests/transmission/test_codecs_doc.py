@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from test_server_protocol_doc import _doc_frame
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.protocol.wire import WirePart
 from minips.transmission import codecs
@@ -87,7 +88,7 @@ def test_codec_example_matches_the_document(codec):
     header = {k: v for k, v in HEADER.items() if k != "v"}
     assert [bytes(f) for f in wire.encode_parts(header, parts)] == documented
 
-    grads, extras = codecs.decode_gradients(wire.decode_request(documented))
+    grads, extras = codecs.decode_gradients(wire_checks.decode_request(documented))
     assert extras == {} and list(grads) == [name]
     assert grads[name].dtype == np.float32
     np.testing.assert_array_equal(grads[name], np.array(gradient, np.float32))

@@ -9,6 +9,7 @@ from test_server_protocol_doc import _doc_frame
 from test_server_support import make_params, running_server
 
 from minips.errors import ConfigError
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.results.trace import load_events, summarize
 from minips.run.config import RunConfig
@@ -89,7 +90,7 @@ def test_delta_is_refused_in_a_push():
          wire.WirePart("fc.w", np.array([1.0], np.float32), "delta", "values", (3, 4))],
     )  # fmt: skip
     try:
-        wire.decode_request([bytes(f) for f in frames])
+        wire_checks.decode_request([bytes(f) for f in frames])
     except wire.ProtocolError as exc:
         assert exc.code == "bad_field"
     else:
@@ -105,7 +106,7 @@ def test_protocol_delta_example_is_what_the_server_side_encodes():
     ]
     frames = [bytes(f) for f in wire.encode_parts(header, parts)]
     assert frames == [_doc_frame(f"codec-delta-frame-{i}") for i in range(3)]
-    message = wire.decode_reply(frames)
+    message = wire_checks.decode_reply(frames)
     held = np.ones((2, 3), np.float32)
     apply_delta(held, message.parts["fc.w"]["indices"], message.parts["fc.w"]["values"])
     np.testing.assert_array_equal(held, [[1, 1.25, 1], [1, 1, 0.5]])

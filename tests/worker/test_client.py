@@ -8,6 +8,7 @@ import zmq
 from test_server_support import SHAPES, copied, full, make_params, running_server
 
 from minips.errors import MinipsError
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.transmission.codecs import Factors, decode_gradients
 from minips.worker.client import PSClient, ServerError, ServerUnavailable
@@ -38,7 +39,7 @@ class FakeServer:
             if not self.socket.poll(20):
                 continue
             routing, *frames = self.socket.recv_multipart()
-            message = wire.decode_request(frames)
+            message = wire_checks.decode_request(frames)
             header = message.header
             self.requests.append(header)
             self.messages.append(message)

@@ -29,6 +29,7 @@ import numpy as np
 
 from minips.group.fanout import GroupVersion
 from minips.group.root import GROUPS
+from minips.guard import wire_checks
 from minips.ops.client_retries import RetryingClient
 from minips.protocol import wire
 from minips.protocol.wire import Message, ProtocolError
@@ -67,9 +68,9 @@ class GroupRelay:
         """The reply frames to one request from the browser (None: nothing to send, the
         group did not answer: the browser times out and retries, as with a server)."""
         try:
-            request = wire.decode_request(frames)
+            request = wire_checks.decode_request(frames)
         except ProtocolError as exc:
-            return wire.error_frames(exc.reason, exc.code, wire.peek_rid(frames))
+            return wire.error_frames(exc.reason, exc.code, wire_checks.peek_rid(frames))
         rid = request.header.get("rid")
         try:
             header, parts = self._call(request)

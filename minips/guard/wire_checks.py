@@ -1,61 +1,47 @@
-"""What a message must be to be read at all: the protocol's allow-lists, limits and field
-schemas, and the checks a hostile or buggy peer's frames must pass before anything in them
-is trusted.
+"""What a message must be to be read at all: the field schemas and limits, and the checks a
+hostile or buggy peer's frames must pass before anything in them is trusted.
 
 Each check is a function named for what it checks and raises `ProtocolError` with a
 one-line reason and a machine-readable `code` (docs/protocol.md 9); the server turns that
-into an `{"op": "error"}` reply. minips.protocol.wire decodes through them:
+into an `{"op": "error"}` reply. `decode_request` and `decode_reply` run them, then decode
+through the core's structural `wire.decode`:
 
     bounded_buffers(frames, limits)      frame count and sizes, before anything is parsed
     unpack_header(buf, limits)           msgpack, a map, `v`, `op`, `rid`
+    check_descriptors(descs, frames, l)  each array against its frame, parts in order
     check_descriptor(desc, i, limits)    one array's name, dtype, codec, part, shape
     check_shape(shape, what, limits)     a list of few non-negative integers, none huge
     check_fields(header, schema, kind)   the op's fields and their kinds
     check_samples(header)                a push's `samples`, at most MAX_PUSH_SAMPLES
     check_finite(name, array)            a push's float arrays hold no NaN or Inf
+
+A server always runs them (its operations' `decode_request`, minips/ops/server_ops.py), as
+does the assembled client (minips/ops/client_retries.py) on each reply.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from minips.errors import MinipsError
-
-PROTOCOL_VERSION = 1
-
-# Wire dtype name -> NumPy dtype. Always little-endian, whatever the host.
-DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype("<f4"),
-    "float16": np.dtype("<f2"),
-    "int32": np.dtype("<i4"),
-    "int64": np.dtype("<i8"),
-}
-
-_FLOATS = frozenset({"float32", "float16"})
-
-# Codec -> its parts, in wire order -> the dtypes each part may carry. A single-frame codec
-# has the one part None (its descriptor has no `part` key): "dense" is the array itself,
-# "fp16" a float32 tensor sent as float16 (the receiver widens it). The multi-part codecs
-# are docs/protocol.md section 13; minips.transmission.codecs implements one class per entry.
-CODECS: dict[str, dict[str | None, frozenset[str]]] = {
-    "dense": {None: frozenset({"float32", "int32", "int64"})},
-    "fp16": {None: frozenset({"float16"})},
-    "topk": {"indices": frozenset({"int32"}), "values": _FLOATS},
-    "sf": {"x": _FLOATS, "dy": _FLOATS},
-    "lowrank": {"p": _FLOATS, "q": _FLOATS},
-    "delta": {"indices": frozenset({"int32"}), "values": _FLOATS},  # pull replies only (13.7)
-}
-
-PULL_ONLY_CODECS = frozenset({"delta"})  # added to the worker's copy: never in a request
-
-REQUEST_OPS = ("hello", "pull", "push", "ping", "stats", "bye", "stop", "checkpoint", "join")
-REPLY_OPS = REQUEST_OPS + ("error",)
+from minips.errors import ProtocolError
+from minips.protocol import wire
+from minips.protocol.formats import (
+    CODECS,
+    DEFAULT_LIMITS,
+    DTYPES,
+    PROTOCOL_VERSION,
+    PULL_ONLY_CODECS,
+    REPLY_OPS,
+    Limits,
+    sum_of_squares,
+)
+from minips.protocol.wire import Message
 
 # Field schemas: op -> {field: (kind, required)}. `v`, `op`, `rid`, `arrays` are common to
 # all messages and checked separately. Unknown extra fields are ignored (forward compatible).
@@ -113,54 +99,6 @@ MAX_NDIM = 8
 # msgpack carries integers below 2^64 only; 2^32 - 1 a push keeps the sum of 2^32 pushes
 # within that, so no count a client sends can make `stats` unencodable.
 MAX_PUSH_SAMPLES = 2**32 - 1
-
-
-class ProtocolError(MinipsError):
-    """A message broke the protocol; `code` names the rule (see docs/protocol.md, "Errors")."""
-
-    def __init__(self, reason: str, code: str = "malformed") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits the decoder enforces (ZeroMQ's MAXMSGSIZE is a second, coarser fence)."""
-
-    max_header_bytes: int = 1 << 20  # 1 MiB: config and stats are small
-    max_frame_bytes: int = 64 << 20  # 64 MiB per array: 16 M float32
-    max_message_bytes: int = 256 << 20  # 256 MiB for all frames together
-    max_arrays: int = 4096
-
-
-DEFAULT_LIMITS = Limits()
-
-
-def sum_of_squares(array: np.ndarray) -> float:
-    """x.x of a float32 array (BLAS sdot) as a Python float: one pass, no temporary.
-
-    Finite exactly when every x_i is, unless finite values overflow it (inf: then look at
-    the elements). 0.02 ms for LeNet-5's fc1 gradient against 0.03 ms for np.isfinite().all().
-    """
-    flat = array.reshape(-1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.dot(flat, flat))
-
-
-# A float16 is NaN or +-Inf exactly when its 5 exponent bits are all ones (IEEE 754).
-FLOAT16_EXPONENT = 0x7C00
-
-
-def all_finite(array: np.ndarray) -> bool:
-    """True when no element is NaN or +-Inf (float32: `sum_of_squares` first, one pass;
-    float16: its exponent bits, 0.03 ms for 200,704 values against 0.34 for np.isfinite,
-    which has no vector loop for float16)."""
-    if array.dtype == np.float32 and array.size and math.isfinite(sum_of_squares(array)):
-        return True
-    if array.dtype == np.float16:
-        return not bool(np.any((array.view(np.uint16) & FLOAT16_EXPONENT) == FLOAT16_EXPONENT))
-    return bool(np.isfinite(array).all())
 
 
 # ----------------------------------------------------------------- checks of the frames
@@ -366,3 +304,148 @@ _KIND_TEXT = {
     "map": "a map",
     "number": "a number",
 }
+
+
+# ------------------------------------------------------------------- checked decoding
+
+
+def decode_checked(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """`wire.decode` of a message (any op) after its structure's checks: frame count and
+    sizes, msgpack well-formedness, `v`, `op` known, array descriptors (name, dtype
+    allow-list, codec, parts, shape) against the frames' sizes."""
+    buffers, _ = bounded_buffers(frames, limits)
+    header = unpack_header(buffers[0], limits)
+    check_descriptors(header.get("arrays", []), buffers[1:], limits)
+    return wire.decode(buffers, header)
+
+
+def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """`decode_checked`, then the request's fields; a push's float arrays must be finite."""
+    message = decode_checked(frames, limits)
+    check_fields(message.header, REQUEST_FIELDS, "request")
+    if message.op == "push":
+        check_samples(message.header)
+        for name, codec in message.codecs.items():
+            if codec in PULL_ONLY_CODECS:
+                raise ProtocolError(f"array {name!r}: codec delta is for pull replies", "bad_field")
+            for array in message.frames_of(name):
+                if array.dtype.kind == "f":
+                    sq_norm = check_finite(name, array)
+                    if sq_norm is not None and name in message.arrays:
+                        message.sq_norms[name] = sq_norm
+    return message
+
+
+def decode_reply(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """`decode_checked`, then the reply's fields (op is a request op or "error")."""
+    message = decode_checked(frames, limits)
+    check_fields(message.header, REPLY_FIELDS, "reply")
+    return message
+
+
+def peek_rid(frames: Sequence[Any]) -> int | None:
+    """The `rid` of a message that failed validation, if its header can be read at all."""
+    try:
+        header = msgpack.unpackb(frames[0], raw=False)
+        rid = header.get("rid")
+    except Exception:  # anything unreadable simply has no rid
+        return None
+    return rid if is_uint(rid) else None
+
+
+@dataclass
+class _Seen:
+    """The descriptors checked so far: each tensor's codec, parts and `of` shape."""
+
+    codecs: dict[str, str] = field(default_factory=dict)
+    parts: dict[str, list[str]] = field(default_factory=dict)
+    dense_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def check_descriptors(descriptors: Any, frames: list[memoryview], limits: Limits) -> None:
+    """Each descriptor (the header's `arrays`, a list once checked) against its frame."""
+    if not isinstance(descriptors, list):
+        raise ProtocolError("header field 'arrays' must be a list", "bad_field")
+    if len(descriptors) != len(frames):
+        raise ProtocolError(
+            f"header describes {len(descriptors)} arrays but {len(frames)} array frames followed",
+            "frame_count",
+        )
+    seen = _Seen()
+    previous: tuple[str, str | None] | None = None  # (name, part) of the last descriptor
+    for index, (desc, buf) in enumerate(zip(descriptors, frames, strict=True)):
+        name, dtype, shape, codec = check_descriptor(desc, index, limits)
+        part = _check_part(desc, name, codec, seen, previous, limits)
+        previous = (name, part)
+        if buf.nbytes > limits.max_frame_bytes:
+            raise ProtocolError(
+                f"array {name!r}: frame of {buf.nbytes} bytes "
+                f"exceeds the limit of {limits.max_frame_bytes}",
+                "too_large",
+            )
+        expected = math.prod(shape) * dtype.itemsize
+        if buf.nbytes != expected:
+            raise ProtocolError(
+                f"array {name!r}: shape {list(shape)} of {desc['dtype']} "
+                f"needs {expected} bytes, frame has {buf.nbytes}",
+                "shape",
+            )
+        seen.codecs[name] = codec
+        if part is not None:
+            seen.parts.setdefault(name, []).append(part)
+    if previous is not None:
+        _check_complete(seen, previous[0])
+
+
+# ------------------------------------------------------- where a part stands in a tensor
+
+
+def _check_part(
+    desc: dict[str, Any],
+    name: str,
+    codec: str,
+    seen: _Seen,
+    previous: tuple[str, str | None] | None,
+    limits: Limits,
+) -> str | None:
+    """Check where a descriptor stands among its tensor's parts; return its part (or None).
+
+    The parts of a tensor are consecutive, in CODECS order, with one codec and one `of`.
+    """
+    part = desc.get("part")
+    continuing = (
+        part is not None and previous is not None and previous[0] == name and name in seen.parts
+    )
+    if previous is not None and previous[0] != name:
+        _check_complete(seen, previous[0])  # the tensor before this one is finished
+    if not continuing and name in seen.codecs:
+        raise ProtocolError(f"array name {name!r} appears twice", "bad_field")
+    if part is None:
+        return None
+    of = desc.get("of")
+    check_shape(of, f"array {name!r}: `of`", limits)
+    if math.prod(of) * 4 > limits.max_frame_bytes:
+        raise ProtocolError(
+            f"array {name!r}: dense shape {of} exceeds the frame limit of "
+            f"{limits.max_frame_bytes} bytes as float32",
+            "too_large",
+        )
+    if continuing and (seen.codecs[name], seen.dense_shapes[name]) != (codec, tuple(of)):
+        raise ProtocolError(f"array {name!r}: its parts disagree on codec or `of`", "bad_field")
+    order = list(CODECS[codec])
+    done = len(seen.parts[name]) if continuing else 0
+    if done >= len(order) or part != order[done]:
+        expected = repr(order[done]) if done < len(order) else "no more parts"
+        raise ProtocolError(
+            f"array {name!r}: part {part!r} where codec {codec} expects {expected}", "bad_field"
+        )
+    seen.dense_shapes[name] = tuple(of)
+    return part
+
+
+def _check_complete(seen: _Seen, name: str) -> None:
+    """A multi-part tensor must carry every part of its codec."""
+    codec = seen.codecs[name]
+    if name in seen.parts and len(seen.parts[name]) != len(CODECS[codec]):
+        missing = [p for p in CODECS[codec] if p not in seen.parts[name]]
+        raise ProtocolError(f"array {name!r}: codec {codec} lacks part(s) {missing}", "bad_field")
