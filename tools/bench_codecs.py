@@ -3,7 +3,7 @@
     python tools/bench_codecs.py [--repeats 30]
 
 Prints, per codec, the bytes on the wire and the best-of-N milliseconds to encode (worker:
-codec.encode) and to decode (server: wire.decode_request + codecs.decode_gradients on the
+codec.encode) and to decode (server: wire_checks.decode_request + codecs.decode_gradients on the
 frames as bytes), and the top-k selection alone against a full np.argpartition.
 Best of N because the machine is shared: the minimum is the least disturbed run.
 """

@@ -31,7 +31,7 @@ temporaries, bit for bit as the optimizer will (SGD.preview), and looked at
 (`exact_step_finite`). Nothing is changed either way.
 
 The norms cost no pass over the arrays on the way of a push: ||g|| is what the wire's
-finiteness check measured (wire.decode_request, Message.sq_norms), and ||w||, ||v|| are
+finiteness check measured (guard.wire_checks.decode_request, Message.sq_norms), and ||w||, ||v|| are
 upper bounds carried from version to version (`norm_bounds_after`), measured exactly
 only for a version the check has not seen carried (the first push, a version past
 RETIGHTEN). A bound holds for one array object, the parameter's version it was computed

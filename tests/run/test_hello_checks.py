@@ -8,6 +8,7 @@ import threading
 import pytest
 import zmq
 
+from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
 from minips.run.hello_checks import check_hello
@@ -90,7 +91,7 @@ def _answer_hello_with(reply_fields, stop):
             if not router.poll(50):
                 continue
             routing, *frames = router.recv_multipart()
-            header = wire.decode_request(frames).header
+            header = wire_checks.decode_request(frames).header
             if header["op"] == "hello":
                 reply = {"op": "hello", "rid": header["rid"], "worker": header["worker"]}
                 router.send_multipart([routing, *wire.encode({**reply, **reply_fields})])
