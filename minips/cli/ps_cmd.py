@@ -9,6 +9,7 @@ MINIPS_RUN_WORKERS (but `server --config FILE` takes the file and the command li
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,9 @@ def serve(
             click.echo(ps.ops.checkpoints.said)
         if endpoint_file:  # whole or not at all: the launcher never reads half an address
             write_whole(endpoint_file, ps.endpoint + "\n")
-        serve_forever(ps)
+        # Stopped, it ends as stopped: a SIGTERM on its way out (its group's root stops
+        # a shard that already stopped on the root's word) would end it as one killed.
+        serve_forever(ps, after=signal.SIG_IGN)
         updates.write("server", stats=ps.stats())
     click.echo(server_summary(ps))
 
