@@ -9,6 +9,7 @@ MINIPS_RUN_WORKERS (but `server --config FILE` takes the file and the command li
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,7 @@ def serve(
 ) -> None:
     """`minips server`'s work once its run directories are held: serve `config` (a whole
     group here, or one server or shard) until stopped, then print its summary line."""
+    from minips.ops.mixed_resume import mixed_checkpoint_line
     from minips.ops.signals import serve_forever
     from minips.results.metrics import MetricsLog
     from minips.results.whole_file import write_whole
@@ -233,11 +235,16 @@ def serve(
             f"minips server on {ps.endpoint}, rule {config.rule}, "
             f"{plural(config.workers, 'worker')}"
         )
+        if config.resume and not config.root:  # a group's shards: their root says it
+            if mixed := mixed_checkpoint_line(config.resume):
+                click.echo(f"warning: {mixed}", err=True)
         if ps.ops.checkpoints.said:  # the model at its checkpoint path: resumed or kept
             click.echo(ps.ops.checkpoints.said)
         if endpoint_file:  # whole or not at all: the launcher never reads half an address
             write_whole(endpoint_file, ps.endpoint + "\n")
-        serve_forever(ps)
+        # Stopped, it ends as stopped: a SIGTERM on its way out (its group's root stops
+        # a shard that already stopped on the root's word) would end it as one killed.
+        serve_forever(ps, after=signal.SIG_IGN)
         updates.write("server", stats=ps.stats())
     click.echo(server_summary(ps))
 

@@ -22,9 +22,10 @@ log = logging.getLogger("minips.server")
 
 
 @contextmanager
-def stop_on_signals(stop: Stop) -> Iterator[None]:
-    """SIGINT and SIGTERM request `stop` while inside (a second one cuts the grace); the
-    previous handlers come back on leaving."""
+def stop_on_signals(stop: Stop, after: Any = None) -> Iterator[None]:
+    """SIGINT and SIGTERM request `stop` while inside (a second one cuts the grace); on
+    leaving, the previous handlers come back, or `after` (signal.SIG_IGN: a process whose
+    work is done ends as it stopped, whatever signal follows) in their place."""
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
@@ -38,13 +39,13 @@ def stop_on_signals(stop: Stop) -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if after is None else after)
 
 
-def serve_forever(server: ParameterServer) -> None:
+def serve_forever(server: ParameterServer, after: Any = None) -> None:
     """`server.run()` with SIGINT/SIGTERM handlers (a second one cuts the grace), then
-    `server.close()`."""
-    with stop_on_signals(server.stop):
+    `server.close()`; `after`: the handlers left once it stopped (`stop_on_signals`)."""
+    with stop_on_signals(server.stop, after):
         try:
             server.run()
         finally:  # closed first: a signal while the last replies linger does not kill it

@@ -28,6 +28,7 @@ import click
 
 from minips.ops import checkpoints
 from minips.ops.checkpoint_file import file_version
+from minips.ops.mixed_resume import mixed_shards_line
 from minips.ops.signals import serve_forever, stop_on_signals
 from minips.results.metrics import MetricsLog
 from minips.results.whole_file import write_whole
@@ -120,6 +121,8 @@ def _announce(
                    + (f", newer than --resume {config.resume}" if config.resume else "")
                    + " (a server never writes an older model over it; another "
                    "--checkpoint starts elsewhere)")  # fmt: skip
+    if mixed := mixed_shards_line(resumes):  # shards stopped apart: a mix, said
+        click.echo(f"warning: {mixed}", err=True)
     if endpoint_file:  # whole or not at all: the launcher never reads half an address
         write_whole(endpoint_file, endpoint + "\n")
 

@@ -9,7 +9,9 @@ says it, once, in one `warning:` line as soon as it is seen (every `EVERY` s whi
 root serves), and once the group stopped, `dead_shards_error` is the group's `error:` line
 naming each shard that did not stop with its root: the group checkpoint, which would put
 that shard's last file beside the others' final ones, is then not written (each shard's
-own file stays). A shard that stops as told (its root's stop, SIGTERM or SIGINT) exits 0.
+own file stays). A shard that stops as told (its root's stop, SIGTERM or SIGINT) exits 0,
+also when the root's SIGTERM finds it already stopped on its way out (it ignores the
+signals once stopped: `minips server`'s `serve`).
 """
 
 from __future__ import annotations

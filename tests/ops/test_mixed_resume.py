@@ -1,0 +1,68 @@
+"""Resuming from slices of different versions is said in one `warning:` line
+(minips/ops/mixed_resume.py): a group started on shard files left at different versions
+(one shard SIGKILLed), and a server resuming a group checkpoint whose shards ended apart."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from minips.ops.group_checkpoints import assemble
+from tests.group.test_group_checkpoints import save
+
+SERVE = ["--workers", "1", "--model", "mlp", "--dataset", "synthetic", "--rule", "asgd",
+         "--bind", "tcp://127.0.0.1:*"]  # fmt: skip
+
+
+def served(tmp_path, *options: str) -> str:
+    """What `minips server OPTIONS` says from its start to its stop by SIGTERM once it serves."""
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "minips", "server", *SERVE, *options],
+                                  stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "minips server on" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return log.read_text()
+
+
+def warnings(said: str) -> list[str]:
+    return [line for line in said.splitlines() if line.startswith("warning:")]
+
+
+def test_a_group_resumed_from_its_shards_files_at_different_versions_says_the_mix(tmp_path):
+    save(tmp_path, 0, 112)  # run-shard0.npz: the root stopped at 112
+    save(tmp_path, 1, 92)  # run-shard1.npz: shard 1 SIGKILLed at 92, no group checkpoint
+    said = served(tmp_path, "--servers", "2", "--checkpoint", str(tmp_path / "run.npz"))
+    assert "resumed each shard from the model already at" in said, said
+    mixed = [line for line in warnings(said) if "a mix of versions" in line]
+    assert len(mixed) == 1, said  # at its start (its stop says the shards' versions again)
+    assert "a mix of versions 112 and 92 (shard 0 at 112, shard 1 at 92)" in mixed[0], said
+
+
+def test_a_group_resumed_from_shards_files_at_one_version_says_no_mix(tmp_path):
+    save(tmp_path, 0, 40)
+    save(tmp_path, 1, 40)
+    said = served(tmp_path, "--servers", "2", "--checkpoint", str(tmp_path / "run.npz"))
+    assert "resumed each shard" in said and warnings(said) == [], said
+
+
+def test_a_server_resuming_a_torn_group_checkpoint_says_the_mix(tmp_path):
+    save(tmp_path, 0, 70)
+    save(tmp_path, 1, 68)
+    group = assemble(tmp_path / "run.npz", final=True)
+    assert group is not None and not group.consistent
+    said = served(tmp_path, "--resume", str(tmp_path / "run.npz"),
+                  "--checkpoint", str(tmp_path / "next.npz"))  # fmt: skip
+    (line,) = warnings(said)
+    assert f"{tmp_path / 'run.npz'} is a mix of versions 70 and 68" in line, said
