@@ -242,9 +242,10 @@ def serve(
             click.echo(ps.ops.checkpoints.said)
         if endpoint_file:  # whole or not at all: the launcher never reads half an address
             write_whole(endpoint_file, ps.endpoint + "\n")
-        # Stopped, it ends as stopped: a SIGTERM on its way out (its group's root stops
-        # a shard that already stopped on the root's word) would end it as one killed.
-        serve_forever(ps, after=signal.SIG_IGN)
+        # A shard that stopped ends as stopped: its root's SIGTERM on the shard's way out
+        # (it stops a shard that already stopped on its word) would end it as one killed.
+        # A lone server keeps Ctrl-C to the end: its user may need it if the exit hangs.
+        serve_forever(ps, after=signal.SIG_IGN if config.root else None)
         updates.write("server", stats=ps.stats())
     click.echo(server_summary(ps))
 
