@@ -316,7 +316,7 @@ def decode_checked(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     buffers, _ = bounded_buffers(frames, limits)
     header = unpack_header(buffers[0], limits)
     check_descriptors(header.get("arrays", []), buffers[1:], limits)
-    return wire.decode(buffers, header)
+    return wire.decode(buffers, header, checked=True)
 
 
 def decode_request(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:

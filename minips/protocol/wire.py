@@ -149,13 +149,18 @@ def encode_parts(header: Mapping[str, Any], parts: Sequence[WirePart]) -> list[b
     return [msgpack.packb(head, use_bin_type=True), *payload]
 
 
-def decode(frames: Sequence[Any], header: dict[str, Any] | None = None) -> Message:
+def decode(
+    frames: Sequence[Any], header: dict[str, Any] | None = None, *, checked: bool = False
+) -> Message:
     """One message (any op) as its header and zero-copy array views, each view checked to
     hold exactly its frame (shape times dtype size), so none reads past it. Anything
     malformed is ProtocolError("malformed"). header: the header frame already unpacked.
+    checked: the frames are byte memoryviews whose header and descriptors were checked
+    against them already (minips.guard.wire_checks.decode_checked): the views are made
+    without checking the same again.
     """
     try:
-        buffers = [memoryview(frame).cast("B") for frame in frames]
+        buffers = frames if checked else [memoryview(frame).cast("B") for frame in frames]
         if header is None:
             header = msgpack.unpackb(buffers[0], raw=False)
         if not isinstance(header.get("op"), str):
@@ -165,19 +170,19 @@ def decode(frames: Sequence[Any], header: dict[str, Any] | None = None) -> Messa
         if len(descriptors) != len(buffers) - 1:
             raise ValueError("array descriptors and frames differ in number")
         for desc, buf in zip(descriptors, buffers[1:], strict=True):
-            _add_frame(message, desc, buf)
+            _add_frame(message, desc, buf, checked)
     except Exception as exc:  # msgpack and a malformed header raise many unrelated types
         raise ProtocolError(f"malformed message ({type(exc).__name__}: {exc})"[:200]) from None
     return message
 
 
-def _add_frame(message: Message, desc: dict[str, Any], buf: memoryview) -> None:
+def _add_frame(message: Message, desc: dict[str, Any], buf: memoryview, checked: bool) -> None:
     """One array frame as its descriptor's view, in `message`."""
     name, codec, part, dtype = desc["name"], desc["codec"], desc.get("part"), DTYPES[desc["dtype"]]
     shape = tuple(desc["shape"])
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not checked and not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError(f"array {name!r}: shape {shape} is not a list of sizes")
-    if math.prod(shape) * dtype.itemsize != buf.nbytes:
+    if not checked and math.prod(shape) * dtype.itemsize != buf.nbytes:
         raise ValueError(f"array {name!r}: its frame does not hold shape {shape}")
     array = np.frombuffer(buf, dtype=dtype).reshape(shape)
     message.codecs[name] = codec
