@@ -231,13 +231,14 @@ def serve(
             updates.write("update", **record)
 
         ps = make_server(config, on_update=on_update, joiner=joiner)
+        # Said before the start line, which is what a launcher (or a user) waits for.
+        if config.resume and not config.root:  # a group's shards: their root says it
+            if mixed := mixed_checkpoint_line(config.resume):
+                click.echo(f"warning: {mixed}", err=True)
         click.echo(
             f"minips server on {ps.endpoint}, rule {config.rule}, "
             f"{plural(config.workers, 'worker')}"
         )
-        if config.resume and not config.root:  # a group's shards: their root says it
-            if mixed := mixed_checkpoint_line(config.resume):
-                click.echo(f"warning: {mixed}", err=True)
         if ps.ops.checkpoints.said:  # the model at its checkpoint path: resumed or kept
             click.echo(ps.ops.checkpoints.said)
         if endpoint_file:  # whole or not at all: the launcher never reads half an address
