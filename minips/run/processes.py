@@ -123,7 +123,7 @@ class Child:
         """SIGKILL it (stopped by SIGSTOP too) and reap it."""
         assert self.proc is not None, f"{self.name} was never started"
         self.proc.kill()
-        self.proc.wait()
+        reap(self.proc)
 
     def wait_exit(self, timeout: float) -> bool:
         """Whether it exits within `timeout` seconds (it keeps running otherwise)."""
@@ -259,7 +259,7 @@ class ProcessGroup:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                reap(proc)
         self.exit_codes = {
             self.name_of(self.children[name]): proc.returncode for name, proc in procs.items()
         }
@@ -285,6 +285,19 @@ class ProcessGroup:
                 self.learn_ranks({"workers": [{"rank": report["rank"], "info": report}]})
             except (OSError, ValueError, KeyError, TypeError):  # damaged: it names no rank
                 continue
+
+
+def reap(proc: subprocess.Popen, patience: float = 5.0) -> None:
+    """Wait for a killed child's exit without `Popen.wait()`'s blocking lock: a Ctrl-C that
+    lands in an earlier `wait()` just after it took that lock leaves the lock held for good,
+    and the next `wait()` blocks forever (a launcher stopping its run hung there). So wait
+    with a timeout (it never blocks on the lock), then reap the process directly."""
+    try:
+        proc.wait(patience)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ChildProcessError):  # reaped meanwhile
+            _, status = os.waitpid(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
 
 
 @contextlib.contextmanager

@@ -40,6 +40,25 @@ def test_stop_all_stops_a_child_that_ignores_sigterm_and_one_that_does_not(tmp_p
     assert time.monotonic() - started < 10
 
 
+def test_a_wait_lock_a_ctrl_c_left_held_does_not_hang_the_stop(tmp_path):
+    """A Ctrl-C that lands in `Popen.wait()` just after it took its lock (a `with` whose
+    `__exit__` never runs) leaves that lock held, and a later blocking `wait()` never
+    returns: killing and stopping children must not wait on it."""
+    group = ProcessGroup(tmp_path, env={})
+    group.start("stubborn", _python(IGNORES_TERM))
+    group.start("killed", _python(SLEEPS))
+    _wait_for_line(group, "stubborn", "up")
+    _wait_for_line(group, "killed", "up")
+    for name in ("stubborn", "killed"):
+        group[name].proc._waitpid_lock.acquire()  # as such a Ctrl-C leaves it
+    started = time.monotonic()
+    group["killed"].kill()
+    assert group["killed"].proc.returncode == -signal.SIGKILL
+    group.stop_all(grace=0.2)
+    assert group.exit_codes["stubborn"] == -signal.SIGKILL
+    assert time.monotonic() - started < 30
+
+
 class Budget:
     """A restart policy allowing `n` restarts, recording each."""
 
