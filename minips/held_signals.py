@@ -24,7 +24,7 @@ STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def held_during_start() -> Iterator[set[signal.Signals]]:
+def held_during_start() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the end of the block, then are handled as usual.
 
     Two holds, as Python handles a signal in two steps: the calling thread's signal mask
@@ -32,11 +32,10 @@ def held_during_start() -> Iterator[set[signal.Signals]]:
     swapped for one that only notes them (one the kernel gave another thread of the
     process: a dashboard's, a gateway's). At the end the handlers come back, the mask is
     restored (a pending signal is handled there) and each noted one is raised again.
-    Only in the main thread: elsewhere Python runs no handler, so nothing can cut a start.
-    Yields the set of signals noted so far."""
+    Only in the main thread: elsewhere Python runs no handler, so nothing can cut a start."""
     noted: set[signal.Signals] = set()
     if threading.current_thread() is not threading.main_thread():
-        yield noted
+        yield
         return
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
     previous = {signum: signal.getsignal(signum) for signum in STOPPING}
@@ -45,7 +44,7 @@ def held_during_start() -> Iterator[set[signal.Signals]]:
         if swap:
             for signum in STOPPING:
                 signal.signal(signum, lambda signum, _frame: noted.add(signum))
-        yield noted
+        yield
     finally:
         if swap:
             for signum, handler in previous.items():
