@@ -240,6 +240,11 @@ class InflowGuard:
         self._sweep()
         self._next_sweep = now + min(10 * SWEEP_COST * len(self.connections), MAX_SWEEP_GAP)
 
+    def watched(self) -> list[zmq.Socket]:
+        """The connection events' socket, for the loop to wake on (none when switched off):
+        ZeroMQ accepts connections in its own thread, and each costs ~22 KiB until cut."""
+        return [self._monitor] if self._monitor is not None else []
+
     def wait(self, interval: float) -> float:
         """How long the loop may wait for a message before the next check: `interval`, or
         FAST_CHECK while a connection holds more than 1/16 of its bound (a big message is

@@ -224,6 +224,11 @@ class ServerOps:
         return Timers(self.inflow, self.checkpoints, server.membership, server.pulls,
                       self.rule, server.carry_out, server.after_leaving, server.group)  # fmt: skip
 
+    def watched(self) -> list[Any]:
+        """Sockets the loop also wakes for: the inflow guard's connection events, so that a
+        flood of connections is cut as it arrives rather than at the next poll interval."""
+        return self.inflow.watched()
+
     def wait(self, poll_interval: float) -> float:
         """How long the loop may wait for a request: shorter while a big message arrives."""
         return self.inflow.wait(poll_interval)

@@ -139,9 +139,11 @@ class ParameterServer:
         log.info("stopped at version %d", self.store.version)
 
     def poller(self) -> zmq.Poller:
-        """What the loop waits on between turns: the clients' socket."""
+        """What the loop waits on between turns: the clients' socket, and what the operations
+        watch beside it (`ops.watched`)."""
         poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
+        for socket in (self.socket, *self.ops.watched()):
+            poller.register(socket, zmq.POLLIN)
         return poller
 
     def serve(self, frames: list[Any], dropped: int = 0) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 from test_memory import HANDSHAKE, frame_header, zmtp_peer
+from test_server_support import running_server
 
 from minips.ops.inflow import InflowGuard, InflowLimits, watch_supported
 
@@ -157,3 +158,20 @@ def test_ipc_connections_are_not_watched(tmp_path):
         assert len(turn(router, guard, 0.3)) == 1
         assert guard.connections == {}
         dealer.close(linger=0)
+
+
+def test_a_serving_loop_cuts_a_connection_past_the_cap_before_its_poll_interval_ends():
+    # ZeroMQ accepts connections in its own thread, each costing memory until cut: the loop
+    # wakes for the connection event rather than sleeping out its poll interval.
+    with running_server(poll_interval=3.0) as server:
+        server.ops.inflow.limits = InflowLimits(max_connections=2)
+        port = int(server.endpoint.rsplit(":", 1)[1])
+        peers = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            for peer in peers:
+                peer.sendall(HANDSHAKE)
+            assert is_cut(peers[2], 1.5)  # before the loop's 3 s wait ends
+            assert not is_cut(peers[0], 0.2) and not is_cut(peers[1], 0.2)
+        finally:
+            for peer in peers:
+                peer.close()
