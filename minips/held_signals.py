@@ -9,18 +9,23 @@ handler (logging has some), Python prints "Exception ignored" and drops it, and 
 which ignores every signal after the first, runs on and cannot be stopped. So while a
 child starts the two signals are held (`held_during_start`) and handled once the child is
 known; the child gets them back, at their defaults, before its program starts
-(`released_in_child`). A leaf beside errors.py: run/ and classroom/ both start children,
+(`released_in_child`), and it ends when its launcher dies, even by SIGKILL
+(`end_with_the_launcher`). A leaf beside errors.py: run/ and classroom/ both start children,
 and classroom/ may not import run/ (run/ imports classroom/).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal a process gets when its parent dies
 
 
 @contextlib.contextmanager
@@ -65,5 +70,23 @@ def released_in_child(then: Callable[[], None] | None = None) -> Callable[[], No
         for signum in STOPPING:
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+
+    return in_the_child
+
+
+def end_with_the_launcher() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel send a child SIGTERM when the launcher dies, even
+    by SIGKILL (Linux's PR_SET_PDEATHSIG), so that no server, worker or browser trains on
+    with nobody to stop it; SIGTERM is each child's usual stop (a server keeps its model).
+    None where prctl does not exist: there a killed launcher still leaves its children."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in it
+    launcher = os.getpid()
+
+    def in_the_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher:  # the launcher died before the line above: no signal
+            os._exit(1)
 
     return in_the_child

@@ -11,7 +11,6 @@ the environment a worker runs in.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from minips.errors import MinipsError
-from minips.held_signals import held_during_start, released_in_child
+from minips.held_signals import end_with_the_launcher, held_during_start, released_in_child
 
 Command = Callable[[int], list[str]]  # generation -> argv
 
@@ -36,25 +35,6 @@ SINGLE_THREADED_BLAS = {
     "MKL_NUM_THREADS": "1",
 }
 MINIPS = (sys.executable, "-m", "minips")  # the command line of a child process
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal a process gets when its parent dies
-
-
-def end_with_the_launcher() -> Callable[[], None] | None:
-    """A `preexec_fn` that has the kernel send a child SIGTERM when the launcher dies, even
-    by SIGKILL (Linux's PR_SET_PDEATHSIG), so that no server, worker or browser trains on
-    with nobody to stop it; SIGTERM is each child's usual stop (a server keeps its model).
-    None where prctl does not exist: there a killed launcher still leaves its children."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in it
-    launcher = os.getpid()
-
-    def in_the_child() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != launcher:  # the launcher died before the line above: no signal
-            os._exit(1)
-
-    return in_the_child
 
 
 class RestartPolicy(Protocol):

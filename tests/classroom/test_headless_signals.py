@@ -83,7 +83,7 @@ def _signal_during_start(tmp: Path, name: str, delay: float, signum: int) -> lis
             time.sleep(0.1)
         return left
     finally:
-        launcher.kill()
+        launcher.kill()  # a hung launcher: its Chromium ends with it (PR_SET_PDEATHSIG)
         launcher.wait()
         launcher.stdout.close()
 
@@ -109,3 +109,30 @@ def test_a_signal_at_any_moment_of_chromiums_start_leaves_no_chromium(tmp_path):
             f"attempt {attempt}: {signal.Signals(signum).name} {delay:.3f} s after the start "
             f"left Chromium running: pids {left}"
         )
+
+
+def test_a_launcher_killed_outright_leaves_no_chromium(tmp_path):
+    """SIGKILL gives the launcher no chance to close Chromium: the kernel stops it."""
+    if find_chromium() is None:
+        pytest.skip("chromium not found: apt-get install chromium to run the browser tests")
+    token = f"MINIPS_HEADLESS_TEST={os.getpid()}-killed"
+    env = {**os.environ, token.split("=")[0]: token.split("=")[1]}
+    argv = [sys.executable, "-m", "minips.classroom.web.headless", "about:blank",
+            "--profile", str(tmp_path / "profile")]  # fmt: skip
+    launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        assert launcher.stdout.readline().startswith(b"opened 1 tab")
+        assert _chromium_pids(token)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10.0
+        while (left := _chromium_pids(token)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:  # not this test's to leave running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert not left, f"Chromium outlived its killed launcher: pids {left}"
+    finally:
+        launcher.kill()
+        launcher.wait()
+        launcher.stdout.close()

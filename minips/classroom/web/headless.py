@@ -5,7 +5,8 @@ What `minips run --browser N --browser-headless` starts to fill its browser slot
 anyone at a keyboard (tests, benchmarks, CI). Headless Chromium takes one URL on its command
 line, so it starts on about:blank with a DevTools endpoint on loopback and each tab is opened
 through that endpoint's HTTP interface (`PUT /json/new?URL`). SIGTERM (the launcher's
-stop) closes Chromium first, so no browser process outlives the run. Chromium's profile is
+stop) closes Chromium first, so no browser process outlives the run; should this process
+die without closing it (SIGKILL), the kernel sends Chromium SIGTERM. Chromium's profile is
 `--profile DIR` (`minips run`: RUN_DIR/logs/chromium-profile), emptied before Chromium
 starts and removed at exit (a SIGTERM while Chromium starts waits until it is known:
 minips.held_signals); should this process be killed before it could remove it (a
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from minips.classroom.web.slots import find_chromium
-from minips.held_signals import held_during_start, released_in_child
+from minips.held_signals import end_with_the_launcher, held_during_start, released_in_child
 
 # Flags for unattended tabs: no sandbox (CI runs as root), no GPU, and no throttling of
 # tabs in the background: every tab is a worker that must keep its pace.
@@ -104,7 +105,7 @@ def run_tabs(binary: str, url: str, tabs: int, profile: Path) -> None:
                 command,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "TMPDIR": str(scratch)},
-                preexec_fn=released_in_child(),
+                preexec_fn=released_in_child(end_with_the_launcher()),
             )
         port = devtools_port(profile, chromium)
         for _ in range(tabs):
