@@ -11,18 +11,21 @@ that command runs or shows its own help, never for `minips --help` or another co
 
 from __future__ import annotations
 
-import errno
-import importlib
-import os
-import sys
-from pathlib import Path
-from typing import Any
+from minips.cli.early_signals import signals_while_loading, sigterm_said
 
-import click
+with signals_while_loading():  # a stop signal while the command line loads: one line
+    import errno
+    import importlib
+    import os
+    import sys
+    from pathlib import Path
+    from typing import Any
 
-from minips import __version__
-from minips.cli.environment import unknown_variables
-from minips.errors import MinipsError
+    import click
+
+    from minips import __version__
+    from minips.cli.environment import unknown_variables
+    from minips.errors import MinipsError
 
 # name -> ("module:attribute" of the click command, the line `minips --help` shows for it;
 # None: hidden). The line is the first line of the command's docstring (a test checks).
@@ -166,9 +169,11 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the group, turning user errors into one line."""
+    """Console-script entry point: run the group, turning user errors into one line (a
+    stop signal before the command handles its own: minips.cli.early_signals)."""
     try:
-        cli.main(args=argv, prog_name="minips", standalone_mode=False)
+        with sigterm_said():
+            cli.main(args=argv, prog_name="minips", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

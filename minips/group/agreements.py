@@ -7,7 +7,7 @@ joining.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from minips.worker import client as _client
@@ -41,7 +41,9 @@ def reach(advertised: str, root: str) -> str:
 
 def check_shard_hello(reply: dict[str, Any], root: dict[str, Any], shard: int) -> str | None:
     """Why shard `shard`'s hello reply does not belong to the root's group (None: it does)."""
-    group = reply.get("group") or {}
+    group = reply.get("group")
+    if not isinstance(group, Mapping):
+        return f"answered with group {str(group)[:60]}, not a map"
     if group.get("shard") != shard or group.get("servers") != root["group"]["servers"]:
         return f"answered as shard {group.get('shard')} of {group.get('servers')}"
     if reply.get("rank") != root.get("rank"):  # world_size may differ: 16.4, the root's counts

@@ -14,6 +14,7 @@ from typing import Any
 
 from minips.group.agreements import GROUP_ERROR, HELLO_RETRY, reach
 from minips.group.fanout import GroupClient
+from minips.group.group_checks import checked_group
 from minips.protocol.wire import Message
 from minips.worker.replies import ServerError
 from minips.worker.session import first_reply
@@ -35,7 +36,8 @@ class ServerGroups:
         client's (16.4)."""
         reply = first_reply(client, header)
         if reply is None or "group" in reply:
-            reply = self.root_hello(client, header, reply)  # the group's root, assembled
+            first = None if reply is None else checked_group(reply)  # before any address is used
+            reply = self.root_hello(client, header, first)  # the group's root, assembled
             client._close_socket()  # the group's own connection to the root takes our id over
             client.session = client.group = self.join(client, reply, info)
         return reply
@@ -74,7 +76,7 @@ class ServerGroups:
                 log.info("shard %d is not the group's root: asking %s", _shard(reply),
                          client.address)  # fmt: skip
             try:
-                reply = client._request(header).header
+                reply = checked_group(client._request(header).header)
             except ServerError as exc:
                 if exc.code != GROUP_ERROR or time.monotonic() > deadline:
                     raise

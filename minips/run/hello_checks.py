@@ -5,7 +5,9 @@ traceback deep in the model, the data or the rule (docs/protocol.md 5.1 gives th
     check_hello(hello)      # ProtocolError `malformed`, one line naming the field
 
 Only what the reference worker reads is checked, and only its form: the run that started
-the server chose the values (the plan is checked apart, minips.run.plan_checks).
+the server chose the values (the plan is checked apart, minips.run.plan_checks; a server
+group's `group`, read inside the client's hello before the worker sees the reply, where it
+is read: minips.group.group_checks).
 """
 
 from __future__ import annotations
