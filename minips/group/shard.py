@@ -5,7 +5,9 @@ A shard is an ordinary ParameterServer over its slices (`shard_params`); the onl
 differences on the wire are the ones `ShardRole` adds: `group` in hello (and stats) replies,
 the root's `join` handler and its `group` error while shards are missing, and a non-root
 shard's `join` every second to the root (`Joiner`), which also tells it when the root
-stops, or is gone (no reply for its root_timeout).
+stops, or is gone (no reply for its root_timeout). The joins are the root's heartbeat of
+its shards too: a shard that joined and then sent none for as long (its process killed or
+stopped by hand) is gone, and the root ends with an error naming it (`ShardGone`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from minips.group.agreements import (
     ROOT_TIMEOUT,
     group_map,
 )
+from minips.group.lost_shards import check_joins
 from minips.group.partition import Partition
 from minips.guard import addresses, wire_checks
 from minips.guard.curve import ClientKeys, require_operator
@@ -140,6 +143,12 @@ class RootTable:
     def restore(self, addresses: list[str | None]) -> None:
         """The shards' addresses a replica's snapshot gives (minips/ops/snapshot.py)."""
         self._addresses = list(addresses)
+
+    def silent(self, now: float, timeout: float) -> list[int]:
+        """The shards that joined with an address and then sent no join for `timeout` s
+        (a restarted shard's joins, its asks too, count as its own)."""
+        return [j for j, holder in sorted(self.holders.items())
+                if self._addresses[j] is not None and now - holder.seen > timeout]  # fmt: skip
 
     def missing(self) -> list[int]:
         """The shards that have not joined with an address since the root started."""
@@ -292,12 +301,15 @@ class ShardRole:
 
     shard / servers: its index and K; part: the group's partition (its slices are this
     shard's parameters). run: the configuration a root gives joining shards (16.3).
-    joiner: a non-root shard's link to its root.
+    joiner: a non-root shard's link to its root. shard_timeout: the seconds without a join
+    after which a root's shard that joined is gone (None: never; a run's root_timeout).
     """
 
     def __init__(self, shard: int, servers: int, part: Partition, run: dict[str, Any] | None = None,
-                 joiner: Joiner | None = None) -> None:  # fmt: skip
+                 joiner: Joiner | None = None,
+                 shard_timeout: float | None = None) -> None:  # fmt: skip
         self.shard, self.servers, self.run = shard, servers, dict(run or {})
+        self.shard_timeout = shard_timeout
         self.slices = part.shard_slices(shard)
         msgpack.packb(self.run)  # it travels in join replies
         self.joiner = joiner
@@ -314,6 +326,7 @@ class ShardRole:
         clients reach it."""
         endpoint, self.outbox, self.stop = server.endpoint, server.outbox, server.stop
         self.keys = server.options.keys
+        self._checkpoints = getattr(server.ops, "checkpoints", None)  # named when a shard is gone
         server.handlers["join"] = self.handle_join
         if self.is_root:
             self.endpoint = endpoint
@@ -357,8 +370,11 @@ class ShardRole:
 
     def tick(self, now: float) -> None:
         """A non-root shard's joins; once its root says it is stopping, or has answered
-        none of them for the joiner's root_timeout (the root is gone), it stops too."""
+        none of them for the joiner's root_timeout (the root is gone), it stops too. A
+        root serving watches its shards' joins instead (minips.group.lost_shards)."""
         if self.joiner is None:
+            if self.table is not None and not self.stop.requested:
+                check_joins(self.table, now, self.shard_timeout, self._checkpoints)
             return
         self.joiner.tick(now, self.endpoint)
         if self.joiner.root_stopping and not self.stop.requested:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minips.results.group_counts import behind_line
 from minips.results.report_labels import label_lines
 from minips.results.report_plan import plan_lines
 from minips.results.versions import (
@@ -192,6 +193,8 @@ def format_report(report: dict[str, Any]) -> str:
                 f" {human_bytes(row['bytes_down']):>10} {share:>6} {row['restarts']:>8}"
                 f" {row['updates_lost']:>12}"
             )
+        if behind := behind_line(s.get("behind")):  # the run's counts are that shard's
+            lines.append(f"  {behind}")
     if "value_staleness" in report:
         lines.append("  value staleness per layer (typical updates behind, in value):")
         lines.append(f"  {'layer':>10} {'count':>6} {'mean':>7} {'p50':>7} {'p90':>7} {'max':>7}")

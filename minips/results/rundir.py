@@ -17,7 +17,8 @@ RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "co
                         "stopped" (its server stopped from outside: `stopped_why`), or
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
-                        wall time, samples, updates, bytes,
+                        wall time, samples, updates (a group's: what every
+                        slice of its model trained, `behind` the shard behind), bytes,
                         staleness, the server's restarts and what each crash lost
                         (`updates_lost`; a group's: its worst shard's, each shard's in
                         its row, as a round lost on every shard is one update lost), and
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from minips.errors import MinipsError, RunDirError
+from minips.results.group_counts import kept_counts
 from minips.results.metrics import MetricsLog, merge_logs, read_metrics
 from minips.results.versions import accuracy_fields, ending, run_version
 from minips.results.whole_file import partial_path, write_whole
@@ -240,7 +242,9 @@ def write_results(
     without any evaluation). servers: a server group's size; its summary has one `shards`
     row per shard (the root's update records are the run's, every shard's counters its
     row), and `group`: its checkpoint's versions per shard, whether they agree, and the
-    line that says they do not (GroupCheckpoint.record). untested_why: why the launcher
+    line that says they do not (GroupCheckpoint.record); a shard a restart left behind
+    makes the run's samples and updates the fewest, which the kept model trained, and
+    `behind` says which (minips.results.group_counts). untested_why: why the launcher
     could not test the final model (minips.run.final_test), for the summary's accuracy
     fields (minips.results.versions). stopped_why: what stopped the server before the
     run's end (a signal; None: the run ran to its end). replication: a replicated
@@ -299,6 +303,10 @@ def write_results(
         by_params = (final.get("bytes_by_param") or {} for final in finals)
         summary["bytes_by_layer"] = bytes_by_layer(*by_params)
         summary["group"] = group
+        kept = kept_counts(finals, restarts)  # a shard a restart left behind: the model's
+        summary["behind"] = kept["behind"]
+        if kept["behind"] is not None:
+            summary["samples"], summary["updates"] = kept["samples"], kept["updates"]
         # A round lost on several shards is one update lost, not one per shard: the run
         # lost at least what its worst shard lost (each shard's row says its own).
         summary["updates_lost"] = max(row["updates_lost"] for row in summary["shards"])
@@ -338,6 +346,7 @@ def shard_row(shard: int, stats: dict[str, Any], restarts: list[dict[str, Any]])
     own = [r for r in restarts if r.get("shard", 0) == shard]
     return {
         "shard": shard,
+        "samples": stats.get("samples"),
         "updates": stats.get("updates"),
         "version": stats.get("version"),
         "bytes_up": stats.get("bytes_in"),

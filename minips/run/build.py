@@ -60,7 +60,10 @@ def make_server(
         part = partition_of_model(params, config.servers)
         params = shard_params(params, part, shard)
         run = _run_for_shards(config, plan) if shard == 0 else None
-        group = ShardRole(shard, config.servers, part, run=run, joiner=joiner)
+        # a root's shard silent as long as a shard waits for its root is gone (lost_shards)
+        timeout = config.root_timeout if shard == 0 else None
+        group = ShardRole(shard, config.servers, part, run=run, joiner=joiner,
+                          shard_timeout=timeout)  # fmt: skip
     optimizer = SGD(params, config.lr, config.momentum, config.weight_decay)
     server_class, options, replica = ParameterServer, config.server_options(), {}
     if config.replicas > 1 or config.backup_of:  # one of two replicas (docs/protocol.md 17)

@@ -315,7 +315,9 @@ class RunConfig(ConfigBase):
                                     "replication link is at this address (docs/protocol.md "
                                     "17.3).", commands=("server",))
     root_timeout: float = setting(ROOT_TIMEOUT, "A shard whose root answers none of its "
-                                  "joins for this many seconds stops (the root is gone).",
+                                  "joins for this many seconds stops (the root is gone); "
+                                  "a root that hears no join from a shard for as long ends "
+                                  "with an error naming it.",
                                   commands=("server",), minimum=0, min_open=True)
     # layer-aware transmission (docs/algorithms.md "Transmission"; transmission/plan.py,
     # transmission/planning/planner.py)

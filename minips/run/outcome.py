@@ -20,6 +20,7 @@ import json
 from collections.abc import Callable
 
 from minips.errors import MinipsError
+from minips.results.group_counts import behind_line, kept_counts
 from minips.results.rundir import RunDir, final_stats
 from minips.run.config import RunConfig
 from minips.run.processes import Child, ProcessGroup
@@ -91,18 +92,22 @@ def workers_failed(failed: list[Child], run_dir: RunDir, config: RunConfig) -> M
 def short_of_samples_line(run_dir: RunDir, config: RunConfig, restarts: list[dict]) -> str | None:
     """One `warning:` line when a server restarted (`restarts`: the run's restart records)
     and the final model counts fewer samples than the run was to train: the updates the
-    restart lost are not in it, although every worker trained its shard. None otherwise."""
+    restart lost are not in it, although every worker trained its shard; a group's count is
+    its shard furthest behind, which the line names (minips.results.group_counts). None
+    otherwise."""
     if not restarts or config.browser:
         return None
-    samples = int(final_stats(run_dir)[0].get("samples") or 0) - resumed_samples(config)
+    kept = kept_counts(final_stats(run_dir, config.servers), restarts)
+    behind = behind_line(kept["behind"])  # a group's shard behind the others
+    samples = int(kept["samples"] or 0) - resumed_samples(config)
     target = config.epochs * _training_set_size(config)
     if config.max_samples:
         target = min(target, config.max_samples)
     if samples >= target:
-        return None
+        return None if behind is None else f"warning: {behind}"
+    why = behind or "the server's restart lost the updates after its last checkpoint"
     return (
-        f"warning: the final model trained {samples} of the {target} samples the run was to: "
-        "the server's restart lost the updates after its last checkpoint"
+        f"warning: the final model trained {samples} of the {target} samples the run was to: {why}"
     )
 
 

@@ -6,8 +6,9 @@ ports of their own, each joining the root and taking the run's configuration fro
 (docs/protocol.md 16.3). When the root stops (a `stop`, the workers' byes, SIGTERM) this
 process stops the shards at once (SIGTERM: each stops as on `stop`), waits for them, then
 assembles the group checkpoint from their files (ops/checkpoints.py). A shard process
-that dies meanwhile is said at once and not restarted, and the group then ends with an
-`error:` line instead of a group checkpoint (minips.run.shardwatch). Killed itself,
+that dies meanwhile is said at once and not restarted, and the group then ends, stopped or
+once the root heard no join from it for --root-timeout s (minips.group.lost_shards), with
+an `error:` line instead of a group checkpoint (minips.run.shardwatch). Killed itself,
 it leaves shards that stop once their root answered no join for --root-timeout seconds.
 Started on a checkpoint path that holds a group's model (`--config RUN/config.json` after
 the run) without --resume, every shard resumes from it (`kept_model`), so stopping the
@@ -26,6 +27,7 @@ from typing import Any
 
 import click
 
+from minips.group.lost_shards import ShardGone
 from minips.ops import checkpoints
 from minips.ops.checkpoint_file import file_version
 from minips.ops.mixed_resume import mixed_shards_line
@@ -90,10 +92,13 @@ def serve_group_here(
             )  # fmt: skip
             for j in range(1, config.servers)
         ]
+        gone: ShardGone | None = None
         try:
             _announce(config, root.endpoint, resumes, endpoint_file)
             with ShardWatch(shards):  # a shard that dies meanwhile is said at once
                 serve_forever(root)
+        except ShardGone as exc:  # its joins stopped: the root ended; said below
+            gone = exc
         finally:
             with stop_on_signals(Stop()):  # another Ctrl-C must not orphan the shards
                 _wait_for(shards)
@@ -103,6 +108,8 @@ def serve_group_here(
         click.echo(server_summary(root))
         if (dead := dead_shards_error(shards, config.checkpoint)) is not None:
             raise dead  # its checkpoint would mix a dead shard's old slices with the final
+        if gone is not None:  # a shard stopped by hand before its root (exit 0)
+            click.echo(f"warning: {gone}", err=True)
         group = checkpoints.assemble(config.checkpoint, final=True) if config.checkpoint else None
         if group is not None:
             click.echo(f"group checkpoint {config.checkpoint}")

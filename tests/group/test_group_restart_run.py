@@ -3,7 +3,8 @@ run goes on (workers and evaluator ride through the restart) and its group check
 the model it ended with (each shard's last file, at the shards' final versions). Under
 ssgd the whole group goes back to the version the crashed shard restarts from, so its
 shards end at one version; under another rule the restarted shard stays behind, and the
-run says so in one line, which the summary keeps."""
+run says so in one line, which the summary keeps; the run's samples and updates are then
+that shard's, the fewest, which every slice of the kept model trained."""
 
 from __future__ import annotations
 
@@ -120,7 +121,20 @@ def test_under_asgd_a_restarted_shard_left_behind_is_said_in_one_line(tmp_path):
     # sent again, so the root applied each of the workers' steps once.
     reports = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("worker-[0-9]*.json")]
     assert finals[0] == sum(report["steps"] for report in reports), (finals, reports)
-    assert summary["samples"] == sum(report["samples"] for report in reports)
+    trained = sum(report["samples"] for report in reports)
+    root, behind = summary["shards"]
+    assert (root["samples"], root["updates"]) == (trained, finals[0])
+    # The run's counts are what every slice of the kept model trained: shard 1's, behind
+    assert (summary["samples"], summary["updates"]) == (behind["samples"], finals[1])
+    assert behind["samples"] < trained
+    lacks = {"shard": 1, "of": 0, "samples": trained - behind["samples"],
+             "updates": finals[0] - finals[1]}  # fmt: skip
+    assert summary["behind"] == lacks
+    said = (f"warning: the final model trained {behind['samples']} of the {trained} samples "
+            f"the run was to: shard 1 is {lacks['samples']} samples and {lacks['updates']} "
+            "updates behind shard 0 (a restart lost them)")  # fmt: skip
+    assert output.count(said) == 1, output
+    assert f"{behind['samples']} samples, {finals[1]} updates in " in output, output
     restart = summary["restart_log"][0]
     assert (f"warning: shard 1 crashed (exit code -9) and was restarted from its checkpoint at "
             f"version {restart['checkpoint_version']}: {restart['updates_lost']} update(s) lost"
