@@ -112,7 +112,8 @@ def assemble(path: str | Path, final: bool = False) -> GroupCheckpoint | None:
     """Write the group checkpoint `path` from its shards' files (module docstring): the
     last version every shard saved, or with `final` each shard's last file. None when some
     shard's file is missing. Its meta: the root's, plus `group` = {servers, versions (each
-    shard's), consistent (every shard at one version)}."""
+    shard's), consistent (every shard at one version)}; at different versions its samples
+    and updates are the fewest of the shards' (a restart left one behind: results.group_counts)."""
     from minips.group.partition import partition_of_model
     from minips.nn import build_model
 
@@ -147,6 +148,10 @@ def assemble(path: str | Path, final: bool = False) -> GroupCheckpoint | None:
         )
     meta["group"] = {"servers": servers, "versions": versions,
                      "consistent": len(set(versions)) == 1}  # fmt: skip
+    if not meta["group"]["consistent"]:  # what every slice trained: the shard behind's
+        metas = [json.loads(str(c["meta"])) for c in chosen]
+        for key in ("samples", "updates"):
+            meta[key] = min(m.get(key, 0) for m in metas)
     meta.pop("shard", None)
     arrays["version"] = np.array(versions[0], np.int64)
     meta["arrays"] = sorted(arrays)  # the shards' rule state stays in their own files

@@ -33,9 +33,12 @@ def shard_store(shard: int, version: int, params_at: int | None = None) -> Param
 
 
 def save(tmp_path, shard: int, version: int, params_at: int | None = None) -> None:
-    """What shard `shard`'s Checkpointer writes at `version` (the one before kept beside)."""
+    """What shard `shard`'s Checkpointer writes at `version` (the one before kept beside),
+    having counted `version` updates of 100 samples each."""
     store = shard_store(shard, version, params_at)
-    Checkpointer(store, Counters(), tmp_path / "run.npz", rule="asgd", spec=MODEL.spec,
+    counters = Counters()
+    counters.updates, counters.samples = version, 100 * version
+    Checkpointer(store, counters, tmp_path / "run.npz", rule="asgd", spec=MODEL.spec,
                  shard=(shard, 2)).save()  # fmt: skip
 
 
@@ -72,6 +75,8 @@ def test_a_torn_group_checkpoint_is_at_the_roots_version_each_parameter_at_its_n
     meta, arrays = read(tmp_path / "run.npz")
     assert int(arrays["version"]) == 70  # the root's
     assert meta["group"] == {"servers": 2, "versions": [70, 68], "consistent": False}
+    # what the whole model trained: the shard behind's counts, not the root's 7,000 samples
+    assert (meta["samples"], meta["updates"]) == (6800, 68)
     # fc1.w: its rows on shard 0 written at 66, on shard 1 at 68: the newest of its slices
     assert int(arrays["param_version/fc1.w"]) == 68
     assert int(arrays["param_version/fc1.b"]) == 66  # whole on shard 0
