@@ -52,9 +52,9 @@ class ServerGroups:
         with client._lock:
             replies = client.session.operator(header)
             answer = body(replies[0].header)
-            group = answer.get("group")
-            if group is None:
+            if answer.get("group") is None:
                 return answer, {}
+            group = checked_group(answer, replies[0].header.get("op", "reply"))["group"]
             if len(replies) < group["servers"]:  # the root alone: on to its shards
                 replies.update(self.others(client, header, group))
             return answer, replies

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import zmq
 
+from minips.group.group_checks import checked_group
 from minips.guard import wire_checks
 from minips.protocol import wire
 from minips.protocol.wire import ProtocolError
@@ -58,7 +59,8 @@ MALFORMED = [
 
 @contextmanager
 def answering_hello(group):
-    """A ROUTER on a free port that answers every hello with HELLO and `group`; its address."""
+    """A ROUTER on a free port that answers every hello with HELLO and `group`, and every
+    other request as stats carrying `group`; its address."""
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -70,8 +72,12 @@ def answering_hello(group):
             if router.poll(50):
                 routing, *frames = router.recv_multipart()
                 header = wire_checks.decode_request(frames).header
-                reply = {"op": "hello", "rid": header["rid"], "worker": header["worker"]}
-                router.send_multipart([routing, *wire.encode({**reply, **HELLO, "group": group})])
+                reply = {"op": header["op"], "rid": header["rid"]}
+                if header["op"] == "hello":
+                    reply.update(HELLO, worker=header["worker"], group=group)
+                else:  # stats, as a group's root answers an operator (16.7)
+                    reply["stats"] = {"version": 0, "updates": 0, "group": group}
+                router.send_multipart([routing, *wire.encode(reply)])
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -91,6 +97,14 @@ def _worker(address: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("group, field", MALFORMED)
+def test_a_malformed_group_is_refused_naming_its_field(group, field):
+    with pytest.raises(
+        ProtocolError, match="^" + re.escape(f"the server's hello: {field} must be ")
+    ):
+        checked_group({"group": group})
+
+
+@pytest.mark.parametrize("group, field", MALFORMED[::3])
 def test_minips_worker_given_a_malformed_group_says_one_line(group, field):
     with answering_hello(group) as address:
         done = _worker(address)
@@ -129,3 +143,24 @@ def test_no_address_of_a_refused_group_is_connected_to():
                 listener.accept()
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("group, field", MALFORMED[2::4])  # no nil address among them
+def test_an_operators_stats_given_a_malformed_group_raises_one_line(group, field):
+    from minips import PSClient
+
+    with answering_hello(group) as address, PSClient(address, timeout=2.0) as client:
+        with pytest.raises(
+            ProtocolError, match="^" + re.escape(f"the server's stats: {field} must be ")
+        ):
+            client.stats()
+
+
+def test_an_operator_takes_a_shard_not_joined_yet_as_nil():
+    from minips import PSClient
+
+    group = {"shard": 0, "servers": 2, "addresses": [ROOT, None]}
+    with answering_hello(group) as address, PSClient(address, timeout=2.0) as client:
+        assert client.stats()["shards"] == [{"version": 0, "updates": 0, "group": group}, None]
+    with pytest.raises(ProtocolError, match=re.escape("group.addresses[1] must be an address")):
+        checked_group({"group": group})  # a hello's group names every shard
