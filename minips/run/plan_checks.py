@@ -7,7 +7,8 @@ given (minips.transmission.plan.plan_from_hello).
     check_model(plan, shapes, kinds)     # its parameters and codecs fit the model
 
 The formats are normative in docs/protocol.md 13.8 (a plan) and 13 (a codec spec); the
-codecs' own constructors check their option values (minips.transmission.codecs).
+option values are checked by building each codec once (its constructor's checks,
+minips.transmission.codecs).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from minips.transmission.plan import PARAM_KEYS, PLAN_FORMAT, PULL_CODECS, Plan
 
 
 def check_spec(spec: Spec) -> None:
-    """ConfigError unless `spec` is a push codec spec: a known codec, its options known
-    and the required ones given."""
+    """ConfigError unless `spec` is a push codec spec: a known codec, its options known,
+    the required ones given, and their values ones its constructor takes."""
     if not isinstance(spec, str) and not (
         isinstance(spec, Mapping) and isinstance(spec.get("codec"), str)
     ):
@@ -42,6 +43,7 @@ def check_spec(spec: Spec) -> None:
     missing = [arg for arg in cls.required if arg not in options]
     if missing:
         raise ConfigError(f"codec {name}: option(s) {missing} required")
+    cls(**options)  # its constructor's checks of the values (ConfigError), before any process
 
 
 def check_pull_spec(spec: Spec) -> None:

@@ -73,7 +73,15 @@ def test_plan_is_checked_against_the_model(tmp_path):
     ("spec", "words"),
     [("gzip", "unknown codec 'gzip'"), ({"codec": "topk"}, r"option\(s\) \['ratio'\] required"),
      ({"codec": "fp16", "ratio": 0.1}, r"unknown option\(s\) \['ratio'\] \(allowed: none\)"),
-     ({"ratio": 0.1}, "a codec spec is a name or a map"), (3, "a codec spec is a name")],
+     ({"ratio": 0.1}, "a codec spec is a name or a map"), (3, "a codec spec is a name"),
+     # the values too, before any process starts (a worker would fail on them)
+     ({"codec": "topk", "ratio": 0}, r"ratio must be in \(0, 1\], got 0"),
+     ({"codec": "topk", "ratio": 0.1, "seed": "x"}, r"seed must be an integer"),
+     ({"codec": "topk", "ratio": 0.1, "seed": 2**64}, r"seed must be an integer"),
+     ({"codec": "topk", "ratio": 0.1, "warmup": True}, r"warmup must be an integer"),
+     ({"codec": "lowrank", "rank": True}, r"rank must be an integer >= 1"),
+     ({"codec": "lowrank", "seed": -1}, r"seed must be an integer"),
+     ({"codec": "sf", "dtype": "int8"}, r"dtype must be float32 or float16")],
 )  # fmt: skip
 def test_bad_specs_are_one_line_config_errors(spec, words):
     with pytest.raises(ConfigError, match=words):

@@ -84,6 +84,13 @@ def check_float_dtype(codec: str, dtype: Any) -> str:
     return dtype
 
 
+def check_seed(codec: str, seed: Any) -> int:
+    """Validate a codec's `seed` option: an integer in [0, 2^63), as the wire carries it."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ConfigError(f"codec {codec}: seed must be an integer in [0, 2^63), got {seed!r}")
+    return seed
+
+
 def to_wire_float(array: np.ndarray, dtype: str, name: str) -> np.ndarray:
     """Cast float32 values to the wire dtype; float16 overflow is a clear error, not an Inf."""
     if dtype == "float32":

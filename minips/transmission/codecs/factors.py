@@ -26,6 +26,7 @@ from minips.transmission.codecs.base import (
     Factors,
     Gradient,
     check_float_dtype,
+    check_seed,
     dense_float32,
     need_ndim,
     to_wire_float,
@@ -98,11 +99,11 @@ class LowRank(Codec):
     options = ("rank", "dtype", "seed")
 
     def __init__(self, rank: int = 4, dtype: str = "float32", seed: int = 0) -> None:
-        if not isinstance(rank, int) or rank < 1:
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ConfigError(f"codec lowrank: rank must be an integer >= 1, got {rank!r}")
         self.rank = rank
         self.dtype = check_float_dtype("lowrank", dtype)
-        self.seed = seed
+        self.seed = check_seed("lowrank", seed)
         self.residual: np.ndarray | None = None  # (n, m) float32
         self.q: np.ndarray | None = None  # (m, rank), warm start of the power iteration
 

@@ -37,6 +37,7 @@ from minips.transmission.codecs.base import (
     Codec,
     Gradient,
     check_float_dtype,
+    check_seed,
     dense_float32,
     need_ndim,
     to_wire_float,
@@ -104,7 +105,7 @@ class TopK(Codec):
     ) -> None:
         if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"codec topk: ratio must be in (0, 1], got {ratio!r}")
-        if not isinstance(warmup, int) or warmup < 0:
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise ConfigError(f"codec topk: warmup must be an integer >= 0, got {warmup!r}")
         if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
             raise ConfigError(f"codec topk: momentum must be in [0, 1), got {momentum!r}")
@@ -115,7 +116,7 @@ class TopK(Codec):
         self.residual: np.ndarray | None = None  # float32, the parameter's shape
         self.velocity: np.ndarray | None = None  # u of momentum correction (momentum > 0)
         self.steps = 0
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(check_seed("topk", seed))
 
     def density(self) -> float:
         """The fraction of entries the next `encode` sends (warm-up included)."""
