@@ -156,7 +156,7 @@ class LocalRun(ProcessCommands, TrainingWatch):
         group = None  # a server group's checkpoint, made of its shards' last files
         failed: list[Child] = []
         crashed: list[Child] = []
-        wrap_up = WrapUp(lambda: self.training_ended is not None)
+        wrap_up = WrapUp(self.training_over)
         try:
             with wrap_up.cut_short():
                 endpoint = self.start()
