@@ -97,11 +97,17 @@ class TrainingWatch:
         as it is): the watch saw it end, or since its last look the server said it is
         stopping or stopped (its log), or exited by itself, or the evaluator wrote its final
         record. training_ended is then set, at the moment this was found."""
-        if self.training_ended is None and (
-            self._server_done() or latest_eval(self.dir.eval_log).get("final")
-        ):
+        if self.training_ended is None and (self._server_done() or self._final_tested()):
             self.training_ended = self._elapsed()
         return self.training_ended is not None
+
+    def _final_tested(self) -> bool:
+        """The evaluator's last record is its final one. Asked as a signal lands, which
+        may find a record half written: not final yet, rather than an error in its stead."""
+        try:
+            return bool(latest_eval(self.dir.eval_log).get("final"))
+        except (OSError, ValueError):
+            return False
 
     def _server_done(self) -> bool:
         """The server's log says it is stopping or stopped, or it exited cleanly."""
