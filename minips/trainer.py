@@ -13,6 +13,7 @@ Test accuracy is measured every `eval_every` samples and at the end of every epo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,13 +31,15 @@ from minips.state.store import SGD, ParameterStore
 
 @dataclass
 class TrainResult:
-    """What a finished run reports (also the `summary` metrics line)."""
+    """What a finished run reports (also the `summary` metrics line). interrupted: a stop
+    request ended training early; accuracy and loss are then the last test's (None: none)."""
 
-    accuracy: float
-    loss: float
+    accuracy: float | None
+    loss: float | None
     wall_s: float
     samples: int
     steps: int
+    interrupted: bool = False
 
 
 def evaluate(
@@ -60,6 +63,7 @@ def train(
     progress: ProgressFn | None = None,
     dataset: Dataset | None = None,
     save: str | Path | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[Sequential, TrainResult]:
     """Train `config.model` on `config.dataset`; returns the model and the final result.
 
@@ -67,7 +71,9 @@ def train(
     `config.resume`: start from a checkpoint (a server's, or one saved here). `save`: write
     the final parameters and optimizer state as a checkpoint, the server's format
     (minips.state.store), its version the number of steps taken, so `minips run --resume` can
-    continue from it.
+    continue from it. `stop()`: asked before each step; True ends training there (the
+    model is whole: no step is cut in two), skips the final test and saves what was trained
+    (nothing when no step was taken); the result says `interrupted`.
     """
     config.validate()
     metrics = metrics if metrics is not None else MetricsLog(None)
@@ -95,8 +101,12 @@ def train(
         latest.update(accuracy=accuracy, loss=loss, evaluated_at=samples)
         metrics.write("eval", samples=samples, accuracy=accuracy, loss=loss)
 
+    stopped = False
     for _epoch in range(config.epochs):
         for xb, yb in iterate_batches(data.x_train, data.y_train, config.batch_size, rng):
+            if stop is not None and stop():
+                stopped = True
+                break
             # Overflow shows up as a non-finite loss, reported below as one clear line.
             with np.errstate(over="ignore", invalid="ignore"):
                 logits = model.forward(xb, train=True)  # (B, K)
@@ -115,13 +125,18 @@ def train(
                 next_eval += config.eval_every
             if progress is not None:
                 progress(samples, total, latest)
+        if stopped:
+            break
         if latest.get("evaluated_at") != samples:  # skip if eval_every just landed here
             run_eval()
 
     wall = time.monotonic() - start
-    result = TrainResult(latest["accuracy"], latest["loss"], wall, samples, steps)
-    metrics.write("summary", **asdict(result), config=asdict(config))
-    if save is not None:
+    result = TrainResult(latest.get("accuracy"), latest.get("loss"), wall, samples, steps, stopped)
+    record = asdict(result)
+    if not stopped:
+        del record["interrupted"]  # the summary of a whole run is as it always was
+    metrics.write("summary", **record, config=asdict(config))
+    if save is not None and (steps or not stopped):
         save_checkpoint(store, save, steps, model.spec)
     return model, result
 

@@ -230,7 +230,7 @@ def evaluate(
         PSClient(
             connect, timeout=10.0, retries=5, keys=client_keys(keys, key_name), groups=GROUPS
         ) as client,
-        MetricsLog(metrics_path, start_time=t0) as metrics,
+        MetricsLog(metrics_path, start_time=t0, append=True) as metrics,
     ):
         click.echo(f"testing the model of {connect} every {interval:g} s; records: {metrics_path}")
         with sigterm_as_interrupt():  # SIGTERM says bye too, as Ctrl-C

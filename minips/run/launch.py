@@ -23,7 +23,13 @@ from minips.group.root import GROUPS
 from minips.ops.client_retries import RetryingClient
 from minips.provision import keyfiles
 from minips.results.metrics import ProgressFn
-from minips.results.rundir import RunDir, latest_eval, write_results
+from minips.results.rundir import (
+    RunDir,
+    final_stats,
+    latest_collapse,
+    latest_eval,
+    write_results,
+)
 from minips.run.commands import ProcessCommands
 from minips.run.config import RunConfig
 from minips.run.final_test import ensure_final_tested, let_evaluator_leave
@@ -156,7 +162,7 @@ class LocalRun(ProcessCommands, TrainingWatch):
         group = None  # a server group's checkpoint, made of its shards' last files
         failed: list[Child] = []
         crashed: list[Child] = []
-        wrap_up = WrapUp(lambda: self.training_ended is not None)
+        wrap_up = WrapUp(self.training_over)
         try:
             with wrap_up.cut_short():
                 endpoint = self.start()
@@ -197,10 +203,13 @@ class LocalRun(ProcessCommands, TrainingWatch):
                     untested = ensure_final_tested(self.config, self.dir, self.t0)
             if wrap_up.interrupted:
                 untested = untested_after_interrupt(self.dir, self.config.servers)
-            failure = workers_failed(failed, self.dir, self.config)
+            # After a collapse the workers' failures (their pushes refused as non-finite)
+            # are its consequence: the collapse is the run's ending (exit status 3).
+            collapsed = self._collapsed()
+            failure = None if collapsed else workers_failed(failed, self.dir, self.config)
             lost = (
                 None
-                if failure or failed
+                if failure or failed or collapsed
                 else lost_workers_line(crashed, self.dir, self.processes.name_of)
             )
             if lost:
@@ -233,6 +242,12 @@ class LocalRun(ProcessCommands, TrainingWatch):
         latest = latest_eval(self.dir.eval_log)
         latest.update(updates=summary.get("updates", 0))
         self.progress(int(summary.get("samples", 0)), self._shown_total, latest)
+
+    def _collapsed(self) -> bool:
+        """Whether the model collapsed (minips.ops.collapse): the server's last `stats` or the
+        evaluator says so, as the summary's `collapse` does (minips.results.rundir)."""
+        stats = final_stats(self.dir)[0]
+        return bool(stats.get("collapse") or latest_collapse(self.dir.eval_log))
 
     def _crash_at_the_end(self) -> MinipsError | None:
         """The run's error when a server crashed once training was over: the model it kept

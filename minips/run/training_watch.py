@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from minips.run.refusals import Refusals
     from minips.run.replicas import ReplicaSet
 
+# What the server's log says once it stops training (minips.server.server): the stop begun,
+# the loop ended.
+SERVER_STOPPING = (" stopping (", " stopped at version ")
+
 
 class TrainingWatch:
     """Watches the run's server until training is over (`watch`), from the run's state,
@@ -86,6 +90,37 @@ class TrainingWatch:
             if not server.exited():
                 _stop_server(operator, server)  # the evaluator then tests the final model
         return self.training_ended
+
+    def training_over(self) -> bool:
+        """Whether training is over, judged from what has happened rather than from the
+        watch's last look (it looks every 0.2 s; a stop signal in between must find the run
+        as it is): the watch saw it end, or since its last look the server said it is
+        stopping or stopped (its log), or exited by itself, or the evaluator wrote its final
+        record. training_ended is then set, at the moment this was found."""
+        if self.training_ended is None and (self._server_done() or self._final_tested()):
+            self.training_ended = self._elapsed()
+        return self.training_ended is not None
+
+    def _final_tested(self) -> bool:
+        """The evaluator's last record is its final one. Asked as a signal lands, which
+        may find a record half written: not final yet, rather than an error in its stead."""
+        try:
+            return bool(latest_eval(self.dir.eval_log).get("final"))
+        except (OSError, ValueError):
+            return False
+
+    def _server_done(self) -> bool:
+        """The server's log says it is stopping or stopped, or it exited cleanly."""
+        server = self.processes.children.get("server")
+        if server is None or server.proc is None:
+            return False  # not started yet: training is not over
+        if server.exited() and not server.crashed():
+            return True
+        try:
+            text = (self.processes.logs / f"{server.log_name}.log").read_text(errors="replace")
+        except OSError:
+            return False
+        return any(marker in text for marker in SERVER_STOPPING)
 
     def _training(self) -> bool:
         """A NumPy worker runs, or the run waits for a browser seat (minips.classroom.web.slots)."""
