@@ -46,6 +46,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,27 @@ class RunDir:
         """The ipc socket file of shard `shard` of a local group (0: `server_socket`)."""
         return self.server_socket if shard == 0 else self.path / f"shard{shard}.sock"
 
-    def clear_outputs(self) -> None:
-        """Remove what a previous run in this directory left that a new one writes again."""
-        for pattern in RUN_OUTPUTS:
-            for path in self.path.glob(pattern):
+    def clear_outputs(self, keep: Iterable[Path] = ()) -> None:
+        """Remove what a previous run in this directory left that a new one writes again,
+        but a file in `keep` or in a folder in it (what the new run was given to read)."""
+        remove_files(self.path, RUN_OUTPUTS, keep)
+
+
+def remove_files(directory: Path, patterns: Iterable[str], keep: Iterable[Path] = ()) -> None:
+    """Remove the files in `directory` that match one of `patterns` (glob), but those
+    `kept_by` `keep`."""
+    keep = list(keep)
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            if path.is_file() and not kept_by(path, keep):
                 path.unlink()
+
+
+def kept_by(path: Path, keep: Iterable[Path]) -> bool:
+    """Whether `path` is one of `keep` or lies in a folder in it, however either is spelled
+    (what a run was given to read: never a previous run's file to remove)."""
+    resolved = path.resolve()
+    return any(kept.resolve() in (resolved, *resolved.parents) for kept in keep)
 
 
 def check_writable(path: str | Path, option: str) -> None:

@@ -167,6 +167,7 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text("{}")
+    (out / "run.lock").write_text("")  # every run leaves its lock file: a run's folder
     params = build_model("mlp").params
     checkpoint = save_store(ParameterStore(params, SGD(params, lr=0.1)), out / "checkpoint.npz")
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
