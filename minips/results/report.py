@@ -18,10 +18,12 @@ import math
 from typing import Any
 
 from minips.classroom.web.slots import agent_name
+from minips.ops.checkpoint_file import file_version
 from minips.results.loading import Run
 from minips.results.report_labels import label_summary
 from minips.results.report_plan import link_text, plan_summary
 from minips.results.rundir import RunDir, final_stats
+from minips.results.versions import kept_fields
 
 # An interrupted run's `samples_from` when its server left no final count.
 LAST_EVALUATION = "the last evaluation"
@@ -209,6 +211,9 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
         summary = partial_summary(run, evals, updates)
+    if summary and run.path.is_dir() and int(run.config.get("servers") or 1) == 1:
+        # the model the directory keeps may not be the one the accuracy is of
+        summary.update(kept_fields(summary, file_version(RunDir(run.path).checkpoint)))
     result: dict[str, Any] = {
         "run": run.name,
         "path": str(run.path),
