@@ -22,11 +22,9 @@ from minips.ops.checkpoint_file import file_version
 from minips.results.loading import Run
 from minips.results.report_labels import label_summary
 from minips.results.report_plan import link_text, plan_summary
-from minips.results.rundir import RunDir, final_stats
+from minips.results.rundir import LAST_EVALUATION, RunDir, final_stats
 from minips.results.versions import kept_fields
 
-# An interrupted run's `samples_from` when its server left no final count.
-LAST_EVALUATION = "the last evaluation"
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
 EXACT_BINS = 4

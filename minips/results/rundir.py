@@ -17,7 +17,8 @@ RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "co
                         "stopped" (its server stopped from outside: `stopped_why`), or
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
-                        wall time, samples, updates (a group's: what every
+                        wall time, samples, updates (`samples_from`: the last
+                        evaluation's, lagging, when the server left no count; a group's: what every
                         slice of its model trained, `behind` the shard behind), bytes,
                         staleness, the server's restarts and what each crash lost
                         (`updates_lost`; a group's: its worst shard's, each shard's in
@@ -56,6 +57,9 @@ from minips.results.group_counts import kept_counts
 from minips.results.metrics import MetricsLog, merge_logs, read_metrics
 from minips.results.versions import accuracy_fields, ending, run_version
 from minips.results.whole_file import partial_path, write_whole
+
+# A run's `samples_from` when its server left no final count (the evaluation's lags).
+LAST_EVALUATION = "the last evaluation"
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = (
@@ -291,9 +295,7 @@ def write_results(
         "loss": last_eval.get("loss"),
         **versions,
         "wall_s": round(wall, 3),
-        # The server's count is authoritative (a worker killed mid-run wrote no report).
-        "samples": stats.get("samples", sum(report["samples"] for report in reports)),
-        "updates": stats.get("updates", last_eval.get("updates")),
+        **run_counts(stats, last_eval, reports),
         "bytes_up": stats.get("bytes_in"),
         "bytes_down": stats.get("bytes_out"),
         "worker_steps": stats.get("worker_steps"),
@@ -341,6 +343,23 @@ def write_results(
     os.replace(partial, run_dir.metrics)
     write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def run_counts(
+    stats: dict[str, Any], last_eval: dict[str, Any], reports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A run's samples and updates from the best source there is: the server's last
+    `stats` (authoritative: a worker killed mid-run wrote no report); else (the server
+    died without them) the last evaluation's counts, which lag the training, and
+    `samples_from` says so (the workers' reports are no better: a worker the dead server
+    failed reports none); else the workers' reports."""
+    if stats.get("samples") is not None:
+        return {"samples": stats["samples"], "updates": stats.get("updates")}
+    if last_eval.get("samples") is not None:
+        return {"samples": last_eval["samples"], "updates": last_eval.get("updates"),
+                "samples_from": LAST_EVALUATION}  # fmt: skip
+    samples = sum(report.get("samples") or 0 for report in reports)
+    return {"samples": samples, "updates": stats.get("updates", last_eval.get("updates"))}
 
 
 def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:
