@@ -41,8 +41,8 @@ def test_an_interrupted_run_whose_kept_model_is_later_than_its_accuracy_says_so(
     assert (s["accuracy_version"], s["final_version"], s["final_tested"]) == (0, 258, False)
     text = format_report(report)
     assert (
-        "  NOT THE FINAL MODEL: the final model (version 258) was not tested (the run was "
-        "interrupted before its kept model was tested): the accuracy 0.1040 is of version 0"
+        "  NOT THE FINAL MODEL: the final model (version 258) was not tested (the run ended "
+        "before testing the model it keeps): the accuracy 0.1040 is of version 0"
     ) in text.splitlines()
     printed = json.loads(CliRunner().invoke(cli, ["report", str(run), "--json"]).output)
     assert printed[0]["summary"]["final_version"] == 258
