@@ -56,7 +56,12 @@ from minips.errors import MinipsError, RunDirError
 from minips.results.group_counts import kept_counts
 from minips.results.metrics import MetricsLog, merge_logs, read_metrics
 from minips.results.versions import accuracy_fields, ending, run_version
-from minips.results.whole_file import partial_path, write_whole
+from minips.results.whole_file import (
+    partial_path,
+    removed_on_error,
+    results_written,
+    write_whole,
+)
 
 # A run's `samples_from` when its server left no final count (the evaluation's lags).
 LAST_EVALUATION = "the last evaluation"
@@ -233,7 +238,8 @@ def _worker_reports(run_dir: RunDir, workers: int, stats: dict[str, Any]) -> lis
         if path.exists():
             reports.append(json.loads(path.read_text()))
         elif report := report_from_stats(stats, rank):
-            path.write_text(json.dumps(report) + "\n")
+            with results_written(run_dir.checkpoint, path):
+                write_whole(path, json.dumps(report) + "\n")
             reports.append(report)
     return reports
 
@@ -333,16 +339,23 @@ def write_results(
         summary["replication"] = replication
     if interrupted is not None:
         summary["interrupted"] = interrupted
-    # Each file whole or not at all (written beside its place, then renamed), the summary
-    # last: a run interrupted while writing them never reads as a complete run.
-    partial = partial_path(run_dir.metrics)
-    with MetricsLog(partial) as metrics:
-        for record in records:
-            metrics.write_record(record)  # already timed by the process that wrote it
-        metrics.write("summary", **summary)
-    os.replace(partial, run_dir.metrics)
-    write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
+    _write_files(run_dir, records, summary)
     return summary
+
+
+def _write_files(run_dir: RunDir, records: list[dict[str, Any]], summary: dict) -> None:
+    """metrics.jsonl then summary.json, each whole or not at all (written beside its place,
+    then renamed), the summary last: a run interrupted while writing them never reads as a
+    complete run."""
+    partial = partial_path(run_dir.metrics)
+    with results_written(run_dir.checkpoint, run_dir.metrics), removed_on_error(partial):
+        with MetricsLog(partial) as metrics:
+            for record in records:
+                metrics.write_record(record)  # already timed by the process that wrote it
+            metrics.write("summary", **summary)
+        os.replace(partial, run_dir.metrics)
+    with results_written(run_dir.checkpoint, run_dir.summary):
+        write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
 
 
 def run_counts(
