@@ -239,6 +239,8 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
         "staleness": distribution(every_push),
         "workers": per_worker,
     }
+    if run.notes:  # lines skipped reading the run (a process killed mid-write)
+        result["notes"] = run.notes
     result["plan"] = plan_summary(run.path, run.config)
     result["link"] = link_text(run.config)
     if labels := label_summary(run.config):

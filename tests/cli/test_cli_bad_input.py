@@ -248,7 +248,7 @@ EVAL = json.dumps({"event": "eval", "time": 1.5, "samples": 64, "accuracy": 0.5}
     [
         ({"metrics.jsonl": EVAL + "[1, 2]\n"}, "metrics.jsonl line 2 is not a JSON object"),
         ({"metrics.jsonl": EVAL, "summary.json": "[1]"}, "summary.json is not a JSON object"),
-        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "a run file is not valid JSON"),
+        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "summary.json is not valid JSON"),
         ({"metrics.jsonl": EVAL, "config.json": '"lenet5"'}, "config.json is not a JSON object"),
         ({"eval.jsonl": EVAL + '{"event": "eval", "time": "x"}\n'},
          "eval.jsonl line 2: time 'x' is not a number"),
