@@ -18,8 +18,9 @@ RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "co
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
                         wall time, samples, updates (`samples_from`: the last
-                        evaluation's, lagging, when the server left no count; a group's: what every
-                        slice of its model trained, `behind` the shard behind), bytes,
+                        evaluation's, lagging, when the server left no count; a
+                        group's: what every slice of its model trained, `behind` the
+                        shard behind), bytes,
                         staleness, the server's restarts and what each crash lost
                         (`updates_lost`; a group's: its worst shard's, each shard's in
                         its row, as a round lost on every shard is one update lost), and
@@ -367,7 +368,10 @@ def run_counts(
     `samples_from` says so (the workers' reports are no better: a worker the dead server
     failed reports none); else the workers' reports."""
     if stats.get("samples") is not None:
-        return {"samples": stats["samples"], "updates": stats.get("updates")}
+        return {
+            "samples": stats["samples"],
+            "updates": stats.get("updates", last_eval.get("updates")),
+        }
     if last_eval.get("samples") is not None:
         return {"samples": last_eval["samples"], "updates": last_eval.get("updates"),
                 "samples_from": LAST_EVALUATION}  # fmt: skip
