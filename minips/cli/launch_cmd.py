@@ -38,7 +38,12 @@ from minips.run.config import RunConfig
 )  # fmt: skip
 @click.option("--eval-interval", type=FiniteFloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between evaluations of the model (rank 0).")  # fmt: skip
-@click.option("--force", is_flag=True, help="Reuse --out even if it holds a previous run.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Reuse --out even if it holds a previous run "
+    "(not the files this run reads, nor a folder that holds no run).",
+)
 def launch(
     out: str, port: int, startup_timeout: float, eval_interval: float, force: bool, **options: Any
 ) -> None:
@@ -61,7 +66,7 @@ def launch(
     from minips.run.cluster import COORDINATOR, role_of
     from minips.run.cluster import launch as take_role
     from minips.run.launchenv import read_launch_env
-    from minips.run.prepare import check_run_can_start, claim_run_dir
+    from minips.run.prepare import check_run_can_start, claim_run_dir, run_inputs
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     env = read_launch_env(os.environ, default_port=port)
@@ -69,9 +74,8 @@ def launch(
     if role_of(env, config.servers).kind == COORDINATOR:
         config.validate()
         check_run_can_start(config)
-        resume = Path(config.resume) if config.resume else None
         # OUT is its run's while this process lives (minips.run.runlock): held, not used
-        _run_lock = claim_run_dir(Path(out), force, keep=resume)
+        _run_lock = claim_run_dir(Path(out), force, keep=run_inputs(config))
         click.echo(f"minips launch ({env.launcher}): the group's root on {env.root}")
         threads = os.environ.get("OPENBLAS_NUM_THREADS", "?")
         click.echo(f"BLAS threads per process: {threads} (OPENBLAS_NUM_THREADS; set it to change)")

@@ -58,7 +58,8 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
     @click.option(
         "--force",
         is_flag=True,
-        help="Reuse --out even if it holds a previous run (its files are removed).",
+        help="Reuse --out even if it holds a previous run (its files are removed; "
+        "the files this run reads, and a folder that holds no run, are left alone).",
     )
     @click.option(
         "--dashboard",
@@ -90,13 +91,13 @@ def run_command(config_class: type[RunConfig] = RunConfig) -> click.Command:
         run early, says so in one line, and the exit status is 3.
         """
         from minips.run.launch import run_local
-        from minips.run.prepare import check_run_can_start, claim_run_dir
+        from minips.run.prepare import check_run_can_start, claim_run_dir, run_inputs
 
         config = config_class.from_options(options)
         config.validate()  # before anything is removed
         check_run_can_start(config, dashboard_listen if dashboard else None)
-        resume = Path(config.resume) if config.resume else None
-        run_lock = claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=resume)
+        inputs = run_inputs(config)  # kept: --resume, --plan, ...
+        run_lock = claim_run_dir(Path(out), force or out == DEFAULT_OUT, keep=inputs)
         from minips.classroom.dashboard import RunDashboard
 
         keys = config.keys or (Path(out) / "keys" if config.auth else None)  # the run's keys

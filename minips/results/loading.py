@@ -24,6 +24,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = True  # False: the run was interrupted, only the partial logs exist
+    notes: list[str] = field(default_factory=list)  # what was skipped reading it (read_metrics)
 
     @property
     def name(self) -> str:
@@ -48,10 +49,11 @@ def load_run(path: str | Path) -> Run:
     if not root.is_dir():
         raise RunDirError(f"{root}: no such run directory")
     run_dir = RunDir(root)
+    notes: list[str] = []  # a half-written last line skipped: said in the report
     try:
         config = _read_json(run_dir.config)
         if run_dir.metrics.exists():
-            records = read_metrics(run_dir.metrics)
+            records = read_metrics(run_dir.metrics, notes)
             complete = True
         else:
             partial = [*run_dir.update_logs(), run_dir.eval_log]
@@ -60,17 +62,15 @@ def load_run(path: str | Path) -> Run:
                     f"{root}: not a run directory (no metrics.jsonl; make one with "
                     "`minips run --out DIR`)"
                 )
-            records = merge_logs(partial)
+            records = merge_logs(partial, notes)
             complete = False
         summary = _read_json(run_dir.summary) or next(
             (r for r in reversed(records) if r.get("event") == "summary"), {}
         )
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunDirError(f"{root}: a run file is not valid JSON ({exc})") from None
-    except ValueError as exc:  # valid JSON, not what a run writes (read_metrics, _read_json)
+    except ValueError as exc:  # not JSON, or not what a run writes: names the file and line
         raise RunDirError(str(exc)) from None
     summary = {key: value for key, value in summary.items() if key != "event"}
-    return Run(root, config, summary, records, complete)
+    return Run(root, config, summary, records, complete, notes)
 
 
 def load_train_metrics(path: Path) -> Run:
@@ -95,8 +95,12 @@ def load_train_metrics(path: Path) -> Run:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """A run's JSON object file ({} when absent); ValueError when it holds no object."""
-    data = json.loads(path.read_text()) if path.exists() else {}
+    """A run's JSON object file ({} when absent); ValueError naming it when it holds no
+    JSON object."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8")) if path.exists() else {}
+    except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
     return data

@@ -86,17 +86,29 @@ class MetricsLog:
         self.close()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """Read a metrics.jsonl file back into a list of records (blank lines skipped).
 
-    ValueError (json.JSONDecodeError for a line that is not JSON) naming the line when a
-    record is not a JSON object or its `time` is not a number: what readers rely on.
+    A last line that is not whole JSON and lacks its newline (every record is written with
+    its newline: its writer was killed mid-write) is skipped, and `notes` (when given) told
+    so. ValueError naming the file and the line for any other line that is not JSON, not a
+    JSON object, or whose `time` is not a number: what readers rely on.
     """
+    with open(path, "rb") as handle:
+        lines = [(number, line) for number, line in enumerate(handle, 1) if line.strip()]
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                records.append(_checked_record(json.loads(line), path, number))
+    for number, line in lines:
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+            if number == lines[-1][0] and not line.endswith(b"\n"):  # its writer was cut
+                if notes is not None:
+                    notes.append(f"{path} line {number} is half-written (a process killed "
+                                 "mid-write?): skipped")  # fmt: skip
+                break
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
+            raise ValueError(f"{path} line {number} is not valid JSON ({reason})") from None
+        records.append(_checked_record(record, path, number))
     return records
 
 
@@ -109,11 +121,14 @@ def _checked_record(record: Any, path: str | Path, number: int) -> dict[str, Any
     return record
 
 
-def merge_logs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """The records of several logs (missing files skipped), in order of `time`.
+def merge_logs(paths: Iterable[str | Path], notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The records of several logs (missing files skipped), in order of `time`; `notes` as
+    read_metrics's.
 
     The sort is stable: records of equal time keep the order of `paths`, then of their file.
     """
-    records = [record for path in paths if Path(path).exists() for record in read_metrics(path)]
+    records = [
+        record for path in paths if Path(path).exists() for record in read_metrics(path, notes)
+    ]
     records.sort(key=lambda record: record.get("time", 0.0))
     return records

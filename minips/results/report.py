@@ -18,13 +18,13 @@ import math
 from typing import Any
 
 from minips.classroom.web.slots import agent_name
+from minips.ops.checkpoint_file import file_version
 from minips.results.loading import Run
 from minips.results.report_labels import label_summary
 from minips.results.report_plan import link_text, plan_summary
-from minips.results.rundir import RunDir, final_stats
+from minips.results.rundir import LAST_EVALUATION, RunDir, final_stats
+from minips.results.versions import kept_fields
 
-# An interrupted run's `samples_from` when its server left no final count.
-LAST_EVALUATION = "the last evaluation"
 # Staleness histogram bins: exact values up to 3, then powers of two (4-7, 8-15, ...), so a
 # long tail of rare large delays fits on one line next to the common small ones.
 EXACT_BINS = 4
@@ -209,6 +209,9 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
     summary = dict(run.summary)
     if not summary and evals:  # an interrupted run: what the logs can tell
         summary = partial_summary(run, evals, updates)
+    if summary and run.path.is_dir() and int(run.config.get("servers") or 1) == 1:
+        # the model the directory keeps may not be the one the accuracy is of
+        summary.update(kept_fields(summary, file_version(RunDir(run.path).checkpoint)))
     result: dict[str, Any] = {
         "run": run.name,
         "path": str(run.path),
@@ -236,6 +239,8 @@ def summarize(run: Run, target: float | None = None) -> dict[str, Any]:
         "staleness": distribution(every_push),
         "workers": per_worker,
     }
+    if run.notes:  # lines skipped reading the run (a process killed mid-write)
+        result["notes"] = run.notes
     result["plan"] = plan_summary(run.path, run.config)
     result["link"] = link_text(run.config)
     if labels := label_summary(run.config):

@@ -110,6 +110,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"== {report['path']}"]
     if not report["complete"]:
         lines.append("  INCOMPLETE: no metrics.jsonl (interrupted?); read from the partial logs")
+    lines += [f"  NOTE: {note}" for note in report.get("notes", [])]
     lines.append(
         f"  {cfg.get('rule')}, {_workers_text(cfg.get('workers'), report.get('never_taken'))}"
         + (f" (hetero {','.join(f'{f:g}' for f in cfg['hetero'])})" if cfg.get("hetero") else "")

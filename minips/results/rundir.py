@@ -17,8 +17,10 @@ RUN_DIR/summary.json    how it ended ("finished", "finished_untested_final", "co
                         "stopped" (its server stopped from outside: `stopped_why`), or
                         the error line of a run that could not go on), the accuracy and the
                         version it is of beside the final version (minips.results.versions),
-                        wall time, samples, updates (a group's: what every
-                        slice of its model trained, `behind` the shard behind), bytes,
+                        wall time, samples, updates (`samples_from`: the last
+                        evaluation's, lagging, when the server left no count; a
+                        group's: what every slice of its model trained, `behind` the
+                        shard behind), bytes,
                         staleness, the server's restarts and what each crash lost
                         (`updates_lost`; a group's: its worst shard's, each shard's in
                         its row, as a round lost on every shard is one update lost), and
@@ -46,6 +48,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +57,15 @@ from minips.errors import MinipsError, RunDirError
 from minips.results.group_counts import kept_counts
 from minips.results.metrics import MetricsLog, merge_logs, read_metrics
 from minips.results.versions import accuracy_fields, ending, run_version
-from minips.results.whole_file import partial_path, write_whole
+from minips.results.whole_file import (
+    partial_path,
+    removed_on_error,
+    results_written,
+    write_whole,
+)
+
+# A run's `samples_from` when its server left no final count (the evaluation's lags).
+LAST_EVALUATION = "the last evaluation"
 
 # Files a previous run in the same directory leaves behind, removed before a new one starts.
 RUN_OUTPUTS = (
@@ -122,11 +133,27 @@ class RunDir:
         """The ipc socket file of shard `shard` of a local group (0: `server_socket`)."""
         return self.server_socket if shard == 0 else self.path / f"shard{shard}.sock"
 
-    def clear_outputs(self) -> None:
-        """Remove what a previous run in this directory left that a new one writes again."""
-        for pattern in RUN_OUTPUTS:
-            for path in self.path.glob(pattern):
+    def clear_outputs(self, keep: Iterable[Path] = ()) -> None:
+        """Remove what a previous run in this directory left that a new one writes again,
+        but a file in `keep` or in a folder in it (what the new run was given to read)."""
+        remove_files(self.path, RUN_OUTPUTS, keep)
+
+
+def remove_files(directory: Path, patterns: Iterable[str], keep: Iterable[Path] = ()) -> None:
+    """Remove the files in `directory` that match one of `patterns` (glob), but those
+    `kept_by` `keep`."""
+    keep = list(keep)
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            if path.is_file() and not kept_by(path, keep):
                 path.unlink()
+
+
+def kept_by(path: Path, keep: Iterable[Path]) -> bool:
+    """Whether `path` is one of `keep` or lies in a folder in it, however either is spelled
+    (what a run was given to read: never a previous run's file to remove)."""
+    resolved = path.resolve()
+    return any(kept.resolve() in (resolved, *resolved.parents) for kept in keep)
 
 
 def check_writable(path: str | Path, option: str) -> None:
@@ -212,7 +239,8 @@ def _worker_reports(run_dir: RunDir, workers: int, stats: dict[str, Any]) -> lis
         if path.exists():
             reports.append(json.loads(path.read_text()))
         elif report := report_from_stats(stats, rank):
-            path.write_text(json.dumps(report) + "\n")
+            with results_written(run_dir.checkpoint, path):
+                write_whole(path, json.dumps(report) + "\n")
             reports.append(report)
     return reports
 
@@ -274,9 +302,7 @@ def write_results(
         "loss": last_eval.get("loss"),
         **versions,
         "wall_s": round(wall, 3),
-        # The server's count is authoritative (a worker killed mid-run wrote no report).
-        "samples": stats.get("samples", sum(report["samples"] for report in reports)),
-        "updates": stats.get("updates", last_eval.get("updates")),
+        **run_counts(stats, last_eval, reports),
         "bytes_up": stats.get("bytes_in"),
         "bytes_down": stats.get("bytes_out"),
         "worker_steps": stats.get("worker_steps"),
@@ -314,16 +340,43 @@ def write_results(
         summary["replication"] = replication
     if interrupted is not None:
         summary["interrupted"] = interrupted
-    # Each file whole or not at all (written beside its place, then renamed), the summary
-    # last: a run interrupted while writing them never reads as a complete run.
-    partial = partial_path(run_dir.metrics)
-    with MetricsLog(partial) as metrics:
-        for record in records:
-            metrics.write_record(record)  # already timed by the process that wrote it
-        metrics.write("summary", **summary)
-    os.replace(partial, run_dir.metrics)
-    write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
+    _write_files(run_dir, records, summary)
     return summary
+
+
+def _write_files(run_dir: RunDir, records: list[dict[str, Any]], summary: dict) -> None:
+    """metrics.jsonl then summary.json, each whole or not at all (written beside its place,
+    then renamed), the summary last: a run interrupted while writing them never reads as a
+    complete run."""
+    partial = partial_path(run_dir.metrics)
+    with results_written(run_dir.checkpoint, run_dir.metrics), removed_on_error(partial):
+        with MetricsLog(partial) as metrics:
+            for record in records:
+                metrics.write_record(record)  # already timed by the process that wrote it
+            metrics.write("summary", **summary)
+        os.replace(partial, run_dir.metrics)
+    with results_written(run_dir.checkpoint, run_dir.summary):
+        write_whole(run_dir.summary, json.dumps(summary, indent=2) + "\n")
+
+
+def run_counts(
+    stats: dict[str, Any], last_eval: dict[str, Any], reports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A run's samples and updates from the best source there is: the server's last
+    `stats` (authoritative: a worker killed mid-run wrote no report); else (the server
+    died without them) the last evaluation's counts, which lag the training, and
+    `samples_from` says so (the workers' reports are no better: a worker the dead server
+    failed reports none); else the workers' reports."""
+    if stats.get("samples") is not None:
+        return {
+            "samples": stats["samples"],
+            "updates": stats.get("updates", last_eval.get("updates")),
+        }
+    if last_eval.get("samples") is not None:
+        return {"samples": last_eval["samples"], "updates": last_eval.get("updates"),
+                "samples_from": LAST_EVALUATION}  # fmt: skip
+    samples = sum(report.get("samples") or 0 for report in reports)
+    return {"samples": samples, "updates": stats.get("updates", last_eval.get("updates"))}
 
 
 def _final_stats(run_dir: RunDir, shard: int) -> dict[str, Any]:

@@ -91,6 +91,26 @@ def accuracy_fields(
     }
 
 
+def kept_fields(summary: dict[str, Any], kept: int | None) -> dict[str, Any]:
+    """The accuracy fields as the checkpoint the run directory keeps (of version `kept`)
+    says, for a report: {} when it agrees with `summary`'s final version (or is unknown).
+    Else its final_version is `kept`, and final_tested whether the accuracy is of it: a run
+    cut short (no final version: interrupted, or its server died) kept a model its last
+    evaluation may not have seen (a later one, or an earlier one a frozen server wrote),
+    and a server started later on the run's files may have replaced the checkpoint."""
+    final = summary.get("final_version")
+    if kept is None or same_version(final, kept):
+        return {}
+    tested = same_version(summary.get("accuracy_version"), kept)
+    if tested:
+        why = None
+    elif final is None:
+        why = "the run ended before testing the model it keeps"
+    else:
+        why = f"its checkpoint was replaced after the run ended at {version_text(final)}"
+    return {"final_version": kept, "final_tested": tested, "untested_why": why}
+
+
 def ending(collapsed: bool, final_tested: bool, stopped_why: str | None = None) -> str:
     """How a run without an error ended: "collapsed"; STOPPED when its server was stopped
     before the run's end (a signal, another's operator key: `stopped_why`); else

@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import zmq
 
 from minips.errors import ConfigError, MinipsError, RunDirError
 from minips.provision import keyfiles
-from minips.results.rundir import RUN_FILES, RunDir
+from minips.results.rundir import RUN_FILES, RunDir, kept_by, remove_files
 from minips.run.build import resolve_plan
 from minips.run.config import RunConfig
 from minips.run.config_checks import check_can_shape, check_resume
@@ -44,7 +44,7 @@ def prepare_run_dir(config: RunConfig, run_dir: RunDir) -> RunConfig:
     """
     config.validate()
     run_dir.logs.mkdir(parents=True, exist_ok=True)
-    run_dir.clear_outputs()
+    run_dir.clear_outputs(keep=run_inputs(config))
     config = replace(
         config,
         bind=local_endpoint(run_dir) if config.bind == RunConfig.bind else config.bind,
@@ -134,28 +134,54 @@ def check_can_listen(listen: str, option: str) -> None:
         raise ConfigError(f"{option} {listen}: cannot listen there: {reason}") from None
 
 
-def claim_run_dir(out: Path, force: bool, keep: Path | None = None) -> RunLock:
+def claim_run_dir(out: Path, force: bool, keep: Path | Iterable[Path] | None = None) -> RunLock:
     """Make `out` a fresh run directory owned by this process (minips.run.runlock: hold the
     returned lock for the run's life): RunDirError if a live run holds it, or if it already
-    holds files, unless `force`, which removes a finished or dead run's files (RUN_FILES;
-    `keep`, a checkpoint to resume from, stays) so no earlier report or log is mixed into
-    the new run. Nothing is removed before the lock is held."""
+    holds files (besides `keep`), unless `force`, which removes a finished or dead run's
+    files (RUN_FILES) so no earlier report or log is mixed into the new run. `keep`: what
+    the new run reads (`run_inputs`: a checkpoint to resume from, a plan file, ...) stays.
+    `force` refuses a folder holding files but no minips run (`holds_a_run`): another
+    program's files of the same names are not a run's. Nothing is removed before the lock
+    is held."""
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out}: a file, not a directory")
-    if out.exists() and not force and any(p.name != LOCK_NAME for p in out.iterdir()):
-        check_not_live(out, "--out")  # a live run is said so, not "holds files"
-        raise RunDirError(
-            f"--out {out} already holds files (a previous run?); "
-            "choose a new directory or add --force to replace that run"
-        )
+    keep = [keep] if isinstance(keep, Path) else list(keep or ())
+    if out.exists() and any(p.name != LOCK_NAME and not kept_by(p, keep) for p in out.iterdir()):
+        if not force:
+            check_not_live(out, "--out")  # a live run is said so, not "holds files"
+            raise RunDirError(
+                f"--out {out} already holds files (a previous run?); "
+                "choose a new directory or add --force to replace that run"
+            )
+        if not holds_a_run(out):
+            raise RunDirError(
+                f"--out {out} holds files but no minips run (no {LOCK_NAME}, no minips "
+                "config.json): --force replaces only a run's files; choose a new directory"
+            )
     lock = RunLock.claim(out, "--out")
     if force:
-        kept = keep.resolve() if keep is not None else None
-        for pattern in RUN_FILES:
-            for path in out.glob(pattern):
-                if path.is_file() and path.resolve() != kept:
-                    path.unlink()
+        remove_files(out, RUN_FILES, keep)
     return lock
+
+
+def holds_a_run(directory: Path) -> bool:
+    """Whether `directory` is a minips run's: every run claims it (its run.lock, never
+    removed), and a run's config.json is a RunConfig naming its model and rule."""
+    if (directory / LOCK_NAME).is_file():
+        return True
+    try:
+        RunConfig.from_json(directory / "config.json")
+    except ConfigError:
+        return False
+    return {"model", "rule"} <= set(json.loads((directory / "config.json").read_text()))
+
+
+def run_inputs(config: RunConfig) -> list[Path]:
+    """The files and folders a run reads that may lie in its --out: its --resume
+    checkpoint, --plan file, --keys and --data-dir, which replacing a run there keeps."""
+    named = (config.resume, config.keys, config.data_dir)
+    plan = None if config.plan in ("dense", "auto") else config.plan
+    return [Path(path) for path in (*named, plan) if path]
 
 
 def local_endpoint(run_dir: RunDir) -> str:

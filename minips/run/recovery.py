@@ -32,7 +32,6 @@ merged at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -90,11 +89,7 @@ def last_logged_version(path: Path) -> int:
     """The version of the last update a server logged (0: none)."""
     if not path.exists():
         return 0
-    try:
-        records = read_metrics(path)
-    except json.JSONDecodeError:  # a line cut by the kill: read what is whole
-        lines = path.read_text(encoding="utf-8").splitlines()
-        records = [json.loads(line) for line in lines[:-1] if line.strip()]
+    records = read_metrics(path)  # a line cut by the kill is skipped: what is whole
     versions = [r["version"] for r in records if r.get("event") == "update" and "version" in r]
     return max(versions, default=0)
 

@@ -85,6 +85,7 @@ def test_a_run_directory_is_fresh_or_refused_and_force_clears_the_old_run(tmp_pa
     (out / "logs").mkdir(parents=True)
     (out / "worker-3.json").write_text("{}")
     (out / "logs" / "worker-3.log").write_text("old")
+    (out / "run.lock").write_text("")  # every run leaves its lock file: a run's folder
     proc = _cli("run", "--out", str(out), "--quiet")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "already holds files" in proc.stderr and "--force" in proc.stderr

@@ -167,6 +167,7 @@ def test_launch_force_keeps_the_checkpoint_it_resumes_from(tmp_path, capsys, mon
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text("{}")
+    (out / "run.lock").write_text("")  # every run leaves its lock file: a run's folder
     params = build_model("mlp").params
     checkpoint = save_store(ParameterStore(params, SGD(params, lr=0.1)), out / "checkpoint.npz")
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
@@ -247,7 +248,7 @@ EVAL = json.dumps({"event": "eval", "time": 1.5, "samples": 64, "accuracy": 0.5}
     [
         ({"metrics.jsonl": EVAL + "[1, 2]\n"}, "metrics.jsonl line 2 is not a JSON object"),
         ({"metrics.jsonl": EVAL, "summary.json": "[1]"}, "summary.json is not a JSON object"),
-        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "a run file is not valid JSON"),
+        ({"metrics.jsonl": EVAL, "summary.json": "{"}, "summary.json is not valid JSON"),
         ({"metrics.jsonl": EVAL, "config.json": '"lenet5"'}, "config.json is not a JSON object"),
         ({"eval.jsonl": EVAL + '{"event": "eval", "time": "x"}\n'},
          "eval.jsonl line 2: time 'x' is not a number"),
