@@ -3,11 +3,11 @@ Python loads the command line (click, then the command's module and numpy) nothi
 started yet (no child process, no socket, no training), so nothing is lost, and the
 process says so in one line, never with a KeyboardInterrupt traceback or in silence.
 
-    with signals_while_loading():   # around the command line's own imports
-    with sigterm_said():            # around the command (minips.cli.main)
+    with signals_while_loading():   # around loading the command line (minips.cli.main)
+    with sigterm_said():            # around the command (minips.cli.command_line.main)
 
-Ctrl-C (SIGINT): `interrupted`, exit status 130, as a later Ctrl-C (minips.cli.main: from
-there on Ctrl-C is KeyboardInterrupt, which main turns into that line). SIGTERM:
+Ctrl-C (SIGINT): `interrupted`, exit status 130, as a later Ctrl-C (from there on Ctrl-C
+is KeyboardInterrupt, which command_line.main turns into that line). SIGTERM:
 `terminated`, then the process ends by SIGTERM itself (status 143 in a shell, -15 to a
 parent process): the status it always ended with, which a launcher records for the
 children it stops, and the one `minips worker` and `evaluate` end with after their bye
@@ -72,5 +72,5 @@ def signals_while_loading() -> Any:
 
 def sigterm_said() -> Any:
     """Inside: SIGTERM says `terminated` and ends the process by SIGTERM (Ctrl-C stays
-    KeyboardInterrupt, which the command or minips.cli.main handles)."""
+    KeyboardInterrupt, which the command or minips.cli.command_line.main handles)."""
     return _handled({signal.SIGTERM: _terminated})

@@ -111,6 +111,8 @@ def test_a_signal_in_the_first_moments_of_minips_run_gives_no_traceback(tmp_path
         finally:
             proc.kill()
             proc.wait()
+        if moment is None and err and err[0].startswith("Fatal Python error: init_import_site"):
+            continue  # it landed in Python's own start (its site module): no minips code ran
         assert not any("Traceback" in line for line in err), (moment, err)
         if moment is None and returncode == -signum:
             assert err in ([], [next(iter(lines))]), err  # before Python's start, or ours
