@@ -23,8 +23,9 @@ def checked_group(reply: dict[str, Any], of: str = "hello") -> dict[str, Any]:
     """`reply`, once its `group` is {shard, servers, addresses} as 16.4 gives it: servers an
     integer >= 2 (a group of one shows no `group`), shard one of 0..servers-1, addresses a
     list of `servers` addresses a client can connect to (tcp://host:port, ipc://, inproc://).
-    of: the request answered; an operator's (`stats`, `stop`, `checkpoint`: 16.7) may name
-    no address (nil) for a shard that has not joined."""
+    of: the request answered. The root's address (first) is always named; an operator's
+    reply (`stats`, `stop`, `checkpoint`: 16.7) or another shard's hello reply may name no
+    address (nil) for a shard that has not joined."""
     group = reply.get("group")
     where = f"the server's {of}"
     if not isinstance(group, Mapping):
@@ -37,8 +38,8 @@ def checked_group(reply: dict[str, Any], of: str = "hello") -> dict[str, Any]:
     if not isinstance(addresses, list) or len(addresses) != servers:
         _refuse(where, "group.addresses", addresses, f"a list of {servers} addresses")
     for index, address in enumerate(addresses):
-        if address is None and of != "hello":  # a shard not joined yet
-            continue
+        if address is None and index > 0 and (of != "hello" or shard > 0):
+            continue  # a shard not joined yet (a root answers hello only once all have)
         if not isinstance(address, str):
             _refuse(where, f"group.addresses[{index}]", address, "an address")
         if not _connectable(address):
