@@ -8,6 +8,8 @@ waits. So every address is checked before a socket sees it:
     normalize_connect("tcp://nohost:1")  -> AddressError: cannot resolve host 'nohost' ...
     normalize_bind("127.0.0.1:*")        -> "tcp://127.0.0.1:*"   (* = any free port)
     bind(socket, "tcp://127.0.0.1:5570") -> AddressError: ... is already in use ...
+    still_listening("ipc:///run/ps.sock") -> True while a live server accepts there (a
+                                          bind would replace its file: refused, `in_use`)
 
 A bare `host:port` is taken as TCP; `ipc://path` and `inproc://name` pass unchanged.
 """
@@ -116,3 +118,27 @@ def explain_bind_error(address: str, exc: zmq.ZMQError) -> AddressError:
     }
     fix = fixes.get(exc.errno, f"cannot be bound: {exc.strerror}")
     return AddressError(f"--bind {address} {fix}")
+
+
+def in_use(address: str) -> AddressError:
+    """The one line for an ipc `address` a live server accepts on (`still_listening`)."""
+    return AddressError(f"--bind {address} is in use by a live server: stop it first, or bind "
+                        "another address")  # fmt: skip
+
+
+def still_listening(where: str) -> bool:
+    """Whether a live process accepts connections on the ipc path `where` (False for any
+    other transport, where a bind in use fails by itself). ZeroMQ binding an ipc path
+    replaces its socket file: without this look, a second server (a copied config's, or a
+    backup that took a stalled primary for dead) would take the address of a live one,
+    whose new clients would then reach the second; the old one's connections stay on it."""
+    if not where.startswith("ipc://"):
+        return False
+    path = where.removeprefix("ipc://")
+    path = "\0" + path[1:] if path.startswith("@") else path  # Linux's abstract names
+    with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:  # no file, or a dead process's file: nobody accepts
+            return False
+    return True

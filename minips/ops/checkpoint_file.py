@@ -5,7 +5,7 @@ A checkpoint is one .npz archive (NumPy's zip of .npy arrays, no pickle) of thes
     meta                      0-d str: a JSON object; `format` 1, `rule`, `updates`, `samples`,
                               `time` (seconds since the epoch), `spec` (the model's), `arrays`
                               (the names of all other arrays: one lost is damage)
-    version                   0-d integer: the global version t, >= 0
+    version                   0-d integer: the global version t, 0 <= t <= MAX_COUNT
     param/<name>              the parameter: float32, finite
     param_version/<name>      0-d integer: the version it last changed at, 0 <= . <= version
     optim/velocity/<name>     the optimizer's momentum buffer of <name> (when it has one)
@@ -14,7 +14,8 @@ A checkpoint is one .npz archive (NumPy's zip of .npy arrays, no pickle) of thes
 `read_checkpoint` turns every way a file can be damaged (missing, empty, truncated, a
 flipped bit, not a zip, pickled objects) into a one-line DataError (a file that is no
 archive at all is named so, before NumPy would take it for a pickle); `check_checkpoint` then
-checks what the arrays say (missing keys, bad metadata, a negative version, NaN or Inf),
+checks what the arrays say (missing keys, bad metadata, a negative version or one past
+MAX_COUNT, NaN or Inf),
 so a damaged checkpoint is refused before anything is served from it. Neither needs the
 model: a server checks names and shapes against its own parameters afterwards
 (`restore_store`), and a shard of a server group takes its slices in between.
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
     from minips.state.store import ParameterStore
 
 CHECKPOINT_FORMAT = 1
+# The highest version, param_version, updates or samples count a checkpoint may hold
+# (docs/protocol.md 6.1): a server that went on from one near 2^63 would overflow the
+# int64 its next checkpoint writes, at the end of the run, and lose the run's training.
+MAX_COUNT = 2**53 - 1
 ZIP_MAGIC = b"PK\x03\x04"  # how an .npz (a zip archive) starts
 NPY_MAGIC = b"\x93NUMPY"  # how one .npy array starts (refused below, by name)
 SECTIONS = ("param/", "param_version/", "optim/", "rule/")  # besides `meta` and `version`
@@ -338,7 +343,9 @@ def _meta(path: Path, array: np.ndarray) -> dict[str, Any]:
         raise DataError(f"checkpoint {path}: format {meta['format']!r}, not {CHECKPOINT_FORMAT}")
     for key in ("updates", "samples"):
         if key in meta and not _is_count(meta[key]):
-            raise DataError(f"checkpoint {path}: meta {key} {meta[key]!r} is not a count")
+            raise DataError(
+                f"checkpoint {path}: meta {key} {meta[key]!r} is not a count (0 to {MAX_COUNT})"
+            )
     listed = meta.get("arrays")
     if listed is not None and not (
         isinstance(listed, list) and all(isinstance(k, str) for k in listed)
@@ -350,12 +357,14 @@ def _meta(path: Path, array: np.ndarray) -> dict[str, Any]:
 
 
 def _count(path: Path, key: str, array: np.ndarray) -> int:
-    """A 0-d integer >= 0."""
+    """A 0-d integer, 0 <= . <= MAX_COUNT."""
     if array.shape != () or array.dtype.kind not in "iu":
         raise DataError(f"checkpoint {path}: {key} is not an integer")
     value = int(array)
     if value < 0:
         raise DataError(f"checkpoint {path}: {key} is {value}, negative")
+    if value > MAX_COUNT:
+        raise DataError(f"checkpoint {path}: {key} is {value}, past the highest, {MAX_COUNT}")
     return value
 
 
@@ -368,7 +377,7 @@ def _finite(path: Path, key: str, array: np.ndarray) -> None:
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def _is_number(value: Any) -> bool:

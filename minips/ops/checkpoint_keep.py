@@ -7,10 +7,15 @@ when it starts (docs/protocol.md 5.8):
 
 - told to resume from nothing, it resumes from the checkpoint at its path, as `--resume
   PATH` would, and goes on from that version;
+- when that file is damaged, it resumes from the one written before it
+  (checkpoint_file.previous_path), the newest whole one, as a run's crash recovery does
+  (minips/run/recovery.py), and its checkpoints go to its path: the damaged file is
+  replaced by the first one (the previous file stays, a file whose version cannot be
+  read never pushing out one that can);
 - when that cannot be (the file is damaged, or of another model), or it resumed from
   another checkpoint of a lower version than the one at its path, its checkpoints go
   beside it, to the first free `beside_path` (run.npz -> run.2.npz), and the file at its
-  path is left as it is.
+  path is left as it is; told to resume from nothing, it then starts untrained, at version 0.
 
 It says which in one line (`StartCheckpoint.line`). A shard of a server group writes its
 own file and is not covered here (minips/ops/group_checkpoints.py).
@@ -22,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minips.errors import MinipsError
+from minips.errors import DataError, MinipsError
 from minips.ops.checkpoint_file import file_version, previous_path
 
 
@@ -62,6 +67,10 @@ def keep_trained(
             resume_from(path)
         except MinipsError as exc:
             reason = str(exc)
+            if isinstance(exc, DataError) and (
+                line := _resume_previous(path, version, resume_from)
+            ):
+                return StartCheckpoint(path, line)
         else:
             return StartCheckpoint(
                 path,
@@ -77,9 +86,25 @@ def keep_trained(
     else:
         reason = f"it holds version {held}, this server resumed from {resume} at {version()}"
     beside = beside_path(path)
+    untrained = " and it starts untrained, at version 0" if resume is None else ""
     return StartCheckpoint(
-        beside, f"{path} is left as it is ({reason}): this server's checkpoints go to {beside}"
+        beside,
+        f"{path} is left as it is ({reason}): this server's checkpoints go to {beside}{untrained}",
     )
+
+
+def _resume_previous(path: Path, version: Callable[[], int], resume_from: Callable) -> str | None:
+    """Resume from the checkpoint written before the damaged one at `path`; the line that
+    says so (None, changing nothing, when there is none or it is damaged too)."""
+    previous = previous_path(path)
+    if not previous.exists():
+        return None
+    try:
+        resume_from(previous)
+    except MinipsError:
+        return None
+    return (f"{path} is damaged: resumed from {previous} at version {version()}, the newest "
+            f"whole checkpoint; this server's checkpoints replace the damaged file")  # fmt: skip
 
 
 def _same_file(one: str | Path, other: Path) -> bool:

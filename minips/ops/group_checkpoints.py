@@ -54,22 +54,26 @@ def shard_files(path: str | Path) -> list[Path]:
 def slicer(store: ParameterStore, shard: tuple[int, int]) -> Any:
     """How a shard reads a checkpoint (before `restore_store`): its own file as it
     is; a whole model's (or an assembled group's) by taking the parameters it holds and its
-    slices' rows of them (and of their velocities), at its own version when the file is of
-    a group of this size."""
+    slices' rows of them (and of their velocities, and of the rule's state per parameter,
+    `rule/.../PARAM`: minips/ops/rule_state.py), at its own version when the file is of a
+    group of this size."""
     index, servers = shard
 
     def adapt(contents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        model = {key[len("param/") :] for key in contents if key.startswith("param/")}
         prefixes = ("param/", "param_version/", "optim/velocity/")
         others = [
-            k for k in contents if k.startswith(prefixes) and k.split("/")[-1] not in store.slices
-        ]
+            k for k in contents if k.startswith((*prefixes, "rule/"))
+            and k.split("/")[-1] in model - set(store.slices)
+        ]  # fmt: skip
         adapted = {key: value for key, value in contents.items() if key not in others}
-        for name, piece in store.slices.items():
-            if piece.whole:
+        for key in adapted:
+            name = key.split("/")[-1]
+            piece = store.slices.get(name)
+            if piece is None or piece.whole or not key.startswith(("param/", "optim/", "rule/")):
                 continue
-            for key in (f"param/{name}", f"optim/velocity/{name}"):
-                if key in adapted and adapted[key].shape == piece.full_shape:  # the whole one
-                    adapted[key] = np.ascontiguousarray(piece.of(adapted[key]))
+            if adapted[key].shape == piece.full_shape:  # the whole one: this shard's rows
+                adapted[key] = np.ascontiguousarray(piece.of(adapted[key]))
         group = json.loads(str(contents["meta"])).get("group") or {}
         if len(group.get("versions") or []) == servers:
             version = group["versions"][index]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket as pysocket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -371,27 +370,10 @@ def bind_retrying(socket: zmq.Socket, where: str, timeout: float = 5.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if still_listening(where):
+            if addresses.still_listening(where):
                 raise MinipsError(f"{where} still answers: the primary lives (it stalled)")
             return addresses.bind(socket, where)
         except MinipsError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-
-
-def still_listening(where: str) -> bool:
-    """Whether a live process accepts connections on the ipc path `where` (False for any
-    other transport, where a bind in use fails by itself). ZeroMQ binding an ipc path
-    replaces its socket file: without this look, a backup that took a stalled primary for
-    dead would serve beside it, two primaries, the workers' connections on the old one."""
-    if not where.startswith("ipc://"):
-        return False
-    path = where.removeprefix("ipc://")
-    path = "\0" + path[1:] if path.startswith("@") else path  # Linux's abstract names
-    with pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:  # no file, or a dead process's file: nobody accepts
-            return False
-    return True

@@ -109,8 +109,12 @@ class ServerOps:
     def bind(self, socket: zmq.Socket, address: str) -> str:
         """Bind the server's socket to `address` (--bind, checked and resolved first; a bind
         error is one AddressError line with the fix) and return the bound endpoint. Without
-        keys, an endpoint reachable from outside this machine is worth a warning."""
-        endpoint = addresses.bind(socket, addresses.normalize_bind(address))
+        keys, an endpoint reachable from outside this machine is worth a warning. An ipc
+        path a live server accepts on is refused: binding it would take its address over."""
+        address = addresses.normalize_bind(address)
+        if addresses.still_listening(address):
+            raise addresses.in_use(address)
+        endpoint = addresses.bind(socket, address)
         if self.options.keys is None and not addresses.is_loopback(endpoint):
             log.warning("UNAUTHENTICATED: anyone who can reach %s can train, read and stop "
                         "this server (give it keys: minips keys)", endpoint)  # fmt: skip

@@ -10,7 +10,8 @@ new one on the same address, at most MAX_RESTARTS times, from:
 - if that one is damaged, the one before it (the damaged file is set aside as
   checkpoint.damaged-N.npz, so the next checkpoint does not push the good one out);
 - if the server died before its first checkpoint, the run's start: the initial parameters
-  are known (its config's seed, or its own --resume);
+  are known (its config's seed, or its own --resume, whose version the restart's record
+  names and counts the loss from);
 - if every checkpoint there is is damaged: no restart; the run ends with that line.
 
 A shard of a server group (`--servers K`) is restarted the same way from its own files
@@ -53,11 +54,12 @@ class Restart:
     """One crash of the server: why, what it resumed from, and what it cost.
 
     exit_code: the dead server's (-9: SIGKILL). resumed_from: the checkpoint file the next
-    server started from (None: the run's start, the server having died before its first
-    checkpoint; or no next server, the budget being spent). checkpoint_version: that
-    checkpoint's version (0 from the start). last_version: the last update the dead server
-    logged. updates_lost: last_version - checkpoint_version. checkpoint_age_s: seconds
-    between the checkpoint and the crash being noticed (None from the start). damaged: the
+    server started from (the run's --resume file when it died before its first checkpoint;
+    None: the seeded model of a run without one, or no next server, the budget being
+    spent). checkpoint_version: that checkpoint's version (0 from the seeded model).
+    last_version: the last update the dead server logged. updates_lost: last_version -
+    checkpoint_version. checkpoint_age_s: seconds between the checkpoint and the crash
+    being noticed (None from the run's start, --resume file or seeded model). damaged: the
     error line of each checkpoint passed over as damaged. shard: which shard of a server
     group (0: the root, or the one server). rolled_back: the shard did not crash; it was
     stopped to go back to the version a crashed peer restarted from (group_recovery).
@@ -79,8 +81,11 @@ class Restart:
     def line(self) -> str:
         """What the restart cost, in one line for the person running the run."""
         who = "the server" if self.shard == 0 else f"shard {self.shard}"
-        start = (f"its checkpoint at version {self.checkpoint_version}" if self.resumed_from
-                 else "the run's start")  # fmt: skip
+        start = f"its checkpoint at version {self.checkpoint_version}"
+        if self.checkpoint_age_s is None:  # the run's start
+            start = "the run's start" + (f", its --resume file {self.resumed_from} at version "
+                                         f"{self.checkpoint_version}" if self.resumed_from
+                                         else "")  # fmt: skip
         return (f"warning: {who} crashed (exit code {self.exit_code}) and was restarted from "
                 f"{start}: {self.updates_lost} update(s) lost")  # fmt: skip
 
@@ -115,13 +120,18 @@ def describe_restart(
     damaged: list[str] | None = None,
     now: float | None = None,
     shard: int = 0,
+    start: Checkpoint | None = None,
 ) -> Restart:
-    """What a restart from `resumed` (None: from the run's start) loses, the dead server
-    having logged to `dead_log`. It reached at least the version of a checkpoint it wrote
+    """What a restart from `resumed` (None: from the run's start, `start`, its --resume
+    file, or None: the seeded model at version 0) loses, the dead server having logged to
+    `dead_log`. It reached at least the version of a checkpoint it wrote or started from
     (its last log lines may have died with it, or it died before it logged any)."""
-    last = max(last_logged_version(dead_log), resumed.version if resumed is not None else 0)
     if resumed is None:
-        return Restart(exit_code, None, 0, last, last, None, damaged or [], shard)
+        begun = start.version if start is not None else 0
+        last = max(last_logged_version(dead_log), begun)
+        return Restart(exit_code, None if start is None else str(start.path), begun, last,
+                       last - begun, None, damaged or [], shard)  # fmt: skip
+    last = max(last_logged_version(dead_log), resumed.version)
     age = (time.time() if now is None else now) - float(resumed.meta.get("time", 0.0))
     return Restart(exit_code, str(resumed.path), resumed.version, last,
                    max(0, last - resumed.version), round(age, 3), damaged or [], shard)  # fmt: skip
@@ -149,7 +159,8 @@ class ServerRestarts:
         if sum(not r.rolled_back for r in self.restarts) < MAX_RESTARTS:
             return True
         self.refused = describe_restart(latest_good(self.checkpoint)[0], self._dead_log(child),
-                                        child.code(), shard=self.shard)  # fmt: skip
+                                        child.code(), shard=self.shard,
+                                        start=self._start())  # fmt: skip
         return False
 
     def versions(self) -> set[int]:
@@ -177,7 +188,7 @@ class ServerRestarts:
         crashed (Restart.rolled_back)."""
         good, damaged = latest_good(self.checkpoint) if at is None else self._at(at)
         restart = describe_restart(good, self._dead_log(child), child.code(), damaged,
-                                   shard=self.shard)  # fmt: skip
+                                   shard=self.shard, start=self._start())  # fmt: skip
         restart = replace(restart, rolled_back=rolled_back)
         if good is None and damaged:
             self.refused = restart
@@ -226,13 +237,13 @@ class ServerRestarts:
             return None
         good, damaged = latest_good(self.checkpoint)
         crash = describe_restart(good, self._dead_log(child), child.code(), damaged,
-                                 shard=self.shard)  # fmt: skip
+                                 shard=self.shard, start=self._start())  # fmt: skip
         if good is not None and crash.updates_lost == 0:
             return None
         self.refused = crash
         who = "the server" if self.shard == 0 else f"shard {self.shard}"
         kept = (f"its last checkpoint, at version {crash.checkpoint_version}"
-                if crash.resumed_from else "no checkpoint of it")  # fmt: skip
+                if crash.checkpoint_age_s is not None else "no checkpoint of it")  # fmt: skip
         return (f"{who} crashed while it stopped (exit code {crash.exit_code}): the run keeps "
                 f"{kept}; {crash.updates_lost} update(s) after it were lost")  # fmt: skip
 
@@ -263,6 +274,16 @@ class ServerRestarts:
         """Move a checkpoint out of the way (kept, for a look): else the next checkpoint
         would push the good one out of its place as the previous."""
         os.replace(path, path.with_name(f"{path.stem}.{why}-{len(self.restarts) + 1}.npz"))
+
+    def _start(self) -> Checkpoint | None:
+        """The run's --resume file, what a restart from the run's start resumes from (None:
+        none, or it cannot be read alone, as a group checkpoint never assembled)."""
+        if self.resume is None:
+            return None
+        try:
+            return load_checkpoint(self.resume)
+        except MinipsError:
+            return None
 
     def _dead_log(self, child: Child) -> Path:
         return self.run_dir.updates_log(child.generation, self.shard)

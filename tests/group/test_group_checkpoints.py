@@ -11,8 +11,10 @@ import numpy as np
 from minips.group.partition import partition_of_model
 from minips.group.shard import shard_params
 from minips.nn import build_model
+from minips.ops.checkpoint_file import load_checkpoint, save_store
 from minips.ops.checkpoints import Checkpointer
-from minips.ops.group_checkpoints import assemble
+from minips.ops.group_checkpoints import assemble, slicer
+from minips.ops.rule_state import StateReader
 from minips.ops.telemetry import Counters
 from minips.state.store import SGD, ParameterStore
 
@@ -95,3 +97,31 @@ def test_a_shard_resumed_from_a_group_checkpoint_takes_its_own_version(tmp_path)
         assert store.version == version, shard
         assert max(store.param_versions.values()) <= version
         assert (store.params["fc1.w"] == version).all()  # its own rows of fc1.w
+
+
+def test_a_shard_takes_its_rows_of_a_whole_models_rule_state_and_none_of_anothers(tmp_path):
+    """A one-server dana-gap or gap run's checkpoint resumed by a group: the rule's state
+    per parameter (rule/WHAT/PARAM, rule/WHAT/i/PARAM) is sliced as the parameters are,
+    so each shard's rule reads state of its own slices' shapes."""
+    params = dict(MODEL.params)
+    whole = ParameterStore(params, SGD(params, lr=0.1))
+    whole.version = 9
+    rule = {"rule/workers": np.array(["w0"])}
+    for name, array in MODEL.params.items():
+        rule[f"rule/velocity_sum/{name}"] = np.arange(array.size, dtype=np.float32).reshape(
+            array.shape
+        )
+        rule[f"rule/velocity/0/{name}"] = np.ones_like(array)
+        rule[f"rule/step/{name}"] = np.array(0.5)
+    save_store(whole, tmp_path / "one.npz", {"rule": "dana-gap"}, rule)
+    for shard in range(2):
+        store = shard_store(shard, 0, params_at=0)
+        adapted = slicer(store, (shard, 2))(load_checkpoint(tmp_path / "one.npz").arrays)
+        state = {k[len("rule/") :]: v for k, v in adapted.items() if k.startswith("rule/")}
+        reader = StateReader(state, store.params)
+        sums = reader.shared_arrays("velocity_sum")
+        assert sorted(sums) == sorted(store.params), shard
+        piece = store.slices["fc1.w"]
+        assert (sums["fc1.w"] == piece.of(rule["rule/velocity_sum/fc1.w"])).all()
+        assert reader.worker_arrays("velocity")["w0"].keys() == store.params.keys()
+        assert reader.shared_numbers("step") == dict.fromkeys(store.params, 0.5)

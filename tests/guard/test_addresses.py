@@ -4,6 +4,7 @@ The core takes an address as given: the server's and the client's builders check
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
 import zmq
@@ -16,6 +17,7 @@ from minips.guard.addresses import (
     is_loopback,
     normalize_bind,
     normalize_connect,
+    still_listening,
 )
 from minips.state.store import SGD
 from minips.worker.client import PSClient as CoreClient
@@ -97,3 +99,32 @@ def test_the_usual_server_operations_check_bind_and_warn_off_loopback(caplog):
             server.ops.bind(server.socket, "nonsense")
     finally:
         server.close()
+
+
+def test_a_server_refuses_an_ipc_path_a_live_server_accepts_on_and_takes_a_dead_ones(tmp_path):
+    """ZeroMQ's bind of an ipc path replaces its socket file: a second server (a copied
+    config's) would take a live one's address over, its new clients reaching the second."""
+    where = f"ipc://{tmp_path}/server.sock"
+    params = make_params()
+    live = minips.ParameterServer(params, minips.make_rule("asgd"), SGD(params),
+                                  minips.ServerOptions(bind=where))  # fmt: skip
+    try:
+        inode = (tmp_path / "server.sock").stat().st_ino
+        assert still_listening(where)
+        other = make_params()
+        with pytest.raises(AddressError) as refused:  # (closed, should it bind)
+            minips.ParameterServer(other, minips.make_rule("asgd"), SGD(other),
+                                   minips.ServerOptions(bind=where)).close()  # fmt: skip
+        assert str(refused.value) == (f"--bind {where} is in use by a live server: stop it "
+                                      "first, or bind another address")  # fmt: skip
+        assert (tmp_path / "server.sock").stat().st_ino == inode  # its file left in place
+    finally:
+        live.close()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a dead server's file
+    stale.bind(str(tmp_path / "dead.sock"))
+    stale.close()
+    assert not still_listening(f"ipc://{tmp_path}/dead.sock")
+    dead = f"ipc://{tmp_path}/dead.sock"
+    again = minips.ParameterServer(params, minips.make_rule("asgd"), SGD(params),
+                                   minips.ServerOptions(bind=dead))  # fmt: skip
+    again.close()

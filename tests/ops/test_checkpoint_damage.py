@@ -21,6 +21,8 @@ from test_server_support import make_params
 from minips.cli import main
 from minips.errors import DataError, ShapeError
 from minips.ops.checkpoint_file import (
+    MAX_COUNT,
+    file_version,
     load_checkpoint,
     previous_path,
     read_checkpoint,
@@ -72,6 +74,10 @@ CONTENT_DAMAGE = [
     ("inf-velocity", _inf_velocity, "optim/velocity/fc.b holds 1 NaN or Inf"),
     ("negative-version", _set("version", np.array(-3, np.int64)), "version is -3, negative"),
     ("float-version", _set("version", np.array(2.5)), "version is not an integer"),
+    ("huge-version", _set("version", np.array(2**63 - 1, np.int64)),
+     f"version is {2**63 - 1}, past the highest, {2**53 - 1}"),
+    ("uint64-version", _set("version", np.array(2**64 - 1, np.uint64)),
+     f"version is {2**64 - 1}, past the highest"),
     ("future-param-version", _set("param_version/fc.b", np.array(99, np.int64)),
      "param_version/fc.b is past the version 7"),
     ("missing-param-version", lambda a: a.pop("param_version/fc.w"),
@@ -83,6 +89,8 @@ CONTENT_DAMAGE = [
     ("meta-format", _set("meta", np.array(json.dumps({"format": 9}))), "format 9, not 1"),
     ("meta-updates", _set("meta", np.array(json.dumps({"updates": -1}))),
      "meta updates -1 is not a count"),
+    ("meta-samples", _set("meta", np.array(json.dumps({"samples": 2**63}))),
+     f"meta samples {2**63} is not a count (0 to {2**53 - 1})"),
     ("unknown-array", _set("paraM/fc.w", np.zeros(2, np.float32)), "unknown array 'paraM/fc.w'"),
     ("int-param", _set("param/fc.b", np.zeros(4, np.int32)), "param/fc.b is int32"),
     ("velocity-shape", _set("optim/velocity/fc.b", np.zeros(5, np.float32)),
@@ -125,6 +133,18 @@ def test_a_good_checkpoint_reads_back_whole(tmp_path):
     assert checkpoint.version == 7 and checkpoint.meta["samples"] == 640
     assert sorted(checkpoint.param_names()) == ["fc.b", "fc.w"]
     assert set(checkpoint.section("optim/")) == {"velocity/fc.w", "velocity/fc.b"}
+
+
+def test_the_highest_version_a_checkpoint_may_hold_is_read_and_one_more_is_written(tmp_path):
+    """Below 2^63 by far: a server that goes on from it writes its next checkpoint."""
+    at_most = _rewrite(_checkpoint(tmp_path / "good.npz"), tmp_path / "top.npz",
+                       _set("version", np.array(MAX_COUNT, np.int64)))  # fmt: skip
+    assert load_checkpoint(at_most).version == MAX_COUNT == 2**53 - 1
+    params = make_params()
+    store = ParameterStore(params, SGD(params, lr=0.1))
+    restore_store(store, load_checkpoint(at_most))
+    store.version += 10**6  # a long run on from it
+    assert file_version(save_store(store, tmp_path / "on.npz")) == MAX_COUNT + 10**6
 
 
 def test_each_damaged_checkpoint_is_one_data_error_saying_what_is_wrong(tmp_path):

@@ -68,9 +68,38 @@ def test_a_checkpoint_it_cannot_resume_from_is_left_and_the_server_writes_beside
         server.store.version == 0 and server.ops.checkpoints.path == tmp_path / "checkpoint.2.npz"
     )
     assert server.ops.checkpoints.said.endswith(f"this server's checkpoints go to {tmp_path}/"
-                                            "checkpoint.2.npz")  # fmt: skip
+                                            "checkpoint.2.npz and it starts untrained, at "
+                                            "version 0")  # fmt: skip
     assert file_version(path) == 40 and file_version(tmp_path / "checkpoint.2.npz") == 0
     assert sorted(np.load(path).files) == sorted(["meta", "version", "param/w", "param_version/w"])
+
+
+def test_a_damaged_checkpoint_is_passed_over_for_the_whole_one_before_it(tmp_path):
+    """As a run's crash recovery does: the newest whole file, said in one line; the
+    server's checkpoints then replace the damaged file, the previous one staying."""
+    path = tmp_path / "checkpoint.npz"
+    _saved(path, 24)
+    _saved(path, 96)
+    os.truncate(path, path.stat().st_size // 2)
+    server = _serve_and_stop(path)
+    assert server.store.version == 24 and server.ops.checkpoints.path == path
+    said = server.ops.checkpoints.said
+    assert said.startswith(f"{path} is damaged: resumed from {previous_path(path)} at version 24")
+    assert file_version(path) == 24 and file_version(previous_path(path)) == 24
+    assert not (tmp_path / "checkpoint.2.npz").exists()
+
+
+def test_with_no_whole_checkpoint_the_server_says_it_starts_untrained(tmp_path):
+    path = tmp_path / "checkpoint.npz"
+    _saved(path, 24)
+    _saved(path, 96)
+    for damaged in (path, previous_path(path)):
+        os.truncate(damaged, damaged.stat().st_size // 2)
+    server = _serve_and_stop(path)
+    assert server.store.version == 0
+    said = server.ops.checkpoints.said
+    assert said.startswith(f"{path} is left as it is (checkpoint {path} is damaged"), said
+    assert said.endswith("checkpoint.2.npz and it starts untrained, at version 0"), said
 
 
 def test_resuming_from_an_older_checkpoint_writes_beside_the_newer_one(tmp_path):

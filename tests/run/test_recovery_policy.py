@@ -56,7 +56,8 @@ def test_a_server_dead_before_its_first_checkpoint_restarts_from_the_runs_resume
     restarts.prepare(_dead())
     assert restarts.resume_options(1) == ["--resume", str(started_from),
                                           "--bind", "tcp://127.0.0.1:5999"]  # fmt: skip
-    assert restarts.records()[0]["resumed_from"] is None  # from the start
+    record = restarts.records()[0]  # from the start: the --resume file, at its version
+    assert (record["resumed_from"], record["checkpoint_version"]) == (str(started_from), 7)
     seeded = ServerRestarts(run_dir, tmp_path / "checkpoint.npz")  # a run without --resume
     run_dir.endpoint.write_text("tcp://127.0.0.1:5999\n")
     seeded.prepare(_dead())
@@ -65,6 +66,31 @@ def test_a_server_dead_before_its_first_checkpoint_restarts_from_the_runs_resume
     run_dir.endpoint.write_text("tcp://127.0.0.1:5999\n")
     restarts.prepare(_dead(generation=1))
     assert restarts.resume_options(2)[:2] == ["--resume", str(written)]
+
+
+def test_a_restart_from_the_runs_resume_counts_its_loss_from_the_resume_files_version(tmp_path):
+    """A server started from --resume at version 30 that logged up to 34 and died before
+    its first checkpoint lost 4 updates, not 34; its line names the file."""
+    run_dir = RunDir(tmp_path)
+    given = _checkpoint(tmp_path / "given.npz", 30)
+    (tmp_path / "updates.jsonl").write_text(
+        "".join(f'{{"event": "update", "version": {v}}}\n' for v in range(31, 35))
+    )
+    restarts = ServerRestarts(run_dir, tmp_path / "checkpoint.npz", resume=str(given))
+    run_dir.endpoint.write_text("tcp://127.0.0.1:5999\n")
+    restarts.prepare(_dead())
+    restart = restarts.restarts[0]
+    assert (restart.resumed_from, restart.checkpoint_version, restart.last_version) == (
+        str(given), 30, 34)  # fmt: skip
+    assert (restart.updates_lost, restart.checkpoint_age_s) == (4, None)
+    assert restart.line() == (
+        "warning: the server crashed (exit code -9) and was restarted from the run's start, "
+        f"its --resume file {given} at version 30: 4 update(s) lost"
+    )
+    seeded = ServerRestarts(run_dir, tmp_path / "checkpoint.npz")
+    run_dir.endpoint.write_text("tcp://127.0.0.1:5999\n")
+    seeded.prepare(_dead())
+    assert seeded.restarts[0].line().endswith("restarted from the run's start: 34 update(s) lost")
 
 
 def test_a_restarts_checkpoint_age_is_in_seconds(tmp_path):
