@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from minips.ops.group_checkpoints import assemble
+from minips.ops.group_checkpoints import assemble, shard_path
+from minips.ops.mixed_resume import mixed_shards_line
 from tests.group.test_group_checkpoints import save
 
 SERVE = ["--workers", "1", "--model", "mlp", "--dataset", "synthetic", "--rule", "asgd",
@@ -66,3 +67,19 @@ def test_a_server_resuming_a_torn_group_checkpoint_says_the_mix(tmp_path):
                   "--checkpoint", str(tmp_path / "next.npz"))  # fmt: skip
     (line,) = warnings(said)
     assert f"{tmp_path / 'run.npz'} is a mix of versions 70 and 68" in line, said
+
+
+def test_a_shard_resuming_from_the_start_beside_one_from_a_file_is_a_mix(tmp_path):
+    # shard 1's file lost (no group checkpoint either): it starts afresh at 0
+    save(tmp_path, 0, 40)
+    line = mixed_shards_line([str(shard_path(tmp_path / "run.npz", 0)), None])
+    assert line is not None and "a mix of versions 40 and 0 (shard 0 at 40, shard 1 at 0)" in line
+
+
+def test_a_shard_file_whose_version_cannot_be_read_counts_as_version_0(tmp_path):
+    # its own load refuses it and says why; the mix is said, not a traceback
+    save(tmp_path, 0, 40)
+    damaged = tmp_path / "run-shard1.npz"
+    damaged.write_bytes(b"PK\x03\x04 not a whole archive")
+    line = mixed_shards_line([str(shard_path(tmp_path / "run.npz", 0)), str(damaged)])
+    assert line is not None and "(shard 0 at 40, shard 1 at 0)" in line
