@@ -108,6 +108,18 @@ def test_the_root_table_refuses_what_does_not_fit():
         table.join({"servers": 3, "shard": None, "address": "tcp://w:1"}, b"w", later)
 
 
+def test_asking_what_to_be_changes_no_address():
+    # A restarted shard (a new client) asks before it builds; its old self's address stays
+    # the group's until it announces its own: the group stays complete meanwhile.
+    table = RootTable(2, "tcp://root:5555")
+    table.join({"servers": 2, "shard": 1, "address": "tcp://a:1"}, b"old", 0.0)
+    later = JOIN_TAKEOVER + 0.1  # the old self is silent
+    assert table.join({"servers": 2, "shard": None, "address": None}, b"new", later) == 1
+    assert table.addresses() == ["tcp://root:5555", "tcp://a:1"] and table.missing() == []
+    table.join({"servers": 2, "shard": 1, "address": "tcp://b:1"}, b"new", later + 1.0)
+    assert table.addresses()[1] == "tcp://b:1"
+
+
 def test_an_address_less_join_holds_its_index_for_join_reserve_seconds():
     table = RootTable(3, "tcp://root:5555")
     assert table.join({"servers": 3, "shard": None, "address": None}, b"s", 0.0) == 1
@@ -119,6 +131,10 @@ def test_an_address_less_join_holds_its_index_for_join_reserve_seconds():
         table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", 1.0)
     assert err.value.code == "full"
     assert table.missing() == [1, 2]  # a reservation is no address
+    held = 1.0 + JOIN_TAKEOVER + 0.5  # past an announced shard's hold, within the reserve
+    with pytest.raises(ProtocolError) as err:
+        table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", held)
+    assert err.value.code == "full"
     lapsed = 1.0 + JOIN_RESERVE + 0.1
     assert table.join({"servers": 3, "shard": None, "address": None}, b"u", lapsed) == 1
     assert table.join({"servers": 3, "shard": 2, "address": "tcp://b:1"}, b"b", lapsed) == 2
@@ -427,7 +443,8 @@ def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
 def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
     from test_server_support import RawPeer, raw_hello
 
-    from minips.group.shard import Joiner
+    from minips.group.shard import Joiner, ShardRole
+    from minips.server.stop import Stop
 
     with _root_of_two(stop_grace=30.0) as root:
         joiner = Joiner(root.endpoint, None, 2)
@@ -444,6 +461,12 @@ def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
                 reply = joiner.ask(timeout=30)
                 assert peer.request({"op": "bye", "worker": "w"}).op == "bye"
             assert reply["stop"] is True and joiner.root_stopping
+            # and the shard it serves stops as on `stop`, not root_timeout s later
+            part = partition({"fc.w": (3, 4), "fc.b": (4,)}, 2)
+            role = ShardRole(1, 2, part, joiner=joiner)
+            role.stop, role.endpoint = Stop(), "tcp://127.0.0.1:9"
+            role.tick(time.monotonic())
+            assert role.stop.requested and role.stop.why == "the group's root is stopping"
         finally:
             joiner.close()
 
