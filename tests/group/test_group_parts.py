@@ -27,6 +27,7 @@ from minips.protocol import wire
 from minips.protocol.sampling import sample_indices
 from minips.protocol.wire import Limits, ProtocolError
 from minips.provision import keyfiles
+from minips.worker.replies import ServerError
 from minips.worker.session import NO_PULL
 
 
@@ -326,6 +327,57 @@ def test_a_group_push_reports_its_stalest_shards_staleness():
     assert group.push(grads, 0, None, True, None, None, NO_PULL).staleness == 2
 
 
+def test_a_push_no_shard_applied_with_a_shard_behind_sends_the_worker_back_to_pull():
+    """docs/protocol.md 16.9: shard 1 restarted from an older checkpoint answers `bad_base`;
+    shard 0 held the push (a step's first layer, not applied yet). Pulling shard 1 in its
+    place would lose that slice of the gradient: the worker is told, pulls and computes
+    again."""
+    group = _group_of_two()
+
+    def exchange(requests, behind_ok=False):
+        replies = {}
+        for j, (header, _) in requests.items():
+            if header["op"] == "pull":
+                replies[j] = _pulled(3, {"w": 3})
+            elif j == 0:
+                replies[j] = wire.Message({"op": "push", "version": 5, "applied": False,
+                                           "staleness": 0, "stop": False})  # fmt: skip
+            else:
+                replies[j] = wire.Message({"op": "error", "code": "bad_base",
+                                           "reason": "base 5 is past version 3"})  # fmt: skip
+        return replies
+
+    group._worker_exchange = exchange
+    grads = {"w": np.ones(SPLIT["w"], np.float32)}
+    with pytest.raises(ServerError) as err:
+        group.push(grads, 5, None, False, None, None, NO_PULL)
+    assert err.value.code == "bad_base"
+
+
+def test_a_restarted_root_that_never_completes_its_group_is_given_up_on():
+    """A shard forgot the worker and its root answers `group` (its shards not joined
+    again): hello is asked again for the client's assemble_timeout, then the error."""
+    group = _group_of_two()
+    group.client.assemble_timeout = 1.0
+    group._exchange = lambda requests: {
+        j: wire.Message({"op": "error", "code": "group", "reason": "shard(s) 1 missing"})
+        for j in requests
+    }
+    outcome: dict = {}
+
+    def hello_again() -> None:
+        try:
+            group._hello_again([0])
+        except ServerError as exc:
+            outcome["code"] = exc.code
+
+    thread = threading.Thread(target=hello_again, daemon=True)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive(), "the worker asks a root that never completes forever"
+    assert outcome == {"code": "group"}
+
+
 def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_push():
     group = _group_of_two()
     sent = _answering(group, {0: 0, 1: 0})
@@ -393,6 +445,9 @@ def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank()
     assert check_shard_hello(reply, root, 1) is None
     assert "rank" in check_shard_hello({**reply, "rank": 0}, root, 1)
     assert "shard" in check_shard_hello(reply, root, 2)
+    # a shard 1 of another group (3 servers: another partition) at the address given
+    other = {**reply, "group": {"shard": 1, "servers": 3}}
+    assert check_shard_hello(other, root, 1) == "answered as shard 1 of 3"
 
 
 @contextlib.contextmanager
