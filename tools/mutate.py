@@ -25,7 +25,9 @@ The lists: tools/mutants.json (written beside the tests they target), tools/muta
 (written from minips/ and docs/ alone, tests/ unread; its tests chosen by module name) and
 tools/mutants_replication.json (the same way, for the replicated server: minips/ops/
 replication.py, replica_link.py, snapshot.py, minips/run/replicas.py; each runs the
-replication tests, the fast ones first).
+replication tests, the fast ones first) and tools/mutants_blind.json (the integrity
+modules: what a run says and keeps after signals, kills and hostile input; written from
+minips/ and docs/ alone, its tests chosen by module name).
 
 Each job has its own copy of the tree, so `--jobs 2` runs two mutants at once; a mutant's
 file is restored after its run, so a copy serves every mutant of its job.

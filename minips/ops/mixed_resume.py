@@ -56,8 +56,15 @@ def mixed_checkpoint_line(path: str | Path) -> str | None:
             group = json.loads(str(data["meta"])).get("group") or {}
     except (OSError, KeyError, ValueError, TypeError, AttributeError):
         return None
+    if not isinstance(group, dict):
+        return None  # a meta minips did not write: nothing to say of a mix
     if group.get("consistent", True):
         return None
-    mix = mix_of([int(v) for v in group.get("versions", [])])
+    versions = group.get("versions")
+    if not isinstance(versions, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in versions
+    ):
+        return None
+    mix = mix_of(versions)
     return mix and (f"{path} is {mix}: its group's shards ended at different versions, "
                     "and every slice resumes at its own")  # fmt: skip

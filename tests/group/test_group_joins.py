@@ -1,7 +1,8 @@
-"""Who may join a server group's root (docs/protocol.md 16.3): an index a live shard holds
-is refused to every other client whatever address it names, an address-less join holds an
-index only for a while, and under CURVE only an operator key joins, stops or checkpoints
-a shard. Real sockets: the group's shards serve from threads of this process."""
+"""Who may join a server group's root (minips/group/shard.py, docs/protocol.md 16.3): an
+index a live shard holds is refused to every other client whatever address it names, an
+address-less join holds an index only for a while, and under CURVE only an operator key
+joins, stops or checkpoints a shard. Real sockets: the group's shards serve from threads
+of this process."""
 
 from __future__ import annotations
 

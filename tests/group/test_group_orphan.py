@@ -1,7 +1,7 @@
-"""A shard outlives its root by a bound (docs/protocol.md 16.7): killed for good, the root
-leaves shards that stop within --root-timeout seconds, saying so in one line; a root
-restarted meanwhile keeps them; `minips server --servers K` stops its shards at once on
-SIGTERM. Real processes on loopback."""
+"""A shard (minips/group/shard.py) outlives its root by a bound (docs/protocol.md 16.7):
+killed for good, the root leaves shards that stop within --root-timeout seconds, saying so
+in one line; a root restarted meanwhile keeps them; `minips server --servers K` stops its
+shards at once on SIGTERM. Real processes on loopback."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from minips.protocol import wire
 from minips.protocol.sampling import sample_indices
 from minips.protocol.wire import Limits, ProtocolError
 from minips.provision import keyfiles
+from minips.worker.replies import ServerError
 from minips.worker.session import NO_PULL
 
 
@@ -108,6 +109,18 @@ def test_the_root_table_refuses_what_does_not_fit():
         table.join({"servers": 3, "shard": None, "address": "tcp://w:1"}, b"w", later)
 
 
+def test_asking_what_to_be_changes_no_address():
+    # A restarted shard (a new client) asks before it builds; its old self's address stays
+    # the group's until it announces its own: the group stays complete meanwhile.
+    table = RootTable(2, "tcp://root:5555")
+    table.join({"servers": 2, "shard": 1, "address": "tcp://a:1"}, b"old", 0.0)
+    later = JOIN_TAKEOVER + 0.1  # the old self is silent
+    assert table.join({"servers": 2, "shard": None, "address": None}, b"new", later) == 1
+    assert table.addresses() == ["tcp://root:5555", "tcp://a:1"] and table.missing() == []
+    table.join({"servers": 2, "shard": 1, "address": "tcp://b:1"}, b"new", later + 1.0)
+    assert table.addresses()[1] == "tcp://b:1"
+
+
 def test_an_address_less_join_holds_its_index_for_join_reserve_seconds():
     table = RootTable(3, "tcp://root:5555")
     assert table.join({"servers": 3, "shard": None, "address": None}, b"s", 0.0) == 1
@@ -119,6 +132,10 @@ def test_an_address_less_join_holds_its_index_for_join_reserve_seconds():
         table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", 1.0)
     assert err.value.code == "full"
     assert table.missing() == [1, 2]  # a reservation is no address
+    held = 1.0 + JOIN_TAKEOVER + 0.5  # past an announced shard's hold, within the reserve
+    with pytest.raises(ProtocolError) as err:
+        table.join({"servers": 3, "shard": 1, "address": "tcp://a:1"}, b"a", held)
+    assert err.value.code == "full"
     lapsed = 1.0 + JOIN_RESERVE + 0.1
     assert table.join({"servers": 3, "shard": None, "address": None}, b"u", lapsed) == 1
     assert table.join({"servers": 3, "shard": 2, "address": "tcp://b:1"}, b"b", lapsed) == 2
@@ -310,6 +327,57 @@ def test_a_group_push_reports_its_stalest_shards_staleness():
     assert group.push(grads, 0, None, True, None, None, NO_PULL).staleness == 2
 
 
+def test_a_push_no_shard_applied_with_a_shard_behind_sends_the_worker_back_to_pull():
+    """docs/protocol.md 16.9: shard 1 restarted from an older checkpoint answers `bad_base`;
+    shard 0 held the push (a step's first layer, not applied yet). Pulling shard 1 in its
+    place would lose that slice of the gradient: the worker is told, pulls and computes
+    again."""
+    group = _group_of_two()
+
+    def exchange(requests, behind_ok=False):
+        replies = {}
+        for j, (header, _) in requests.items():
+            if header["op"] == "pull":
+                replies[j] = _pulled(3, {"w": 3})
+            elif j == 0:
+                replies[j] = wire.Message({"op": "push", "version": 5, "applied": False,
+                                           "staleness": 0, "stop": False})  # fmt: skip
+            else:
+                replies[j] = wire.Message({"op": "error", "code": "bad_base",
+                                           "reason": "base 5 is past version 3"})  # fmt: skip
+        return replies
+
+    group._worker_exchange = exchange
+    grads = {"w": np.ones(SPLIT["w"], np.float32)}
+    with pytest.raises(ServerError) as err:
+        group.push(grads, 5, None, False, None, None, NO_PULL)
+    assert err.value.code == "bad_base"
+
+
+def test_a_restarted_root_that_never_completes_its_group_is_given_up_on():
+    """A shard forgot the worker and its root answers `group` (its shards not joined
+    again): hello is asked again for the client's assemble_timeout, then the error."""
+    group = _group_of_two()
+    group.client.assemble_timeout = 1.0
+    group._exchange = lambda requests: {
+        j: wire.Message({"op": "error", "code": "group", "reason": "shard(s) 1 missing"})
+        for j in requests
+    }
+    outcome: dict = {}
+
+    def hello_again() -> None:
+        try:
+            group._hello_again([0])
+        except ServerError as exc:
+            outcome["code"] = exc.code
+
+    thread = threading.Thread(target=hello_again, daemon=True)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive(), "the worker asks a root that never completes forever"
+    assert outcome == {"code": "group"}
+
+
 def test_a_step_pushed_layer_by_layer_reports_its_samples_once_with_the_last_push():
     group = _group_of_two()
     sent = _answering(group, {0: 0, 1: 0})
@@ -377,6 +445,9 @@ def test_a_shards_hello_may_count_another_world_size_but_not_give_another_rank()
     assert check_shard_hello(reply, root, 1) is None
     assert "rank" in check_shard_hello({**reply, "rank": 0}, root, 1)
     assert "shard" in check_shard_hello(reply, root, 2)
+    # a shard 1 of another group (3 servers: another partition) at the address given
+    other = {**reply, "group": {"shard": 1, "servers": 3}}
+    assert check_shard_hello(other, root, 1) == "answered as shard 1 of 3"
 
 
 @contextlib.contextmanager
@@ -427,7 +498,8 @@ def test_under_curve_only_an_operator_key_joins_a_groups_root(tmp_path):
 def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
     from test_server_support import RawPeer, raw_hello
 
-    from minips.group.shard import Joiner
+    from minips.group.shard import Joiner, ShardRole
+    from minips.server.stop import Stop
 
     with _root_of_two(stop_grace=30.0) as root:
         joiner = Joiner(root.endpoint, None, 2)
@@ -444,6 +516,12 @@ def test_a_shard_learns_from_the_roots_join_reply_that_the_root_stops():
                 reply = joiner.ask(timeout=30)
                 assert peer.request({"op": "bye", "worker": "w"}).op == "bye"
             assert reply["stop"] is True and joiner.root_stopping
+            # and the shard it serves stops as on `stop`, not root_timeout s later
+            part = partition({"fc.w": (3, 4), "fc.b": (4,)}, 2)
+            role = ShardRole(1, 2, part, joiner=joiner)
+            role.stop, role.endpoint = Stop(), "tcp://127.0.0.1:9"
+            role.tick(time.monotonic())
+            assert role.stop.requested and role.stop.why == "the group's root is stopping"
         finally:
             joiner.close()
 

@@ -401,3 +401,11 @@ def test_corrupted_multi_part_push_never_raises_anything_but_protocol_error(fram
         decode_gradients(decode_request(frames))
     except ProtocolError as exc:
         assert exc.reason and exc.code
+
+
+def test_a_gradient_sent_in_parts_records_no_norm_for_the_server():
+    # sf's gradient is x.T @ dy: neither part's norm bounds it (x = dy = [[1e19]] gives a
+    # gradient of 1e38 from parts of norm 1e19), so the overflow check measures the decoded
+    # gradient itself; only a dense float32 array's norm is recorded.
+    message = decode_request(_VALID_MULTI)
+    assert set(message.parts) == {"a", "b"} and message.sq_norms == {}

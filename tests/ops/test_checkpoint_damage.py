@@ -68,6 +68,15 @@ def _inf_velocity(arrays):
     arrays["optim/velocity/fc.b"] = v
 
 
+def _nan_rule_state(arrays):
+    """A rule's saved state (DANA's velocities, say) holding a NaN, listed in the meta."""
+    arrays["rule/velocity/w/fc.b"] = np.array([0.0, np.nan, 0.0, 0.0], np.float32)
+    meta = json.loads(str(arrays["meta"]))
+    arrays["meta"] = np.array(
+        json.dumps({**meta, "arrays": [*meta["arrays"], "rule/velocity/w/fc.b"]})
+    )
+
+
 # (name, how the file is damaged, words the error line must hold)
 CONTENT_DAMAGE = [
     ("nan", _nan, "param/fc.w holds 1 NaN or Inf"),
@@ -80,6 +89,9 @@ CONTENT_DAMAGE = [
      f"version is {2**64 - 1}, past the highest"),
     ("future-param-version", _set("param_version/fc.b", np.array(99, np.int64)),
      "param_version/fc.b is past the version 7"),
+    ("next-param-version", _set("param_version/fc.b", np.array(8, np.int64)),
+     "param_version/fc.b is past the version 7"),
+    ("nan-rule-state", _nan_rule_state, "rule/velocity/w/fc.b holds 1 NaN or Inf"),
     ("missing-param-version", lambda a: a.pop("param_version/fc.w"),
      "it has no 'param_version/fc.w'"),
     ("missing-version", lambda a: a.pop("version"), "it has no 'version'"),

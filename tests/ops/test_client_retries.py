@@ -111,3 +111,56 @@ def test_the_assembled_client_checks_every_reply_the_core_one_only_reads_it():
             checked._read_reply(lacking)
         assert refused.value.code == "bad_field"
         assert bare._read_reply(lacking).header == {"v": 1, "op": "ping", "rid": 1}
+
+
+def test_a_server_that_keeps_forgetting_the_worker_gets_at_most_retries_hellos_again():
+    with running_server() as server:
+        hellos = []
+        hello = server.handlers["hello"]
+
+        def counted(envelope, request):
+            hellos.append(request.header["worker"])
+            return hello(envelope, request)
+
+        def forgets(envelope, request):  # declared dead before every push arrives
+            raise ProtocolError("unknown worker 'w'", "unknown_worker")
+
+        server.handlers["hello"], server.handlers["push"] = counted, forgets
+        with RetryingClient(server.endpoint, retries=2, worker_id="w") as ps:
+            ps.hello()
+            with pytest.raises(ServerError) as info:
+                ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
+    assert info.value.code == "unknown_worker"
+    assert len(hellos) == 1 + 2  # its hello, then one per retry
+
+
+def test_a_push_after_bye_does_not_register_the_worker_again():
+    with running_server() as server:
+        with RetryingClient(server.endpoint, worker_id="w") as ps:
+            ps.hello()
+            ps.bye()
+            hellos = []
+            hello = server.handlers["hello"]
+            server.handlers["hello"] = lambda e, r: (hellos.append(r), hello(e, r))[1]
+            with pytest.raises(ServerError) as info:  # a sender thread's late push
+                ps.push({"fc.b": np.ones(4, np.float32)}, base=0)
+    assert info.value.code == "unknown_worker" and hellos == []
+
+
+def test_first_wait_is_the_first_requests_only_a_later_lost_reply_is_retried():
+    with running_server() as server:
+        reply, lost = server.outbox.reply, []
+
+        def loses_the_first_pull_reply(envelope, header, worker=None, parts=()):
+            if header.get("op") == "pull" and not lost:
+                lost.append(header)  # as a network would: answered, never delivered
+                return
+            reply(envelope, header, worker=worker, parts=parts)
+
+        server.outbox.reply = loses_the_first_pull_reply
+        with RetryingClient(server.endpoint, timeout=0.3, retries=3, first_wait=5) as ps:
+            ps.hello()
+            started = time.monotonic()
+            assert ps.pull().version == 0  # its second attempt, 0.3 s later
+            assert time.monotonic() - started < 4 and lost
+            ps.bye()

@@ -1,5 +1,5 @@
-"""Exactly once across death: with a heartbeat timeout shorter than the clients'
-reply timeout, lost replies and workers declared dead while they compute or wait for a
+"""Exactly once (minips/ops/retries.py) across death: with a heartbeat timeout shorter than
+the clients' reply timeout, lost replies and workers declared dead while they compute or wait for a
 retry, every acknowledged push is applied exactly once. Counted with 32 concurrent clients.
 
 How the count works: the model is one float32 vector `count` of 32 zeros, plain SGD with
@@ -127,3 +127,22 @@ def test_ssgd_held_push_retried_from_a_new_socket_is_answered_there():
     assert other_reply.applied and other_reply.version == 1
     # a's gradient counted once: mean(1, 3) = 2, not mean(1, 1, 3).
     np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - np.float32(2.0))
+
+
+def test_a_retried_fused_push_gets_its_answer_again_with_the_parameters():
+    """A fused push + pull whose reply was lost: the retry (same seq, new rid) is not
+    applied again, and its answer carries the pull half, as the first one did."""
+    params = make_params()
+    before = copied(params)
+    with running_server(params=params, lr=1.0) as server, RawPeer(server.endpoint) as a:
+        raw_hello(a, "a")
+        fused = {**push_header("a", 0, 0, rid=1), "pull_since": None}
+        first = a.request(fused, full("fc.b", 1.0))
+        retry = a.request({**fused, "rid": 2}, full("fc.b", 1.0))
+    for reply in (first, retry):
+        assert reply.op == "push" and reply.header["seq"] == 0, reply.header
+        assert reply.header["applied"] is True and reply.header["version"] == 1
+        assert set(reply.arrays) == {"fc.w", "fc.b"}  # the pull half, at version 1
+        np.testing.assert_array_equal(reply.arrays["fc.b"], before["fc.b"] - np.float32(1.0))
+    assert retry.header["rid"] == 2
+    np.testing.assert_array_equal(params["fc.b"], before["fc.b"] - np.float32(1.0))  # once

@@ -8,6 +8,7 @@ message unfinished.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import time
@@ -18,6 +19,7 @@ import zmq
 from test_memory import HANDSHAKE, frame_header, zmtp_peer
 from test_server_support import running_server
 
+from minips.ops import inflow
 from minips.ops.inflow import InflowGuard, InflowLimits, watch_supported
 
 MiB = 1 << 20
@@ -175,3 +177,41 @@ def test_a_serving_loop_cuts_a_connection_past_the_cap_before_its_poll_interval_
         finally:
             for peer in peers:
                 peer.close()
+
+
+def test_closed_connections_no_longer_count_toward_the_cap():
+    # The freed fds are taken by other files first, so the new connections get new fds:
+    # a guard that kept the closed ones would count 6 and cut the 3 new ones.
+    with guarded_router(InflowLimits(max_connections=3)) as (router, guard, port, _):
+        first = [zmtp_peer(port) for _ in range(3)]
+        turn(router, guard, 0.2)
+        for peer in first:
+            peer.close()
+        deadline = time.monotonic() + 10
+        while guard.connections and time.monotonic() < deadline:  # ZeroMQ saw them close
+            turn(router, guard, 0.05)
+        taken = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
+        try:
+            again = [zmtp_peer(port) for _ in range(3)]
+            turn(router, guard, 0.2)
+            assert [is_cut(peer, 0.3) for peer in again] == [False] * 3 and guard.cuts == 0
+            for peer in again:
+                peer.close()
+        finally:
+            for fd in taken:
+                os.close(fd)
+
+
+def test_a_connection_cut_is_cut_and_counted_once(monkeypatch):
+    """Between a cut and ZeroMQ's closing of the connection the guard may sweep again: it
+    does not cut (nor count, nor log) the same connection twice."""
+    cuts = []
+    monkeypatch.setattr(inflow, "cut", lambda fd: cuts.append(fd) or "peer")  # stays open
+    with guarded_router(InflowLimits(per_connection=1 * MiB)) as (router, guard, port, _):
+        attacker = zmtp_peer(port)
+        unfinished(attacker, 2 * MiB)
+        for _ in range(5):
+            turn(router, guard, 0.1)
+            guard._next_sweep = 0.0
+        assert len(cuts) == 1 and guard.cuts == 1
+        attacker.close()

@@ -8,7 +8,7 @@ server still serves. The boundaries are float32's own, found with np.nextafter.
 
 import numpy as np
 import pytest
-from test_server_support import RawPeer, running_server
+from test_server_support import RawPeer, running_server, send_then_fence
 
 import minips
 from minips.nn.zoo import build_model
@@ -279,3 +279,49 @@ def test_dana_without_its_finite_check_would_let_the_overflow_through():
             server.rule.finite = None
             assert push(peer, 1, BIG) == "nonfinite"
             assert not all_finite(server)
+
+
+def test_the_carried_bound_grows_with_every_update_until_the_exact_check_refuses():
+    # A gradient of -1e18 (its square finite in float32) times lr 5e19 moves w by 5e37 a
+    # push: only the bound carried from version to version (float64) sees w approach
+    # float32's largest. Six pushes are applied (w = 3e38); the seventh would make w
+    # infinite and is refused, before and after the write.
+    params = {"b": np.zeros(1, np.float32)}
+    store = ParameterStore(params, SGD(params, lr=5e19))
+    check = OverflowCheck(store)
+    grad = np.full(1, -1e18, np.float32)
+    answers = []
+    for _ in range(8):
+        steps = [("b", grad, 1.0)]
+        try:
+            check.check({"b": grad}, {"b": 1e36})  # the wire's ||g||^2
+        except ProtocolError as exc:
+            answers.append(exc.code)
+            assert check.refused(steps) == "b"
+            continue
+        assert check.refused(steps) is None
+        store.write(steps)
+        check.carry(steps)
+        answers.append("applied")
+    assert answers == ["applied"] * 6 + ["nonfinite"] * 2
+    assert np.isfinite(params["b"]).all() and params["b"][0] > F32(2.9e38)
+
+
+def test_an_ssgd_rounds_step_is_measured_not_taken_for_the_last_pushs():
+    # Three pushes, the last one small: the round's sum 3e38 + 3e38 + 1 is inf in float32.
+    # The norm the wire measured for the small push (the last checked) is not the step's.
+    with running_server(rule="ssgd", params=one_param(), lr=0.01, world_size=3) as server:
+        peers = [RawPeer(server.endpoint) for _ in range(3)]
+        try:
+            for name, peer in zip("abc", peers, strict=True):
+                hello(peer, name)
+            header = {"op": "push", "seq": 0, "base": 0}
+            for name, peer in zip("ab", peers[:2], strict=True):  # held, in this order
+                assert send_then_fence(peer, {**header, "worker": name}, one_param(BIG)) is None
+            peers[2].send(_encode({**header, "worker": "c"}, F32(1.0)))
+            replies = [peer.recv() for peer in peers]
+        finally:
+            for peer in peers:
+                peer.close()
+        assert all_finite(server)
+    assert [r.header.get("code") for r in replies] == ["nonfinite"] * 3

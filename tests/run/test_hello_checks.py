@@ -53,6 +53,8 @@ def test_a_hello_of_the_form_the_worker_reads_passes():
         ({"partition": "dirichlet:-1"}, "config.partition"),
         ({"epochs": "ten"}, "config.epochs"),
         ({"epochs": -1}, "config.epochs"),
+        ({"epochs": 0}, "config.epochs"),
+        ({"batch_size": 0}, "config.batch_size"),
         ({"seed": "x"}, "config.seed"),
         ({"batch_size": 1.5}, "config.batch_size"),
         ({"batch_size": True}, "config.batch_size"),

@@ -7,7 +7,13 @@ import pytest
 
 from minips.errors import ConfigError
 from minips.nn import lenet5
-from minips.run.plan_checks import check_document, check_model, check_spec, load_plan
+from minips.run.plan_checks import (
+    check_document,
+    check_model,
+    check_spec,
+    checked_plan,
+    load_plan,
+)
 from minips.transmission.plan import ParamPlan, Plan
 
 LENET_SHAPES = {name: a.shape for name, a in lenet5().params.items()}
@@ -62,6 +68,8 @@ def test_plan_is_checked_against_the_model(tmp_path):
     check_model(load_plan({"params": {"fc1.w": {"push": "sf"}}}), LENET_SHAPES, kinds)
     with pytest.raises(ConfigError, match="does not have"):
         check_model(load_plan({"params": {"fc9.w": {}}}), LENET_SHAPES, kinds)
+    # one parameter every second step is fine while another goes every step
+    check_model(load_plan({"params": {"fc1.w": {"every": 2}}}), LENET_SHAPES, kinds)
     every = {name: {"every": 2} for name in ("conv1.w", "conv1.b")}
     with pytest.raises(ConfigError, match="first layer"):
         check_model(load_plan({"wait_free": True, "params": every}), LENET_SHAPES, kinds)
@@ -86,3 +94,14 @@ def test_plan_is_checked_against_the_model(tmp_path):
 def test_bad_specs_are_one_line_config_errors(spec, words):
     with pytest.raises(ConfigError, match=words):
         check_spec(spec)
+
+
+def test_a_servers_plan_that_is_not_a_map_is_refused_not_read_as_a_path(tmp_path):
+    # A path on the worker's machine (or "dense") is the worker's own choice, never a
+    # server's: hello's plan is a map or nothing.
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"params": {"fc1.w": {"every": 2}}}))
+    for document in (str(path), "dense"):
+        with pytest.raises(ConfigError, match="the server's plan is not a map: str"):
+            checked_plan(document, lenet5())
+    assert checked_plan(None, lenet5()) == Plan()

@@ -184,3 +184,65 @@ def test_a_report_being_written_as_the_run_stops_names_no_rank_and_stops_nothing
     processes = ProcessGroup(tmp_path, {})
     processes.learn_ranks_from_reports(sorted(tmp_path.glob("worker-*.json")))
     assert processes._rank_names == {4242: "worker-1"}
+
+
+# Stops on SIGTERM after a second's work, as a server writing its final checkpoint does.
+SLOW_STOP = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0))); print('up', flush=True); time.sleep(60)"  # noqa: E501
+
+
+def test_stop_all_gives_a_child_its_grace_to_finish_its_stop(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    group.start("server", _python(SLOW_STOP))
+    _wait_for_line(group, "server", "up")
+    group.stop_all(grace=10)
+    assert group.exit_codes == {"server": 0}  # its own stop, not the SIGKILL after the grace
+
+
+def test_wait_or_stop_sends_sigterm_before_it_kills(tmp_path):
+    group = ProcessGroup(tmp_path, env={})
+    group.start("server", _python(SLOW_STOP))
+    _wait_for_line(group, "server", "up")
+    group.wait_or_stop("server", patience=0.2, timeout=10)
+    assert group["server"].code() == 0  # stopped as on `stop`: its model kept
+
+
+def test_a_file_created_empty_is_waited_for_until_it_is_written(tmp_path):
+    """A child that creates its address file, then writes it: the wait returns what it
+    wrote, never the empty file in between."""
+    path = tmp_path / "endpoint"
+    write = f"import time; open({str(path)!r}, 'w').close(); time.sleep(0.5); open({str(path)!r}, 'w').write('tcp://127.0.0.1:5555\\n'); time.sleep(60)"  # noqa: E501
+    group = ProcessGroup(tmp_path, env={})
+    group.start("server", _python(write))
+    try:
+        assert group.wait_for_file(path, "server", timeout=30) == "tcp://127.0.0.1:5555"
+    finally:
+        group.stop_all(grace=0.5)
+
+
+INTERRUPTED_STOP = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from pathlib import Path
+    from minips.run.processes import ProcessGroup
+    group = ProcessGroup(Path(sys.argv[1]), env={{}})
+    child = group.start("stubborn", [sys.executable, "-c", {stubborn!r}])
+    time.sleep(0.5)  # its SIGTERM handler is in place
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C mid-stop
+    try:
+        group.stop_all(grace=2)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    alive = child.proc.poll() is None
+    print("alive" if alive else "stopped", flush=True)
+    if alive:
+        child.proc.kill()
+        child.proc.wait()
+    """
+)
+
+
+def test_a_ctrl_c_during_the_stop_of_the_children_still_stops_them(tmp_path):
+    script = INTERRUPTED_STOP.format(stubborn=IGNORES_TERM)
+    done = subprocess.run(_python(script) + [str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.stdout.split() == ["interrupted", "stopped"], done.stdout + done.stderr

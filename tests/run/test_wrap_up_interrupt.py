@@ -1,9 +1,9 @@
 """Ctrl-C (SIGINT) or SIGTERM to `minips run` once training is over, while the run wraps up
 (the server stopping, the final test, the results written): the wrap-up is cut short, not
-the run. Its model and summary.json are kept, the summary says `"interrupted"`, one
-`warning:` line says so, and the exit status is still 130. Real processes: the evaluator is
-paused (SIGSTOP) before the run's sample budget is spent, so the server waits for it and
-the launcher is in its wrap-up when the signal comes."""
+the run (minips/run/wrapup.py). Its model and summary.json are kept, the summary says
+`"interrupted"`, one `warning:` line says so, and the exit status is still 130. Real
+processes: the evaluator is paused (SIGSTOP) before the run's sample budget is spent, so
+the server waits for it and the launcher is in its wrap-up when the signal comes."""
 
 import contextlib
 import json
