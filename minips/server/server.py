@@ -108,7 +108,11 @@ class ParameterServer:
         }  # fmt: skip
         ops.attach(self)  # the socket's caps (before it binds), the inflow guard, failures
         self.handlers.update(ops.handlers(self))  # stats; an operator's stop, checkpoint; join
-        self.endpoint: str = ops.bind(self.socket, options.bind)  # checked, explained, bound
+        try:
+            self.endpoint: str = ops.bind(self.socket, options.bind)  # checked, explained, bound
+        except BaseException:
+            self._close_sockets()  # no server: nothing left open for a later gc to hang on
+            raise
         self.group = members.group = group  # a shard of a server group (group/shard.py)
         if group is not None:
             group.attach(self)
@@ -185,9 +189,12 @@ class ParameterServer:
 
     def close(self) -> None:
         """Close the sockets (a shard's to its root too) and the ZeroMQ context."""
-        self.ops.close()
         if self.group is not None:
             self.group.close()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self.ops.close()
         self.socket.close()
         if self._gatekeeper is not None:
             self._gatekeeper.stop()
