@@ -190,6 +190,12 @@ def latest_collapse(path: Path) -> dict[str, Any] | None:
     return {k: v for k, v in found.items() if k not in ("event", "time")} if found else None
 
 
+def run_collapse(run_dir: RunDir, stats: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's collapse (minips.ops.collapse): the server's finding in its last `stats`,
+    else the evaluator's record; None when the model did not collapse."""
+    return stats.get("collapse") or latest_collapse(run_dir.eval_log)
+
+
 def final_stats(run_dir: RunDir, servers: int = 1) -> list[dict[str, Any]]:
     """Each server's last `stats` (a group's: each shard's, in shard order; {}: none)."""
     return [_final_stats(run_dir, shard) for shard in range(servers)]
@@ -293,7 +299,7 @@ def write_results(
         raise MinipsError(f"the run produced no evaluation; see {run_dir.logs}")
     last_eval = evals[-1] if evals else {}
     restarts = restarts or []
-    collapse = stats.get("collapse") or latest_collapse(run_dir.eval_log)
+    collapse = run_collapse(run_dir, stats)
     versions = accuracy_fields(last_eval, run_version(finals), untested_why)
     summary = {
         "ended": ended or ending(bool(collapse), versions["final_tested"], stopped_why),

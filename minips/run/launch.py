@@ -26,8 +26,8 @@ from minips.results.metrics import ProgressFn
 from minips.results.rundir import (
     RunDir,
     final_stats,
-    latest_collapse,
     latest_eval,
+    run_collapse,
     write_results,
 )
 from minips.run.commands import ProcessCommands
@@ -244,10 +244,8 @@ class LocalRun(ProcessCommands, TrainingWatch):
         self.progress(int(summary.get("samples", 0)), self._shown_total, latest)
 
     def _collapsed(self) -> bool:
-        """Whether the model collapsed (minips.ops.collapse): the server's last `stats` or the
-        evaluator says so, as the summary's `collapse` does (minips.results.rundir)."""
-        stats = final_stats(self.dir)[0]
-        return bool(stats.get("collapse") or latest_collapse(self.dir.eval_log))
+        """Whether the model collapsed, as the summary will say (results.rundir.run_collapse)."""
+        return bool(run_collapse(self.dir, final_stats(self.dir)[0]))
 
     def _crash_at_the_end(self) -> MinipsError | None:
         """The run's error when a server crashed once training was over: the model it kept
